@@ -1,0 +1,3 @@
+from tfscache.cli import main
+
+raise SystemExit(main())
