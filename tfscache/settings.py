@@ -1,0 +1,327 @@
+"""One settings object for ``tfscache serve``: TOML file, TFSCACHE_* environment, CLI flags.
+
+Precedence, lowest first: field defaults, the TOML file (``--config``), environment
+variables, command-line flags. Sections nest: ``[cache]`` in TOML is
+``TFSCACHE_CACHE_<FIELD>`` in the environment; top-level fields are
+``TFSCACHE_<FIELD>``. A bad value raises ``SettingsError`` naming the field and the
+value, and start-up stops there.
+
+    model_repository = "/models"
+    [cache]
+    max_models_per_node = 20
+    memory_per_node = "4GiB"
+    [ring]
+    replicas_per_model = 2
+    self_name = "a"                    # sidecar mode: this sidecar's name among the peers
+    peers = [{name = "a", grpc = "10.0.0.1:8500", rest = "10.0.0.1:8501"}, ...]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+MiB = 1 << 20
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
+          "gib": 1 << 30, "tib": 1 << 40}
+
+
+class SettingsError(ValueError):
+    """A setting with a bad value; the message names the field and the value."""
+
+
+def parse_bytes(value: Any) -> int:
+    """'4GiB', '512MiB', '1.5GB', '1000' or an int -> bytes."""
+    if isinstance(value, bool):
+        raise ValueError("not a size")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("negative size")
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError("expected bytes, e.g. 4GiB, 512MiB or 1000000")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _setting(default: Any, doc: str, *, parse: Callable[[Any], Any] | None = None,
+             check: Callable[[Any], str | None] | None = None, flag: str | None = None) -> Any:
+    meta = {"doc": doc, "parse": parse, "check": check, "flag": flag}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _at_least(low: float) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= low else f"must be >= {low}"
+
+
+def _port(v: int) -> str | None:
+    return None if 0 <= v <= 65535 else "must be a port number 0..65535"
+
+
+def _address(v: str) -> str | None:
+    if not v:
+        return None
+    return None if re.fullmatch(r"[^\s,]+:\d{1,5}", v) else "must be HOST:PORT"
+
+
+@dataclass
+class CacheSettings:
+    """Per-node cache: caps, eviction, load timing."""
+
+    max_models_per_node: int = _setting(0, "most models resident on one node at once (0 = no cap)",
+                                        check=_at_least(0), flag="--max-models-per-node")
+    memory_per_node: int = _setting(0, "most bytes of models on one node, e.g. 4GiB (0 = no cap)",
+                                    parse=parse_bytes, flag="--memory-per-node")
+    policy: str = _setting("lru", "eviction policy, by name (tfscache.policy)")
+    load_timeout_s: float = _setting(600.0, "longest wait for a model load before the request fails",
+                                     check=_at_least(0.001))
+    node_rpc_timeout_s: float = _setting(30.0, "deadline of a ModelService call to a node (status, reload)",
+                                         check=_at_least(0.001))
+
+
+@dataclass
+class Peer:
+    """A tfscache sidecar in the static peer list (sidecar mode)."""
+
+    name: str
+    grpc: str
+    rest: str = ""
+
+
+def _parse_peers(value: Any) -> list[Peer]:
+    if isinstance(value, str):  # env / CLI: "a=host:8500/host:8501,b=..."
+        value = [dict(zip(("name", "grpc", "rest"), re.split(r"[=/]", item)))
+                 for item in value.split(",") if item]
+    peers = []
+    for item in value:
+        if not isinstance(item, Mapping) or set(item) - {"name", "grpc", "rest"} or not item.get("name"):
+            raise ValueError("each peer is {name, grpc, rest}")
+        for key in ("grpc", "rest"):
+            if _address(str(item.get(key, ""))):
+                raise ValueError(f"peer {item['name']}: {key} must be HOST:PORT")
+        peers.append(Peer(str(item["name"]), str(item.get("grpc", "")), str(item.get("rest", ""))))
+    if len({p.name for p in peers}) != len(peers):
+        raise ValueError("peer names must be unique")
+    return peers
+
+
+@dataclass
+class RingSettings:
+    """Consistent-hash ring of nodes (embedded) or sidecars (peers)."""
+
+    replicas_per_model: int = _setting(1, "distinct nodes that may serve each model",
+                                       check=_at_least(1), flag="--replicas-per-model")
+    vnodes: int = _setting(160, "points per node on the hash ring", check=_at_least(1))
+    self_name: str = _setting("", "sidecar mode: this sidecar's name in the peer list", flag="--name")
+    peers: list = _setting([], "sidecar mode: every sidecar as {name, grpc, rest} (static list)",
+                           parse=_parse_peers)
+
+
+@dataclass
+class NodeSettings:
+    """The TF Serving nodes behind the front end."""
+
+    local_nodes: int = _setting(1, "embedded mode: how many `tfscache node` children to run",
+                                check=_at_least(0), flag="--local-nodes")
+    node_command: str = _setting("", "run this model server (e.g. tensorflow_model_server) instead of "
+                                 "`tfscache node`", flag="--node-command")
+    node_address: str = _setting("", "sidecar mode: the one node, as HOST:GRPC_PORT[,REST_PORT]",
+                                 flag="--node-address")
+    file_system_poll_wait_seconds: float = _setting(0.1, "node's --file_system_poll_wait_seconds "
+                                                    "(tensorflow_model_server needs >= 1)",
+                                                    check=_at_least(0.001))
+    num_load_threads: int = _setting(2, "node's --num_load_threads (>= 2: one stuck load blocks no other)",
+                                     check=_at_least(2))
+    max_num_load_retries: int = _setting(0, "node's --max_num_load_retries", check=_at_least(0))
+    extra_args: list = _setting([], "more flags for each node process, as a list of strings")
+    start_timeout_s: float = _setting(120.0, "longest wait for a node to start serving",
+                                      check=_at_least(0.1))
+    state_dir: str = _setting("", "where node config and cache state files go (default: a temp dir)")
+
+
+@dataclass
+class ServerSettings:
+    """The front end's own listeners."""
+
+    bind_address: str = _setting("0.0.0.0", "address the gRPC and REST front ends bind",
+                                 flag="--bind-address")
+    grpc_port: int = _setting(8500, "gRPC port (0 = pick a free one)", check=_port, flag="--grpc-port")
+    rest_port: int = _setting(8501, "REST port (0 = pick a free one, -1 = off)",
+                              check=lambda v: None if -1 <= v <= 65535 else "must be -1..65535",
+                              flag="--rest-port")
+    max_receive_message_bytes: int = _setting(256 * MiB, "largest request accepted, both transports",
+                                              parse=parse_bytes, flag="--max-receive-message-size")
+    max_send_message_bytes: int = _setting(256 * MiB, "largest response sent", parse=parse_bytes,
+                                           flag="--max-send-message-size")
+    rest_timeout_s: float = _setting(60.0, "deadline of a REST request forwarded to a node",
+                                     check=_at_least(0.001))
+    ports_file: str = _setting("", "write {\"grpc\": N, \"rest\": M, \"pid\": P} here once serving",
+                               flag="--ports-file")
+    grace_s: float = _setting(5.0, "on SIGTERM, how long in-flight requests may finish",
+                              check=_at_least(0))
+
+
+@dataclass
+class Settings:
+    """Everything `tfscache serve` reads."""
+
+    model_repository: str = _setting("", "directory holding NAME/VERSION/saved_model.pb",
+                                     flag="--model-repository")
+    cache: CacheSettings = field(default_factory=CacheSettings)
+    ring: RingSettings = field(default_factory=RingSettings)
+    node: NodeSettings = field(default_factory=NodeSettings)
+    server: ServerSettings = field(default_factory=ServerSettings)
+
+    @property
+    def sidecar(self) -> bool:
+        """One node given by address rather than local children."""
+        return bool(self.node.node_address)
+
+
+_SECTIONS = ("cache", "ring", "node", "server")
+
+
+def iter_fields(settings: Settings | None = None):
+    """(dotted name, dataclasses.Field, section class) for every leaf setting."""
+    for f in fields(Settings):
+        if f.name in _SECTIONS:
+            for sub in fields(f.type if isinstance(f.type, type) else globals()[f.type]):
+                yield f"{f.name}.{sub.name}", sub
+        else:
+            yield f.name, f
+
+
+def _coerce(dotted: str, f: dataclasses.Field, raw: Any) -> Any:
+    kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str,
+                                                      "list": list, "bool": bool}[f.type]
+    try:
+        if f.metadata.get("parse"):
+            value = f.metadata["parse"](raw)
+        elif kind is bool:
+            value = raw if isinstance(raw, bool) else {"1": True, "true": True, "0": False,
+                                                       "false": False}[str(raw).lower()]
+        elif kind is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            value = int(raw)
+        elif kind is float:
+            if isinstance(raw, bool):
+                raise ValueError
+            value = float(raw)
+        elif kind is list:
+            value = raw.split() if isinstance(raw, str) else list(raw)
+        else:
+            if not isinstance(raw, (str, int, float)) or isinstance(raw, bool):
+                raise ValueError
+            value = str(raw)
+        problem = f.metadata.get("check") and f.metadata["check"](value)
+    except (ValueError, TypeError, KeyError) as exc:
+        problem = str(exc) if isinstance(exc, ValueError) and str(exc) else f"expected {kind.__name__}"
+    if problem:
+        raise SettingsError(f"bad value for setting {dotted}: {raw!r} ({problem})")
+    return value
+
+
+def _set(settings: Settings, dotted: str, value: Any) -> None:
+    *section, name = dotted.split(".")
+    target = getattr(settings, section[0]) if section else settings
+    setattr(target, name, value)
+
+
+def load(config_file: str | Path | None = None, env: Mapping[str, str] | None = None,
+         overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Defaults < TOML file < TFSCACHE_* environment < overrides (CLI), validated."""
+    env = os.environ if env is None else env
+    settings = Settings()
+    known = dict(iter_fields())
+    if config_file:
+        try:
+            with open(config_file, "rb") as fh:
+                data = tomllib.load(fh)
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise SettingsError(f"cannot read config file {str(config_file)!r}: {exc}") from exc
+        for dotted, raw in _flatten(data):
+            if dotted not in known:
+                raise SettingsError(f"unknown setting {dotted} in {config_file}")
+            _set(settings, dotted, _coerce(dotted, known[dotted], raw))
+    for dotted, f in known.items():
+        key = "TFSCACHE_" + dotted.replace(".", "_").upper()
+        if key in env:
+            _set(settings, dotted, _coerce(dotted, f, env[key]))
+    for dotted, raw in (overrides or {}).items():
+        if raw is not None:
+            _set(settings, dotted, _coerce(dotted, known[dotted], raw))
+    _check_whole(settings)
+    return settings
+
+
+def _flatten(data: Mapping[str, Any]):
+    for key, value in data.items():
+        if key in _SECTIONS and isinstance(value, Mapping):
+            for sub, raw in value.items():
+                yield f"{key}.{sub}", raw
+        else:
+            yield key, value
+
+
+def _check_whole(s: Settings) -> None:
+    if s.sidecar:
+        if not re.fullmatch(r"[^\s,]+:\d{1,5}(,\d{1,5})?", s.node.node_address):
+            raise SettingsError(f"bad value for setting node.node_address: {s.node.node_address!r} "
+                                "(must be HOST:GRPC_PORT[,REST_PORT])")
+        names = [p.name for p in s.ring.peers]
+        if s.ring.peers and s.ring.self_name not in names:
+            raise SettingsError(f"bad value for setting ring.self_name: {s.ring.self_name!r} "
+                                f"(must be one of the peers: {', '.join(names)})")
+    elif s.node.local_nodes < 1:
+        raise SettingsError(f"bad value for setting node.local_nodes: {s.node.local_nodes!r} "
+                            "(must be >= 1 without --node-address)")
+    if not s.model_repository:
+        raise SettingsError("bad value for setting model_repository: '' (required: --model-repository DIR)")
+    if not Path(s.model_repository).is_dir():
+        raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} "
+                            "(not a directory)")
+    if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
+        raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
+                            "(must differ from server.grpc_port)")
+
+
+def add_arguments(parser) -> None:
+    """One flag per setting that has one; defaults stay None so unset flags do not override."""
+    parser.add_argument("--config", metavar="FILE", help="TOML settings file")
+    for dotted, f in iter_fields():
+        flag = f.metadata.get("flag")
+        if flag:
+            parser.add_argument(flag, dest=dotted, default=None, metavar=dotted.rsplit(".", 1)[-1].upper(),
+                                help=f.metadata["doc"])
+    parser.add_argument("--set", dest="set_", action="append", default=[], metavar="FIELD=VALUE",
+                        help="any other setting by dotted name, e.g. --set cache.policy=lru")
+
+
+def from_args(args, env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from parsed arguments (see add_arguments)."""
+    known = dict(iter_fields())
+    overrides = {dotted: getattr(args, dotted) for dotted in known if hasattr(args, dotted)}
+    for item in args.set_:
+        dotted, sep, raw = item.partition("=")
+        if not sep or dotted not in known:
+            raise SettingsError(f"unknown setting in --set: {item!r}")
+        overrides[dotted] = raw
+    return load(args.config, env, overrides)
+
+
+def describe() -> str:
+    """Every setting with its default and docstring (for --help-settings and docs)."""
+    lines = []
+    for dotted, f in iter_fields():
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        lines.append(f"  {dotted:<40} {default!r:<12} {f.metadata['doc']}")
+    return "\n".join(lines)
