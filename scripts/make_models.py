@@ -1,0 +1,44 @@
+#!/usr/bin/env python
+"""Builds TF Serving's test SavedModels (and optionally synthetic addk_i models) into DEST.
+
+    python scripts/make_models.py DEST [--synthetic N --size-mb S]
+
+DEST/half_plus_two/{00000123,00000124}, DEST/half_plus_three/00000123,
+DEST/half_plus_two_tf2/00000123, ...; with --synthetic N also DEST/addk_1 ..
+DEST/addk_N (version 1, y = x + k, about S MB each). See tfscache/node/testmodels.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dest", type=Path, help="directory to build the models into")
+    parser.add_argument("--synthetic", type=int, default=0, metavar="N",
+                        help="also build addk_1 .. addk_N")
+    parser.add_argument("--size-mb", type=float, default=0.0, metavar="S",
+                        help="size of each synthetic model in MB (default 0: tiny)")
+    parser.add_argument("--no-test-models", action="store_true",
+                        help="build only the synthetic models")
+    args = parser.parse_args(argv)
+
+    from tfscache.node import testmodels  # imports tensorflow: seconds
+
+    args.dest.mkdir(parents=True, exist_ok=True)
+    built = {} if args.no_test_models else testmodels.build_test_models(args.dest)
+    size = int(args.size_mb * 1_000_000)
+    for k in range(1, args.synthetic + 1):
+        built[f"addk_{k}"] = testmodels.build_addk(args.dest, k, size)
+    for name, base in built.items():
+        print(f"{name}\t{base}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
