@@ -1,0 +1,301 @@
+"""``tfscache node``: a drop-in for tensorflow_model_server.
+
+Flags are tensorflow_model_server's, with its defaults (tfserving-behavior.md §5), plus
+the tfscache extensions of docs/DESIGN.md (--bind_address, --ports_file,
+--load_gate_dir; --file_system_poll_wait_seconds takes a float). Start-up follows
+``ms/server.cc``: build the config, load it (waiting for every model), then serve
+gRPC and, on its own port, REST on one asyncio loop. SIGTERM/SIGINT stop serving and
+exit 0.
+
+Accepted for compatibility and ignored: --num_unload_threads above 0 unloads on a
+pool as TF Serving does; --enable_model_warmup is accepted but warm-up records in
+assets.extra/tf_serving_warmup_requests are not replayed (a model is served un-warmed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger("tfscache.node.main")
+
+
+@dataclass(frozen=True)
+class Flag:
+    default: object
+    help: str
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+FLAGS: dict[str, Flag] = {
+    "port": Flag(8500, "gRPC port (0: pick a free one when --ports_file is given)"),
+    "rest_api_port": Flag(0, "REST port; 0 turns REST off (without --ports_file)"),
+    "rest_api_timeout_in_ms": Flag(30000, "session-run timeout for REST requests"),
+    "rest_api_num_threads": Flag(0, "accepted; REST runs on the asyncio loop"),
+    "rest_api_enable_cors_support": Flag(False, "accepted for compatibility"),
+    "model_config_file": Flag("", "text-format ModelServerConfig; overrides --model_name/--model_base_path"),
+    "model_config_file_poll_wait_seconds": Flag(0, "re-read --model_config_file this often (0: never)"),
+    "model_name": Flag("default", "model name with --model_base_path"),
+    "model_base_path": Flag("", "base path of the single model"),
+    "file_system_poll_wait_seconds": Flag(1.0, "poll base paths this often (0: once; <0: never)"),
+    "max_num_load_retries": Flag(5, "retries after a failed load"),
+    "load_retry_interval_micros": Flag(60_000_000, "wait between load retries"),
+    "num_load_threads": Flag(0, "0: load serially on the manager thread"),
+    "num_unload_threads": Flag(0, "0: unload on the manager thread"),
+    "enable_model_warmup": Flag(True, "accepted; warm-up records are not replayed"),
+    "allow_version_labels_for_unavailable_models": Flag(False, "allow new labels on unavailable versions"),
+    "saved_model_tags": Flag("serve", "comma-separated MetaGraphDef tags to load"),
+    "grpc_channel_arguments": Flag("", "k=v,k=v gRPC server arguments"),
+    "flush_filesystem_caches": Flag(True, "accepted for compatibility"),
+    "enable_batching": Flag(False, "accepted; batching is not implemented"),
+    "enable_signature_method_name_check": Flag(False, "accepted for compatibility"),
+    "enable_serialization_as_tensor_content": Flag(False, "accepted for compatibility"),
+    # tfscache extensions (docs/DESIGN.md)
+    "bind_address": Flag("0.0.0.0", "address both servers bind to"),
+    "ports_file": Flag("", "write {grpc, rest, pid} JSON here once serving; port 0 = free port"),
+    "load_gate_dir": Flag("", "fault injection for tests (see docs/DESIGN.md)"),
+}
+
+
+class FlagError(ValueError):
+    pass
+
+
+def parse_flags(argv: list[str]) -> dict[str, object]:
+    """--flag=value, --flag value, and --flag / --flag=true|false for booleans."""
+    values = {name: flag.default for name, flag in FLAGS.items()}
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if not arg.startswith("-") or arg in ("-", "--"):
+            raise FlagError(f"Unknown argument {arg}")
+        name, has_value, text = arg.lstrip("-").partition("=")
+        if name not in FLAGS:
+            raise FlagError(f"Unknown argument {arg}")
+        default = FLAGS[name].default
+        if not has_value:
+            if isinstance(default, bool) and (not args or args[0].lower() not in ("true", "false")):
+                text = "true"
+            elif not args:
+                raise FlagError(f"Flag --{name} needs a value")
+            else:
+                text = args.pop(0)
+        try:
+            values[name] = _convert(default, text)
+        except ValueError as exc:
+            raise FlagError(f"Illegal value for flag --{name}: {text!r} ({exc})") from exc
+    return values
+
+
+def _convert(default: object, text: str) -> object:
+    if isinstance(default, bool):
+        return _bool(text)
+    if isinstance(default, int):
+        return int(text)
+    if isinstance(default, float):
+        return float(text)
+    return text
+
+
+def usage() -> str:
+    lines = ["usage: tfscache node [--flag=value ...]", "", "Flags (tensorflow_model_server's, plus tfscache's):"]
+    for name, flag in FLAGS.items():
+        lines.append(f"  --{name}={flag.default!s:<10}  {flag.help}")
+    return "\n".join(lines)
+
+
+def _initial_config(flags: dict[str, object]):
+    from tfscache.node import config as node_config
+
+    if flags["model_config_file"]:
+        return node_config.read_model_server_config(flags["model_config_file"])
+    if not flags["model_base_path"]:
+        raise node_config.InvalidArgument(
+            "Both server_options.model_base_path and server_options.model_config_file are empty!")
+    return node_config.single_model_config(flags["model_name"], flags["model_base_path"])
+
+
+def _manager_options(flags: dict[str, object]):
+    from tfscache.node.manager import ManagerOptions
+
+    return ManagerOptions(
+        file_system_poll_wait_seconds=flags["file_system_poll_wait_seconds"],
+        max_num_load_retries=flags["max_num_load_retries"],
+        load_retry_interval_micros=flags["load_retry_interval_micros"],
+        num_load_threads=flags["num_load_threads"],
+        num_unload_threads=flags["num_unload_threads"],
+        allow_version_labels_for_unavailable_models=flags["allow_version_labels_for_unavailable_models"],
+        load_gate_dir=flags["load_gate_dir"] or None,
+        saved_model_tags=tuple(t for t in str(flags["saved_model_tags"]).split(",") if t),
+    )
+
+
+def main(argv: list[str]) -> int:
+    if any(arg in ("-h", "--help", "-help") for arg in argv):
+        print(usage())
+        return 0
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        flags = parse_flags(argv)
+    except FlagError as exc:
+        print(f"{exc}\n\n{usage()}", file=sys.stderr)
+        return 1
+    from tfscache.errors import TfscacheError
+    from tfscache.node.config import ConfigParseError
+
+    try:
+        config = _initial_config(flags)
+    except ConfigParseError as exc:
+        print(exc.message, file=sys.stderr)
+        return 1
+    except (TfscacheError, OSError) as exc:
+        print(f"Failed to start server. Error: {exc}", file=sys.stderr)
+        return 1
+    return _serve(flags, config)
+
+
+@dataclass
+class _Node:
+    """The running servers, for the signal handler and the config-file poller."""
+
+    flags: dict[str, object]
+    core: object
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def _serve(flags: dict[str, object], config) -> int:
+    from tfscache.errors import TfscacheError, code_name
+    from tfscache.node.manager import ServingCore
+
+    core = ServingCore(_manager_options(flags))
+    try:
+        core.reload(config, initial=True)
+    except TfscacheError as exc:
+        print(f"Failed to start server. Error: {code_name(exc.grpc_code)}: {exc.message}",
+              file=sys.stderr)
+        core.stop()
+        return _exit(1)
+    rc = asyncio.run(_run_servers(_Node(flags, core)))
+    core.stop()
+    return _exit(rc)
+
+
+def _exit(rc: int) -> int:
+    """Leave at once: a reload hung on a missing base path (as in TF Serving) or a TF
+    thread must not keep a stopped node alive."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
+
+
+async def _run_servers(node: _Node) -> int:
+    from tfscache.node import config as node_config
+    from tfscache.node.grpc_server import build_server
+
+    flags = node.flags
+    ports_file = str(flags["ports_file"])
+    bind = str(flags["bind_address"])
+    executor = concurrent.futures.ThreadPoolExecutor(
+        max(4, 4 * (os.cpu_count() or 1)), thread_name_prefix="tfscache-rpc")
+    channel_arguments = node_config.parse_channel_arguments(str(flags["grpc_channel_arguments"]))
+    server = build_server(node.core, executor, channel_arguments)
+    grpc_port = server.add_insecure_port(f"{_host(bind)}:{flags['port']}")
+    if grpc_port == 0:
+        log.error("Failed to bind the gRPC server to %s:%s", bind, flags["port"])
+        return 1
+    await server.start()
+    log.info("Running gRPC ModelServer at %s:%d ...", bind, grpc_port)
+    rest_runner, rest_port = await _start_rest(node, grpc_port)
+    if ports_file:
+        _write_ports_file(Path(ports_file), grpc_port, rest_port)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, node.stop.set)
+    poller = _start_config_file_poller(node, loop)
+    await node.stop.wait()
+    log.info("Stopping the model server")
+    if poller is not None:
+        poller.set()
+    await server.stop(grace=1.0)
+    if rest_runner is not None:
+        await rest_runner.cleanup()
+    executor.shutdown(wait=False, cancel_futures=True)
+    return 0
+
+
+def _host(bind: str) -> str:
+    return f"[{bind}]" if ":" in bind and not bind.startswith("[") else bind
+
+
+async def _start_rest(node: _Node, grpc_port: int):
+    """REST on --rest_api_port (0 = off, unless --ports_file asks for a free port)."""
+    flags = node.flags
+    port = int(flags["rest_api_port"])
+    if port == 0 and not flags["ports_file"]:
+        return None, 0
+    if port != 0 and port == int(flags["port"]):
+        log.warning("--rest_api_port equals --port; not starting the REST API server")
+        return None, 0
+    from aiohttp import web
+
+    try:
+        from tfscache.node.rest import make_rest_app  # imported only when REST is on
+    except ImportError:
+        log.exception("REST API unavailable: tfscache.node.rest cannot be imported")
+        return None, 0
+
+    app = make_rest_app(node.core, timeout_ms=int(flags["rest_api_timeout_in_ms"]))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, str(flags["bind_address"]), port)
+    await site.start()
+    bound = site._server.sockets[0].getsockname()[1]  # aiohttp exposes no public accessor
+    log.info("Exporting HTTP/REST API at:%s:%d ...", flags["bind_address"], bound)
+    return runner, bound
+
+
+def _write_ports_file(path: Path, grpc_port: int, rest_port: int) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"grpc": grpc_port, "rest": rest_port, "pid": os.getpid()}))
+    os.replace(tmp, path)
+
+
+def _start_config_file_poller(node: _Node, loop) -> threading.Event | None:
+    """--model_config_file_poll_wait_seconds: re-apply the file; errors are only logged."""
+    flags = node.flags
+    period = float(flags["model_config_file_poll_wait_seconds"])
+    if period <= 0 or not flags["model_config_file"]:
+        return None
+    stopped = threading.Event()
+
+    def poll() -> None:
+        from tfscache.errors import TfscacheError
+        from tfscache.node.config import read_model_server_config
+
+        while not stopped.wait(period):
+            try:
+                node.core.reload(read_model_server_config(flags["model_config_file"]))
+            except (TfscacheError, OSError) as exc:
+                log.error("Failed to reload the model config file %s: %s",
+                          flags["model_config_file"], exc)
+
+    threading.Thread(target=poll, name="tfscache-config-poll", daemon=True).start()
+    return stopped

@@ -1,0 +1,658 @@
+"""ServingCore: TF Serving's ServerCore, AspiredVersionsManager and file-system source.
+
+The pieces and the C++ they stand for:
+
+* ``ServingCore.reload`` is ``ServerCore::ReloadConfig``: one lock for the whole call,
+  validation, ``config_`` replaced before later failures, the label map rebuilt, then
+  the source config swapped and a wait for *newly named* models only.
+* A poll thread is ``FileSystemStoragePathSource``: every --file_system_poll_wait_seconds
+  it lists each base path and sends the aspired versions of every model; one missing
+  base path aborts the whole poll (the reload hang of tfserving-behavior.md §1.5).
+* The manager thread is ``AspiredVersionsManager`` with ``AvailabilityPreservingPolicy``:
+  one action per model per tick (100 ms or sooner when something changed), loads with
+  retries, failed versions stay managed while aspired (sticky), unaspired ones unload.
+* Versions publish START/LOADING/AVAILABLE/UNLOADING/END into a monitor that is never
+  pruned; each reload waits on a fresh monitor (``_Waiter``).
+* ``servable()`` hands out reference-counted handles; an unload removes the version from
+  the serving map, then waits for the last handle before unloading.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import copy
+import ctypes
+import enum
+import gc
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+from tensorflow_serving.apis import get_model_status_pb2, model_pb2
+from tensorflow_serving.config import model_server_config_pb2
+
+from tfscache.errors import (
+    DeadlineExceeded,
+    FailedPrecondition,
+    Internal,
+    InvalidArgument,
+    NotFound,
+    TfscacheError,
+    Unavailable,
+    Unknown,
+    code_name,
+)
+from tfscache.node import config as node_config
+
+log = logging.getLogger("tfscache.node.manager")
+
+TICK_S = 0.1  # AspiredVersionsManager's manage-state period
+ModelServerConfig = model_server_config_pb2.ModelServerConfig
+_STATUS = get_model_status_pb2.ModelVersionStatus
+
+
+class State(enum.IntEnum):
+    """Published servable states, numbered as ModelVersionStatus.State."""
+
+    START = 10
+    LOADING = 20
+    AVAILABLE = 30
+    UNLOADING = 40
+    END = 50
+
+
+class _Harness(enum.Enum):
+    """LoaderHarness states (the internal ones, not the published ones)."""
+
+    NEW = "new"
+    LOADING = "loading"
+    READY = "ready"
+    UNLOADING = "unloading"
+    DISABLED = "disabled"
+    ERROR = "error"
+
+
+@dataclass
+class ServableState:
+    state: State
+    error: TfscacheError | None = None
+
+
+@dataclass(eq=False)
+class _Version:
+    """One managed version: a LoaderHarness plus its handle count."""
+
+    name: str
+    version: int
+    path: str
+    harness: _Harness = _Harness.NEW
+    aspired: bool = True
+    servable: object | None = None
+    refs: int = 0
+    cancel_retry: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    """A fresh ServableStateMonitor that records, per awaited model, the first settled version."""
+
+    names: set[str]
+    settled: dict[str, tuple[int, ServableState]] = field(default_factory=dict)
+
+    def observe(self, name: str, version: int, state: ServableState) -> None:
+        if name in self.names and name not in self.settled and state.state in (State.AVAILABLE, State.END):
+            self.settled[name] = (version, state)
+
+    @property
+    def done(self) -> bool:
+        return self.names <= self.settled.keys()
+
+
+@dataclass(frozen=True)
+class ManagerOptions:
+    """The ServerCore options that tensorflow_model_server's flags set."""
+
+    file_system_poll_wait_seconds: float = 1.0
+    max_num_load_retries: int = 5
+    load_retry_interval_micros: int = 60_000_000
+    num_load_threads: int = 0
+    num_unload_threads: int = 0
+    num_initial_load_threads: int = 4 * (os.cpu_count() or 1)
+    allow_version_labels_for_unavailable_models: bool = False
+    load_gate_dir: str | None = None
+    saved_model_tags: tuple[str, ...] = ("serve",)
+    # ServerCore's servable_state_waiter_timeout: None = infinite, as in TF Serving.
+    servable_state_waiter_timeout_s: float | None = None
+
+
+def _saved_model_loader(tags: tuple[str, ...]) -> Callable[[str, int, str], object]:
+    def load(name: str, version: int, path: str):
+        from tfscache.node.servable import load_servable
+
+        return load_servable(name, version, path, tags=tags)
+
+    return load
+
+
+_libc_malloc_trim: Callable[[int], int] | None = None
+try:
+    _libc_malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
+except (OSError, AttributeError):  # not glibc
+    pass
+
+
+def release_memory() -> None:
+    """Give freed heap back to the OS where the allocator allows (glibc malloc_trim)."""
+    gc.collect()
+    if _libc_malloc_trim is not None:
+        _libc_malloc_trim(0)
+
+
+def _rss() -> int:
+    return psutil.Process().memory_info().rss
+
+
+def request_text(name: str, version: int | None) -> str:
+    """ServableRequest::DebugString as in 'Servable not found for request: ...'."""
+    return f"Latest({name})" if version is None else f"Specific({name}, {version})"
+
+
+class ServingCore:
+    """Owns every servable of a node and applies ModelServerConfigs as TF Serving does."""
+
+    def __init__(self, options: ManagerOptions = ManagerOptions(),
+                 loader: Callable[[str, int, str], object] | None = None) -> None:
+        """``loader(name, version, path)`` defaults to servable.load_servable."""
+        self.options = options
+        self._loader = loader or _saved_model_loader(options.saved_model_tags)
+        self._config_mu = threading.Lock()  # config_mu_: serialises reloads
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._config = ModelServerConfig()
+        self._labels: dict[str, dict[str, int]] | None = None
+        # FileSystemStoragePathSource: None until a first list config succeeded.
+        self._source: dict[str, model_server_config_pb2.ModelConfig] | None = None
+        self._source_generation = 0
+        self._poller: threading.Thread | None = None
+        self._monitor: dict[str, dict[int, ServableState]] = {}
+        self._waiters: list[_Waiter] = []
+        self._versions: dict[tuple[str, int], _Version] = {}
+        self._pending_aspired: dict[str, dict[int, str]] = {}
+        self._busy: set[tuple[str, int]] = set()  # versions with an action under way
+        self._stopped = threading.Event()
+        self._dirty = False
+        self._initial_load = False
+        self._load_pool = self._pool(options.num_load_threads, "load")
+        self._unload_pool = self._pool(options.num_unload_threads, "unload")
+        self._initial_pool = self._pool(options.num_initial_load_threads, "initial-load")
+        self._manager = threading.Thread(target=self._manage, name="tfscache-manager", daemon=True)
+        self._manager.start()
+
+    @staticmethod
+    def _pool(threads: int, name: str) -> concurrent.futures.ThreadPoolExecutor | None:
+        if threads <= 0:
+            return None
+        return concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix=f"tfscache-{name}")
+
+    # ------------------------------------------------------------------ reload
+
+    def reload(self, new: ModelServerConfig, *, initial: bool = False) -> None:
+        """ServerCore::ReloadConfig; blocks until newly named models settle."""
+        with self._config_mu:
+            current = self._config.WhichOneof("config")
+            requested = new.WhichOneof("config")
+            if not (current is None or (current == requested == "model_config_list")):
+                raise FailedPrecondition(
+                    "Cannot transition to requested config. It is only legal to transition "
+                    "from one ModelConfigList to another."
+                )
+            if requested is None:
+                log.info("Taking no action for empty config.")
+                return
+            if requested != "model_config_list":
+                raise InvalidArgument("Invalid ServerModelConfig")
+            node_config.validate_model_config_list(new.model_config_list)
+            if current == "model_config_list":
+                node_config.validate_no_platform_changes(
+                    self._config.model_config_list, new.model_config_list)
+            self._config = copy.deepcopy(new)  # replaced before the later checks can fail
+            self._update_labels()
+            log.info("Adding/updating models.")
+            self._add_models(initial=initial)
+            log.info("Finished reloading config")
+
+    def _update_labels(self) -> None:
+        """UpdateModelVersionLabelMap: each label must name an AVAILABLE version."""
+        labels: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for model in self._config.model_config_list.config:
+                states = self._monitor.get(model.name, {})
+                for label, version in model.version_labels.items():
+                    allow = False
+                    if self.options.allow_version_labels_for_unavailable_models:
+                        existing = (self._labels or {}).get(model.name, {}).get(label)
+                        allow = existing is None or existing == version
+                    state = states.get(version)
+                    if not allow and (state is None or state.state != State.AVAILABLE):
+                        raise FailedPrecondition(
+                            f"Request to assign label to version {version} of model {model.name}, "
+                            "which is not currently available for inference"
+                        )
+                    labels.setdefault(model.name, {})[label] = version
+            self._labels = labels
+
+    def _add_models(self, *, initial: bool) -> None:
+        """AddModelsViaModelConfigList."""
+        config_list = self._config.model_config_list
+        node_config.check_platforms_supported(config_list)
+        models = {model.name: copy.deepcopy(model) for model in config_list.config}
+        if self._source is None:
+            # First list config: start the source and wait for ALL models on the main
+            # monitor (ConnectSourcesWithFastInitialLoad). On failure the source is not kept.
+            waiter = self._register_waiter(set(models), seed=True)
+            with self._lock:
+                self._initial_load = True
+            self._start_source(models)
+            try:
+                self._await(waiter, "servable(s)")
+            except TfscacheError:
+                self._stop_source()
+                raise
+            finally:
+                with self._lock:
+                    self._initial_load = False
+            return
+        waiter = self._register_waiter(set(models) - set(self._source), seed=False)
+        with self._lock:
+            removed = set(self._source) - set(models)
+            self._source = models
+            for name in removed:  # UpdateConfig un-aspires deleted models at once
+                self._aspire(name, {})
+            self._changed.notify_all()
+        self._await(waiter, "model(s)")
+
+    def _register_waiter(self, names: set[str], *, seed: bool) -> _Waiter:
+        waiter = _Waiter(names)
+        with self._lock:
+            if seed:
+                for name in names:
+                    for version, state in sorted(self._monitor.get(name, {}).items(), reverse=True):
+                        waiter.observe(name, version, state)
+            self._waiters.append(waiter)
+        return waiter
+
+    def _await(self, waiter: _Waiter, noun: str) -> None:
+        """WaitUntilModelsAvailable / the fast initial load's wait, with TF's message."""
+        timeout = self.options.servable_state_waiter_timeout_s
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            try:
+                while not waiter.done:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        missing = sorted(waiter.names - waiter.settled.keys())
+                        raise DeadlineExceeded(
+                            f"Timed out waiting for {noun} to become available: {missing}")
+                    self._changed.wait(remaining)
+            finally:
+                self._waiters.remove(waiter)
+        failed = [(name, version, state) for name, (version, state) in sorted(waiter.settled.items())
+                  if state.state != State.AVAILABLE]
+        if failed:
+            parts = []
+            for name, version, state in failed:
+                error = f" due to error: {code_name(state.error.grpc_code)}: {state.error.message}" \
+                    if state.error is not None else ""
+                parts.append(f"{{{{name: {name} version: {version}}}{error}}}, ")
+            raise Unknown(f"{len(failed)} {noun} did not become available: {{{''.join(parts)}}}")
+
+    # ------------------------------------------------------------------ source
+
+    def _start_source(self, models: dict[str, model_server_config_pb2.ModelConfig]) -> None:
+        """FileSystemStoragePathSource::Create: first poll now, then every period (0 = once)."""
+        with self._lock:
+            self._source = models
+            self._source_generation += 1
+            generation = self._source_generation
+        period = self.options.file_system_poll_wait_seconds
+        if period < 0:
+            return
+        self._poller = threading.Thread(target=self._poll_loop, args=(generation, period),
+                                        name="tfscache-fs-poll", daemon=True)
+        self._poller.start()
+
+    def _stop_source(self) -> None:
+        with self._lock:
+            self._source = None
+            self._source_generation += 1
+
+    def _poll_loop(self, generation: int, period: float) -> None:
+        while not self._stopped.is_set():
+            with self._lock:
+                if generation != self._source_generation:
+                    return
+                models = dict(self._source or {})
+            self._poll_once(models, generation)
+            if period == 0 or self._stopped.wait(period):
+                return
+
+    def _poll_once(self, models: dict[str, model_server_config_pb2.ModelConfig], generation: int) -> None:
+        aspired: dict[str, dict[int, str]] = {}
+        for name, model in models.items():
+            try:
+                aspired[name] = aspired_versions(model)
+            except InvalidArgument as exc:  # the first error aborts the poll for all models
+                log.error("FileSystemStoragePathSource encountered a filesystem access error: %s",
+                          exc.message)
+                return
+        with self._lock:
+            if generation != self._source_generation:
+                return
+            for name, versions in aspired.items():
+                if name in (self._source or {}):
+                    self._aspire(name, versions)
+            self._changed.notify_all()
+
+    # ------------------------------------------------------------------ manager
+
+    def _aspire(self, name: str, versions: dict[int, str]) -> None:
+        """SetAspiredVersions (lock held): applied at once unless it must wait for a teardown."""
+        self._pending_aspired[name] = versions
+        self._apply_aspired()
+        self._flush()
+        self._dirty = True
+
+    def _apply_aspired(self) -> None:
+        """ProcessAspiredVersionsRequest for each pending model (under the lock)."""
+        for name, versions in list(self._pending_aspired.items()):
+            managed = {v.version: v for v in self._versions.values() if v.name == name}
+            if any(version in managed and not managed[version].aspired for version in versions):
+                continue  # re-aspiring a version still being torn down: try again later
+            del self._pending_aspired[name]
+            for version, entry in managed.items():
+                if entry.aspired and version not in versions:
+                    entry.aspired = False
+                    entry.cancel_retry.set()
+            for version, path in versions.items():
+                if version not in managed:
+                    self._versions[(name, version)] = _Version(name, version, path)
+                    self._publish(name, version, ServableState(State.START))
+
+    def _flush(self) -> None:
+        """FlushServables: forget unaspired versions that are new, failed or unloaded."""
+        for key, entry in list(self._versions.items()):
+            if key in self._busy:
+                continue
+            if entry.harness is _Harness.DISABLED or (
+                    not entry.aspired and entry.harness in (_Harness.NEW, _Harness.ERROR)):
+                del self._versions[key]
+
+    def _next_actions(self) -> list[tuple[str, _Version]]:
+        """AvailabilityPreservingPolicy::GetNextAction, once per model."""
+        by_model: dict[str, list[_Version]] = {}
+        for entry in self._versions.values():
+            by_model.setdefault(entry.name, []).append(entry)
+        actions = []
+        for entries in by_model.values():
+            if any((e.name, e.version) in self._busy for e in entries):
+                continue  # one action at a time per model
+            has_aspired = any(e.aspired for e in entries)
+            has_aspired_serving = any(e.aspired and e.harness is _Harness.READY for e in entries)
+            unaspired_serving = [e for e in entries if not e.aspired and e.harness is _Harness.READY]
+            if unaspired_serving and (not has_aspired or has_aspired_serving or len(unaspired_serving) > 1):
+                actions.append(("unload", min(unaspired_serving, key=lambda e: e.version)))
+                continue
+            new = [e for e in entries if e.aspired and e.harness is _Harness.NEW]
+            if new:
+                actions.append(("load", max(new, key=lambda e: e.version)))
+        return actions
+
+    def _manage(self) -> None:
+        while not self._stopped.is_set():
+            with self._lock:
+                if not self._dirty:
+                    self._changed.wait(TICK_S)
+                self._dirty = False
+                self._apply_aspired()
+                self._flush()
+                actions = self._next_actions()
+                for _, entry in actions:
+                    self._busy.add((entry.name, entry.version))
+                pools = {"load": self._initial_pool if self._initial_load else self._load_pool,
+                         "unload": self._unload_pool}
+            for kind, entry in actions:
+                run = self._load if kind == "load" else self._unload
+                pool = pools[kind]
+                if pool is None:
+                    run(entry)  # 0 threads: inline on the manager thread, as in TF Serving
+                else:
+                    pool.submit(run, entry)
+
+    # ------------------------------------------------------------------ load / unload
+
+    def _load(self, entry: _Version) -> None:
+        key = (entry.name, entry.version)
+        with self._lock:
+            entry.harness = _Harness.LOADING
+            self._publish(entry.name, entry.version, ServableState(State.LOADING))
+        started = time.monotonic()
+        error: TfscacheError | None = None
+        attempts = self.options.max_num_load_retries + 1
+        for attempt in range(attempts):
+            try:
+                servable = self._load_once(entry)
+                error = None
+                break
+            except TfscacheError as exc:
+                error = exc
+            except Exception as exc:  # a loader bug or a TF error not mapped by servable.py
+                log.exception("loading %s version %s failed", entry.name, entry.version)
+                error = Internal(str(exc) or type(exc).__name__)
+            log.error("Loading servable: {name: %s version: %s} failed: %s: %s",
+                      entry.name, entry.version, code_name(error.grpc_code), error.message)
+            if attempt + 1 == attempts or entry.cancel_retry.is_set():
+                break
+            interval = self.options.load_retry_interval_micros / 1e6
+            log.info("Retrying load of %s version %s (attempt %d of %d)",
+                     entry.name, entry.version, attempt + 2, attempts)
+            if interval > 0 and (entry.cancel_retry.wait(interval) or self._stopped.is_set()):
+                break
+        with self._lock:
+            self._busy.discard(key)
+            if error is None:
+                entry.servable = servable
+                entry.harness = _Harness.READY
+                self._publish(entry.name, entry.version, ServableState(State.AVAILABLE))
+            else:
+                entry.harness = _Harness.ERROR
+                self._publish(entry.name, entry.version, ServableState(State.END, error))
+        if error is None:
+            log.info("loaded %s version %s in %.3f s; rss=%d",
+                     entry.name, entry.version, time.monotonic() - started, _rss())
+
+    def _load_once(self, entry: _Version):
+        gate = self.options.load_gate_dir
+        if gate:
+            hold = Path(gate, f"{entry.name}.hold")
+            if hold.exists():
+                Path(gate, f"{entry.name}.{entry.version}.waiting").touch()
+                while hold.exists() and not self._stopped.is_set():
+                    time.sleep(0.01)
+            if Path(gate, f"{entry.name}.fail").exists():
+                raise Internal(f"injected load failure for {entry.name}")
+        return self._loader(entry.name, entry.version, entry.path)
+
+    def _unload(self, entry: _Version) -> None:
+        started = time.monotonic()
+        with self._lock:
+            entry.harness = _Harness.UNLOADING
+            self._publish(entry.name, entry.version, ServableState(State.UNLOADING))
+            # Out of the serving map (harness no longer READY); wait for the last handle.
+            while entry.refs:
+                self._changed.wait()
+            servable, entry.servable = entry.servable, None
+        try:
+            unload = getattr(servable, "unload", None)
+            if unload is not None:
+                unload()
+        except Exception:
+            log.exception("unloading %s version %s failed", entry.name, entry.version)
+        del servable
+        release_memory()
+        with self._lock:
+            self._busy.discard((entry.name, entry.version))
+            entry.harness = _Harness.DISABLED
+            self._publish(entry.name, entry.version, ServableState(State.END))
+        log.info("unloaded %s version %s in %.3f s; rss=%d",
+                 entry.name, entry.version, time.monotonic() - started, _rss())
+
+    def _publish(self, name: str, version: int, state: ServableState) -> None:
+        """Send a state event to the monitor and every waiting reload (lock held)."""
+        self._monitor.setdefault(name, {})[version] = state
+        self._dirty = True
+        for waiter in self._waiters:
+            waiter.observe(name, version, state)
+        self._changed.notify_all()
+
+    # ------------------------------------------------------------------ requests
+
+    def resolve(self, model_spec: model_pb2.ModelSpec) -> tuple[str, int | None]:
+        """ServableRequestFromModelSpec: (name, version or None for Latest)."""
+        if not model_spec.name:
+            raise InvalidArgument("ModelSpec has no name specified.")
+        choice = model_spec.WhichOneof("version_choice")
+        if choice == "version":
+            return model_spec.name, model_spec.version.value
+        if choice == "version_label":
+            label = model_spec.version_label
+            with self._lock:
+                if self._labels is None:
+                    raise Unavailable(f"Model labels does not init yet.{label}")
+                version = self._labels.get(model_spec.name, {}).get(label)
+            if version is None:
+                raise InvalidArgument(f"Unrecognized servable version label: {label}")
+            return model_spec.name, version
+        return model_spec.name, None
+
+    @contextlib.contextmanager
+    def servable(self, model_spec: model_pb2.ModelSpec) -> Iterator[object]:
+        """A handle on the servable for a ModelSpec; unloads wait until it is released."""
+        name, version = self.resolve(model_spec)
+        with self._lock:
+            entry = self._serving_entry(name, version)
+            if entry is None:
+                raise NotFound(f"Servable not found for request: {request_text(name, version)}")
+            entry.refs += 1
+        try:
+            yield entry.servable
+        finally:
+            with self._lock:
+                entry.refs -= 1
+                if not entry.refs:
+                    self._changed.notify_all()
+
+    def _serving_entry(self, name: str, version: int | None) -> _Version | None:
+        if version is not None:
+            entry = self._versions.get((name, version))
+            return entry if entry is not None and entry.harness is _Harness.READY else None
+        ready = [e for e in self._versions.values() if e.name == name and e.harness is _Harness.READY]
+        return max(ready, key=lambda e: e.version, default=None)
+
+    def status(self, request: get_model_status_pb2.GetModelStatusRequest
+               ) -> get_model_status_pb2.GetModelStatusResponse:
+        """GetModelStatusImpl: every version the monitor has seen, ascending; labels ignored."""
+        if not request.HasField("model_spec"):
+            raise InvalidArgument("Missing ModelSpec")
+        spec = request.model_spec
+        with self._lock:
+            states = dict(self._monitor.get(spec.name, {}))
+        if spec.HasField("version"):
+            version = spec.version.value
+            if version not in states:
+                raise NotFound(f"Could not find version {version} of model {spec.name}")
+            states = {version: states[version]}
+        elif not states:
+            raise NotFound(f"Could not find any versions of model {spec.name}")
+        response = get_model_status_pb2.GetModelStatusResponse()
+        for version in sorted(states):
+            state = states[version]
+            entry = response.model_version_status.add(version=version, state=int(state.state))
+            entry.status.SetInParent()  # always present, OK included (util::ConvertStatus)
+            if state.error is not None:
+                entry.status.error_code = state.error.grpc_code.value[0]
+                entry.status.error_message = state.error.message
+        return response
+
+    def states(self, name: str) -> dict[int, ServableState]:
+        """The monitor's states of a model's versions (for tests and the REST status)."""
+        with self._lock:
+            return dict(self._monitor.get(name, {}))
+
+    @property
+    def config(self) -> ModelServerConfig:
+        with self._lock:
+            return copy.deepcopy(self._config)
+
+    def stop(self) -> None:
+        """Stop polling and managing; loaded servables are left to process exit."""
+        self._stopped.set()
+        with self._lock:
+            self._source_generation += 1
+            self._changed.notify_all()
+        for pool in (self._load_pool, self._unload_pool, self._initial_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+
+# ---------------------------------------------------------------------- version policy
+
+
+def _version_number(child: str) -> int | None:
+    """absl::SimpleAtoi on a directory name: '00000123' -> 123; others are ignored."""
+    text = child.strip()
+    body = text[1:] if text[:1] in "+-" else text
+    if not body.isdigit() or not body.isascii():
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
+
+
+def aspired_versions(model: model_server_config_pb2.ModelConfig) -> dict[int, str]:
+    """The versions a model's model_version_policy aspires to, {version: path}."""
+    base = model.base_path
+    try:
+        children = os.listdir(base)
+    except OSError as exc:
+        raise InvalidArgument(
+            f"Could not find base path {base} for servable {model.name} with error {exc.strerror}"
+        ) from exc
+    found: dict[int, str] = {}
+    for child in children:
+        version = _version_number(child)
+        if version is not None:
+            found[version] = os.path.join(base, child)
+    policy = model.model_version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        chosen = found
+    elif choice == "specific":
+        wanted = list(policy.specific.versions)
+        if not wanted:
+            log.warning("Version policy specific for servable %s has no versions", model.name)
+        missing = [v for v in wanted if v not in found]
+        if missing:
+            log.warning("Version(s) %s of servable %s not found under base path %s",
+                        missing, model.name, base)
+        chosen = {v: found[v] for v in wanted if v in found}
+    else:
+        count = max(policy.latest.num_versions if choice == "latest" else 1, 1)
+        chosen = {v: found[v] for v in sorted(found, reverse=True)[:count]}
+    if not found:
+        log.warning("No versions of servable %s found under base path %s", model.name, base)
+    return chosen
