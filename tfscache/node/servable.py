@@ -96,7 +96,7 @@ class Servable:
         for index, (tensor_name, value) in enumerate(feeds.items()):
             output, dtype = self._tensor(tensor_name)
             array = _as_ndarray(value)
-            given = _array_dtype(array)
+            given = dtype_of(array)
             if given != dtype:
                 raise errors.InvalidArgument(
                     f"Expects arg[{index}] to be {dtype_name(dtype)} but "
@@ -146,17 +146,118 @@ class Servable:
 
 def _as_ndarray(value) -> np.ndarray:
     if isinstance(value, tensor_pb2.TensorProto):
-        return tf.make_ndarray(value)
+        array = from_proto(value)
+        if array is None:
+            raise errors.InvalidArgument("tensor parsing error")
+        return array
     return np.asarray(value)
 
 
-def _array_dtype(array: np.ndarray) -> int:
+def dtype_of(array: np.ndarray) -> int:
+    """The tensorflow.DataType enum of an ndarray (bytes/str/object -> DT_STRING)."""
     if array.dtype.kind in ("O", "S", "U"):
         return types_pb2.DT_STRING
     try:
         return tf.as_dtype(array.dtype).as_datatype_enum
     except TypeError:
         return types_pb2.DT_INVALID
+
+# -- TensorProto <-> ndarray, as TF's Tensor::FromProto and Tensor::AsProtoField -------------
+
+# dtype -> (typed TensorProto field, numpy dtype)
+_FIELDS = {
+    types_pb2.DT_FLOAT: ("float_val", np.float32),
+    types_pb2.DT_DOUBLE: ("double_val", np.float64),
+    types_pb2.DT_INT32: ("int_val", np.int32),
+    types_pb2.DT_INT16: ("int_val", np.int16),
+    types_pb2.DT_INT8: ("int_val", np.int8),
+    types_pb2.DT_UINT8: ("int_val", np.uint8),
+    types_pb2.DT_UINT16: ("int_val", np.uint16),
+    types_pb2.DT_INT64: ("int64_val", np.int64),
+    types_pb2.DT_UINT32: ("uint32_val", np.uint32),
+    types_pb2.DT_UINT64: ("uint64_val", np.uint64),
+    types_pb2.DT_BOOL: ("bool_val", np.bool_),
+    types_pb2.DT_STRING: ("string_val", object),
+    types_pb2.DT_HALF: ("half_val", np.float16),
+    types_pb2.DT_BFLOAT16: ("half_val", tf.bfloat16.as_numpy_dtype),
+    types_pb2.DT_COMPLEX64: ("scomplex_val", np.complex64),
+    types_pb2.DT_COMPLEX128: ("dcomplex_val", np.complex128),
+}
+_HALVES = (types_pb2.DT_HALF, types_pb2.DT_BFLOAT16)
+_COMPLEX_PARTS = {types_pb2.DT_COMPLEX64: np.float32, types_pb2.DT_COMPLEX128: np.float64}
+
+
+def from_proto(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
+    """Tensor::FromProto: the array, or None where TF would fail to parse it.
+
+    Typed fields with fewer values than elements repeat the last value; none gives
+    zeros; extra values are ignored. ``tensor_content`` must have the exact size.
+    """
+    if proto.tensor_shape.unknown_rank or any(d.size < 0 for d in proto.tensor_shape.dim):
+        return None
+    shape = tuple(d.size for d in proto.tensor_shape.dim)
+    count = int(np.prod(shape, dtype=np.int64))
+    entry = _FIELDS.get(proto.dtype)
+    if entry is None or (proto.tensor_content and proto.dtype == types_pb2.DT_STRING):
+        try:
+            return tf.make_ndarray(proto) if proto.dtype != types_pb2.DT_INVALID else None
+        except Exception:  # whatever TF's own converter refuses is a parse error
+            return None
+    field, np_dtype = entry
+    if proto.tensor_content:
+        itemsize = np.dtype(np_dtype).itemsize
+        if len(proto.tensor_content) != count * itemsize:
+            return None
+        return np.frombuffer(proto.tensor_content, dtype=np_dtype).reshape(shape).copy()
+    values = getattr(proto, field)
+    if proto.dtype in _HALVES:
+        flat = np.array(values, dtype=np.uint16).view(np_dtype)
+    elif proto.dtype in _COMPLEX_PARTS:
+        flat = np.array(values, dtype=_COMPLEX_PARTS[proto.dtype])
+        flat = flat[: len(flat) // 2 * 2].view(np_dtype)
+    elif np_dtype is object:
+        flat = np.empty(len(values), dtype=object)
+        flat[:] = list(values)
+    else:
+        flat = np.array(values, dtype=np_dtype)
+    if len(flat) == 0:
+        flat = np.zeros(count, dtype=np_dtype) if np_dtype is not object else np.full(count, b"", object)
+    elif len(flat) >= count:
+        flat = flat[:count]
+    else:
+        flat = np.concatenate([flat, np.repeat(flat[-1:], count - len(flat))])
+    return flat.reshape(shape)
+
+
+def to_proto_field(value, proto: tensor_pb2.TensorProto) -> tensor_pb2.TensorProto:
+    """Tensor::AsProtoField: dtype, shape and the typed ``*_val`` field (no tensor_content)."""
+    array = np.asarray(value)
+    dtype = dtype_of(array)
+    entry = _FIELDS.get(dtype)
+    if entry is None:
+        proto.CopyFrom(tf.make_tensor_proto(array))
+        return proto
+    proto.dtype = dtype
+    proto.tensor_shape.SetInParent()
+    for size in array.shape:
+        proto.tensor_shape.dim.add().size = size
+    flat = array.ravel()
+    if dtype in _HALVES:
+        values = flat.view(np.uint16).tolist()
+    elif dtype in _COMPLEX_PARTS:
+        values = flat.view(_COMPLEX_PARTS[dtype]).tolist()
+    elif dtype == types_pb2.DT_STRING:
+        values = [v if isinstance(v, bytes) else str(v).encode() for v in flat.tolist()]
+    else:
+        values = flat.tolist()
+    getattr(proto, entry[0]).extend(values)
+    return proto
+
+
+def shape_string(array: np.ndarray) -> str:
+    """TensorShape::DebugString, e.g. [2,1]."""
+    return "[" + ",".join(str(d) for d in np.shape(array)) + "]"
+
 
 
 def _session_config() -> config_pb2.ConfigProto:

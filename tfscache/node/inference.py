@@ -1,0 +1,400 @@
+"""PredictionService on a ServingCore: TF Serving's checks, in TF Serving's order.
+
+Each function takes the parsed tensorflow_serving request, resolves the servable
+with ``core.servable(model_spec)`` (held for the whole request, so an unload waits
+for it) and returns the response or raises a ``TfscacheError`` with TF Serving's
+code and text (tfserving-behavior.md §3.2-§3.5; sv/predict_util.cc,
+sv/classifier.cc, sv/regressor.cc, sv/multi_inference.cc, sv/util.cc,
+sv/get_model_metadata_impl.cc). Signatures are validated structurally, as with
+the default ``--enable_signature_method_name_check=false``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from google.protobuf import text_format
+from tensorflow.core.framework import types_pb2
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    inference_pb2,
+    model_pb2,
+    predict_pb2,
+    regression_pb2,
+)
+
+from tfscache import errors
+from tfscache.node.servable import dtype_of, from_proto, shape_string, to_proto_field
+
+log = logging.getLogger("tfscache.node.inference")
+
+DEFAULT_SIGNATURE = "serving_default"
+CLASSIFY_METHOD = "tensorflow/serving/classify"
+REGRESS_METHOD = "tensorflow/serving/regress"
+SIGNATURE_DEF_FIELD = "signature_def"
+
+
+# -- Predict -----------------------------------------------------------------------------
+
+
+def predict(core, request: predict_pb2.PredictRequest, timeout_s: float | None = None
+            ) -> predict_pb2.PredictResponse:
+    if not request.HasField("model_spec"):
+        raise errors.InvalidArgument("Missing ModelSpec")
+    spec = request.model_spec
+    with core.servable(spec) as servable:
+        signature_name = spec.signature_name or DEFAULT_SIGNATURE
+        signature = _signature(servable, signature_name)
+        if signature is None:
+            raise errors.FailedPrecondition(f'Serving signature key "{signature_name}" not found.')
+        response = predict_pb2.PredictResponse()
+        _model_spec(response.model_spec, spec.name, signature_name, servable.version)
+        _check_input_size(signature, request)
+        feeds = _input_values(signature, request.inputs)
+        names, aliases = _output_targets(signature, request.output_filter)
+        outputs = servable.run(feeds, names, timeout_s)
+        if len(outputs) != len(aliases):
+            raise errors.Unknown("Predict internal error")
+        for alias, value in zip(aliases, outputs):
+            to_proto_field(value, response.outputs[alias])
+        return response
+
+
+def _check_input_size(signature, request) -> None:
+    sent, wanted = len(request.inputs), len(signature.inputs)
+    if sent > wanted or (sent < wanted and not signature.defaults):
+        req_keys, sig_keys = set(request.inputs), set(signature.inputs)
+        raise errors.InvalidArgument(
+            f"input size does not match signature: {sent}!={wanted} "
+            f"len({{{_join(req_keys)}}}) != len({{{_join(sig_keys)}}}). "
+            f"Sent extra: {{{_join(req_keys - sig_keys)}}}. "
+            f"Missing but required: {{{_join(sig_keys - req_keys)}}}.")
+
+
+def _input_values(signature, request_inputs) -> dict[str, np.ndarray]:
+    """TF's saved_model::GetInputValues: tensor name -> value, defaults filled in."""
+    feeds: dict[str, np.ndarray] = {}
+    seen = set()
+    for alias in sorted(signature.inputs):
+        feed_name = signature.inputs[alias].name
+        if alias in request_inputs:
+            proto = request_inputs[alias]
+            seen.add(alias)
+        elif alias in signature.defaults:
+            proto = signature.defaults[alias]
+        else:
+            raise errors.InvalidArgument(
+                f"Signature input alias: {alias}(feed name: {feed_name}) not found in "
+                "request and no default value provided. Inputs expected to be in the "
+                f"request {{{_join(request_inputs)}}}, or default input alias set: "
+                f"{_join(signature.defaults)}")
+        value = from_proto(proto)
+        if value is None:
+            raise errors.InvalidArgument(f"tensor parsing error: {alias}")
+        feeds[feed_name] = value
+    if request_inputs and len(seen) != len(request_inputs):
+        raise errors.InvalidArgument(
+            f"Inputs contains invalid name. Used request inputs: {_join(seen)}, "
+            f"request input: {_join(request_inputs)}")
+    return feeds
+
+
+def _output_targets(signature, output_filter) -> tuple[list[str], list[str]]:
+    names, aliases = [], []
+    for alias in output_filter:
+        if alias not in signature.outputs:
+            raise errors.InvalidArgument(
+                f"output tensor alias not found in signature: {alias} Outputs expected "
+                f"to be in the set {{{_join(signature.outputs)}}}.")
+        if alias in aliases:
+            raise errors.InvalidArgument(f"duplicate output tensor alias: {alias}")
+        names.append(signature.outputs[alias].name)
+        aliases.append(alias)
+    if not names:
+        for alias in sorted(signature.outputs):
+            names.append(signature.outputs[alias].name)
+            aliases.append(alias)
+    return names, aliases
+
+
+# -- Classify / Regress ------------------------------------------------------------------
+
+
+def classify(core, request: classification_pb2.ClassificationRequest,
+             timeout_s: float | None = None) -> classification_pb2.ClassificationResponse:
+    if not request.HasField("model_spec"):
+        raise errors.InvalidArgument("Missing ModelSpec")
+    spec = request.model_spec
+    with core.servable(spec) as servable:
+        signature = _example_signature(servable, spec.signature_name)
+        input_name, output_names = _classification_targets(signature)
+        response = classification_pb2.ClassificationResponse()
+        _model_spec(response.model_spec, spec.name, spec.signature_name, servable.version)
+        examples = serialized_examples(request.input)
+        outputs = servable.run({input_name: examples}, output_names, timeout_s)
+        _classification_result(signature, len(examples), output_names, outputs, response.result)
+        return response
+
+
+def regress(core, request: regression_pb2.RegressionRequest,
+            timeout_s: float | None = None) -> regression_pb2.RegressionResponse:
+    if not request.HasField("model_spec"):
+        raise errors.InvalidArgument("Missing ModelSpec")
+    spec = request.model_spec
+    with core.servable(spec) as servable:
+        signature = _example_signature(servable, spec.signature_name, regression=True)
+        input_name, output_names = _regression_targets(signature)
+        response = regression_pb2.RegressionResponse()
+        _model_spec(response.model_spec, spec.name, spec.signature_name, servable.version)
+        examples = serialized_examples(request.input)
+        outputs = servable.run({input_name: examples}, output_names, timeout_s)
+        _regression_result(signature, len(examples), output_names, outputs, response.result)
+        return response
+
+
+def _example_signature(servable, requested: str, *, regression: bool = False):
+    """GetClassificationSignatureDef / GetRegressionSignatureDef."""
+    name = requested or DEFAULT_SIGNATURE
+    signature = _signature(servable, name)
+    if signature is None:
+        raise errors.InvalidArgument(f"No signature was found with the name: {name}")
+    (_regression_targets if regression else _classification_targets)(signature)
+    return signature
+
+
+def _classification_targets(signature) -> tuple[str, list[str]]:
+    """PreProcessClassification: (input tensor name, [classes name, scores name])."""
+    if len(signature.inputs) != 1:
+        raise errors.InvalidArgument("Expected one input Tensor.")
+    if len(signature.outputs) not in (1, 2):
+        raise errors.InvalidArgument(
+            f"Expected one or two output Tensors, found {len(signature.outputs)}")
+    if "inputs" not in signature.inputs:
+        raise errors.InvalidArgument(
+            f"No classification inputs found in SignatureDef: {_debug_string(signature)}")
+    outputs = [signature.outputs[k].name for k in ("classes", "scores") if k in signature.outputs]
+    if not outputs:
+        raise errors.InvalidArgument(
+            'Expected classification signature outputs to contain at least one of "classes" '
+            f'or "scores". Signature was: {_debug_string(signature)}')
+    return signature.inputs["inputs"].name, outputs
+
+
+def _regression_targets(signature) -> tuple[str, list[str]]:
+    """PreProcessRegression: (input tensor name, [outputs name])."""
+    if len(signature.inputs) != 1:
+        raise errors.InvalidArgument("Expected one input Tensor.")
+    if len(signature.outputs) != 1:
+        raise errors.InvalidArgument("Expected one output Tensor.")
+    if "inputs" not in signature.inputs:
+        raise errors.InvalidArgument(
+            f"No regression inputs found in SignatureDef: {_debug_string(signature)}")
+    if "outputs" not in signature.outputs:
+        raise errors.InvalidArgument(
+            f"No regression outputs found in SignatureDef: {_debug_string(signature)}")
+    return signature.inputs["inputs"].name, [signature.outputs["outputs"].name]
+
+
+def serialized_examples(request_input) -> np.ndarray:
+    """InputToSerializedExampleTensor: a 1-D string array of serialized tf.Examples."""
+    kind = request_input.WhichOneof("kind")
+    if kind == "example_list":
+        examples = [e.SerializeToString() for e in request_input.example_list.examples]
+    elif kind == "example_list_with_context":
+        with_context = request_input.example_list_with_context
+        context = with_context.context.SerializeToString()
+        examples = [context + e.SerializeToString() for e in with_context.examples]
+    else:
+        examples = []
+    if not examples:
+        raise errors.InvalidArgument("Input is empty.")
+    array = np.empty(len(examples), dtype=object)
+    array[:] = examples
+    return array
+
+
+def _classification_result(signature, num_examples, output_names, outputs, result) -> None:
+    """PostProcessClassificationResult."""
+    if len(outputs) != len(output_names):
+        raise errors.InvalidArgument(
+            f"Expected {len(output_names)} output tensor(s).  Got: {len(outputs)}")
+    by_name = dict(zip(output_names, (np.asarray(o) for o in outputs)))
+    classes = by_name.get(signature.outputs["classes"].name) if "classes" in signature.outputs else None
+    scores = by_name.get(signature.outputs["scores"].name) if "scores" in signature.outputs else None
+    for label, tensor, want in (("classes", classes, types_pb2.DT_STRING),
+                                ("scores", scores, types_pb2.DT_FLOAT)):
+        if tensor is None:
+            continue
+        if tensor.ndim != 2:
+            raise errors.InvalidArgument(
+                "Expected Tensor shape: [batch_size num_classes] but got "
+                f"{shape_string(tensor)}")
+        dtype = dtype_of(tensor)
+        if dtype != want:
+            raise errors.InvalidArgument(
+                f"Expected {label} Tensor of {types_pb2.DataType.Name(want)}. "
+                f"Got: {types_pb2.DataType.Name(dtype)}")
+        if tensor.shape[0] != num_examples:
+            raise errors.InvalidArgument(
+                f"Expected {label} output batch size of {num_examples}. Got: {tensor.shape[0]}")
+    if classes is not None and scores is not None and classes.shape[1] != scores.shape[1]:
+        raise errors.InvalidArgument(
+            "Tensors class and score should match in dim_size(1). Got "
+            f"{classes.shape[1]} vs. {scores.shape[1]}")
+    present = classes if classes is not None else scores
+    num_classes = present.shape[1] if present is not None else 0
+    for i in range(num_examples):
+        classifications = result.classifications.add()
+        for c in range(num_classes):
+            cls = classifications.classes.add()
+            if classes is not None:
+                label = classes[i, c]
+                cls.label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+            if scores is not None:
+                cls.score = float(scores[i, c])
+
+
+def _regression_result(signature, num_examples, output_names, outputs, result) -> None:
+    """PostProcessRegressionResult."""
+    if len(outputs) != len(output_names):
+        raise errors.InvalidArgument(
+            "Expected output_tensors and output_tensor_names to have the same size.")
+    if "outputs" not in signature.outputs:
+        raise errors.FailedPrecondition(
+            f"No regression outputs found in SignatureDef: {_debug_string(signature)}")
+    name = signature.outputs["outputs"].name
+    if name not in output_names:
+        raise errors.InvalidArgument(f"Could not find output tensor '{name}'")
+    tensor = np.asarray(outputs[output_names.index(name)])
+    if not (tensor.ndim == 1 or (tensor.ndim == 2 and tensor.shape[1] == 1)):
+        raise errors.InvalidArgument(
+            "Expected output Tensor shape to be either [batch_size] or [batch_size, 1] "
+            f"but got {shape_string(tensor)}")
+    if num_examples != tensor.shape[0]:
+        raise errors.InvalidArgument(
+            "Input batch size did not match output batch size: "
+            f"{num_examples} vs. {tensor.shape[0]}")
+    dtype = dtype_of(tensor)
+    if dtype != types_pb2.DT_FLOAT:
+        raise errors.InvalidArgument(
+            f"Expected output Tensor of DT_FLOAT.  Got: {types_pb2.DataType.Name(dtype)}")
+    if tensor.size != num_examples:
+        raise errors.InvalidArgument(
+            f"Expected output batch size to be {num_examples}.  Got: {tensor.size}")
+    for value in tensor.ravel().tolist():
+        result.regressions.add().value = value
+
+
+# -- MultiInference ----------------------------------------------------------------------
+
+
+def multi_inference(core, request: inference_pb2.MultiInferenceRequest,
+                    timeout_s: float | None = None) -> inference_pb2.MultiInferenceResponse:
+    # No "Missing ModelSpec" check: the handle comes from the first task's spec, or an
+    # empty spec (-> "ModelSpec has no name specified.").
+    if request.tasks and request.tasks[0].HasField("model_spec"):
+        spec = request.tasks[0].model_spec
+    else:
+        spec = model_pb2.ModelSpec()
+    with core.servable(spec) as servable:
+        model_name = ""
+        signature_names: set[str] = set()
+        input_names: set[str] = set()
+        output_names: set[str] = set()
+        for task in request.tasks:
+            if not task.model_spec.name:
+                raise errors.InvalidArgument("Found ModelSpec with an empty model name.")
+            if not model_name:
+                model_name = task.model_spec.name
+            elif model_name != task.model_spec.name:
+                raise errors.InvalidArgument(
+                    "All ModelSpecs in a MultiInferenceRequest must access the same model name.")
+            signature_name = task.model_spec.signature_name or DEFAULT_SIGNATURE
+            if signature_name in signature_names:
+                raise errors.InvalidArgument(f"Duplicate evaluation of signature: {signature_name}")
+            signature_names.add(signature_name)
+            signature = _signature(servable, signature_name)
+            if signature is None:
+                raise errors.InvalidArgument(
+                    f"Requested signature not found in model graph: {signature_name}")
+            if task.method_name == CLASSIFY_METHOD:
+                input_name, names = _classification_targets(signature)
+            elif task.method_name == REGRESS_METHOD:
+                input_name, names = _regression_targets(signature)
+            else:
+                raise errors.Unimplemented(f"Unsupported signature method_name: {task.method_name}")
+            input_names.add(input_name)
+            output_names.update(names)
+
+        fetches = sorted(output_names)
+        examples = serialized_examples(request.input)
+        outputs = servable.run({name: examples for name in sorted(input_names)}, fetches, timeout_s)
+
+        response = inference_pb2.MultiInferenceResponse()
+        for task in request.tasks:
+            signature = _signature(servable, task.model_spec.signature_name or DEFAULT_SIGNATURE)
+            result = response.results.add()
+            if task.method_name == CLASSIFY_METHOD:
+                _classification_result(signature, len(examples), fetches, outputs,
+                                       result.classification_result)
+            else:
+                _regression_result(signature, len(examples), fetches, outputs,
+                                   result.regression_result)
+            _model_spec(result.model_spec, task.model_spec.name,
+                        task.model_spec.signature_name, servable.version)
+        return response
+
+
+# -- GetModelMetadata --------------------------------------------------------------------
+
+
+def get_model_metadata(core, request: get_model_metadata_pb2.GetModelMetadataRequest,
+                       timeout_s: float | None = None) -> get_model_metadata_pb2.GetModelMetadataResponse:
+    """``timeout_s`` is accepted for a uniform adapter signature; nothing runs a session."""
+    if not request.HasField("model_spec"):
+        raise errors.InvalidArgument("Missing ModelSpec")
+    if not request.metadata_field:
+        raise errors.InvalidArgument(
+            "GetModelMetadataRequest must specify at least one metadata_field")
+    for field in request.metadata_field:
+        if field != SIGNATURE_DEF_FIELD:
+            raise errors.InvalidArgument(f"Metadata field {field} is not supported")
+    response = get_model_metadata_pb2.GetModelMetadataResponse()
+    with core.servable(request.model_spec) as servable:
+        signature_map = get_model_metadata_pb2.SignatureDefMap()
+        for key, signature in servable.meta_graph_def.signature_def.items():
+            signature_map.signature_def[key].CopyFrom(signature)
+        response.model_spec.name = servable.name
+        response.model_spec.version.value = servable.version
+        response.metadata[SIGNATURE_DEF_FIELD].Pack(signature_map)
+    return response
+
+
+# -- helpers -----------------------------------------------------------------------------
+
+
+def _signature(servable, name: str):
+    signatures = servable.meta_graph_def.signature_def
+    return signatures[name] if name in signatures else None
+
+
+def _model_spec(target: model_pb2.ModelSpec, name: str, signature_name: str, version: int) -> None:
+    """MakeModelSpec: the requested name, the signature with the default filled in, the
+    loaded numeric version; never the label."""
+    target.Clear()
+    target.name = name
+    target.signature_name = signature_name or DEFAULT_SIGNATURE
+    target.version.value = version
+
+
+def _join(keys) -> str:
+    return ",".join(sorted(keys))
+
+
+def _debug_string(message) -> str:
+    return text_format.MessageToString(message)
+
+
+
