@@ -73,18 +73,26 @@ def _address(v: str) -> str | None:
 
 
 @dataclass
-class CacheSettings:
-    """Per-node cache: caps, eviction, load timing."""
+class CacheSection:
+    """Per-node cache (tfscache.cache.CacheSettings): caps, eviction, load timing."""
 
     max_models_per_node: int = _setting(0, "most models resident on one node at once (0 = no cap)",
                                         check=_at_least(0), flag="--max-models-per-node")
     memory_per_node: int = _setting(0, "most bytes of models on one node, e.g. 4GiB (0 = no cap)",
                                     parse=parse_bytes, flag="--memory-per-node")
     policy: str = _setting("lru", "eviction policy, by name (tfscache.policy)")
-    load_timeout_s: float = _setting(600.0, "longest wait for a model load before the request fails",
+    load_timeout_s: float = _setting(600.0, "longest a request without a deadline waits for its model to load",
                                      check=_at_least(0.001))
-    node_rpc_timeout_s: float = _setting(30.0, "deadline of a ModelService call to a node (status, reload)",
-                                         check=_at_least(0.001))
+    room_timeout_s: float = _setting(30.0, "how long a load waits for busy models to go idle before "
+                                     "RESOURCE_EXHAUSTED", check=_at_least(0))
+    failure_backoff_s: float = _setting(30.0, "after a failed load, how long requests get the same error",
+                                        check=_at_least(0))
+    rpc_deadline_s: float = _setting(10.0, "deadline of GetModelStatus and of reloads that load nothing",
+                                     check=_at_least(0.001))
+    reload_deadline_s: float = _setting(300.0, "deadline of a reload that loads models",
+                                        check=_at_least(0.001))
+    estimate_factor: float = _setting(1.2, "a model's memory before its first load: this x its size on disk",
+                                      check=_at_least(0))
 
 
 @dataclass
@@ -114,7 +122,7 @@ def _parse_peers(value: Any) -> list[Peer]:
 
 
 @dataclass
-class RingSettings:
+class RingSection:
     """Consistent-hash ring of nodes (embedded) or sidecars (peers)."""
 
     replicas_per_model: int = _setting(1, "distinct nodes that may serve each model",
@@ -126,7 +134,7 @@ class RingSettings:
 
 
 @dataclass
-class NodeSettings:
+class NodeSection:
     """The TF Serving nodes behind the front end."""
 
     local_nodes: int = _setting(1, "embedded mode: how many `tfscache node` children to run",
@@ -148,7 +156,7 @@ class NodeSettings:
 
 
 @dataclass
-class ServerSettings:
+class ServerSection:
     """The front end's own listeners."""
 
     bind_address: str = _setting("0.0.0.0", "address the gRPC and REST front ends bind",
@@ -175,10 +183,10 @@ class Settings:
 
     model_repository: str = _setting("", "directory holding NAME/VERSION/saved_model.pb",
                                      flag="--model-repository")
-    cache: CacheSettings = field(default_factory=CacheSettings)
-    ring: RingSettings = field(default_factory=RingSettings)
-    node: NodeSettings = field(default_factory=NodeSettings)
-    server: ServerSettings = field(default_factory=ServerSettings)
+    cache: CacheSection = field(default_factory=CacheSection)
+    ring: RingSection = field(default_factory=RingSection)
+    node: NodeSection = field(default_factory=NodeSection)
+    server: ServerSection = field(default_factory=ServerSection)
 
     @property
     def sidecar(self) -> bool:

@@ -1,0 +1,84 @@
+"""gRPC front end: PredictionService and ModelService as raw-bytes generic handlers.
+
+No request is deserialized beyond its ModelSpec (``methods``); bytes go to the router
+and the node's response bytes come back unchanged. Errors are mapped here, in one
+place for every method: a TfscacheError keeps its code and message (a node's error
+arrives as one, with the node's code and TF Serving's text); anything else is
+INTERNAL and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import grpc
+
+from tfscache import errors
+from tfscache.frontend.backends import FORWARDED_KEY
+from tfscache.frontend.methods import METHODS, RELOAD_PATH, RELOAD_REFUSED, Method
+from tfscache.frontend.router import Router
+from tfscache.frontend.upstream import forwardable_metadata
+
+log = logging.getLogger("tfscache.frontend.grpc_server")
+
+
+class _Handlers(grpc.GenericRpcHandler):
+    def __init__(self, router: Router) -> None:
+        self._router = router
+        self._handlers = {path: grpc.unary_unary_rpc_method_handler(self._behavior(method))
+                          for path, method in METHODS.items()}
+        self._handlers[RELOAD_PATH] = grpc.unary_unary_rpc_method_handler(self._refuse_reload)
+
+    def service(self, handler_call_details):
+        return self._handlers.get(handler_call_details.method)  # None: UNIMPLEMENTED
+
+    def _behavior(self, method: Method):
+        router = self._router
+
+        async def behavior(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            try:
+                key = method.route_key(request)
+                metadata = context.invocation_metadata() or ()
+                forwarded = any(k == FORWARDED_KEY for k, _ in metadata)
+                timeout = context.time_remaining()
+                deadline = None if timeout is None else time.monotonic() + timeout
+                return await router.grpc(method.path, key, request, forwardable_metadata(metadata),
+                                         deadline, forwarded)
+            except errors.TfscacheError as exc:
+                code, message = exc.grpc_code, exc.message
+            except Exception:  # noqa: BLE001 - the one place unknown errors become INTERNAL
+                log.exception("%s failed", method.path)
+                code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache front end"
+            await context.abort(code, message)
+
+        return behavior
+
+    async def _refuse_reload(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, RELOAD_REFUSED)
+
+
+class GrpcFrontend:
+    """The gRPC server; ``start()`` returns once serving with the bound port."""
+
+    def __init__(self, router: Router, *, bind_address: str, port: int, max_send_bytes: int,
+                 max_receive_bytes: int) -> None:
+        self._server = grpc.aio.server(options=[
+            ("grpc.max_send_message_length", max_send_bytes),
+            ("grpc.max_receive_message_length", max_receive_bytes),
+            ("grpc.so_reuseport", 0),
+        ])
+        self._server.add_generic_rpc_handlers([_Handlers(router)])
+        self._address = f"{bind_address}:{port}"
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        self.port = self._server.add_insecure_port(self._address)
+        if not self.port:
+            raise OSError(f"cannot bind gRPC front end to {self._address}")
+        await self._server.start()
+        log.info("gRPC front end serving on %s (port %s)", self._address, self.port)
+        return self.port
+
+    async def stop(self, grace: float | None) -> None:
+        await self._server.stop(grace)

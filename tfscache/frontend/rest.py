@@ -1,0 +1,125 @@
+"""REST front end: TF Serving's /v1/models URLs, bodies passed through to a node's REST port.
+
+The URL is matched with TF Serving's own patterns (http_rest_api_util.cc) only to
+find the model name and version for routing; the body is not parsed, and the node's
+reply (status, body, content type) is returned unchanged. Errors raised here are
+mapped in one place to ``{"error": "<message>"}`` with the error's HTTP status, as
+TF Serving does; other paths get a plain 404 as from TF Serving's HTTP server.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from tfscache import errors
+from tfscache.frontend.backends import FORWARDED_KEY
+from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.router import Router
+
+log = logging.getLogger("tfscache.frontend.rest")
+
+_V1 = re.compile(r"(?i)/v1/.*")
+_POST = re.compile(r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)")
+_GET = re.compile(r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?")
+_FORWARD_HEADERS = ("Content-Type", "Accept")
+
+
+@dataclass(frozen=True)
+class RestRoute:
+    """What a TF Serving REST URL names."""
+
+    key: RouteKey
+    verb: str  # predict, classify, regress, status, metadata
+
+
+def parse_url(method: str, path: str) -> RestRoute:
+    """TF Serving's URL dispatch (http_rest_api_handler.cc): the route or its INVALID_ARGUMENT."""
+    malformed = errors.InvalidArgument(f"Malformed request: {method} {path}")
+    if method == "POST":
+        match = _POST.fullmatch(path)
+        if not match or match.group(4) not in ("classify", "regress", "predict"):
+            raise malformed
+        name, version, label, verb = match.groups()
+    elif method == "GET":
+        match = _GET.fullmatch(path)
+        if not match:
+            raise malformed
+        name, version, label, metadata = match.groups()
+        if metadata is not None and metadata != "metadata":
+            raise malformed
+        if not name:
+            raise errors.InvalidArgument("Missing model name in request.")
+        verb = "metadata" if metadata else "status"
+    else:
+        raise malformed
+    if version is not None:
+        number = int(version)
+        if number >= 2**63:
+            raise errors.InvalidArgument(f"Failed to convert version: {version} to numeric.")
+        return RestRoute(RouteKey(unquote(name), version=number), verb)
+    return RestRoute(RouteKey(unquote(name), label=unquote(label) if label is not None else None), verb)
+
+
+def error_response(exc: errors.TfscacheError) -> web.Response:
+    """TF Serving's REST error body: the bare message under "error"."""
+    body = json.dumps({"error": exc.message}, indent=4)
+    return web.Response(status=exc.http_status, text=body, content_type="application/json")
+
+
+class RestFrontend:
+    """The aiohttp server; ``start()`` returns once serving with the bound port."""
+
+    def __init__(self, router: Router, *, bind_address: str, port: int, max_receive_bytes: int,
+                 timeout_s: float) -> None:
+        self._router = router
+        self._timeout_s = timeout_s
+        self._bind = (bind_address, port)
+        self._max_receive = max_receive_bytes
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self._max_receive)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        return app
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        path = request.raw_path.split("?", 1)[0]
+        if not _V1.fullmatch(path):
+            return web.Response(status=404, text="Not Found")
+        try:
+            route = parse_url(request.method, path)
+            try:
+                body = await request.read()
+            except web.HTTPRequestEntityTooLarge as exc:
+                raise errors.ResourceExhausted(
+                    f"request body larger than the limit of {self._max_receive} bytes") from exc
+            headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
+            reply = await self._router.rest(route.key, request.method, request.raw_path, body, headers,
+                                            self._timeout_s, forwarded=FORWARDED_KEY in request.headers)
+        except errors.TfscacheError as exc:
+            return error_response(exc)
+        except Exception:  # noqa: BLE001 - the one place unknown errors become 500
+            log.exception("%s %s failed", request.method, path)
+            return error_response(errors.Internal("internal error in tfscache front end"))
+        return web.Response(status=reply.status, body=reply.body,
+                            headers={"Content-Type": reply.content_type})
+
+    async def start(self) -> int:
+        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._bind[0], self._bind[1], reuse_port=False)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        log.info("REST front end serving on %s:%s", self._bind[0], self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()

@@ -1,0 +1,76 @@
+"""Routing: which backend serves a request, and one retry on UNAVAILABLE.
+
+The ring maps a model name to ``replicas_per_model`` distinct backends. Among them
+a healthy one that already holds the model goes first, then the others in ring
+order. If the chosen one answers UNAVAILABLE (node down, connection lost), the next
+one is tried, once. A request forwarded by a peer sidecar is served locally and
+never routed again, so a request makes at most one extra hop and cannot loop.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tfscache import errors
+from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.upstream import RestReply
+from tfscache.ring import Ring
+
+log = logging.getLogger("tfscache.frontend.router")
+
+
+class Router:
+    """Picks backends for a RouteKey over the ring and forwards to them."""
+
+    def __init__(self, ring: Ring, backends: dict, local: str | None = None) -> None:
+        self.ring = ring
+        self.backends = backends  # ring node name -> NodeBackend | PeerBackend
+        self.local = local  # sidecar mode: the name of this sidecar's own node
+
+    def candidates(self, key: RouteKey | None, forwarded: bool = False) -> list:
+        """Backends to try, best first (at most two are ever tried)."""
+        if forwarded or (key is None and self.local):
+            if self.local is None:
+                raise errors.FailedPrecondition("request forwarded to a tfscache that has no node of its own")
+            return [self.backends[self.local]]
+        if key is None:  # no model named: any healthy node reports TF Serving's error
+            nodes = [b for b in self.backends.values() if b.healthy] or list(self.backends.values())
+            return nodes[:1]
+        replicas = [self.backends[name] for name in self.ring.replicas_for(key.name)]
+        if not replicas:
+            raise errors.NodeUnavailable("no nodes in the ring")
+        # Stable sort keeps ring order within each class.
+        return sorted(replicas, key=lambda b: (not b.healthy, b.name != self.local and not b.holds(key)))
+
+    async def grpc(self, path: str, key: RouteKey | None, request: bytes, metadata, deadline: float | None,
+                   forwarded: bool = False) -> bytes:
+        """Forward a gRPC request's bytes; the response bytes of the serving node."""
+        candidates = self.candidates(key, forwarded)
+        try:
+            return await candidates[0].grpc(key, path, request, metadata, deadline)
+        except errors.Unavailable as exc:
+            if len(candidates) < 2:
+                raise
+            log.warning("%s unavailable for %s (%s); trying %s", candidates[0].name, key, exc.message,
+                        candidates[1].name)
+        return await candidates[1].grpc(key, path, request, metadata, deadline)
+
+    async def rest(self, key: RouteKey, method: str, path_qs: str, body: bytes, headers: dict[str, str],
+                   timeout: float, forwarded: bool = False) -> RestReply:
+        """Forward a REST request; the serving node's reply, unchanged."""
+        candidates = self.candidates(key, forwarded)
+        try:
+            reply = await candidates[0].rest(key, method, path_qs, body, headers, timeout)
+            if reply.status != 503 or len(candidates) < 2:
+                return reply
+            reason = reply.body[:200]
+        except errors.Unavailable as exc:
+            if len(candidates) < 2:
+                raise
+            reason = exc.message
+        log.warning("%s unavailable for %s (%s); trying %s", candidates[0].name, key, reason, candidates[1].name)
+        return await candidates[1].rest(key, method, path_qs, body, headers, timeout)
+
+    async def close(self) -> None:
+        for backend in self.backends.values():
+            await backend.close()

@@ -1,0 +1,98 @@
+"""Raw byte forwarding to one server (a TF Serving node or a peer sidecar) over gRPC and HTTP.
+
+Requests and responses stay bytes: the channel has no (de)serializers, so what the
+client sent is what the node reads, and what the node answered is what the client
+reads. A gRPC error from upstream becomes the TfscacheError of the same code with
+the same message, so it reaches the client unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import aiohttp
+import grpc
+
+from tfscache import errors
+
+log = logging.getLogger("tfscache.frontend.upstream")
+
+# Request headers a client sends that must not be copied onto the hop to the node.
+_HOP_METADATA = {"user-agent", "te", "content-type", "grpc-accept-encoding", "grpc-encoding",
+                 "grpc-timeout", "grpc-message-type", "host"}
+
+
+def forwardable_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
+    """The caller's own metadata (not gRPC's transport headers), to send on to the node."""
+    if not metadata:
+        return ()
+    return tuple((key, value) for key, value in metadata
+                 if not key.startswith(":") and key not in _HOP_METADATA)
+
+
+@dataclass(frozen=True)
+class RestReply:
+    """An HTTP answer passed back unchanged."""
+
+    status: int
+    body: bytes
+    content_type: str
+
+
+class Upstream:
+    """One channel to a server's gRPC port and a base URL for its REST port."""
+
+    def __init__(self, grpc_address: str, rest_address: str | None, http: aiohttp.ClientSession, *,
+                 max_send_bytes: int, max_receive_bytes: int) -> None:
+        self.grpc_address = grpc_address
+        self.rest_address = rest_address
+        self._http = http
+        self.channel = grpc.aio.insecure_channel(grpc_address, options=[
+            ("grpc.max_send_message_length", max_send_bytes),
+            ("grpc.max_receive_message_length", max_receive_bytes),
+            ("grpc.enable_retries", 0),
+        ])
+        self._calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+
+    def __repr__(self) -> str:
+        return f"Upstream(grpc={self.grpc_address}, rest={self.rest_address})"
+
+    async def unary(self, path: str, request: bytes, *, metadata=(), timeout: float | None = None) -> bytes:
+        """Send ``request`` bytes to method ``path``; the response bytes, or the upstream's error."""
+        call = self._calls.get(path)
+        if call is None:
+            call = self._calls[path] = self.channel.unary_unary(path)
+        try:
+            return await call(request, timeout=timeout, metadata=metadata or None)
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, self.grpc_address) from exc
+
+    async def rest(self, method: str, path_qs: str, body: bytes, headers: dict[str, str], *,
+                   timeout: float) -> RestReply:
+        """Send an HTTP request to the REST port; the reply is returned as it came."""
+        if not self.rest_address:
+            raise errors.NodeUnavailable(f"node {self.grpc_address} has no REST port")
+        url = f"http://{self.rest_address}{path_qs}"
+        try:
+            async with self._http.request(method, url, data=body or None, headers=headers,
+                                          timeout=aiohttp.ClientTimeout(total=timeout),
+                                          allow_redirects=False) as reply:
+                payload = await reply.read()
+                return RestReply(reply.status, payload, reply.headers.get("Content-Type", "application/json"))
+        except TimeoutError as exc:
+            raise errors.DeadlineExceeded(f"REST request to {self.rest_address} timed out after {timeout} s") from exc
+        except aiohttp.ClientError as exc:
+            raise errors.NodeUnavailable(f"REST request to {self.rest_address} failed: {exc}") from exc
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+def _translate(exc: grpc.aio.AioRpcError, address: str) -> errors.TfscacheError:
+    """The upstream's status as our error: same code, same message (TF Serving's text)."""
+    code, details = exc.code(), exc.details() or ""
+    if code == grpc.StatusCode.UNAVAILABLE:
+        log.info("upstream %s unavailable: %s", address, details)
+        return errors.NodeUnavailable(details)
+    return errors.error_for_code(code, details)

@@ -1,0 +1,233 @@
+"""`tfscache serve`: TF-Serving-compatible gRPC and REST front ends over a ring of nodes.
+
+Two topologies:
+
+* embedded (default): ``--local-nodes K`` child node processes (``tfscache node``, or
+  ``--node-command``), each with exactly one CacheManager; models are spread over
+  them by the ring.
+* sidecar (``--node-address``): one node, this process its only cache manager;
+  the ring is over the sidecars in the config file's peer list, and requests for
+  models another sidecar owns are forwarded to it (one hop, marked).
+
+``ServeApp`` is the whole process minus argument parsing and signals, so tests can
+run it in-process. Nothing here imports tensorflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from pathlib import Path
+
+import aiohttp
+
+from tfscache import settings as settings_mod
+from tfscache.cache import CacheManager, CacheSettings
+from tfscache.frontend.backends import NodeBackend, PeerBackend
+from tfscache.frontend.grpc_server import GrpcFrontend
+from tfscache.frontend.rest import RestFrontend
+from tfscache.frontend.router import Router
+from tfscache.frontend.upstream import Upstream
+from tfscache.nodeclient import NodeClient
+from tfscache.repository import ModelRepository
+from tfscache.ring import Ring
+from tfscache.settings import Settings
+from tfscache.supervisor import NodeProcess, Supervisor
+
+log = logging.getLogger("tfscache.serve")
+
+
+def cache_settings(s: Settings, state_file: Path | None) -> CacheSettings:
+    """The cache section as tfscache.cache's CacheSettings for one node."""
+    c = s.cache
+    return CacheSettings(max_models=c.max_models_per_node, memory_bytes=c.memory_per_node,
+                         room_timeout_s=c.room_timeout_s, failure_backoff_s=c.failure_backoff_s,
+                         rpc_deadline_s=c.rpc_deadline_s, reload_deadline_s=c.reload_deadline_s,
+                         estimate_factor=c.estimate_factor, policy=c.policy, state_file=state_file)
+
+
+class ServeApp:
+    """Front ends, router, caches and (embedded) node children of one `tfscache serve`."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.repository = ModelRepository(settings.model_repository)
+        self.grpc_port: int | None = None
+        self.rest_port: int | None = None
+        self.supervisor: Supervisor | None = None
+        self.backends: dict[str, NodeBackend | PeerBackend] = {}
+        self._own_state_dir = not settings.node.state_dir
+        self.state_dir = Path(settings.node.state_dir or tempfile.mkdtemp(prefix="tfscache-serve-"))
+        self._http: aiohttp.ClientSession | None = None
+        self._grpc: GrpcFrontend | None = None
+        self._rest: RestFrontend | None = None
+        self.router: Router | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> tuple[int, int | None]:
+        """Start nodes (embedded), caches and both front ends; returns (grpc_port, rest_port)."""
+        s = self.settings
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
+                                           auto_decompress=False, skip_auto_headers=("User-Agent",))
+        try:
+            self.router = await (self._start_sidecar() if s.sidecar else self._start_embedded())
+            self._grpc = GrpcFrontend(self.router, bind_address=s.server.bind_address, port=s.server.grpc_port,
+                                      max_send_bytes=s.server.max_send_message_bytes,
+                                      max_receive_bytes=s.server.max_receive_message_bytes)
+            self.grpc_port = await self._grpc.start()
+            if s.server.rest_port >= 0:
+                self._rest = RestFrontend(self.router, bind_address=s.server.bind_address,
+                                          port=s.server.rest_port,
+                                          max_receive_bytes=s.server.max_receive_message_bytes,
+                                          timeout_s=s.server.rest_timeout_s)
+                self.rest_port = await self._rest.start()
+        except BaseException:
+            await self.stop(grace=0)
+            raise
+        if s.server.ports_file:
+            _write_json_atomically(Path(s.server.ports_file),
+                                   {"grpc": self.grpc_port, "rest": self.rest_port, "pid": os.getpid()})
+        log.info("tfscache serve ready: gRPC port %s, REST port %s, %d backend(s)", self.grpc_port,
+                 self.rest_port, len(self.backends))
+        return self.grpc_port, self.rest_port
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting, let in-flight requests finish (``grace`` s), then stop caches and nodes."""
+        grace = self.settings.server.grace_s if grace is None else grace
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+        if self._rest is not None:
+            await self._rest.stop()
+        for backend in self.backends.values():
+            if isinstance(backend, NodeBackend) and backend.cache is not None:
+                await backend.cache.stop()
+        if self.supervisor is not None:
+            await self.supervisor.stop(grace=max(grace, 1.0))
+        if self.router is not None:
+            await self.router.close()
+        if self._http is not None:
+            await self._http.close()
+        if self._own_state_dir:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    # -- topologies --------------------------------------------------------------------
+
+    async def _start_embedded(self) -> Router:
+        s = self.settings
+        self.supervisor = Supervisor(s.node, self.state_dir, on_start=self._node_started,
+                                     on_exit=self._node_exited)
+        self.backends = {node.name: NodeBackend(node.name) for node in self.supervisor.nodes}
+        await self.supervisor.start()
+        ring = Ring(self.backends, replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes)
+        return Router(ring, self.backends)
+
+    async def _start_sidecar(self) -> Router:
+        s = self.settings
+        host_port, _, rest_port = s.node.node_address.partition(",")
+        host = host_port.rsplit(":", 1)[0]
+        own = s.ring.self_name or "local"
+        backend = NodeBackend(own)
+        self.backends = {own: backend}
+        for peer in s.ring.peers:
+            if peer.name != own:
+                self.backends[peer.name] = PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None), own)
+        await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None, node_pid=None)
+        ring = Ring(self.backends, replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes)
+        return Router(ring, self.backends, local=own)
+
+    def _upstream(self, grpc_address: str, rest_address: str | None) -> Upstream:
+        server = self.settings.server
+        # The hop to a node carries what the client may send and what the node may answer.
+        return Upstream(grpc_address, rest_address, self._http,
+                        max_send_bytes=server.max_receive_message_bytes,
+                        max_receive_bytes=server.max_send_message_bytes)
+
+    async def _attach(self, backend: NodeBackend, grpc_address: str, rest_address: str | None,
+                      node_pid: int | None) -> None:
+        upstream = self._upstream(grpc_address, rest_address)
+        client = NodeClient(grpc_address, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
+                            channel=upstream.channel)
+        state_file = self.state_dir / f"{backend.name}.cache.json"
+        cache = CacheManager(client, self.repository, cache_settings(self.settings, state_file),
+                             node_pid=node_pid, state_file=state_file)
+        try:
+            await cache.start()
+        except BaseException:
+            await upstream.close()
+            raise
+        backend.attach(upstream, cache, load_timeout_s=self.settings.cache.load_timeout_s)
+
+    async def _node_started(self, node: NodeProcess) -> None:
+        await self._attach(self.backends[node.name], node.grpc_address, node.rest_address, node.pid)
+
+    async def _node_exited(self, node: NodeProcess) -> None:
+        backend = self.backends[node.name]
+        cache, upstream = backend.cache, backend.upstream
+        backend.detach()
+        if cache is not None:
+            await cache.stop()
+        if upstream is not None:
+            await upstream.close()
+
+
+def _write_json_atomically(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
+
+
+# -- command line ------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfscache serve",
+        description="TF-Serving-compatible gRPC and REST front end that loads models on demand "
+                    "onto a ring of TF Serving nodes.",
+        epilog="Every setting (see --help-settings) can also come from the --config TOML file or a "
+               "TFSCACHE_<SECTION>_<FIELD> environment variable; flags win.")
+    settings_mod.add_arguments(parser)
+    parser.add_argument("--help-settings", action="store_true", help="list every setting and exit")
+    parser.add_argument("--log-level", default=os.environ.get("TFSCACHE_LOG_LEVEL", "INFO"))
+    return parser
+
+
+async def _run(settings: Settings) -> int:
+    app = ServeApp(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await app.start()
+    except Exception as exc:  # noqa: BLE001 - start-up failure: say why and exit non-zero
+        log.error("tfscache serve failed to start: %s", exc)
+        return 1
+    await stop.wait()
+    log.info("stopping: draining in-flight requests for up to %s s", settings.server.grace_s)
+    await app.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.help_settings:
+        print(settings_mod.describe())
+        return 0
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settings_mod.from_args(args)
+    except settings_mod.SettingsError as exc:
+        print(f"tfscache serve: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_run(settings))
