@@ -1,0 +1,364 @@
+"""Per-node cache manager: the only writer of one TF Serving node's ModelServerConfig.
+
+``acquire(name, version)`` returns a ``Lease`` once that version is AVAILABLE on the
+node; a model with a lease is never unloaded. A hit takes no lock and awaits nothing.
+
+A cold model joins the pending set; one reloader task (TF Serving serialises reloads
+anyway) repeatedly plans a step:
+
+1. order pending models by waiting requests (most first, ties: oldest);
+2. admit each while the caps allow, choosing idle victims in the policy's order,
+   stopping at the first that cannot fit (it waits for room, up to ``room_timeout_s``);
+3. victims leave the config in one reload, and the reloader waits until the node
+   reports END for each, so the caps hold at every instant;
+4. every admitted model joins the config in one more reload (models that arrived
+   while a reload was in flight share the next one), and GetModelStatus, not the
+   reload's result, decides which loaded: AVAILABLE hands a lease to each waiter,
+   END with an error goes to each waiter and the model leaves the config again.
+
+Hazards of real TF Serving handled here (tfserving-behavior.md §1.4-§1.9): no base
+path that vanished is ever sent (it would wedge the node); every RPC has a deadline
+and a reload past its deadline marks the node unhealthy; a failed version is
+removed from the config (it would otherwise stay sticky) and not retried for
+``failure_backoff_s``; a removed-then-re-added model is confirmed by its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from tfscache import errors
+from tfscache.cachestate import CacheState, SavedModel, learned_key, load_state, save_state
+from tfscache.nodeclient import AVAILABLE, END, NodeClient
+from tfscache.policy import EvictionPolicy, make_policy
+from tfscache.repository import ModelRepository, check_name, not_found
+from tfscache.wire import serving_pb2 as pb
+
+log = logging.getLogger("tfscache.cache")
+
+Key = tuple[str, int]
+
+LOADING, READY, UNLOADING = "loading", "available", "unloading"
+
+
+@dataclass
+class CacheSettings:
+    """Caps and timings of one node's cache."""
+
+    max_models: int = 0
+    """Most model versions resident on the node at once (0: no cap)."""
+    memory_bytes: int = 0
+    """Most bytes of models resident on the node at once (0: no cap)."""
+    room_timeout_s: float = 30.0
+    """How long a load waits for a busy model to become idle before RESOURCE_EXHAUSTED."""
+    failure_backoff_s: float = 30.0
+    """After a failed load, requests for that version get the same error for this long."""
+    rpc_deadline_s: float = 10.0
+    """Deadline of GetModelStatus and of reloads that load nothing."""
+    reload_deadline_s: float = 300.0
+    """Deadline of a reload that loads models; past it the node is marked unhealthy."""
+    health_retry_s: float = 5.0
+    """While unhealthy, how often to try the node again."""
+    estimate_factor: float = 1.2
+    """A model's memory before its first load: this times its size on disk (TF Serving's)."""
+    policy: str = "lru"
+    """Eviction policy, by its name in tfscache.policy.POLICIES."""
+    state_file: Path | None = None
+    """Where the node's config is kept across restarts (None: not kept; the node is cleared)."""
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+                raise ValueError(f"cache setting {f.name} must not be negative, got {value!r}")
+        make_policy(self.policy)  # fails early on an unknown name
+
+
+@dataclass(frozen=True)
+class ResidentModel:
+    """One entry of ``CacheManager.snapshot()``."""
+
+    name: str
+    version: int
+    bytes: int
+    measured: bool
+    leases: int
+    last_use: float  # wall-clock seconds
+    state: str  # "loading", "available" or "unloading"
+
+
+class _Entry:
+    """A model version in the node's config (or leaving it)."""
+
+    __slots__ = ("key", "state", "bytes", "disk", "measured", "leases", "last_use", "waiters")
+
+    def __init__(self, key: Key, state: str, size: int, measured: bool, last_use: float,
+                 disk: int = 0) -> None:
+        self.key = key
+        self.disk = disk
+        self.state = state
+        self.bytes = size
+        self.measured = measured
+        self.leases = 0
+        self.last_use = last_use
+        self.waiters: list[asyncio.Future] = []
+
+
+class _Pending:
+    """A cold model version waiting for its turn to load."""
+
+    __slots__ = ("key", "estimate", "disk", "first_seen", "waiters", "blocked_since")
+
+    def __init__(self, key: Key, estimate: int, disk: int, now: float) -> None:
+        self.key = key
+        self.estimate = estimate
+        self.disk = disk
+        self.first_seen = now
+        self.waiters: list[asyncio.Future] = []
+        self.blocked_since: float | None = None
+
+    def live(self) -> list[asyncio.Future]:
+        return [w for w in self.waiters if not w.done()]
+
+
+class Lease:
+    """A hold on a resident model version; release it when the request is done."""
+
+    __slots__ = ("name", "version", "_cache", "_released")
+
+    def __init__(self, cache: CacheManager, key: Key) -> None:
+        self.name, self.version = key
+        self._cache = cache
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._cache._release((self.name, self.version))
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Lease({self.name!r}, {self.version})"
+
+
+class CacheManager:
+    """Owns one node's config: loads on demand, evicts idle models under the caps."""
+
+    def __init__(self, node: NodeClient, repository: ModelRepository, settings: CacheSettings,
+                 policy: EvictionPolicy | None = None, node_pid: int | None = None,
+                 state_file: Path | None = None) -> None:
+        self.node = node
+        self.repository = repository
+        self.settings = settings
+        self.policy = policy or make_policy(settings.policy)
+        self.state_file = state_file if state_file is not None else settings.state_file
+        self._process = _process(node_pid)
+        self._entries: dict[Key, _Entry] = {}
+        self._pending: dict[Key, _Pending] = {}
+        self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
+        self._learned: dict[Key, int] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self._healthy = False
+        self._unhealthy_reason = "not started"
+        self._closed = False
+
+    # -- public API --------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return self._healthy
+
+    async def start(self) -> None:
+        """Re-adopt what the state file says the node serves and the node confirms; clear the rest."""
+        from tfscache import cacheloop  # the reloader's steps; it imports this module
+
+        await cacheloop.adopt(self, load_state(self.state_file))
+        self._healthy = True
+        self._task = asyncio.create_task(cacheloop.run(self), name=f"tfscache-cache-{self.node.target}")
+
+    async def stop(self) -> None:
+        """Stop loading; waiters get UNAVAILABLE. The node keeps serving; the NodeClient stays open."""
+        self._closed = True
+        self._healthy = False
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        self._fail_all(errors.NodeUnavailable(f"cache manager for node {self.node.target} stopped"))
+        self._save()
+
+    async def acquire(self, name: str, version: int | None = None, timeout: float | None = None) -> Lease:
+        """A lease on ``name`` at ``version`` (None: the highest on disk), loading it if needed."""
+        found = self.repository.resolve(name, version)
+        key = (found.name, found.version)
+        entry = self._entries.get(key)
+        if entry is not None and entry.state == READY:
+            return self._lease(entry)
+        fut = await self._enqueue(key)
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except BaseException as exc:
+            # A lease granted just as the caller gave up goes straight back.
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result().release()
+            fut.cancel()
+            if isinstance(exc, TimeoutError):
+                raise errors.DeadlineExceeded(
+                    f"Timed out after {timeout} s waiting for model {key[0]} version {key[1]} "
+                    f"to load on node {self.node.target}") from None
+            raise
+
+    def is_resident(self, name: str, version: int | None = None) -> bool:
+        """Whether that version is AVAILABLE here (cheap; for routing to a replica that holds it)."""
+        try:
+            check_name(name)
+            if version is None:
+                version = self.repository.latest_version(name)
+        except errors.TfscacheError:
+            return False
+        entry = self._entries.get((name, version))
+        return entry is not None and entry.state == READY
+
+    def snapshot(self) -> list[ResidentModel]:
+        return [ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state)
+                for e in self._entries.values()]
+
+    # -- acquire / release -------------------------------------------------------------
+
+    def _lease(self, entry: _Entry) -> Lease:
+        entry.leases += 1
+        entry.last_use = time.time()
+        self.policy.record_access(entry.key, time.monotonic())
+        return Lease(self, entry.key)
+
+    def _release(self, key: Key) -> None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return
+        entry.leases -= 1
+        if entry.leases == 0 and self._pending:
+            self._wake.set()  # a load may be waiting for room
+
+    async def _enqueue(self, key: Key) -> asyncio.Future:
+        """A future for a lease on cold ``key``, joined to its load (one load per key)."""
+        self._check_loadable(key)
+        estimate = disk = 0
+        entry = self._entries.get(key)
+        if key not in self._pending and (entry is None or entry.state == UNLOADING):
+            estimate, disk = await asyncio.to_thread(self._estimate, key)  # walks the version directory
+            self._check_loadable(key)  # re-check after the await
+        entry = self._entries.get(key)
+        fut = asyncio.get_running_loop().create_future()
+        if entry is not None and entry.state == READY:
+            fut.set_result(self._lease(entry))
+        elif entry is not None and entry.state == LOADING:
+            entry.waiters.append(fut)
+        else:
+            pending = self._pending.get(key)
+            if pending is None:
+                pending = self._pending[key] = _Pending(key, estimate, disk, time.monotonic())
+            pending.waiters.append(fut)
+            self._wake.set()
+        return fut
+
+    def _check_loadable(self, key: Key) -> None:
+        if self._closed or not self._healthy:
+            raise errors.NodeUnavailable(f"node {self.node.target} is unhealthy: {self._unhealthy_reason}")
+        failed = self._failed.get(key)
+        if failed is not None:
+            until, error = failed
+            if time.monotonic() < until:
+                raise _copy(error)
+            del self._failed[key]
+
+    def _estimate(self, key: Key) -> tuple[int, int]:
+        """(bytes the version will take, its size on disk): learned on an earlier load, else 1.2 x disk."""
+        learned = self._learned.get(key)
+        disk = self.repository.disk_bytes(*key)
+        size = learned if learned is not None else int(disk * self.settings.estimate_factor)
+        cap = self.settings.memory_bytes
+        if cap and size > cap:
+            how = "as measured on an earlier load" if learned is not None else (
+                f"{self.settings.estimate_factor} x its size on disk")
+            raise errors.CapacityExhausted(
+                f"model {key[0]} version {key[1]} needs {size} bytes ({how}), more than "
+                f"memory_bytes={cap} of node {self.node.target}")
+        return size, disk
+
+    # -- shared with cacheloop ---------------------------------------------------------
+
+    def _config(self) -> pb.ModelServerConfig:
+        """The node config: every entry not leaving, one ModelConfig per name, specific versions."""
+        versions: dict[str, list[int]] = {}
+        for (name, version), entry in self._entries.items():
+            if entry.state != UNLOADING:
+                versions.setdefault(name, []).append(version)
+        config = pb.ModelServerConfig()
+        config.model_config_list.SetInParent()
+        for name in sorted(versions):
+            model = config.model_config_list.config.add(
+                name=name, base_path=str(self.repository.base_path(name)), model_platform="tensorflow")
+            model.model_version_policy.specific.versions.extend(sorted(versions[name]))
+        return config
+
+    def _rss(self) -> int | None:
+        if self._process is None:
+            return None
+        try:
+            return self._process.memory_info().rss
+        except Exception:  # the process went away: no measurement
+            return None
+
+    def _save(self) -> None:
+        models = [SavedModel(e.key[0], e.key[1], e.bytes, e.measured, e.last_use)
+                  for e in self._entries.values() if e.state == READY]
+        learned = {learned_key(*k): v for k, v in self._learned.items()}
+        save_state(self.state_file, CacheState(self.node.target, models, learned))
+
+    def _fail_all(self, error: errors.TfscacheError) -> None:
+        for pending in self._pending.values():
+            _fail(pending.waiters, error)
+        self._pending.clear()
+        for entry in self._entries.values():
+            _fail(entry.waiters, error)
+            entry.waiters = []
+
+
+def _process(pid: int | None):
+    if pid is None:
+        return None
+    import psutil
+
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        log.warning("node process %s is not visible; model sizes stay estimates", pid)
+        return None
+
+
+def _copy(error: errors.TfscacheError) -> errors.TfscacheError:
+    """A fresh instance for each caller, so tracebacks do not pile up on one object."""
+    return type(error)(error.message)
+
+
+def _fail(waiters: list[asyncio.Future], error: errors.TfscacheError) -> None:
+    for fut in waiters:
+        if not fut.done():
+            fut.set_exception(_copy(error))
+
+
+__all__ = ["CacheManager", "CacheSettings", "Lease", "ResidentModel", "not_found"]

@@ -1,0 +1,60 @@
+"""Eviction policies: which idle models to unload first when a node needs room.
+
+A policy is plain bookkeeping with no asyncio and no node, so the cache manager and
+a trace simulator drive the same code. The cache manager tells it about loads,
+accesses and unloads, and asks it to order the idle candidates when room is needed;
+it never asks about a model with a lease (those are not candidates).
+
+Keys are opaque hashables (the cache uses ``(name, version)``); ``now`` is any
+monotonic clock in seconds, supplied by the caller so a simulator can replay time.
+Policies are picked by name from ``POLICIES``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from collections.abc import Hashable, Iterable
+
+Key = Hashable
+
+
+class EvictionPolicy(ABC):
+    """Orders eviction candidates. Implementations keep O(1) work per access."""
+
+    name: str = ""
+
+    @abstractmethod
+    def record_load(self, key: Key, size_bytes: int, load_seconds: float, now: float) -> None:
+        """``key`` became resident, taking ``size_bytes`` and ``load_seconds`` to load.
+
+        Also called again when a better size measurement arrives for a resident key.
+        """
+
+    @abstractmethod
+    def record_access(self, key: Key, now: float) -> None:
+        """A request used resident ``key`` at ``now``."""
+
+    @abstractmethod
+    def forget(self, key: Key) -> None:
+        """``key`` is no longer resident (unloaded, failed, or dropped)."""
+
+    @abstractmethod
+    def victims(self, candidates: Iterable[Key], now: float) -> Iterable[Key]:
+        """``candidates`` (resident, idle) in the order they should be evicted."""
+
+
+# name -> "module:Class"; imported only when chosen.
+POLICIES: dict[str, str] = {
+    "lru": "tfscache.policy.lru:LRUPolicy",
+}
+
+
+def make_policy(name: str = "lru") -> EvictionPolicy:
+    """A new policy by its name in ``POLICIES``; ValueError names the known ones."""
+    try:
+        target = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown eviction policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)()

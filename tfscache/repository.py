@@ -1,0 +1,167 @@
+"""The model repository: ``ROOT/NAME/VERSION/saved_model.pb``, as TF Serving lays it out.
+
+Every model name is checked to be one safe path segment before it touches the file
+system, so nothing outside the repository is ever read. Version directories are
+the numeric children of a model's directory, parsed like TF Serving's
+``absl::SimpleAtoi`` (``00000123`` is version 123; other names are ignored).
+
+Listing a model's versions is a blocking ``os.scandir``; the newest version of each
+model is remembered for ``rescan_s`` seconds, so a hit on ``Latest(NAME)`` costs a
+dictionary lookup and a new version on disk is seen within ``rescan_s`` (TF Serving
+itself sees one at its next file-system poll).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfscache import errors
+
+log = logging.getLogger("tfscache.repository")
+
+MAX_NAME_BYTES = 255
+
+
+def check_name(name: str) -> None:
+    """Raise ``UnsafeModelName`` unless ``name`` is one safe path segment."""
+    problem = _name_problem(name)
+    if problem:
+        raise errors.UnsafeModelName(f"Invalid model name {name!r}: {problem}")
+
+
+def _name_problem(name: str) -> str | None:
+    if not isinstance(name, str) or not name:
+        return "a model name must not be empty"
+    if "/" in name or "\\" in name or "\0" in name:
+        return "a model name must be one path segment (no '/', '\\' or NUL)"
+    if name in (".", ".."):
+        return "a model name must not be '.' or '..'"
+    try:
+        encoded = name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "a model name must be valid UTF-8"
+    if len(encoded) > MAX_NAME_BYTES:
+        return f"a model name must be at most {MAX_NAME_BYTES} bytes, got {len(encoded)}"
+    return None
+
+
+def not_found(name: str, version: int | None) -> errors.ModelNotFound:
+    """TF Serving's NOT_FOUND for a ModelSpec that names no servable."""
+    spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+    return errors.ModelNotFound(f"Servable not found for request: {spec}")
+
+
+def parse_version(dirname: str) -> int | None:
+    """A version directory's number as ``absl::SimpleAtoi`` reads it, or None."""
+    text = dirname.strip()
+    if text.startswith("+"):
+        text = text[1:]
+    if not text.isascii() or not text.isdigit():
+        return None
+    value = int(text)
+    return value if value < 2**63 else None
+
+
+@dataclass(frozen=True)
+class ModelVersion:
+    """One version directory of one model."""
+
+    name: str
+    version: int
+    path: Path
+
+
+class ModelRepository:
+    """The models under one root directory; reads nothing outside it."""
+
+    def __init__(self, root: str | os.PathLike[str], *, rescan_s: float = 1.0) -> None:
+        self.root = Path(os.path.abspath(root))
+        self.rescan_s = rescan_s
+        self._latest: dict[str, tuple[float, int | None]] = {}
+
+    def base_path(self, name: str) -> Path:
+        """The absolute directory of model ``name`` (which need not exist)."""
+        check_name(name)
+        return self.root / name
+
+    def versions(self, name: str) -> dict[int, Path]:
+        """Version number -> directory for every numeric child of the model's directory."""
+        base = self.base_path(name)
+        found: dict[int, Path] = {}
+        try:
+            with os.scandir(base) as entries:
+                for entry in entries:
+                    version = parse_version(entry.name)
+                    if version is not None and entry.is_dir():
+                        # Two spellings of one number ("7", "007"): keep the first, as a listing would.
+                        found.setdefault(version, Path(entry.path))
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        return found
+
+    def latest_version(self, name: str) -> int | None:
+        """The highest version on disk (remembered for ``rescan_s``), or None."""
+        now = time.monotonic()
+        cached = self._latest.get(name)
+        if cached is not None and now - cached[0] < self.rescan_s:
+            return cached[1]
+        versions = self.versions(name)
+        latest = max(versions) if versions else None
+        self._latest[name] = (now, latest)
+        if len(self._latest) > 100_000:
+            self._latest.clear()
+        return latest
+
+    def resolve(self, name: str, version: int | None = None) -> ModelVersion:
+        """The version to serve for ``(name, version)``; None means the highest on disk.
+
+        Raises ``UnsafeModelName`` or ``ModelNotFound`` with TF Serving's text.
+        """
+        check_name(name)
+        if version is None:
+            latest = self.latest_version(name)
+            if latest is None:
+                raise not_found(name, None)
+            path = self.version_path(name, latest)
+            if path is None:  # vanished since it was remembered: list again, once
+                self._latest.pop(name, None)
+                latest = self.latest_version(name)
+                path = None if latest is None else self.version_path(name, latest)
+                if path is None:
+                    raise not_found(name, None)
+            return ModelVersion(name, latest, path)
+        path = self.version_path(name, version)
+        if path is None:
+            raise not_found(name, version)
+        return ModelVersion(name, version, path)
+
+    def version_path(self, name: str, version: int) -> Path | None:
+        """The directory of one version, or None when it is not on disk."""
+        base = self.base_path(name)
+        plain = base / str(version)
+        if plain.is_dir():
+            return plain
+        return self.versions(name).get(version)
+
+    def exists(self, name: str) -> bool:
+        """Whether the model's directory exists (a missing base_path wedges TF Serving)."""
+        return self.base_path(name).is_dir()
+
+    def disk_bytes(self, name: str, version: int) -> int:
+        """Sum of the sizes of all files under the version directory (symlinks not followed)."""
+        path = self.version_path(name, version)
+        if path is None:
+            raise not_found(name, version)
+        total = 0
+        for dirpath, _dirnames, filenames in os.walk(path, followlinks=False):
+            for filename in filenames:
+                try:
+                    st = os.lstat(os.path.join(dirpath, filename))
+                except OSError:
+                    continue
+                total += st.st_size
+        return total
