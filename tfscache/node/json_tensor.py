@@ -1,0 +1,981 @@
+"""TF Serving's JSON <-> tensor conversion for the REST API (util/json_tensor.cc).
+
+Pure conversion, no transport: the REST adapter (rest.py) parses a body with
+``parse_json``, fills a request with ``fill_predict_request`` /
+``fill_example_request`` and renders a response with the ``*_json`` functions.
+Every error is a ``TfscacheError`` carrying TF Serving's own text, because clients
+match on it.
+
+TF Serving parses with rapidjson and writes with rapidjson's PrettyWriter. This
+module keeps both observable behaviours:
+
+* Parsing: ``json.loads`` is the fast path. When it fails (or a number could
+  overflow a double), a small parser with rapidjson's grammar and flags
+  (iterative, NaN/Inf allowed, stop when the root value is done) gives the
+  verdict, so errors read "JSON Parse error: Invalid value. at offset: 0" as
+  rapidjson's do, and what rapidjson accepts ("Inf", trailing bytes after the
+  root value, 500000 nested arrays) is accepted.
+* Writing: ``_PrettyWriter`` reproduces PrettyWriter's layout byte for byte,
+  including TF Serving's odd ``"predictions": [3.0, 3.5, 4.0\\n    ]``.
+
+Known differences from rapidjson, all in malformed or unusual input: with
+repeated object keys the last one wins on the fast path (rapidjson keeps both
+and looks up the first); invalid UTF-8 and lone surrogate escapes are accepted;
+a number is "too big" when it does not fit a double (rapidjson also rejects
+some exponents above 308 whose value is finite, such as 0e400).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+import math
+import re
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from google.protobuf import json_format
+from tensorflow.core.example import example_pb2, feature_pb2
+from tensorflow.core.framework import tensor_pb2, types_pb2
+from tensorflow.python.framework import tensor_util
+from tensorflow_serving.apis import get_model_metadata_pb2
+
+from tfscache.errors import Internal, InvalidArgument, TfscacheError, Unimplemented
+
+_DEBUG_LIMIT = 256  # kMaxJsonDebugStringBytes
+_INT32 = (-(2**31), 2**31)
+_INT64 = (-(2**63), 2**63)
+_UINT32 = (0, 2**32)
+_UINT64 = (0, 2**64)
+
+
+class JsonFormat(enum.Enum):
+    """How a Predict request was written; the response uses the same format."""
+
+    ROW = "instances"
+    COLUMNAR = "inputs"
+
+
+# ---------------------------------------------------------------------------
+# Writing: rapidjson::PrettyWriter
+
+
+class _Stop(Exception):
+    """The debug writer hit its size limit or a value rapidjson cannot write."""
+
+
+_ESCAPES = {i: f"\\u{i:04X}" for i in range(0x20)}
+_ESCAPES.update({0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r",
+                 0x22: '\\"', 0x5C: "\\\\"})
+
+
+def _quote(text: str) -> str:
+    return '"' + text.translate(_ESCAPES) + '"'
+
+
+class _PrettyWriter:
+    """rapidjson's PrettyWriter: 4-space indent, optional single-line arrays."""
+
+    def __init__(self, limit: int | None = None) -> None:
+        self.parts: list[str] = []
+        self.size = 0
+        self.levels: list[list] = []  # [in_array, value_count]
+        self.single_line_arrays = False
+        self.limit = limit
+
+    def text(self) -> str:
+        return "".join(self.parts)
+
+    def _put(self, s: str) -> None:
+        self.parts.append(s)
+        self.size += len(s)
+
+    def _check(self) -> None:
+        if self.limit is not None and self.size >= self.limit:
+            raise _Stop
+
+    def _prefix(self) -> None:
+        if not self.levels:
+            return
+        level = self.levels[-1]
+        if level[0]:
+            if level[1] > 0:
+                self._put(", " if self.single_line_arrays else ",")
+            if not self.single_line_arrays:
+                self._put("\n" + "    " * len(self.levels))
+        else:
+            if level[1] > 0:
+                self._put(",\n" if level[1] % 2 == 0 else ": ")
+            else:
+                self._put("\n")
+            if level[1] % 2 == 0:
+                self._put("    " * len(self.levels))
+        level[1] += 1
+
+    def raw(self, token: str) -> None:
+        self._check()
+        self._prefix()
+        self._put(token)
+
+    def string(self, value: str) -> None:
+        self.raw(_quote(value))
+
+    key = string
+
+    def start_object(self) -> None:
+        self.raw("{")
+        self.levels.append([False, 0])
+
+    def end_object(self) -> None:
+        self._check()
+        if self.levels.pop()[1]:
+            self._put("\n" + "    " * len(self.levels))
+        self._put("}")
+
+    def start_array(self) -> None:
+        self.raw("[")
+        self.levels.append([True, 0])
+
+    def end_array(self) -> None:
+        self._check()
+        if self.levels.pop()[1] and not self.single_line_arrays:
+            self._put("\n" + "    " * len(self.levels))
+        self._put("]")
+
+
+def _rapidjson_double(value: float) -> str:
+    """rapidjson's Writer::Double (Grisu shortest digits, then Prettify)."""
+    if value == 0:
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    sign = "-" if value < 0 else ""
+    mantissa, _, exp = repr(abs(value)).partition("e")
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0")
+    k = int(exp or 0) - len(frac)
+    stripped = digits.rstrip("0")
+    k += len(digits) - len(stripped)
+    digits, length = stripped, len(stripped)
+    kk = length + k
+    if 0 <= k and kk <= 21:
+        text = digits + "0" * k + ".0"
+    elif 0 < kk <= 21:
+        text = digits[:kk] + "." + digits[kk:]
+    elif -6 < kk <= 0:
+        text = "0." + "0" * -kk + digits
+    elif length == 1:
+        text = f"{digits}e{kk - 1}"
+    else:
+        text = f"{digits[0]}.{digits[1:]}e{kk - 1}"
+    return sign + text
+
+
+def _write_value(writer: _PrettyWriter, value: Any) -> None:
+    """rapidjson Value::Accept for a parsed document (used for debug strings)."""
+    if isinstance(value, dict):
+        writer.start_object()
+        for name, item in value.items():
+            writer.key(name)
+            _write_value(writer, item)
+        writer.end_object()
+    elif isinstance(value, list):
+        writer.start_array()
+        for item in value:
+            _write_value(writer, item)
+        writer.end_array()
+    elif isinstance(value, str):
+        writer.string(value)
+    elif value is None or isinstance(value, bool):
+        writer.raw({None: "null", True: "true", False: "false"}[value])
+    elif isinstance(value, int) and _INT64[0] <= value < _UINT64[1]:
+        writer.raw(str(value))
+    elif math.isfinite(value):
+        writer.raw(_rapidjson_double(float(value)))
+    else:
+        writer.raw("")  # Writer::Double refuses NaN/Inf after writing the separator
+        raise _Stop
+
+
+def debug_string(value: Any) -> str:
+    """JsonValueToDebugString: single-line arrays, cut after 256 bytes."""
+    writer = _PrettyWriter(limit=_DEBUG_LIMIT)
+    writer.single_line_arrays = True
+    try:
+        _write_value(writer, value)
+    except (_Stop, RecursionError):
+        pass
+    return writer.text()
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "Null"
+    if isinstance(value, bool):
+        return "True" if value else "False"
+    if isinstance(value, dict):
+        return "Object"
+    if isinstance(value, list):
+        return "Array"
+    if isinstance(value, str):
+        return "String"
+    return "Number"
+
+
+# ---------------------------------------------------------------------------
+# Parsing: rapidjson with kParseIterativeFlag | kParseNanAndInfFlag |
+# kParseStopWhenDoneFlag
+
+
+class _ParseError(Exception):
+    def __init__(self, message: str, offset: int) -> None:
+        super().__init__(message)
+        self.message, self.offset = message, offset
+
+
+_EMPTY = "The document is empty."
+_INVALID = "Invalid value."
+_MISS_NAME = "Missing a name for object member."
+_MISS_COLON = "Missing a colon after a name of object member."
+_MISS_CURLY = "Missing a comma or '}' after an object member."
+_MISS_SQUARE = "Missing a comma or ']' after an array element."
+_BAD_HEX = "Incorrect hex digit after \\u escape in string."
+_BAD_SURROGATE = "The surrogate pair in string is invalid."
+_BAD_ESCAPE = "Invalid escape character in string."
+_MISS_QUOTE = "Missing a closing quotation mark in string."
+_BAD_ENCODING = "Invalid encoding in string."
+_TOO_BIG = "Number too big to be stored in double."
+_MISS_FRACTION = "Miss fraction part in number."
+_MISS_EXPONENT = "Miss exponent in number."
+
+_WS = b" \t\n\r"
+_SIMPLE_ESCAPES = {ord('"'): '"', ord("\\"): "\\", ord("/"): "/", ord("b"): "\b",
+                   ord("f"): "\f", ord("n"): "\n", ord("r"): "\r", ord("t"): "\t"}
+_NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(\.[0-9]*)?([eE][+-]?[0-9]*)?")
+# Numbers json.loads reads as inf or a huge int where rapidjson may say "too big".
+_MAYBE_TOO_BIG = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}|[0-9]{300}")
+
+
+class _Parser:
+    """Iterative parser with rapidjson's grammar, error texts and byte offsets."""
+
+    def __init__(self, data: bytes) -> None:
+        end = data.find(b"\0")  # rapidjson's stream ends at the first NUL
+        self.data = data if end < 0 else data[:end]
+        self.pos = 0
+
+    def _ws(self) -> int:
+        data, pos = self.data, self.pos
+        while pos < len(data) and data[pos] in _WS:
+            pos += 1
+        self.pos = pos
+        return data[pos] if pos < len(data) else -1
+
+    def parse(self) -> Any:
+        if self._ws() < 0:
+            raise _ParseError(_EMPTY, self.pos)
+        stack: list[list] = []  # ["a", list] or ["o", dict, pending key]
+        while True:
+            value, opened = self._value(stack)
+            if opened:
+                continue
+            while True:  # attach the finished value to its parent
+                if not stack:
+                    return value
+                top = stack[-1]
+                if top[0] == "a":
+                    top[1].append(value)
+                    char = self._ws()
+                    if char == ord(","):
+                        self.pos += 1
+                        self._ws()
+                        break
+                    if char != ord("]"):
+                        raise _ParseError(_MISS_SQUARE, self.pos)
+                else:
+                    top[1].setdefault(top[2], value)
+                    char = self._ws()
+                    if char == ord(","):
+                        self.pos += 1
+                        top[2] = self._member_name()
+                        break
+                    if char != ord("}"):
+                        raise _ParseError(_MISS_CURLY, self.pos)
+                self.pos += 1
+                value = stack.pop()[1]
+
+    def _member_name(self) -> str:
+        if self._ws() != ord('"'):
+            raise _ParseError(_MISS_NAME, self.pos)
+        name = self._string()
+        if self._ws() != ord(":"):
+            raise _ParseError(_MISS_COLON, self.pos)
+        self.pos += 1
+        self._ws()
+        return name
+
+    def _value(self, stack: list[list]) -> tuple[Any, bool]:
+        """Parse a scalar, or open a container (returns opened=True)."""
+        data, pos = self.data, self.pos
+        char = data[pos] if pos < len(data) else -1
+        if char == ord("{"):
+            self.pos += 1
+            if self._ws() == ord("}"):
+                self.pos += 1
+                return {}, False
+            stack.append(["o", {}, self._member_name()])
+            return None, True
+        if char == ord("["):
+            self.pos += 1
+            if self._ws() == ord("]"):
+                self.pos += 1
+                return [], False
+            stack.append(["a", []])
+            return None, True
+        if char == ord('"'):
+            return self._string(), False
+        for literal, result in ((b"null", None), (b"true", True), (b"false", False)):
+            if char == literal[0]:
+                self.pos = self._expect(pos, literal)
+                return result, False
+        if char < 0:
+            raise _ParseError(_INVALID, pos)
+        return self._number(), False
+
+    def _number(self) -> Any:
+        data, start = self.data, self.pos
+        pos = start + (data[start:start + 1] == b"-")
+        if data[pos:pos + 1] in (b"N", b"I"):
+            return self._nan_or_inf(pos, negative=pos > start)
+        match = _NUMBER.match(data, start)
+        if match is None:
+            raise _ParseError(_INVALID, pos)
+        frac, exp = match.group(1), match.group(2)
+        if frac is not None and len(frac) == 1:
+            raise _ParseError(_MISS_FRACTION, match.start(1) + 1)
+        if exp is not None and not exp.lstrip(b"eE+-"):
+            raise _ParseError(_MISS_EXPONENT, match.end(2))
+        self.pos = match.end()
+        text = match.group()
+        if frac is None and exp is None:
+            number = int(text)
+            if _INT64[0] <= number < _UINT64[1]:
+                return number
+        number = float(text)  # rapidjson stores wider integers as doubles too
+        if math.isinf(number):
+            raise _ParseError(_TOO_BIG, start)
+        return number
+
+    def _nan_or_inf(self, pos: int, negative: bool) -> float:
+        word = b"NaN" if self.data[pos:pos + 1] == b"N" else b"Inf"
+        pos = self._expect(pos, word)
+        if word == b"Inf" and self.data[pos:pos + 1] == b"i":
+            pos = self._expect(pos, b"inity")
+        self.pos = pos
+        value = math.nan if word == b"NaN" else math.inf
+        return -value if negative else value
+
+    def _expect(self, pos: int, word: bytes) -> int:
+        """Consume ``word`` at ``pos`` or fail where it stops matching."""
+        n = 0
+        while n < len(word) and self.data[pos + n:pos + n + 1] == word[n:n + 1]:
+            n += 1
+        if n < len(word):
+            raise _ParseError(_INVALID, pos + n)
+        return pos + n
+
+    def _string(self) -> str:
+        data, pos = self.data, self.pos + 1
+        chunks: list[str] = []
+        run = pos
+        while True:
+            if pos >= len(data):
+                raise _ParseError(_MISS_QUOTE, pos)
+            char = data[pos]
+            if char == ord('"'):
+                chunks.append(data[run:pos].decode("utf-8", "surrogateescape"))
+                self.pos = pos + 1
+                return "".join(chunks)
+            if char < 0x20:
+                raise _ParseError(_BAD_ENCODING, pos)
+            if char != ord("\\"):
+                pos += 1
+                continue
+            chunks.append(data[run:pos].decode("utf-8", "surrogateescape"))
+            escape = data[pos + 1] if pos + 1 < len(data) else -1
+            if escape in _SIMPLE_ESCAPES:
+                chunks.append(_SIMPLE_ESCAPES[escape])
+                pos += 2
+            elif escape == ord("u"):
+                code = self._hex4(pos + 2, pos)
+                end = pos + 6
+                if 0xD800 <= code <= 0xDBFF:
+                    if data[end:end + 2] != b"\\u":
+                        raise _ParseError(_BAD_SURROGATE, pos)
+                    low = self._hex4(end + 2, pos)
+                    if not 0xDC00 <= low <= 0xDFFF:
+                        raise _ParseError(_BAD_SURROGATE, pos)
+                    code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
+                    end += 6
+                chunks.append(chr(code))
+                pos = end
+            else:
+                raise _ParseError(_BAD_ESCAPE, pos)
+            run = pos
+
+    def _hex4(self, at: int, escape_offset: int) -> int:
+        digits = self.data[at:at + 4]
+        if len(digits) < 4 or not all(c in b"0123456789abcdefABCDEF" for c in digits):
+            raise _ParseError(_BAD_HEX, escape_offset)
+        return int(digits, 16)
+
+
+def parse_json(body: bytes | str) -> dict:
+    """ParseJson: the request body as a JSON object, or TF Serving's error."""
+    data = body.encode("utf-8", "surrogateescape") if isinstance(body, str) else bytes(body)
+    if not data:
+        raise InvalidArgument("JSON Parse error: The document is empty")
+    doc: Any
+    try:
+        if _MAYBE_TOO_BIG.search(data):
+            raise ValueError("let the rapidjson parser judge the numbers")
+        doc = json.loads(data)
+    except (ValueError, RecursionError):
+        try:
+            doc = _Parser(data).parse()
+        except _ParseError as exc:
+            raise InvalidArgument(
+                f"JSON Parse error: {exc.message} at offset: {exc.offset}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument(f"JSON Value: {debug_string(doc)} Is not object")
+    return doc
+
+
+def signature_name(doc: dict) -> str:
+    """FillSignature: the optional "signature_name" ('' when absent)."""
+    name = doc.get("signature_name", "")
+    if not isinstance(name, str):
+        raise InvalidArgument(
+            f"JSON Value: {debug_string(doc)} not formatted correctly. "
+            "'signature_name' key must be a string value.")
+    return name
+
+
+# ---------------------------------------------------------------------------
+# Predict requests
+
+
+def dtype_string(dtype: int) -> str:
+    """tensorflow::DataTypeString: DT_FLOAT -> 'float'."""
+    try:
+        return types_pb2.DataType.Name(dtype)[3:].lower()
+    except ValueError:
+        return f"unknown dtype enum ({dtype})"
+
+
+def _status_string(error: TfscacheError) -> str:
+    """absl::Status::ToString(): 'INVALID_ARGUMENT: message'."""
+    return f"{error.grpc_code.name}: {error.message}"
+
+
+def _type_error(value: Any, dtype: int) -> InvalidArgument:
+    return InvalidArgument(f"JSON Value: {debug_string(value)} Type: {_json_type(value)} "
+                           f"is not of expected type: {dtype_string(dtype)}")
+
+
+def _is_integer(value: Any, bounds: tuple[int, int]) -> bool:
+    return (isinstance(value, int) and not isinstance(value, bool)
+            and bounds[0] <= value < bounds[1])
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_SMALL_INTS = (types_pb2.DT_INT32, types_pb2.DT_INT16, types_pb2.DT_INT8, types_pb2.DT_UINT8)
+# dtype -> (TensorProto field, accepts(value))
+_CONVERSIONS: dict[int, tuple[str, Callable[[Any], bool]]] = {
+    types_pb2.DT_FLOAT: ("float_val", _is_number),
+    types_pb2.DT_DOUBLE: ("double_val", _is_number),
+    **{dt: ("int_val", lambda v: _is_integer(v, _INT32)) for dt in _SMALL_INTS},
+    types_pb2.DT_STRING: ("string_val", lambda v: isinstance(v, str)),
+    types_pb2.DT_INT64: ("int64_val", lambda v: _is_integer(v, _INT64)),
+    types_pb2.DT_BOOL: ("bool_val", lambda v: isinstance(v, bool)),
+    types_pb2.DT_UINT32: ("uint32_val", lambda v: _is_integer(v, _UINT32)),
+    types_pb2.DT_UINT64: ("uint64_val", lambda v: _is_integer(v, _UINT64)),
+}
+
+
+def _is_b64(value: Any) -> bool:
+    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
+
+
+def _b64decode(value: Any) -> bytes:
+    if not _is_b64(value):
+        raise InvalidArgument(
+            f"JSON Value: {debug_string(value)} not formatted correctly for base64 data")
+    text = value["b64"]
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument("Unable to base64 decode") from None
+
+
+def _leaf(value: Any, dtype: int) -> Any:
+    """AddValueToTensor (or the base64 object of a DT_STRING)."""
+    if isinstance(value, dict):
+        if dtype == types_pb2.DT_STRING:
+            return _b64decode(value)
+        raise _type_error(value, dtype)
+    conversion = _CONVERSIONS.get(dtype)
+    if conversion is None:
+        raise Unimplemented(f"Conversion of JSON Value: {debug_string(value)} "
+                            f"to type: {dtype_string(dtype)}")
+    if not conversion[1](value):
+        raise _type_error(value, dtype)
+    if dtype == types_pb2.DT_STRING:
+        return value.encode("utf-8", "surrogateescape")
+    return value
+
+
+def _dense_shape(value: Any) -> list[int]:
+    """GetDenseTensorShape: sizes along the first element of each level."""
+    dims = []
+    while isinstance(value, list):
+        dims.append(len(value))
+        if not value:
+            break
+        value = value[0]
+    return dims
+
+
+def _flatten(value: Any, dims: list[int], dtype: int, out: list) -> int:
+    """FillTensorProto, depth first as TF Serving, without recursion."""
+    rank, count = len(dims), 0
+    stack: list[tuple[Any, int]] = [(iter((value,)), -1)]
+    while stack:
+        items, parent_level = stack[-1]
+        item = next(items, stack)
+        if item is stack:
+            stack.pop()
+            continue
+        level = parent_level + 1
+        if isinstance(item, list):
+            if level >= rank:
+                raise InvalidArgument(
+                    f"Encountered list at unexpected level: {level} expected < {rank}")
+            if len(item) != dims[level]:
+                raise InvalidArgument(
+                    f"Encountered list at unexpected size: {len(item)} at level: {level} "
+                    f"expected size: {dims[level]}")
+            stack.append((iter(item), level))
+            continue
+        if level != rank:
+            raise InvalidArgument(
+                f"JSON Value: {debug_string(item)} found at incorrect level: {level + 1} "
+                f"in the JSON DOM. Expected at level: {rank}")
+        out.append(_leaf(item, dtype))
+        count += 1
+    return count
+
+
+def _tensor(dtype: int, dims: list[int], values: list) -> tensor_pb2.TensorProto:
+    tensor = tensor_pb2.TensorProto(dtype=dtype)
+    for size in dims:
+        tensor.tensor_shape.dim.add(size=size)
+    if values:
+        getattr(tensor, _CONVERSIONS[dtype][0]).extend(values)
+    return tensor
+
+
+def _shape_string(dims: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"
+
+
+class _Batch:
+    """The per-input accumulation of AddInstanceItem."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, list] = {}
+        self.shapes: dict[str, list[int]] = {}
+        self.sizes: dict[str, int] = {}
+
+    def add(self, item: Any, name: str, inputs: Mapping[str, Any]) -> None:
+        if name not in inputs:
+            raise InvalidArgument(f"JSON object: does not have named input: {name}")
+        dims = _dense_shape(item)
+        size = _flatten(item, dims, inputs[name].dtype, self.values.setdefault(name, []))
+        if name not in self.sizes:
+            self.sizes[name], self.shapes[name] = size, dims
+        elif self.sizes[name] != size:
+            raise InvalidArgument(f"Expecting tensor size: {self.sizes[name]} but got: {size}")
+        elif self.shapes[name] != dims:
+            raise InvalidArgument(f"Expecting shape {_shape_string(self.shapes[name])} "
+                                  f"but got: {_shape_string(dims)}")
+
+
+def _is_element_object(value: Any) -> bool:
+    return isinstance(value, dict) and not _is_b64(value)
+
+
+def _row_inputs(instances: list, inputs: Mapping[str, Any]) -> dict[str, tensor_pb2.TensorProto]:
+    """FillTensorMapFromInstancesList."""
+    if not isinstance(instances[0], dict) and len(inputs) > 1:
+        raise InvalidArgument(
+            "instances is a plain list, but expecting list of objects as multiple input "
+            "tensors required as per tensorinfo_map")
+    as_objects = _is_element_object(instances[0])
+    names = sorted(inputs)
+    batch = _Batch()
+    for index, element in enumerate(instances):
+        if as_objects:
+            if not _is_element_object(element):
+                raise InvalidArgument(
+                    f"Expecting object but got list at item {index} of input list")
+            for name, item in element.items():
+                try:
+                    batch.add(item, name, inputs)
+                except TfscacheError as exc:
+                    raise InvalidArgument(
+                        f"Failed to process element: {index} key: {name} of 'instances' "
+                        f"list. Error: {_status_string(exc)}") from None
+            if sorted(element) != names:
+                raise InvalidArgument(
+                    f"Failed to process element: {index} of 'instances' list. JSON object: "
+                    f"{debug_string(element)} keys must be equal to: {','.join(names)}")
+        else:
+            if _is_element_object(element):
+                raise InvalidArgument(
+                    f"Expecting value/list but got object at item {index} of input list")
+            try:
+                batch.add(element, names[0], inputs)
+            except TfscacheError as exc:
+                raise InvalidArgument(
+                    f"Failed to process element: {index} of 'instances' list. "
+                    f"Error: {_status_string(exc)}") from None
+    return {name: _tensor(inputs[name].dtype, [len(instances)] + batch.shapes[name], values)
+            for name, values in batch.values.items()}
+
+
+def _one_tensor(value: Any, dtype: int) -> tensor_pb2.TensorProto:
+    dims = _dense_shape(value)
+    values: list = []
+    _flatten(value, dims, dtype, values)
+    return _tensor(dtype, dims, values)
+
+
+def _columnar_inputs(value: Any, inputs: Mapping[str, Any]) -> dict[str, tensor_pb2.TensorProto]:
+    """FillTensorMapFromInputsMap."""
+    if not isinstance(value, dict) or _is_b64(value):
+        if len(inputs) > 1:
+            raise InvalidArgument(
+                "inputs is a plain value/list, but expecting an object as multiple input "
+                "tensors required as per tensorinfo_map")
+        name = next(iter(inputs))
+        return {name: _one_tensor(value, inputs[name].dtype)}
+    tensors = {}
+    for name in sorted(inputs):
+        if name not in value:
+            raise InvalidArgument(f"Missing named input: {name} in 'inputs' object.")
+        tensors[name] = _one_tensor(value[name], inputs[name].dtype)
+    return tensors
+
+
+def predict_inputs(doc: dict, inputs: Mapping[str, Any], signature: str = "",
+                   ) -> tuple[dict[str, tensor_pb2.TensorProto], JsonFormat]:
+    """FillPredictRequestFromJson after the signature lookup.
+
+    ``inputs`` is the signature's input map (alias -> TensorInfo, anything with a
+    ``dtype``); ``signature`` is the requested name, for the empty-map message.
+    """
+    if not inputs:
+        raise InvalidArgument(
+            f"Failed to get input map for signature: {signature or 'DEFAULT'}")
+    if "instances" in doc:
+        if "inputs" in doc:
+            raise InvalidArgument(
+                f"JSON Value: {debug_string(doc)} Not formatted correctly expecting only "
+                "one of 'inputs' or 'instances' keys to exist ")
+        instances = doc["instances"]
+        if not isinstance(instances, list):
+            raise InvalidArgument(
+                f"JSON Value: {debug_string(doc)} Expecting 'instances' to be an list/array")
+        if not instances:
+            raise InvalidArgument(f"JSON Value: {debug_string(doc)} No values in 'instances' array")
+        return _row_inputs(instances, inputs), JsonFormat.ROW
+    if "inputs" in doc:
+        return _columnar_inputs(doc["inputs"], inputs), JsonFormat.COLUMNAR
+    raise InvalidArgument("Missing 'inputs' or 'instances' key")
+
+
+# ---------------------------------------------------------------------------
+# Classify / Regress requests
+
+
+def _feature_kind_error(name: str, feature: feature_pb2.Feature) -> InvalidArgument:
+    kind = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64"}.get(
+        feature.WhichOneof("kind"), "UNKNOWN")
+    return InvalidArgument(f"Unexpected element type in feature: {name} expecting type: {kind}")
+
+
+def _add_to_feature(value: Any, name: str, feature: feature_pb2.Feature) -> None:
+    """AddValueToFeature."""
+    kind = feature.WhichOneof("kind")
+
+    def want(wanted: str) -> None:
+        if kind not in (None, wanted):
+            raise _feature_kind_error(name, feature)
+
+    if value is None or isinstance(value, list) or (isinstance(value, dict) and not _is_b64(value)):
+        raise InvalidArgument(
+            f"Feature: {name} has element with unexpected JSON type: {_json_type(value)}")
+    if isinstance(value, bool):
+        want("int64_list")
+        feature.int64_list.value.append(int(value))
+    elif isinstance(value, dict):
+        want("bytes_list")
+        feature.bytes_list.value.append(_b64decode(value))
+    elif isinstance(value, str):
+        want("bytes_list")
+        feature.bytes_list.value.append(value.encode("utf-8", "surrogateescape"))
+    elif isinstance(value, int) and _INT64[0] <= value < _UINT64[1]:
+        want("int64_list")
+        if value >= _INT64[1]:
+            raise InvalidArgument(
+                f"Feature: {name} has uint64_t element. Only int64_t is supported.")
+        feature.int64_list.value.append(value)
+    else:  # a fraction, an exponent, or an integer too wide for 64 bits: a double
+        want("float_list")
+        feature.float_list.value.append(float(value))
+
+
+def _example(value: Any, example: example_pb2.Example) -> None:
+    """MakeExampleFromJsonObject."""
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"Example must be JSON object but got JSON {_json_type(value)}")
+    for name, content in value.items():
+        feature = feature_pb2.Feature()
+        for item in content if isinstance(content, list) else (content,):
+            _add_to_feature(item, name, feature)
+        example.features.feature[name].CopyFrom(feature)
+
+
+def fill_example_request(doc: dict, request: Any) -> None:
+    """FillClassifyRegressRequestFromJson: signature, context, examples -> request.
+
+    ``request`` is a ClassificationRequest or RegressionRequest. TF Serving says
+    "When method is classify" for Regress too; so does this.
+    """
+    request.model_spec.signature_name = signature_name(doc)
+    has_context = "context" in doc
+    if has_context:
+        _example(doc["context"], request.input.example_list_with_context.context)
+    if "examples" not in doc:
+        raise InvalidArgument(f"JSON Value: {debug_string(doc)} When method is classify, "
+                              "key 'examples' is expected and was not found")
+    examples = doc["examples"]
+    if not isinstance(examples, list):
+        raise InvalidArgument(
+            f"JSON Value: {debug_string(doc)} Expecting 'examples' value to be an list/array")
+    if not examples:
+        raise InvalidArgument(f"JSON Value: {debug_string(doc)} 'examples' value is an empty array")
+    target = (request.input.example_list_with_context.examples if has_context
+              else request.input.example_list.examples)
+    for value in examples:
+        _example(value, target.add())
+
+
+# ---------------------------------------------------------------------------
+# Responses
+
+
+def _decimal(value: float, double: bool) -> str:
+    """WriteDecimal: %g, else full precision when that does not round-trip; '.0' appended."""
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "-Infinity" if value < 0 else "Infinity"
+    text = "%g" % value
+    if (float(text) if double else np.float32(text)) != value:
+        text = ("%.17g" if double else "%.9g") % value
+    if "." not in text and "e" not in text:
+        text += ".0"
+    return text
+
+
+def _value_writer(tensor: tensor_pb2.TensorProto, name: str) -> Callable[[Any], str]:
+    dtype = tensor.dtype
+    if dtype in (types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE):
+        double = dtype == types_pb2.DT_DOUBLE
+        return lambda v: _decimal(float(v), double)
+    if dtype in _SMALL_INTS or dtype in (types_pb2.DT_INT64, types_pb2.DT_UINT32, types_pb2.DT_UINT64):
+        return lambda v: str(int(v))
+    if dtype == types_pb2.DT_BOOL:
+        return lambda v: "true" if v else "false"
+    if dtype == types_pb2.DT_STRING:
+        if name.endswith("_bytes"):
+            return lambda v: None  # written as an object; see _write_tensor
+        return lambda v: _quote(bytes(v).decode("utf-8", "surrogateescape"))
+    raise InvalidArgument(f"Failed to write JSON value for tensor type: {dtype_string(dtype)}")
+
+
+def _write_tensor(writer: _PrettyWriter, name: str, tensor: tensor_pb2.TensorProto,
+                  values: list, first_dim: int) -> None:
+    """AddTensorValues over dims[first_dim:], consuming ``values`` in order."""
+    dims = [d.size for d in tensor.tensor_shape.dim]
+    as_bytes = tensor.dtype == types_pb2.DT_STRING and name.endswith("_bytes")
+    render = _value_writer(tensor, name)
+    position = iter(values)
+
+    def single() -> None:
+        value = next(position)
+        if as_bytes:
+            writer.start_object()
+            writer.key("b64")
+            writer.string(base64.b64encode(bytes(value)).decode("ascii"))
+            writer.end_object()
+        else:
+            writer.raw(render(value))
+
+    def nested(level: int) -> None:
+        if level >= len(dims):
+            single()
+            return
+        writer.start_array()
+        for _ in range(dims[level]):
+            nested(level + 1)
+        writer.end_array()
+
+    nested(first_dim)
+
+
+def _flat_values(tensor: tensor_pb2.TensorProto) -> list:
+    return tensor_util.MakeNdarray(tensor).reshape(-1).tolist()
+
+
+def predict_json(outputs: Mapping[str, tensor_pb2.TensorProto], fmt: JsonFormat) -> str:
+    """MakeJsonFromTensors: {"predictions": ...} (row) or {"outputs": ...} (columnar)."""
+    if not outputs:
+        raise InvalidArgument("Cannot convert empty tensor map to JSON")
+    names = sorted(outputs)
+    writer = _PrettyWriter()
+    writer.start_object()
+    if fmt is JsonFormat.COLUMNAR:
+        writer.key("outputs")
+        if len(names) > 1:
+            writer.start_object()
+        for name in names:
+            if len(names) > 1:
+                writer.key(name)
+            _write_tensor(writer, name, outputs[name], _flat_values(outputs[name]), 0)
+        if len(names) > 1:
+            writer.end_object()
+    else:
+        _write_rows(writer, outputs, names)
+    writer.end_object()
+    return writer.text()
+
+
+def _write_rows(writer: _PrettyWriter, outputs: Mapping[str, tensor_pb2.TensorProto],
+                names: list[str]) -> None:
+    """MakeRowFormatJsonFromTensors."""
+    batch = -1
+    for name in names:
+        dims = outputs[name].tensor_shape.dim
+        if not dims:
+            raise InvalidArgument(f"Tensor name: {name} has no shape information ")
+        if batch >= 0 and dims[0].size != batch:
+            raise InvalidArgument(f"Tensor name: {name} has inconsistent batch size: "
+                                  f"{dims[0].size} expecting: {batch}")
+        batch = dims[0].size
+    flat = {name: _flat_values(outputs[name]) for name in names}
+    row_size = {name: len(flat[name]) // batch if batch else 0 for name in names}
+    writer.key("predictions")
+    writer.start_array()
+    for row in range(batch):
+        if len(names) > 1:
+            writer.start_object()
+        writer.single_line_arrays = True
+        for name in names:
+            if len(names) > 1:
+                writer.key(name)
+            size = row_size[name]
+            _write_tensor(writer, name, outputs[name], flat[name][row * size:(row + 1) * size], 1)
+        writer.single_line_arrays = False
+        if len(names) > 1:
+            writer.end_object()
+    writer.end_array()
+
+
+def classification_json(result: Any) -> str:
+    """MakeJsonFromClassificationResult: {"results": [[["label", score], ...], ...]}."""
+    if not result.classifications:
+        raise InvalidArgument("Cannot convert empty ClassificationResults to JSON")
+    writer = _PrettyWriter()
+    writer.start_object()
+    writer.key("results")
+    writer.start_array()
+    for classifications in result.classifications:
+        writer.single_line_arrays = True
+        writer.start_array()
+        for cls in classifications.classes:
+            writer.start_array()
+            writer.string(cls.label)
+            writer.raw(_decimal(cls.score, double=False))
+            writer.end_array()
+        writer.end_array()
+        writer.single_line_arrays = False
+    writer.end_array()
+    writer.end_object()
+    return writer.text()
+
+
+def regression_json(result: Any) -> str:
+    """MakeJsonFromRegressionResult: {"results": [v1, v2, ...]}."""
+    if not result.regressions:
+        raise InvalidArgument("Cannot convert empty RegressionResults to JSON")
+    writer = _PrettyWriter()
+    writer.start_object()
+    writer.key("results")
+    writer.single_line_arrays = True
+    writer.start_array()
+    for regression in result.regressions:
+        writer.raw(_decimal(regression.value, double=False))
+    writer.end_array()
+    writer.end_object()
+    return writer.text()
+
+
+def error_json(message: str) -> str:
+    """MakeJsonFromStatus: {"error": "<message>"} without the code."""
+    writer = _PrettyWriter()
+    writer.start_object()
+    writer.key("error")
+    writer.string(message)
+    writer.end_object()
+    return writer.text()
+
+
+def status_json(response: Any) -> str:
+    """GetModelStatusResponse as protobuf JSON (json_names, enums by name, int64 as string)."""
+    response = type(response).FromString(response.SerializeToString())
+    for entry in response.model_version_status:
+        entry.status.SetInParent()  # the C++ server always fills it
+    return json_format.MessageToJson(
+        response, always_print_fields_with_no_presence=True, indent=1) + "\n"
+
+
+def metadata_json(response: Any) -> str:
+    """ToJsonString(GetModelMetadataResponse): TF Serving's hand concatenation."""
+    options = dict(always_print_fields_with_no_presence=True,
+                   preserving_proto_field_name=True, indent=1)
+    model_spec = json_format.MessageToJson(response.model_spec, **options)
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    if "signature_def" not in response.metadata:
+        raise Internal("Failed to find 'signature_def' key in the GetModelMetadataResponse "
+                            "metadata map.")
+    if not response.metadata["signature_def"].Unpack(signatures):
+        raise Internal("Failed to unpack 'Any' object to 'SignatureDefMap'.")
+    signature_json = json_format.MessageToJson(signatures, **options)
+    return (f'{{\n"model_spec":{model_spec},\n"metadata": {{"signature_def": '
+            f"{signature_json}}}\n}}\n")
