@@ -1,0 +1,53 @@
+"""Fixtures shared by every test suite.
+
+* ``test_models``: TF Serving's test SavedModels (tfserving-behavior.md §7.3), built
+  once per session with tfscache.node.testmodels: half_plus_two (versions 123, 124),
+  half_plus_three, half_plus_two_tf2, saved_model_save,
+  saved_model_save_multiple_signatures, each ``test_models / NAME``.
+* ``synthetic_models``: a factory building ``addk_<k>`` models (y = x + k) of a chosen
+  size: ``synthetic_models([1, 2], size_bytes=1_000_000) -> [Path, Path]`` (base paths
+  named ``addk_<k>``; built once per (k, size, versions) per session).
+* ``support.node.start_node`` starts real nodes (see tests/support/node.py).
+
+The builders use explicit ``tf.Graph``s and ``tf.saved_model.save``, so they work in a
+test process that has already imported tensorflow (the tensorflow_serving stubs do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def test_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tfscache.node import testmodels
+
+    root = tmp_path_factory.mktemp("test_models")
+    testmodels.build_test_models(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def synthetic_models(tmp_path_factory: pytest.TempPathFactory
+                     ) -> Callable[..., list[Path]]:
+    from tfscache.node import testmodels
+
+    built: dict[tuple[int, int, tuple[int, ...]], Path] = {}
+
+    def build(ks: Iterable[int] | int, size_bytes: int = 0, versions: Iterable[int] = (1,)) -> list[Path]:
+        ks = range(1, ks + 1) if isinstance(ks, int) else ks
+        versions = tuple(versions)
+        paths = []
+        for k in ks:
+            key = (k, size_bytes, versions)
+            if key not in built:
+                directory = tmp_path_factory.mktemp(
+                    f"synthetic-{size_bytes}-{'_'.join(map(str, versions))}", numbered=True)
+                built[key] = testmodels.build_addk(directory, k, size_bytes, versions)
+            paths.append(built[key])
+        return paths
+
+    return build

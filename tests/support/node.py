@@ -1,0 +1,181 @@
+"""Start real ``tfscache node`` processes for integration tests.
+
+    from support.node import start_node
+
+    with start_node(tmp_path, model_name="half_plus_two",
+                    model_base_path=str(test_models / "half_plus_two")) as node:
+        channel = grpc.insecure_channel(node.grpc_target)
+
+Each node gets its own directory under ``tmp_path`` (config, ports file, log). It runs
+``.venv/bin/python -m tfscache node --port=0 --rest_api_port=0 --bind_address=127.0.0.1
+--ports_file=... --file_system_poll_wait_seconds=0.1``; the caller's ``flags`` replace
+any of those by name. ``start_node`` returns once the node wrote its ports file, i.e.
+once its start-up config loaded and both servers serve; if the process exits first it
+raises ``NodeStartError`` with the node's log.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+_VENV_PYTHON = REPO / ".venv" / "bin" / "python"
+PYTHON = str(_VENV_PYTHON if _VENV_PYTHON.exists() else Path(sys.executable))
+_counter = itertools.count(1)
+
+
+class NodeStartError(RuntimeError):
+    """The node exited (or timed out) before it wrote its ports file."""
+
+    def __init__(self, message: str, returncode: int | None, log: str) -> None:
+        super().__init__(f"{message}\n--- node log ---\n{log[-8000:]}")
+        self.returncode = returncode
+        self.log = log
+
+
+def _flag_name(flag: str) -> str:
+    return flag.lstrip("-").split("=", 1)[0]
+
+
+def node_command(flags: Iterable[str]) -> list[str]:
+    """The command line of ``tfscache node`` with these flags."""
+    return [PYTHON, "-m", "tfscache", "node", *flags]
+
+
+class NodeProcess:
+    """A running ``tfscache node``; a context manager that stops it on exit."""
+
+    def __init__(self, process: subprocess.Popen, directory: Path, log_path: Path,
+                 config_path: Path | None, ports: dict) -> None:
+        self.process = process
+        self.directory = directory
+        self.log_path = log_path
+        self.config_path = config_path
+        self.grpc_port: int = ports["grpc"]
+        self.rest_port: int = ports["rest"]
+        self.pid: int = ports["pid"]
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: str, timeout: float = 30.0, *, count: int = 1) -> re.Match:
+        """Wait until the log matches ``pattern`` (a regex) at least ``count`` times."""
+        deadline = time.monotonic() + timeout
+        while True:
+            matches = list(re.finditer(pattern, self.log_text(), re.MULTILINE))
+            if len(matches) >= count:
+                return matches[count - 1]
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"log never matched {pattern!r} x{count} (rc={self.process.poll()})\n"
+                    f"{self.log_text()[-4000:]}")
+            time.sleep(0.02)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self, timeout: float | None = 30.0) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then wait; kill if it does not exit. Returns the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+    def kill(self) -> int:
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.wait()
+
+    def __enter__(self) -> NodeProcess:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"NodeProcess(pid={self.pid}, grpc={self.grpc_port}, rest={self.rest_port})"
+
+
+def start_node(tmp_path: Path, *, config: str | None = None, model_name: str | None = None,
+               model_base_path: str | None = None, flags: Iterable[str] = (),
+               env: dict[str, str] | None = None, timeout: float = 90.0) -> NodeProcess:
+    """Start ``tfscache node`` and wait until it serves.
+
+    ``config``: text-format ModelServerConfig written to the node's directory and
+    passed as --model_config_file. ``model_name``/``model_base_path``: the single-model
+    flags. ``flags`` are extra flags and override the defaults above by name.
+    ``env`` is added to this process's environment.
+    """
+    directory = Path(tmp_path) / f"node-{next(_counter)}"
+    directory.mkdir(parents=True)
+    ports_file = directory / "ports.json"
+    log_path = directory / "node.log"
+    config_path = None
+    defaults = ["--port=0", "--rest_api_port=0", "--bind_address=127.0.0.1",
+                f"--ports_file={ports_file}", "--file_system_poll_wait_seconds=0.1"]
+    if config is not None:
+        config_path = directory / "models.config"
+        config_path.write_text(config)
+        defaults.append(f"--model_config_file={config_path}")
+    if model_name is not None:
+        defaults.append(f"--model_name={model_name}")
+    if model_base_path is not None:
+        defaults.append(f"--model_base_path={model_base_path}")
+    flags = list(flags)
+    overridden = {_flag_name(flag) for flag in flags}
+    command = node_command([f for f in defaults if _flag_name(f) not in overridden] + flags)
+    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   cwd=REPO, env=child_env)
+    deadline = time.monotonic() + timeout
+    while not ports_file.exists():
+        if process.poll() is not None:
+            raise NodeStartError(f"tfscache node exited with {process.returncode} before serving",
+                                 process.returncode, log_path.read_text(errors="replace"))
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            raise NodeStartError(f"tfscache node did not serve within {timeout} s", None,
+                                 log_path.read_text(errors="replace"))
+        time.sleep(0.05)
+    ports = json.loads(ports_file.read_text())
+    return NodeProcess(process, directory, log_path, config_path, ports)
+
+
+def model_config(models: dict[str, str | Path], **per_model: str) -> str:
+    """Text-format ModelServerConfig for {name: base_path} (platform tensorflow).
+
+    ``per_model[name]`` adds raw text-format fields to that model's entry, e.g.
+    ``model_config({"m": p}, m="model_version_policy { all {} }")``.
+    """
+    entries = []
+    for name, base_path in models.items():
+        extra = per_model.get(name, "")
+        entries.append(f'  config {{ name: "{name}" base_path: "{base_path}" '
+                       f'model_platform: "tensorflow" {extra} }}')
+    return "model_config_list {\n" + "\n".join(entries) + "\n}\n"
