@@ -179,3 +179,56 @@ def model_config(models: dict[str, str | Path], **per_model: str) -> str:
         entries.append(f'  config {{ name: "{name}" base_path: "{base_path}" '
                        f'model_platform: "tensorflow" {extra} }}')
     return "model_config_list {\n" + "\n".join(entries) + "\n}\n"
+
+
+# -- gRPC helpers (import tensorflow_serving lazily: tests may import it, the sidecar not) --
+
+
+def reload_request(config_text: str):
+    """A ReloadConfigRequest from text-format ModelServerConfig."""
+    from google.protobuf import text_format
+    from tensorflow_serving.apis import model_management_pb2
+
+    request = model_management_pb2.ReloadConfigRequest()
+    text_format.Parse(config_text, request.config)
+    return request
+
+
+def status_request(name: str, version: int | None = None, label: str | None = None):
+    from tensorflow_serving.apis import get_model_status_pb2
+
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = name
+    if version is not None:
+        request.model_spec.version.value = version
+    if label is not None:
+        request.model_spec.version_label = label
+    return request
+
+
+def version_states(stub, name: str) -> dict[int, tuple[str, int, str]]:
+    """{version: (state name, error_code, error_message)} from GetModelStatus; {} if NOT_FOUND."""
+    import grpc
+    from tensorflow_serving.apis import get_model_status_pb2
+
+    try:
+        response = stub.GetModelStatus(status_request(name), timeout=10)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return {}
+        raise
+    names = get_model_status_pb2.ModelVersionStatus.State.Name
+    return {s.version: (names(s.state), s.status.error_code, s.status.error_message)
+            for s in response.model_version_status}
+
+
+def wait_for_states(stub, name: str, expected: dict[int, str], timeout: float = 30.0) -> dict:
+    """Wait until GetModelStatus shows exactly these {version: state name}."""
+    deadline = time.monotonic() + timeout
+    while True:
+        states = version_states(stub, name)
+        if {v: s[0] for v, s in states.items()} == expected:
+            return states
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name}: wanted {expected}, have {states}")
+        time.sleep(0.02)
