@@ -521,6 +521,14 @@ def _b64decode(value: Any) -> bytes:
         raise InvalidArgument("Unable to base64 decode") from None
 
 
+def _utf8(text: str) -> bytes:
+    """The bytes of a parsed string: invalid UTF-8 kept as sent, lone surrogates passed."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
 def _leaf(value: Any, dtype: int) -> Any:
     """AddValueToTensor (or the base64 object of a DT_STRING)."""
     if isinstance(value, dict):
@@ -534,7 +542,7 @@ def _leaf(value: Any, dtype: int) -> Any:
     if not conversion[1](value):
         raise _type_error(value, dtype)
     if dtype == types_pb2.DT_STRING:
-        return value.encode("utf-8", "surrogateescape")
+        return _utf8(value)
     return value
 
 
@@ -581,6 +589,7 @@ def _flatten(value: Any, dims: list[int], dtype: int, out: list) -> int:
 
 def _tensor(dtype: int, dims: list[int], values: list) -> tensor_pb2.TensorProto:
     tensor = tensor_pb2.TensorProto(dtype=dtype)
+    tensor.tensor_shape.SetInParent()  # a scalar still has a (rank 0) shape
     for size in dims:
         tensor.tensor_shape.dim.add(size=size)
     if values:
@@ -737,7 +746,7 @@ def _add_to_feature(value: Any, name: str, feature: feature_pb2.Feature) -> None
         feature.bytes_list.value.append(_b64decode(value))
     elif isinstance(value, str):
         want("bytes_list")
-        feature.bytes_list.value.append(value.encode("utf-8", "surrogateescape"))
+        feature.bytes_list.value.append(_utf8(value))
     elif isinstance(value, int) and _INT64[0] <= value < _UINT64[1]:
         want("int64_list")
         if value >= _INT64[1]:

@@ -181,8 +181,12 @@ def _respond(handler: RestHandler, http_method: str, path: str, body: bytes) -> 
 
 
 def _json_response(status: int, text: str) -> web.Response:
-    return web.Response(status=status, reason=_REASONS.get(status),
-                        body=text.encode("utf-8", "surrogateescape"), headers=_JSON_HEADERS)
+    try:  # strings from the request or the model go back as the bytes they were
+        body = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a lone surrogate escape such as "\\ud800"
+        body = text.encode("utf-8", "replace")
+    return web.Response(status=status, reason=_REASONS.get(status), body=body,
+                        headers=_JSON_HEADERS)
 
 
 def make_rest_app(core, *, timeout_ms: int = 30000, threads: int | None = None

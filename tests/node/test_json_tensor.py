@@ -1,0 +1,532 @@
+"""Unit tests of tfscache.node.json_tensor against TF Serving's util/json_tensor.cc.
+
+Cases and expected texts follow util/json_tensor_test.cc and
+model_servers/http_rest_api_handler_test.cc (tensorflow/serving @9d981c5c), with
+rapidjson's parse-error texts and offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from google.protobuf import text_format
+from tensorflow.core.framework import tensor_pb2, types_pb2
+from tensorflow.core.protobuf import meta_graph_pb2
+from tensorflow_serving.apis import (
+    classification_pb2,
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    regression_pb2,
+)
+
+from tfscache.errors import InvalidArgument, Unimplemented
+from tfscache.node import json_tensor as jt
+from tfscache.node.json_tensor import JsonFormat
+
+
+def infos(**dtypes: int) -> dict[str, meta_graph_pb2.TensorInfo]:
+    return {name: meta_graph_pb2.TensorInfo(dtype=dtype) for name, dtype in dtypes.items()}
+
+
+def tensor(text: str) -> tensor_pb2.TensorProto:
+    return text_format.Parse(text, tensor_pb2.TensorProto())
+
+
+def fill(body: str, **dtypes: int) -> tuple[dict[str, tensor_pb2.TensorProto], JsonFormat]:
+    doc = jt.parse_json(body.encode())
+    return jt.predict_inputs(doc, infos(**dtypes), jt.signature_name(doc))
+
+
+def fill_error(body: str, **dtypes: int) -> str:
+    with pytest.raises(InvalidArgument) as caught:
+        fill(body, **dtypes)
+    return caught.value.message
+
+
+# -- parsing ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body, message", [
+    (b"", "JSON Parse error: The document is empty"),
+    (b"  \n", "JSON Parse error: The document is empty. at offset: 3"),
+    (b"instances = [1, 2]", "JSON Parse error: Invalid value. at offset: 0"),
+    (b'{"instances": [1,', "JSON Parse error: Invalid value. at offset: 17"),
+    (b'{"instances": [1', "JSON Parse error: Missing a comma or ']' after an array element. at offset: 16"),
+    (b'{"a" 1}', "JSON Parse error: Missing a colon after a name of object member. at offset: 5"),
+    (b'{"a": 1 "b": 2}', "JSON Parse error: Missing a comma or '}' after an object member. at offset: 8"),
+    (b'{1: 2}', "JSON Parse error: Missing a name for object member. at offset: 1"),
+    (b'{"a": 1,}', "JSON Parse error: Missing a name for object member. at offset: 8"),
+    (b'{"a": [1,]}', "JSON Parse error: Invalid value. at offset: 9"),
+    (b'{"a": tru}', "JSON Parse error: Invalid value. at offset: 9"),
+    (b'{"a": 1.}', "JSON Parse error: Miss fraction part in number. at offset: 8"),
+    (b'{"a": 1e+}', "JSON Parse error: Miss exponent in number. at offset: 9"),
+    (b'{"a": 1e400}', "JSON Parse error: Number too big to be stored in double. at offset: 6"),
+    (b'{"a": "x\\q"}', "JSON Parse error: Invalid escape character in string. at offset: 8"),
+    (b'{"a": "\\u12G4"}', "JSON Parse error: Incorrect hex digit after \\u escape in string. at offset: 7"),
+    (b'{"a": "x\ny"}', "JSON Parse error: Invalid encoding in string. at offset: 8"),
+    (b'{"a": "abc', "JSON Parse error: Missing a closing quotation mark in string. at offset: 10"),
+    (b'{"a": Infinit}', "JSON Parse error: Invalid value. at offset: 13"),
+    (b"[1, 2]", "JSON Value: [1, 2] Is not object"),
+    (b'"text"', 'JSON Value: "text" Is not object'),
+])
+def test_parse_errors_use_rapidjson_texts_and_offsets(body: bytes, message: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        jt.parse_json(body)
+    assert caught.value.message == message
+
+
+def test_rapidjson_parser_rejects_broken_surrogate_pairs() -> None:
+    # json.loads (the fast path) accepts lone surrogates; the fallback parser does not.
+    with pytest.raises(jt._ParseError) as caught:
+        jt._Parser(b'{"a": "\\uD800x"}').parse()
+    assert (caught.value.message, caught.value.offset) == (
+        "The surrogate pair in string is invalid.", 7)
+
+
+def test_parse_accepts_what_rapidjson_accepts() -> None:
+    # kParseNanAndInfFlag spellings, and kParseStopWhenDoneFlag: bytes after the root are ignored.
+    doc = jt.parse_json(b'{"a": [NaN, Inf, -Inf, Infinity, -Infinity, 1]} trailing {')
+    assert math.isnan(doc["a"][0]) and doc["a"][1:5] == [math.inf, -math.inf, math.inf, -math.inf]
+    assert jt.parse_json(b' {"a": "\\u00e9\\ud83d\\ude00"}') == {"a": "\u00e9\U0001F600"}
+    # DeeplyNestedWellFormed: 500000 nested arrays parse (json.loads would recurse too deep).
+    deep = b'{"instances":[1], "nested":' + b"[" * 500000 + b"]" * 500000 + b"}"
+    tensors, fmt = jt.predict_inputs(jt.parse_json(deep), infos(default=types_pb2.DT_INT32))
+    assert fmt is JsonFormat.ROW and list(tensors["default"].int_val) == [1]
+
+
+def test_integers_too_wide_for_64_bits_are_doubles() -> None:
+    doc = jt.parse_json(b'{"a": 18446744073709551616, "b": 18446744073709551615}')
+    assert doc == {"a": 18446744073709551616.0, "b": 18446744073709551615}
+    assert isinstance(jt._Parser(b"[18446744073709551616]").parse()[0], float)
+
+
+def test_signature_name_must_be_a_string() -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        jt.signature_name(jt.parse_json(b'{ "signature_name": 100 }'))
+    assert caught.value.message == (
+        'JSON Value: {\n    "signature_name": 100\n} not formatted correctly. '
+        "'signature_name' key must be a string value.")
+    assert jt.signature_name({"signature_name": "s"}) == "s"
+    assert jt.signature_name({}) == ""
+
+
+def test_deeply_nested_signature_name_error_is_cut_at_256_bytes() -> None:
+    deep = b'{"signature_name":' + b"[" * 500000 + b"]" * 500000 + b"}"
+    with pytest.raises(InvalidArgument) as caught:
+        jt.signature_name(jt.parse_json(deep))
+    message = caught.value.message
+    assert message.endswith(" not formatted correctly. 'signature_name' key must be a string value.")
+    assert len(message.split(" not formatted")[0]) == len("JSON Value: ") + 256
+
+
+@pytest.mark.parametrize("value, text", [
+    (2.0, "2.0"), (0.1, "0.1"), (-1.5, "-1.5"), (1e21, "1e21"), (1e20, "100000000000000000000.0"),
+    (1.5e-7, "1.5e-7"), (1e-6, "0.000001"), (123456.789, "123456.789"), (-0.0, "-0.0"),
+    (1.2345e30, "1.2345e30"),
+])
+def test_debug_strings_write_doubles_like_rapidjson(value: float, text: str) -> None:
+    assert jt.debug_string(value) == text
+
+
+def test_debug_string_layout_and_nan() -> None:
+    assert jt.debug_string({"a": [1, "x", None, True], "b": {}}) == (
+        '{\n    "a": [1, "x", null, true],\n    "b": {}\n}')
+    # rapidjson's Writer refuses NaN: the debug string stops after the separator.
+    assert jt.debug_string([1, math.nan, 2]) == "[1, "
+
+
+# -- Predict: row format ---------------------------------------------------------------
+
+def test_single_unnamed_tensor() -> None:
+    tensors, fmt = fill('{"instances": [[1,2],[3,4],[5,6]]}', default=types_pb2.DT_INT32)
+    assert fmt is JsonFormat.ROW
+    assert tensors["default"] == tensor(
+        "dtype: DT_INT32 tensor_shape { dim { size: 3 } dim { size: 2 } } "
+        "int_val: [1, 2, 3, 4, 5, 6]")
+
+
+def test_mixed_numbers_for_float_and_double() -> None:
+    tensors, _ = fill('{"instances": [1, 2.0, 3, 5.003, 0.007, 0.0]}', default=types_pb2.DT_FLOAT)
+    assert tensors["default"] == tensor(
+        "dtype: DT_FLOAT tensor_shape { dim { size: 6 } } float_val: [1, 2, 3, 5.003, 0.007, 0]")
+    tensors, _ = fill('{"instances": [1.0, 2, 0.662, 0]}', default=types_pb2.DT_DOUBLE)
+    assert list(tensors["default"].double_val) == [1.0, 2.0, 0.662, 0.0]
+
+
+def test_float_overflow_becomes_infinity_and_precision_is_lost() -> None:
+    tensors, _ = fill('{"instances": [1.7976931348623157e308, -1.7976931348623157e308, '
+                      '1435774380, 2.2250738585072014e-308]}', default=types_pb2.DT_FLOAT)
+    assert list(tensors["default"].float_val) == [math.inf, -math.inf, 1435774336.0, 0.0]
+
+
+def test_signature_name_is_read() -> None:
+    doc = jt.parse_json(b'{"signature_name": "predict_images", "instances": [[1,2]]}')
+    assert jt.signature_name(doc) == "predict_images"
+
+
+def test_base64_strings() -> None:
+    tensors, _ = fill('{"instances": [{"b64": "aGVsbG8="}, {"b64": "d29ybGQ="}]}',
+                      default=types_pb2.DT_STRING)
+    assert tensors["default"] == tensor(
+        'dtype: DT_STRING tensor_shape { dim { size: 2 } } string_val: ["hello", "world"]')
+    tensors, _ = fill('{"instances": [[{"b64": "aGVsbG8="}], [{"b64": "d29ybGQ="}]]}',
+                      default=types_pb2.DT_STRING)
+    assert [d.size for d in tensors["default"].tensor_shape.dim] == [2, 1]
+    tensors, _ = fill('{"instances": [{"default": [[{"b64": "aGVsbG8="}], [{"b64": "d29ybGQ="}]]}]}',
+                      default=types_pb2.DT_STRING)
+    assert [d.size for d in tensors["default"].tensor_shape.dim] == [1, 2, 1]
+    assert list(tensors["default"].string_val) == [b"hello", b"world"]
+
+
+def test_multiple_named_tensors_with_nan_and_infinity() -> None:
+    tensors, fmt = fill("""{"instances": [
+        {"int_tensor": [[1,2],[3,4],[5,6]], "str_tensor": ["foo", "bar"],
+         "float_tensor": [1.0, NaN], "dbl_tensor": [NaN]},
+        {"int_tensor": [[7,8],[9,0],[1,2]], "str_tensor": ["baz", "bat"],
+         "float_tensor": [2.0, Infinity], "dbl_tensor": [2.0]}]}""",
+                        int_tensor=types_pb2.DT_INT32, str_tensor=types_pb2.DT_STRING,
+                        float_tensor=types_pb2.DT_FLOAT, dbl_tensor=types_pb2.DT_DOUBLE)
+    assert fmt is JsonFormat.ROW
+    assert [d.size for d in tensors["int_tensor"].tensor_shape.dim] == [2, 3, 2]
+    assert list(tensors["int_tensor"].int_val) == [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2]
+    assert list(tensors["str_tensor"].string_val) == [b"foo", b"bar", b"baz", b"bat"]
+    floats = list(tensors["float_tensor"].float_val)
+    assert floats[0] == 1.0 and math.isnan(floats[1]) and floats[2:] == [2.0, math.inf]
+    assert [d.size for d in tensors["dbl_tensor"].tensor_shape.dim] == [2, 1]
+
+
+@pytest.mark.parametrize("dtype, field, values", [
+    (types_pb2.DT_INT64, "int64_val", [-(2**63), 2**63 - 1]),
+    (types_pb2.DT_UINT32, "uint32_val", [0, 2**32 - 1]),
+    (types_pb2.DT_UINT64, "uint64_val", [0, 2**64 - 1]),
+    (types_pb2.DT_BOOL, "bool_val", [True, False]),
+    (types_pb2.DT_INT8, "int_val", [-5, 7]),
+])
+def test_other_dtypes(dtype: int, field: str, values: list) -> None:
+    tensors, _ = fill(json.dumps({"instances": values}), v=dtype)
+    assert tensors["v"].dtype == dtype and list(getattr(tensors["v"], field)) == values
+
+
+# -- Predict: columnar format -----------------------------------------------------------
+
+def test_columnar_single_and_multiple() -> None:
+    tensors, fmt = fill('{"inputs": {"int_tensor": [[[1,2],[3,4],[5,6]]]}}', int_tensor=types_pb2.DT_INT32)
+    expected = tensor("dtype: DT_INT32 tensor_shape { dim { size: 1 } dim { size: 3 } dim { size: 2 } } "
+                      "int_val: [1, 2, 3, 4, 5, 6]")
+    assert fmt is JsonFormat.COLUMNAR and tensors["int_tensor"] == expected
+    tensors, _ = fill('{"inputs": [[[1,2],[3,4],[5,6]]]}', int_tensor=types_pb2.DT_INT32)
+    assert tensors["int_tensor"] == expected
+    tensors, _ = fill('{"inputs": {"int_tensor": [[1,2]], "str_tensor": ["foo", "bar"], '
+                      '"bin_tensor": {"b64": "aGVsbG8="}, "ignored": 1}}',
+                      int_tensor=types_pb2.DT_INT32, str_tensor=types_pb2.DT_STRING,
+                      bin_tensor=types_pb2.DT_STRING)
+    assert set(tensors) == {"int_tensor", "str_tensor", "bin_tensor"}
+    assert tensors["bin_tensor"] == tensor('dtype: DT_STRING tensor_shape {} string_val: "hello"')
+    assert tensors["str_tensor"] == tensor(
+        'dtype: DT_STRING tensor_shape { dim { size: 2 } } string_val: ["foo", "bar"]')
+
+
+def test_columnar_scalar() -> None:
+    tensors, _ = fill('{"inputs": 2.0}', x=types_pb2.DT_FLOAT)
+    assert tensors["x"] == tensor("dtype: DT_FLOAT tensor_shape {} float_val: 2")
+
+
+# -- Predict: errors --------------------------------------------------------------------
+
+INT = types_pb2.DT_INT32
+
+
+@pytest.mark.parametrize("body, message", [
+    ('{"instances": [[1,2],[3,4],[5,6,7]]}',
+     "Failed to process element: 2 of 'instances' list. Error: INVALID_ARGUMENT: "
+     "Expecting tensor size: 2 but got: 3"),
+    ('{"instances": [[1,2],[3,4],[[5,6]]]}',
+     "Failed to process element: 2 of 'instances' list. Error: INVALID_ARGUMENT: "
+     "Expecting shape [2] but got: [1,2]"),
+    ('{"instances": [1, [1]]}',
+     "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: "
+     "Expecting shape [] but got: [1]"),
+    ('{"instances": [[1,2],["a", "b"]]}',
+     "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: "
+     'JSON Value: "a" Type: String is not of expected type: int32'),
+    ('{"instances": [1.5]}',
+     "Failed to process element: 0 of 'instances' list. Error: INVALID_ARGUMENT: "
+     "JSON Value: 1.5 Type: Number is not of expected type: int32"),
+    ('{"instances": [2147483648]}',
+     "Failed to process element: 0 of 'instances' list. Error: INVALID_ARGUMENT: "
+     "JSON Value: 2147483648 Type: Number is not of expected type: int32"),
+    ('{"instances": [[1, 2], [[3], 4]]}',  # the level TF Serving reports is one off
+     "Failed to process element: 1 of 'instances' list. Error: INVALID_ARGUMENT: "
+     "JSON Value: 4 found at incorrect level: 2 in the JSON DOM. Expected at level: 2"),
+    ('{"instances": [[1, [2]]]}',
+     "Failed to process element: 0 of 'instances' list. Error: INVALID_ARGUMENT: "
+     "Encountered list at unexpected level: 1 expected < 1"),
+    ('{"instances": [[[1], 2]]}',
+     "Failed to process element: 0 of 'instances' list. Error: INVALID_ARGUMENT: "
+     "JSON Value: 2 found at incorrect level: 2 in the JSON DOM. Expected at level: 2"),
+    ('{"instances": [[[1, 2], [3]]]}',
+     "Failed to process element: 0 of 'instances' list. Error: INVALID_ARGUMENT: "
+     "Encountered list at unexpected size: 1 at level: 1 expected size: 2"),
+    ('{"instances": [{"x": 1}]}',
+     "Failed to process element: 0 key: x of 'instances' list. Error: INVALID_ARGUMENT: "
+     "JSON object: does not have named input: x"),
+    ('{"instances": [[1], {"x": 1}]}',
+     "Expecting value/list but got object at item 1 of input list"),
+    ('{"instances": [[1,2]], "inputs": [[1,2]]}',
+     "JSON Value: {\n    \"instances\": [[1, 2]],\n    \"inputs\": [[1, 2]]\n} Not formatted "
+     "correctly expecting only one of 'inputs' or 'instances' keys to exist "),
+    ('{"instances": []}', "JSON Value: {\n    \"instances\": []\n} No values in 'instances' array"),
+    ('{"instances": 1}', "JSON Value: {\n    \"instances\": 1\n} Expecting 'instances' to be an list/array"),
+    ('{"signature_name": "s"}', "Missing 'inputs' or 'instances' key"),
+    ('{"inputs": ["x"]}', 'JSON Value: "x" Type: String is not of expected type: int32'),
+    ('{"inputs": {"b64": "aGVsbG8="}}',
+     'JSON Value: {\n    "b64": "aGVsbG8="\n} Type: Object is not of expected type: int32'),
+])
+def test_single_input_errors(body: str, message: str) -> None:
+    assert fill_error(body, default=INT) == message
+
+
+def test_type_mismatch_for_float_as_in_the_handler_test() -> None:
+    assert fill_error('{ "instances": ["x", "y"] }', x=types_pb2.DT_FLOAT) == (
+        "Failed to process element: 0 of 'instances' list. Error: INVALID_ARGUMENT: "
+        'JSON Value: "x" Type: String is not of expected type: float')
+
+
+def test_multiple_input_errors() -> None:
+    two = dict(int_tensor=INT, str_tensor=types_pb2.DT_STRING)
+    assert fill_error('{"instances": [[1, 2]]}', **two) == (
+        "instances is a plain list, but expecting list of objects as multiple input tensors "
+        "required as per tensorinfo_map")
+    assert fill_error('{"instances": [{"int_tensor": [1]}]}', **two) == (
+        "Failed to process element: 0 of 'instances' list. JSON object: "
+        '{\n    "int_tensor": [1]\n} keys must be equal to: int_tensor,str_tensor')
+    assert fill_error('{"instances": [{"int_tensor": [1], "z": 1}]}', **two) == (
+        "Failed to process element: 0 key: z of 'instances' list. Error: INVALID_ARGUMENT: "
+        "JSON object: does not have named input: z")
+    assert fill_error('{"instances": [{"int_tensor": [1], "str_tensor": ["a"]}, [1, 20]]}', **two) == (
+        "Expecting object but got list at item 1 of input list")
+    assert fill_error('{"instances": [{"int_tensor": [[1,2]], "str_tensor": ["a"]}, '
+                      '{"int_tensor": [[[1,2]]], "str_tensor": ["b"]}]}', **two) == (
+        "Failed to process element: 1 key: int_tensor of 'instances' list. Error: "
+        "INVALID_ARGUMENT: Expecting shape [1,2] but got: [1,1,2]")
+    assert fill_error('{"inputs": [1]}', **two) == (
+        "inputs is a plain value/list, but expecting an object as multiple input tensors "
+        "required as per tensorinfo_map")
+    assert fill_error('{"inputs": {"int_tensor": [1]}}', **two) == (
+        "Missing named input: str_tensor in 'inputs' object.")
+
+
+def test_base64_errors() -> None:
+    assert fill_error('{"inputs": {"b64": "%%%"}}', s=types_pb2.DT_STRING) == "Unable to base64 decode"
+    assert fill_error('{"inputs": [{"b64": 1}]}', s=types_pb2.DT_STRING) == (
+        'JSON Value: {\n    "b64": 1\n} not formatted correctly for base64 data')
+
+
+def test_unsupported_dtype_is_unimplemented() -> None:
+    with pytest.raises(Unimplemented) as caught:
+        fill('{"inputs": [1.0]}', h=types_pb2.DT_HALF)
+    assert caught.value.message == "Conversion of JSON Value: 1.0 to type: half"
+
+
+def test_empty_input_map() -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        jt.predict_inputs({"inputs": [1]}, {}, "")
+    assert caught.value.message == "Failed to get input map for signature: DEFAULT"
+    with pytest.raises(InvalidArgument) as caught:
+        jt.predict_inputs({"inputs": [1]}, {}, "sig")
+    assert caught.value.message == "Failed to get input map for signature: sig"
+
+
+# -- Classify / Regress requests ---------------------------------------------------------
+
+def test_examples_with_typed_features() -> None:
+    request = classification_pb2.ClassificationRequest()
+    jt.fill_example_request(jt.parse_json(
+        b'{"signature_name": "classify_x_to_y", "examples": [{"x": 2.0, "n": 3, "b": true, '
+        b'"s": "text", "bin": {"b64": "aGVsbG8="}, "l": [1.5, 2.5], "big": 18446744073709551616}]}'),
+        request)
+    assert request.model_spec.signature_name == "classify_x_to_y"
+    assert not request.input.HasField("example_list_with_context")
+    features = request.input.example_list.examples[0].features.feature
+    assert list(features["x"].float_list.value) == [2.0]
+    assert list(features["n"].int64_list.value) == [3]
+    assert list(features["b"].int64_list.value) == [1]
+    assert list(features["s"].bytes_list.value) == [b"text"]
+    assert list(features["bin"].bytes_list.value) == [b"hello"]
+    assert list(features["l"].float_list.value) == [1.5, 2.5]
+    assert list(features["big"].float_list.value) == [1.8446744073709552e19]
+
+
+def test_examples_with_context() -> None:
+    request = regression_pb2.RegressionRequest()
+    jt.fill_example_request({"context": {"c": [1, 2]}, "examples": [{"x": 1.0}, {"x": 2.0}]}, request)
+    with_context = request.input.example_list_with_context
+    assert list(with_context.context.features.feature["c"].int64_list.value) == [1, 2]
+    assert len(with_context.examples) == 2
+
+
+@pytest.mark.parametrize("body, message", [
+    ('{"signature_name": 1, "examples": []}',
+     "JSON Value: {\n    \"signature_name\": 1,\n    \"examples\": []\n} not formatted correctly. "
+     "'signature_name' key must be a string value."),
+    ('{"signature_name": "s"}',
+     "JSON Value: {\n    \"signature_name\": \"s\"\n} When method is classify, key 'examples' "
+     "is expected and was not found"),
+    ('{"examples": {}}', "JSON Value: {\n    \"examples\": {}\n} Expecting 'examples' value to be an list/array"),
+    ('{"examples": []}', "JSON Value: {\n    \"examples\": []\n} 'examples' value is an empty array"),
+    ('{"examples": [[1]]}', "Example must be JSON object but got JSON Array"),
+    ('{"context": 1, "examples": [{}]}', "Example must be JSON object but got JSON Number"),
+    ('{"examples": [{"names": null}]}', "Feature: names has element with unexpected JSON type: Null"),
+    ('{"examples": [{"names": [1, "a"]}]}', "Unexpected element type in feature: names expecting type: int64"),
+    ('{"examples": [{"names": [1.5, 2]}]}', "Unexpected element type in feature: names expecting type: float"),
+    ('{"examples": [{"names": ["a", 1.5]}]}', "Unexpected element type in feature: names expecting type: bytes"),
+    ('{"examples": [{"names": {"a": 1}}]}', "Feature: names has element with unexpected JSON type: Object"),
+    ('{"examples": [{"names": [[1]]}]}', "Feature: names has element with unexpected JSON type: Array"),
+    ('{"examples": [{"names": 18446744073709551615}]}',
+     "Feature: names has uint64_t element. Only int64_t is supported."),
+])
+@pytest.mark.parametrize("request_type", [classification_pb2.ClassificationRequest,
+                                          regression_pb2.RegressionRequest])
+def test_example_errors(body: str, message: str, request_type) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        jt.fill_example_request(jt.parse_json(body.encode()), request_type())
+    assert caught.value.message == message
+
+
+# -- Responses --------------------------------------------------------------------------
+
+def float_tensor(values: list[float], dims: list[int], dtype: int = types_pb2.DT_FLOAT
+                 ) -> tensor_pb2.TensorProto:
+    proto = tensor_pb2.TensorProto(dtype=dtype)
+    for size in dims:
+        proto.tensor_shape.dim.add(size=size)
+    (proto.float_val if dtype == types_pb2.DT_FLOAT else proto.double_val).extend(values)
+    return proto
+
+
+def test_predict_response_row_and_columnar_single_output() -> None:
+    y = float_tensor([3.0, 3.5, 4.0], [3])
+    # Byte for byte what TF Serving's PrettyWriter produces.
+    assert jt.predict_json({"y": y}, JsonFormat.ROW) == (
+        '{\n    "predictions": [3.0, 3.5, 4.0\n    ]\n}')
+    assert jt.predict_json({"y": y}, JsonFormat.COLUMNAR) == (
+        '{\n    "outputs": [\n        3.0,\n        3.5,\n        4.0\n    ]\n}')
+    y2 = float_tensor([2.5, 3, 3.5, 4], [2, 2])
+    assert json.loads(jt.predict_json({"y": y2}, JsonFormat.ROW)) == {"predictions": [[2.5, 3.0], [3.5, 4.0]]}
+    assert jt.predict_json({"y": y2}, JsonFormat.ROW) == (
+        '{\n    "predictions": [[2.5, 3.0], [3.5, 4.0]\n    ]\n}')
+
+
+def test_predict_response_multiple_outputs_and_types() -> None:
+    outputs = {
+        "float": float_tensor([1, 2], [2]),
+        "int": tensor("dtype: DT_INT32 tensor_shape { dim { size: 2 } } int_val: [3, -4]"),
+        "str": tensor('dtype: DT_STRING tensor_shape { dim { size: 2 } } string_val: ["a", "b\\""]'),
+        "str_bytes": tensor('dtype: DT_STRING tensor_shape { dim { size: 2 } dim { size: 1 } } '
+                            'string_val: ["hello", "world"]'),
+        "flag": tensor("dtype: DT_BOOL tensor_shape { dim { size: 2 } } bool_val: [true, false]"),
+        "i64": tensor("dtype: DT_INT64 tensor_shape { dim { size: 2 } } int64_val: [9007199254740993, 0]"),
+    }
+    row = jt.predict_json(outputs, JsonFormat.ROW)
+    assert json.loads(row) == {"predictions": [
+        {"flag": True, "float": 1.0, "i64": 9007199254740993, "int": 3, "str": "a",
+         "str_bytes": [{"b64": "aGVsbG8="}]},
+        {"flag": False, "float": 2.0, "i64": 0, "int": -4, "str": 'b"',
+         "str_bytes": [{"b64": "d29ybGQ="}]}]}
+    assert '"i64": 9007199254740993' in row and '"float": 1.0' in row
+    columnar = json.loads(jt.predict_json(outputs, JsonFormat.COLUMNAR))
+    assert columnar == {"outputs": {
+        "flag": [True, False], "float": [1.0, 2.0], "i64": [9007199254740993, 0], "int": [3, -4],
+        "str": ["a", 'b"'], "str_bytes": [[{"b64": "aGVsbG8="}], [{"b64": "d29ybGQ="}]]}}
+
+
+def test_predict_response_errors_and_empty_batch() -> None:
+    with pytest.raises(InvalidArgument, match="^Cannot convert empty tensor map to JSON$"):
+        jt.predict_json({}, JsonFormat.ROW)
+    scalar = float_tensor([3.0], [])
+    with pytest.raises(InvalidArgument) as caught:
+        jt.predict_json({"y": scalar}, JsonFormat.ROW)
+    assert caught.value.message == "Tensor name: y has no shape information "
+    assert jt.predict_json({"y": scalar}, JsonFormat.COLUMNAR) == '{\n    "outputs": 3.0\n}'
+    with pytest.raises(InvalidArgument) as caught:
+        jt.predict_json({"a": float_tensor([1, 2], [2]), "b": float_tensor([1], [1])}, JsonFormat.ROW)
+    assert caught.value.message == "Tensor name: b has inconsistent batch size: 1 expecting: 2"
+    assert json.loads(jt.predict_json({"y": float_tensor([], [0, 3])}, JsonFormat.ROW)) == {"predictions": []}
+    half = tensor("dtype: DT_HALF tensor_shape { dim { size: 1 } } half_val: 15360")
+    with pytest.raises(InvalidArgument) as caught:
+        jt.predict_json({"h": half}, JsonFormat.ROW)
+    assert caught.value.message == "Failed to write JSON value for tensor type: half"
+
+
+@pytest.mark.parametrize("value, dtype, text", [
+    (3.0, types_pb2.DT_FLOAT, "3.0"),
+    (0.2, types_pb2.DT_FLOAT, "0.2"),  # no float->double noise
+    (9000000.0, types_pb2.DT_FLOAT, "9e+06"),
+    (0.00003, types_pb2.DT_FLOAT, "3e-05"),
+    (1435774336.0, types_pb2.DT_FLOAT, "1.43577434e+09"),
+    (1 / 3, types_pb2.DT_FLOAT, "0.333333343"),
+    (1 / 3, types_pb2.DT_DOUBLE, "0.33333333333333331"),
+    (-0.0, types_pb2.DT_FLOAT, "-0.0"),
+    (math.nan, types_pb2.DT_FLOAT, "NaN"),
+    (math.inf, types_pb2.DT_DOUBLE, "Infinity"),
+    (-math.inf, types_pb2.DT_FLOAT, "-Infinity"),
+])
+def test_float_formatting(value: float, dtype: int, text: str) -> None:
+    assert jt.predict_json({"y": float_tensor([value], [], dtype)}, JsonFormat.COLUMNAR) == (
+        '{\n    "outputs": ' + text + "\n}")
+
+
+def test_classification_and_regression_results() -> None:
+    result = classification_pb2.ClassificationResult()
+    classes = result.classifications.add().classes
+    classes.add(label="", score=3.0)
+    classes.add(label="b", score=0.5)
+    result.classifications.add().classes.add(label="c", score=1.0)
+    assert jt.classification_json(result) == (
+        '{\n    "results": [[["", 3.0], ["b", 0.5]], [["c", 1.0]]\n    ]\n}')
+    regression = regression_pb2.RegressionResult()
+    for value in (0.2, math.inf, 1.0, -math.inf, math.nan):
+        regression.regressions.add(value=value)
+    assert jt.regression_json(regression) == (
+        '{\n    "results": [0.2, Infinity, 1.0, -Infinity, NaN]\n}')
+    with pytest.raises(InvalidArgument, match="^Cannot convert empty ClassificationResults to JSON$"):
+        jt.classification_json(classification_pb2.ClassificationResult())
+    with pytest.raises(InvalidArgument, match="^Cannot convert empty RegressionResults to JSON$"):
+        jt.regression_json(regression_pb2.RegressionResult())
+
+
+def test_error_json() -> None:
+    assert jt.error_json('Bad key: "key"') == '{\n    "error": "Bad key: \\"key\\""\n}'
+    assert json.loads(jt.error_json("a\nb\x01")) == {"error": "a\nb\x01"}
+
+
+def test_status_json() -> None:
+    response = get_model_status_pb2.GetModelStatusResponse()
+    response.model_version_status.add(version=123, state=30)
+    assert json.loads(jt.status_json(response)) == {"model_version_status": [
+        {"version": "123", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]}
+    failed = response.model_version_status.add(version=124, state=50)
+    failed.status.error_code = 5
+    failed.status.error_message = "gone"
+    assert json.loads(jt.status_json(response))["model_version_status"][1] == {
+        "version": "124", "state": "END", "status": {"error_code": "NOT_FOUND", "error_message": "gone"}}
+
+
+def test_metadata_json() -> None:
+    signatures = get_model_metadata_pb2.SignatureDefMap()
+    signature = signatures.signature_def["serving_default"]
+    signature.method_name = "tensorflow/serving/predict"
+    signature.inputs["x"].name = "x:0"
+    signature.inputs["x"].dtype = types_pb2.DT_FLOAT
+    signature.inputs["x"].tensor_shape.dim.add(size=-1)
+    response = get_model_metadata_pb2.GetModelMetadataResponse()
+    response.model_spec.name = "default"
+    response.model_spec.version.value = 123
+    response.metadata["signature_def"].Pack(signatures)
+    doc = json.loads(jt.metadata_json(response))
+    assert doc["model_spec"] == {"name": "default", "signature_name": "", "version": "123"}
+    sig = doc["metadata"]["signature_def"]["signature_def"]["serving_default"]
+    assert sig["method_name"] == "tensorflow/serving/predict" and sig["defaults"] == {}
+    assert sig["inputs"]["x"] == {"dtype": "DT_FLOAT", "name": "x:0", "tensor_shape": {
+        "dim": [{"size": "-1", "name": ""}], "unknown_rank": False}}
