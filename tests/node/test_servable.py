@@ -17,8 +17,8 @@ from tensorflow.core.protobuf import saved_model_pb2
 from tfscache import errors
 from tfscache.node import servable as servable_mod
 from tfscache.node.servable import from_proto, load_servable, to_proto_field
+from tfscache.node.testmodels import build_gate
 
-tf1 = tf.compat.v1
 
 
 @pytest.fixture(scope="module")
@@ -35,30 +35,10 @@ def tf2_model(test_models):
     s.unload()
 
 
-def build_queue_model(export_dir: Path) -> Path:
-    """A graph whose ``dequeue`` blocks until ``enqueue`` runs: a run held open on purpose."""
-    graph = tf.Graph()
-    with graph.as_default(), tf1.Session(graph=graph) as sess:
-        queue = tf1.FIFOQueue(10, tf.float32, shapes=[[]], shared_name="gate", name="gate")
-        value = tf1.placeholder(tf.float32, shape=[], name="value")
-        with tf.control_dependencies([queue.enqueue(value)]):
-            enqueued = tf.identity(value, name="enqueued")
-        dequeued = tf.identity(queue.dequeue(), name="dequeued")
-        build = tf1.saved_model.utils.build_tensor_info
-        builder = tf1.saved_model.Builder(str(export_dir))
-        builder.add_meta_graph_and_variables(sess, ["serve"], signature_def_map={
-            "enqueue": tf1.saved_model.signature_def_utils.build_signature_def(
-                {"value": build(value)}, {"enqueued": build(enqueued)}, "tensorflow/serving/predict"),
-            "dequeue": tf1.saved_model.signature_def_utils.build_signature_def(
-                {}, {"dequeued": build(dequeued)}, "tensorflow/serving/predict"),
-        })
-        builder.save()
-    return export_dir
-
-
 @pytest.fixture(scope="module")
 def queue_model(tmp_path_factory):
-    s = load_servable("queue", 1, str(build_queue_model(tmp_path_factory.mktemp("q") / "1")))
+    base = build_gate(tmp_path_factory.mktemp("gate"))
+    s = load_servable("gate", 1, str(base / "1"))
     yield s
     s.unload()
 
@@ -205,6 +185,7 @@ def test_tf_runtime_errors_keep_their_code(half_plus_two):
 def test_timeout_becomes_deadline_exceeded(queue_model):
     with pytest.raises(errors.DeadlineExceeded) as info:
         queue_model.run({}, ["dequeued:0"], timeout_s=0.05)
+    assert "Timed out" in info.value.message or "deadline" in info.value.message.lower()
     assert info.value.grpc_code.name == "DEADLINE_EXCEEDED"
 
 
@@ -213,7 +194,7 @@ def test_runs_are_concurrent_on_one_servable(queue_model):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         blocked = pool.submit(queue_model.run, {}, ["dequeued:0"], 30.0)
         # The enqueue runs while the dequeue is in the session, and releases it.
-        (enqueued,) = queue_model.run({"value:0": np.float32(7.0)}, ["enqueued:0"], 30.0)
+        (enqueued,) = queue_model.run({"value:0": np.float32(7.0)}, ["released:0"], 30.0)
         assert float(enqueued) == 7.0
         assert float(blocked.result(timeout=30)[0]) == 7.0
 

@@ -185,3 +185,12 @@ def test_make_models_script(tmp_path):
                      "saved_model_save_multiple_signatures", "addk_1", "addk_2"]
     assert (tmp_path / "half_plus_two" / "00000124" / "saved_model.pb").is_file()
     assert 500_000 <= testmodels.size_on_disk(tmp_path / "addk_2" / "1") <= 550_000
+
+
+def test_gate_signatures(tmp_path):
+    base = testmodels.build_gate(tmp_path, versions=(1, 2))
+    assert sorted(p.name for p in base.iterdir()) == ["1", "2"]
+    sigs = meta_graph(base / "1").signature_def
+    assert describe(sigs["serving_default"]) == ({}, {"value": ("dequeued:0", FLOAT, [])}, PREDICT)
+    assert describe(sigs["release"]) == (
+        {"value": ("value:0", FLOAT, [])}, {"value": ("released:0", FLOAT, [])}, PREDICT)

@@ -6,7 +6,8 @@
   ``half_plus_three``, ``half_plus_two_tf2`` (``tf.saved_model.save``) and the two
   small ``tf.saved_model.save`` models of the end-to-end tests.
 * Synthetic ``addk_<k>`` models computing ``y = x + k``, padded to a chosen size,
-  for cache tests and benchmarks; a corrupt version directory for failure tests.
+  for cache tests and benchmarks; a corrupt version directory for failure tests; a
+  ``gate`` model whose requests block until released, for in-flight tests.
 
 Everything is deterministic; the whole set builds in a few seconds.
 """
@@ -82,6 +83,33 @@ def build_corrupt(dest_base: Path, name: str, version: int = 1) -> Path:
     export_dir = base / str(version)
     export_dir.mkdir(parents=True, exist_ok=True)
     (export_dir / "saved_model.pb").write_bytes(b"\xff\xff\xff this is not a SavedModel \x00\x01")
+    return base
+
+
+def build_gate(dest_base: Path, name: str = "gate", versions=(1,)) -> Path:
+    """A model whose requests can be held open on purpose (deterministic in-flight tests).
+
+    Signature ``serving_default`` (no inputs) -> ``value`` (float scalar) blocks inside
+    the session until a value is queued; signature ``release``: ``value`` (float scalar)
+    -> ``value`` queues one value, releasing one waiting ``serving_default`` request
+    (or the next one). The queue lives in the loaded servable's session.
+    """
+    base = Path(dest_base) / name
+    for version in versions:
+        export_dir = base / str(version)
+        if export_dir.exists():
+            shutil.rmtree(export_dir)
+        graph = tf.Graph()
+        with graph.as_default(), tf1.Session(graph=graph) as sess:
+            queue = tf1.FIFOQueue(1000, tf.float32, shapes=[[]], name="gate")
+            value = tf1.placeholder(tf.float32, shape=[], name="value")
+            with tf.control_dependencies([queue.enqueue(value)]):
+                released = tf.identity(value, name="released")
+            dequeued = tf.identity(queue.dequeue(), name="dequeued")
+            _save_graph(sess, export_dir, {
+                "serving_default": _signature({}, {"value": dequeued}, PREDICT),
+                "release": _signature({"value": value}, {"value": released}, PREDICT),
+            })
     return base
 
 
@@ -238,4 +266,4 @@ def size_on_disk(path: Path) -> int:
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
-__all__ = ["build_test_models", "build_addk", "build_corrupt", "size_on_disk"]
+__all__ = ["build_test_models", "build_addk", "build_corrupt", "build_gate", "size_on_disk"]
