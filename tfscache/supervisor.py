@@ -8,8 +8,10 @@ for it (bind port 0, read, close: a small race, the only place we accept one).
 
 A node that exits unexpectedly is restarted (with a backoff if it keeps crashing);
 ``on_exit`` / ``on_start`` let the owner drop and rebuild the node's client and cache.
-Children die with this process: PR_SET_PDEATHSIG sends them SIGTERM if it is killed,
-and ``stop()`` sends SIGTERM, then SIGKILL after a grace period.
+Children die with this process and only then: they run in their own session, so a
+signal to the terminal's process group reaches only this process (which then stops
+them in order, without restarting them first); PR_SET_PDEATHSIG sends them SIGTERM
+if this process is killed; ``stop()`` sends SIGTERM, then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ class Supervisor:
         argv = self.command(node)
         log.info("starting %s: %s", node.name, shlex.join(argv))
         node.process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, preexec_fn=self._preexec)
+            *argv, stdin=asyncio.subprocess.DEVNULL, start_new_session=True, preexec_fn=self._preexec)
         node.pid = node.process.pid
         node.started_at = time.monotonic()
         try:
