@@ -1,0 +1,294 @@
+"""HandleReloadConfigRequest semantics against real nodes (tfserving-behavior.md §1).
+
+One node serves the module; every test installs the full config it needs (a reload
+is a full replacement) and uses its own model names, since END entries persist.
+Loads are held or failed deterministically with --load_gate_dir.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import shutil
+import time
+
+import grpc
+import pytest
+from support.node import model_config, reload_request, start_node, status_request, version_states, wait_for_states
+from tensorflow_serving.apis import model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
+
+from tfscache.errors import code_name
+
+
+@pytest.fixture(scope="module")
+def gate(tmp_path_factory):
+    return tmp_path_factory.mktemp("gate")
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, gate):
+    flags = ["--max_num_load_retries=2", "--load_retry_interval_micros=0", f"--load_gate_dir={gate}"]
+    with start_node(tmp_path_factory.mktemp("reload"), config="model_config_list {}\n", flags=flags) as node:
+        yield node
+
+
+@pytest.fixture(scope="module")
+def channel(node):
+    with grpc.insecure_channel(node.grpc_target) as channel:
+        yield channel
+
+
+@pytest.fixture(scope="module")
+def stub(channel):
+    return model_service_pb2_grpc.ModelServiceStub(channel)
+
+
+@pytest.fixture
+def background():
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        yield pool
+
+
+def reload(stub, models, timeout=60, **per_model):
+    return stub.HandleReloadConfigRequest(reload_request(model_config(models, **per_model)), timeout=timeout)
+
+
+def reload_error(stub, models, timeout=60, **per_model):
+    with pytest.raises(grpc.RpcError) as info:
+        reload(stub, models, timeout, **per_model)
+    return info.value.code(), info.value.details()
+
+
+def predict(channel, name, *, version=None, label=None, x=2.0):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    if version is not None:
+        request.model_spec.version.value = version
+    if label is not None:
+        request.model_spec.version_label = label
+    request.inputs["x"].dtype = 1
+    request.inputs["x"].float_val.append(x)
+    request.inputs["x"].tensor_shape.dim.add(size=1)
+    response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
+    return response.model_spec.version.value, list(response.outputs["y"].float_val)
+
+
+def wait_for_file(path, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.01)
+
+
+# -- full replacement, what the RPC waits for -----------------------------------------------
+
+
+def test_config_is_a_full_replacement_and_end_persists(stub, channel, test_models):
+    two, three = test_models / "half_plus_two", test_models / "half_plus_three"
+    reload(stub, {"rep_a": two, "rep_b": three})
+    assert version_states(stub, "rep_a") == {124: ("AVAILABLE", 0, "")}
+    assert version_states(stub, "rep_b") == {123: ("AVAILABLE", 0, "")}
+    reload(stub, {"rep_b": three})
+    wait_for_states(stub, "rep_a", {124: "END"})
+    assert version_states(stub, "rep_a") == {124: ("END", 0, "")}  # not NOT_FOUND
+    assert predict(channel, "rep_b") == (123, [4.0])
+    with pytest.raises(grpc.RpcError) as info:
+        predict(channel, "rep_a")
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.NOT_FOUND, "Servable not found for request: Latest(rep_a)")
+
+
+def test_reload_waits_for_a_new_model(stub, gate, background, test_models):
+    (gate / "wait_new.hold").touch()
+    call = background.submit(reload, stub, {"wait_new": test_models / "half_plus_two"})
+    wait_for_file(gate / "wait_new.124.waiting")
+    assert version_states(stub, "wait_new") == {124: ("LOADING", 0, "")}
+    assert not call.done()
+    (gate / "wait_new.hold").unlink()
+    assert call.result(timeout=60).status.error_code == 0
+    assert version_states(stub, "wait_new") == {124: ("AVAILABLE", 0, "")}
+
+
+def test_reload_does_not_wait_for_removed_models_and_transitions_preserve_availability(
+        stub, channel, gate, background, test_models, tmp_path):
+    # The manager loads serially (--num_load_threads=0) and unloads on its own thread
+    # (--num_unload_threads=0): a held load of a new version of "tr_keep" blocks the
+    # unload of "tr_gone", so a reload that returns meanwhile did not wait for it.
+    base = tmp_path / "tr_keep"
+    shutil.copytree(test_models / "half_plus_two" / "00000123", base / "1")
+    reload(stub, {"tr_keep": base, "tr_gone": test_models / "half_plus_three"})
+    (gate / "tr_keep.hold").touch()
+    shutil.copytree(test_models / "half_plus_two" / "00000123", base / "2")
+    wait_for_file(gate / "tr_keep.2.waiting")
+    reload(stub, {"tr_keep": base}, timeout=10)
+    assert version_states(stub, "tr_gone") == {123: ("AVAILABLE", 0, "")}
+    assert version_states(stub, "tr_keep") == {1: ("AVAILABLE", 0, ""), 2: ("LOADING", 0, "")}
+    assert predict(channel, "tr_keep") == (1, [3.0])  # the old version serves meanwhile
+    (gate / "tr_keep.hold").unlink()
+    wait_for_states(stub, "tr_keep", {1: "END", 2: "AVAILABLE"})
+    wait_for_states(stub, "tr_gone", {123: "END"})
+    assert predict(channel, "tr_keep") == (2, [3.0])
+
+
+# -- failures: END with the error, retries, stickiness ---------------------------------------
+
+
+def test_failed_load_is_end_with_error_and_sticky_until_removed(stub, node, gate, test_models):
+    (gate / "sticky.fail").touch()
+    models = {"sticky": test_models / "half_plus_two"}
+    assert reload_error(stub, models) == (
+        grpc.StatusCode.UNKNOWN,
+        "1 model(s) did not become available: {{{name: sticky version: 124} due to error: "
+        "INTERNAL: injected load failure for sticky}, }")
+    assert version_states(stub, "sticky") == {124: ("END", 13, "injected load failure for sticky")}
+    # --max_num_load_retries=2: three attempts
+    assert len(re.findall(r"\{name: sticky version: 124\} failed", node.log_text())) == 3
+    (gate / "sticky.fail").unlink()
+    reload(stub, models, timeout=10)  # same config: OK at once, and no new load
+    assert version_states(stub, "sticky") == {124: ("END", 13, "injected load failure for sticky")}
+    reload(stub, {})
+    reload(stub, models)  # removed then re-added: loads again
+    assert version_states(stub, "sticky") == {124: ("AVAILABLE", 0, "")}
+
+
+def test_corrupt_saved_model_ends_with_its_error_while_others_serve(stub, channel, test_models, tmp_path):
+    from tfscache.node.testmodels import build_corrupt
+
+    corrupt = build_corrupt(tmp_path, "corrupt")
+    code, details = reload_error(stub, {"good": test_models / "half_plus_two", "corrupt": corrupt})
+    assert code == grpc.StatusCode.UNKNOWN
+    assert details.startswith("1 model(s) did not become available: {{{name: corrupt version: 1} due to error: ")
+    state, error_code, message = version_states(stub, "corrupt")[1]
+    assert state == "END" and error_code != 0 and message
+    assert details.endswith(f" due to error: {code_name(error_code)}: {message}}}, }}")
+    assert predict(channel, "good") == (124, [3.0])
+
+
+# -- version policies and labels -----------------------------------------------------------
+
+
+def test_version_policies(stub, test_models):
+    two = test_models / "half_plus_two"
+    reload(stub, {"pol_default": two, "pol_latest2": two, "pol_all": two, "pol_specific": two},
+           pol_latest2="model_version_policy { latest { num_versions: 2 } }",
+           pol_all="model_version_policy { all {} }",
+           pol_specific="model_version_policy { specific { versions: 123 } }")
+    wait_for_states(stub, "pol_default", {124: "AVAILABLE"})
+    wait_for_states(stub, "pol_latest2", {123: "AVAILABLE", 124: "AVAILABLE"})
+    wait_for_states(stub, "pol_all", {123: "AVAILABLE", 124: "AVAILABLE"})
+    wait_for_states(stub, "pol_specific", {123: "AVAILABLE"})
+    # A policy change of a listed model applies at the next poll; the RPC does not wait.
+    reload(stub, {"pol_specific": two}, pol_specific="model_version_policy { specific { versions: 124 } }")
+    wait_for_states(stub, "pol_specific", {123: "END", 124: "AVAILABLE"})
+
+
+def test_version_labels(stub, channel, test_models):
+    two = test_models / "half_plus_two"
+    policy = "model_version_policy { all {} }"
+    labelled = policy + ' version_labels { key: "stable" value: 123 } version_labels { key: "canary" value: 124 }'
+    # A model and its labels cannot be added in one reload.
+    assert reload_error(stub, {"lab": two}, lab=labelled) == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "Request to assign label to version 123 of model lab, which is not currently available for inference")
+    reload(stub, {"lab": two}, lab=policy)
+    wait_for_states(stub, "lab", {123: "AVAILABLE", 124: "AVAILABLE"})
+    reload(stub, {"lab": two}, lab=labelled)
+    assert predict(channel, "lab", label="stable") == (123, [3.0])
+    assert predict(channel, "lab", label="canary") == (124, [3.0])
+    with pytest.raises(grpc.RpcError) as info:
+        predict(channel, "lab", label="nope")
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "Unrecognized servable version label: nope")
+    assert reload_error(stub, {"lab": two}, lab=policy + ' version_labels { key: "x" value: 999 }') == (
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "Request to assign label to version 999 of model lab, which is not currently available for inference")
+
+
+# -- validation ----------------------------------------------------------------------------
+
+
+def test_validation_errors(stub, test_models):
+    two = test_models / "half_plus_two"
+    duplicate = ('model_config_list { config { name: "dup" base_path: "/a" model_platform: "tensorflow" } '
+                 'config { name: "dup" base_path: "/b" model_platform: "tensorflow" } }')
+    with pytest.raises(grpc.RpcError) as info:
+        stub.HandleReloadConfigRequest(reload_request(duplicate), timeout=10)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "Illegal to list model dup multiple times in config list")
+    assert reload_error(stub, {"rel": "relative/path"}) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "Expected model rel to have an absolute path or URI; got base_path()=relative/path")
+    reload(stub, {"val_ok": two})  # neither error touched config_: later reloads work
+
+
+def test_unsupported_platform_poisons_the_config_until_removed(stub, test_models):
+    two = test_models / "half_plus_two"
+    foo = f'model_config_list {{ config {{ name: "plat" base_path: "{two}" model_platform: "foo" }} }}'
+    with pytest.raises(grpc.RpcError) as info:
+        stub.HandleReloadConfigRequest(reload_request(foo), timeout=10)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.INVALID_ARGUMENT, "Model plat requests unsupported platform foo")
+    assert reload_error(stub, {"plat": two}) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "Illegal to change a model's platform. For model plat platform was foo and new platform "
+        "requested is tensorflow")
+    reload(stub, {})
+    reload(stub, {"plat": two})
+    assert version_states(stub, "plat") == {124: ("AVAILABLE", 0, "")}
+
+
+# -- the missing-base-path hang ---------------------------------------------------------------
+
+
+def test_missing_base_path_hangs_reloads_until_it_appears(stub, node, test_models, tmp_path):
+    ghost = tmp_path / "ghost"
+    models = {"hang_ok": test_models / "half_plus_three", "ghost": ghost}
+    finished = node.log_text().count("Finished reloading config")
+    assert reload_error(stub, models, timeout=2) == (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    # Reads go on; the config lock is still held, so the next reload waits too.
+    assert version_states(stub, "ghost") == {}
+    assert reload_error(stub, models, timeout=1) == (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    assert version_states(stub, "hang_ok") == {}  # the aborted polls sent nothing for anyone
+    shutil.copytree(test_models / "half_plus_two" / "00000123", ghost / "1")
+    wait_for_states(stub, "ghost", {1: "AVAILABLE"})
+    wait_for_states(stub, "hang_ok", {123: "AVAILABLE"})
+    node.wait_for_log("Finished reloading config", count=finished + 2)  # both hung reloads ended
+    reload(stub, {"hang_ok": test_models / "half_plus_three"}, timeout=10)
+    wait_for_states(stub, "ghost", {1: "END"})
+
+
+# -- --file_system_poll_wait_seconds=0 -----------------------------------------------------------
+
+
+def test_poll_period_zero_never_finishes_a_reload_that_adds_a_model(tmp_path, test_models):
+    config = model_config({"half_plus_two": test_models / "half_plus_two"})
+    with start_node(tmp_path, config=config, flags=["--file_system_poll_wait_seconds=0"]) as node, \
+            grpc.insecure_channel(node.grpc_target) as channel:
+        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+        models = {"half_plus_two": test_models / "half_plus_two", "half_plus_three": test_models / "half_plus_three"}
+        assert reload_error(stub, models, timeout=2) == (grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetModelStatus(status_request("half_plus_three"), timeout=10)
+        assert (info.value.code(), info.value.details()) == (
+            grpc.StatusCode.NOT_FOUND, "Could not find any versions of model half_plus_three")
+        assert predict(channel, "half_plus_two") == (124, [3.0])
+
+
+# -- keep last on the shared node: it leaves the node unable to reload ---------------------------
+
+
+def test_missing_platform_poisons_every_later_reload(stub, channel, test_models):
+    # GetPlatform fails after config_ was replaced; every later reload then fails in
+    # ValidateNoModelsChangePlatforms, which calls GetPlatform on the stored config.
+    two = test_models / "half_plus_two"
+    reload(stub, {"nop_ok": two})
+    no_platform = f'model_config_list {{ config {{ name: "nop" base_path: "{two}" }} }}'
+    error = (grpc.StatusCode.INVALID_ARGUMENT,
+             "Illegal setting neither ModelServerConfig::model_type (deprecated) "
+             "nor ModelServerConfig::model_platform.")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.HandleReloadConfigRequest(reload_request(no_platform), timeout=10)
+    assert (info.value.code(), info.value.details()) == error
+    assert reload_error(stub, {"nop_ok": two}) == error
+    assert reload_error(stub, {}) == error
+    assert predict(channel, "nop_ok") == (124, [3.0])  # serving is unaffected
