@@ -91,6 +91,17 @@ class ResidentModel:
     state: str  # "loading", "available" or "unloading"
 
 
+@dataclass(frozen=True)
+class QueuedLoad:
+    """One entry of ``CacheManager.queue()``."""
+
+    name: str
+    version: int
+    waiters: int
+    bytes: int
+    waiting_for_room: bool
+
+
 class _Entry:
     """A model version in the node's config (or leaving it)."""
 
@@ -233,6 +244,11 @@ class CacheManager:
         entry = self._entries.get((name, version))
         return entry is not None and entry.state == READY
 
+    def queue(self) -> list[QueuedLoad]:
+        """Cold model versions waiting for a reload, with their waiting requests."""
+        return [QueuedLoad(p.key[0], p.key[1], len(p.live()), p.estimate, p.blocked_since is not None)
+                for p in self._pending.values()]
+
     def snapshot(self) -> list[ResidentModel]:
         return [ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state)
                 for e in self._entries.values()]
@@ -301,11 +317,11 @@ class CacheManager:
 
     # -- shared with cacheloop ---------------------------------------------------------
 
-    def _config(self) -> pb.ModelServerConfig:
-        """The node config: every entry not leaving, one ModelConfig per name, specific versions."""
+    def _config(self, *, loading: bool = True) -> pb.ModelServerConfig:
+        """The node config: every entry not leaving (nor ``loading`` ones if False), one per name."""
         versions: dict[str, list[int]] = {}
         for (name, version), entry in self._entries.items():
-            if entry.state != UNLOADING:
+            if entry.state == READY or (loading and entry.state == LOADING):
                 versions.setdefault(name, []).append(version)
         config = pb.ModelServerConfig()
         config.model_config_list.SetInParent()
@@ -361,4 +377,4 @@ def _fail(waiters: list[asyncio.Future], error: errors.TfscacheError) -> None:
             fut.set_exception(_copy(error))
 
 
-__all__ = ["CacheManager", "CacheSettings", "Lease", "ResidentModel", "not_found"]
+__all__ = ["CacheManager", "CacheSettings", "Lease", "QueuedLoad", "ResidentModel"]

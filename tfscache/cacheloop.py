@@ -178,7 +178,8 @@ def _drop_vanished(cache: CacheManager) -> list[Key]:
 
 async def _unload(cache: CacheManager, leaving: list[Key]) -> bool:
     """Send the config without ``leaving`` and wait until the node reports END for each."""
-    if not await _send(cache, cache.settings.rpc_deadline_s, f"unloading {_names(leaving)}"):
+    # The batch admitted with them is not sent yet: its loads start once these reached END.
+    if not await _send(cache, cache.settings.rpc_deadline_s, f"unloading {_names(leaving)}", loading=False):
         return False
     deadline = time.monotonic() + cache.settings.reload_deadline_s
     try:
@@ -291,10 +292,10 @@ def _measure(cache: CacheManager, loaded: list[_Entry], before: int | None, afte
         cache._learned[entry.key] = entry.bytes
 
 
-async def _send(cache: CacheManager, deadline_s: float, why: str) -> bool:
+async def _send(cache: CacheManager, deadline_s: float, why: str, *, loading: bool = True) -> bool:
     """Send the current config; False (and the node unhealthy) if that fails."""
     try:
-        await cache.node.reload(cache._config(), deadline_s=deadline_s)
+        await cache.node.reload(cache._config(loading=loading), deadline_s=deadline_s)
         return True
     except errors.TfscacheError as e:
         _mark_unhealthy(cache, f"reload {why}: {e.grpc_code.name}: {e.message}")

@@ -36,8 +36,8 @@ def check_name(name: str) -> None:
 def _name_problem(name: str) -> str | None:
     if not isinstance(name, str) or not name:
         return "a model name must not be empty"
-    if "/" in name or "\\" in name or "\0" in name:
-        return "a model name must be one path segment (no '/', '\\' or NUL)"
+    if "/" in name or "\0" in name:
+        return "a model name must be one path segment (no '/' or NUL)"
     if name in (".", ".."):
         return "a model name must not be '.' or '..'"
     try:

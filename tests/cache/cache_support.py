@@ -1,0 +1,159 @@
+"""Helpers for the cache-manager tests (fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import grpc
+from tensorflow.core.framework import tensor_pb2, types_pb2
+from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, predict_pb2
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from tfscache.nodeclient import NodeClient
+
+NUM_MODELS = 12
+MODEL_BYTES = 200_000  # the padding variable; each version directory is a little larger
+
+NODE_FLAGS = ["--file_system_poll_wait_seconds=0.1", "--max_num_load_retries=0", "--num_load_threads=4"]
+
+
+class RecordingClient(NodeClient):
+    """A NodeClient that records every config it sends: a list of {name: versions}."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.reloads: list[dict[str, tuple[int, ...]]] = []
+
+    async def reload(self, config, deadline_s=None) -> None:
+        self.reloads.append({m.name: tuple(m.model_version_policy.specific.versions)
+                             for m in config.model_config_list.config})
+        await super().reload(config, deadline_s)
+
+    def loads_of(self, name: str) -> int:
+        """How many reloads added ``name`` to a config that lacked it."""
+        count, before = 0, {}
+        for config in self.reloads:
+            if name in config and name not in before:
+                count += 1
+            before = config
+        return count
+
+
+class Gate:
+    """The node's --load_gate_dir: hold a model's loads open, or make them fail."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+
+    def hold(self, name: str) -> None:
+        (self.dir / f"{name}.hold").touch()
+
+    def release(self, name: str) -> None:
+        (self.dir / f"{name}.hold").unlink(missing_ok=True)
+
+    def fail(self, name: str) -> None:
+        (self.dir / f"{name}.fail").touch()
+
+    def unfail(self, name: str) -> None:
+        (self.dir / f"{name}.fail").unlink(missing_ok=True)
+
+    def waiting(self, name: str, version: int = 1) -> bool:
+        return (self.dir / f"{name}.{version}.waiting").exists()
+
+    async def wait_until_waiting(self, name: str, version: int = 1, timeout: float = 30.0) -> None:
+        await wait_for_condition(lambda: self.waiting(name, version), timeout, f"{name} load to reach the gate")
+
+    def clear(self) -> None:
+        for path in self.dir.iterdir():
+            path.unlink()
+
+
+async def wait_for_condition(predicate, timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll ``predicate`` until true (a wait for a condition with a timeout, not a sleep-and-hope)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+async def wait_until(check, timeout: float = 30.0, what: str = "condition") -> None:
+    """Like ``wait_for_condition`` for an async ``check()``."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.005)
+
+
+def node_status(target: str, name: str) -> dict[int, tuple[int, int, str]]:
+    """version -> (state, error_code, error_message), from the node's own GetModelStatus."""
+    with grpc.insecure_channel(target) as channel:
+        stub = model_service_pb2_grpc.ModelServiceStub(channel)
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = name
+        try:
+            response = stub.GetModelStatus(request, timeout=10)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return {}
+            raise
+    return {s.version: (s.state, s.status.error_code, s.status.error_message)
+            for s in response.model_version_status}
+
+
+class AsyncNode:
+    """Async TF Serving stubs on one node: status of many models, Predict on addk models."""
+
+    def __init__(self, target: str) -> None:
+        self.channel = grpc.aio.insecure_channel(target)
+        self.models = model_service_pb2_grpc.ModelServiceStub(self.channel)
+        self.predictions = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+
+    async def states(self, name: str) -> dict[int, tuple[int, int, str]]:
+        """version -> (state, error_code, error_message); {} when the node never heard of it."""
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = name
+        try:
+            response = await self.models.GetModelStatus(request, timeout=10)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.NOT_FOUND:
+                return {}
+            raise
+        return {s.version: (s.state, s.status.error_code, s.status.error_message)
+                for s in response.model_version_status}
+
+    async def state(self, name: str, version: int = 1) -> str:
+        """The version's state name ("AVAILABLE", "END", ...), or "NONE"."""
+        found = (await self.states(name)).get(version)
+        return "NONE" if found is None else get_model_status_pb2.ModelVersionStatus.State.Name(found[0])
+
+    async def available(self, names) -> set[str]:
+        """Names with a version AVAILABLE right now."""
+        async def one(name):
+            request = get_model_status_pb2.GetModelStatusRequest()
+            request.model_spec.name = name
+            try:
+                response = await self.models.GetModelStatus(request, timeout=10)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.NOT_FOUND:
+                    return None
+                raise
+            return name if any(s.state == 30 for s in response.model_version_status) else None
+
+        return {n for n in await asyncio.gather(*(one(n) for n in names)) if n}
+
+    async def add(self, name: str, version: int, x: float) -> float:
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = name
+        request.model_spec.version.value = version
+        tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[x])
+        tensor.tensor_shape.dim.add(size=1)
+        request.inputs["x"].CopyFrom(tensor)
+        response = await self.predictions.Predict(request, timeout=30)
+        return response.outputs["y"].float_val[0]
+
+    async def close(self) -> None:
+        await self.channel.close()
