@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import re
 import shutil
+import threading
 import time
 
 import grpc
@@ -17,7 +18,7 @@ import pytest
 from support.node import model_config, reload_request, start_node, status_request, version_states, wait_for_states
 from tensorflow_serving.apis import model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
 
-from tfscache.errors import code_name
+from tfscache.errors import DeadlineExceeded, Internal, InvalidArgument, NotFound, Unavailable, code_name
 
 
 @pytest.fixture(scope="module")
@@ -292,3 +293,169 @@ def test_missing_platform_poisons_every_later_reload(stub, channel, test_models)
     assert reload_error(stub, {"nop_ok": two}) == error
     assert reload_error(stub, {}) == error
     assert predict(channel, "nop_ok") == (124, [3.0])  # serving is unaffected
+
+
+# -- ServingCore in-process, with a loader we control (deterministic concurrency) ----------------
+
+
+class FakeServable:
+    """What the core manages: records its unload. Not a model; the core never runs it."""
+
+    def __init__(self, name, version):
+        self.name, self.version, self.unloaded = name, version, False
+
+    def unload(self):
+        self.unloaded = True
+
+
+class Loader:
+    """A loader whose calls can be held (per model) or failed (first N calls)."""
+
+    def __init__(self, hold=(), fail_first=0):
+        self.hold = {name: threading.Event() for name in hold}
+        self.entered = {name: threading.Event() for name in hold}
+        self.fail_first = fail_first
+        self.calls: list[tuple[str, int]] = []
+
+    def __call__(self, name, version, path):
+        self.calls.append((name, version))
+        if len(self.calls) <= self.fail_first:
+            raise Internal(f"failure {len(self.calls)}")
+        if name in self.hold:
+            self.entered[name].set()
+            assert self.hold[name].wait(30)
+        return FakeServable(name, version)
+
+
+def make_core(loader, **options):
+    from tfscache.node.manager import ManagerOptions, ServingCore
+
+    options = {"file_system_poll_wait_seconds": 0.02, "load_retry_interval_micros": 0, **options}
+    return ServingCore(ManagerOptions(**options), loader=loader)
+
+
+def config_of(models):
+    from google.protobuf import text_format
+    from tensorflow_serving.config import model_server_config_pb2
+
+    return text_format.Parse(model_config(models), model_server_config_pb2.ModelServerConfig())
+
+
+def spec(name, version=None):
+    from tensorflow_serving.apis import model_pb2
+
+    model_spec = model_pb2.ModelSpec(name=name)
+    if version is not None:
+        model_spec.version.value = version
+    return model_spec
+
+
+def wait_until(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.005)
+
+
+def state_of(core, name, version):
+    state = core.states(name).get(version)
+    return state and state.state.name
+
+
+@pytest.fixture
+def versions_dir(tmp_path):
+    def make(name, *versions):
+        for version in versions:
+            (tmp_path / name / str(version)).mkdir(parents=True)
+        return tmp_path / name
+    return make
+
+
+def test_in_flight_handle_keeps_its_version_alive_through_an_unload(versions_dir):
+    core = make_core(Loader())
+    try:
+        core.reload(config_of({"m": versions_dir("m", 1)}), initial=True)
+        with core.servable(spec("m")) as servable:
+            core.reload(config_of({}))  # returns without waiting for the unload
+            wait_until(lambda: state_of(core, "m", 1) == "UNLOADING")
+            for request, text in ((spec("m"), "Latest(m)"), (spec("m", 1), "Specific(m, 1)")):
+                with pytest.raises(NotFound) as info:
+                    with core.servable(request):
+                        pass
+                assert info.value.message == f"Servable not found for request: {text}"
+            time.sleep(0.2)  # nothing may happen while the handle is held
+            assert state_of(core, "m", 1) == "UNLOADING" and not servable.unloaded
+        wait_until(lambda: state_of(core, "m", 1) == "END")
+        assert servable.unloaded
+    finally:
+        core.stop()
+
+
+def test_state_stays_loading_between_retries(versions_dir):
+    loader = Loader(hold=["r"], fail_first=1)
+    core = make_core(loader, max_num_load_retries=1)
+    try:
+        core.reload(config_of({}), initial=True)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            call = pool.submit(core.reload, config_of({"r": versions_dir("r", 1)}))
+            assert loader.entered["r"].wait(10)  # second attempt, after one failure
+            assert loader.calls == [("r", 1), ("r", 1)]
+            assert state_of(core, "r", 1) == "LOADING" and not call.done()
+            loader.hold["r"].set()
+            call.result(10)  # OK: no END was published between the attempts
+        assert state_of(core, "r", 1) == "AVAILABLE"
+    finally:
+        core.stop()
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_num_load_threads(versions_dir, threads):
+    loader = Loader(hold=["a", "b"])
+    core = make_core(loader, num_load_threads=threads)
+    try:
+        core.reload(config_of({}), initial=True)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            call = pool.submit(core.reload, config_of({"a": versions_dir("a", 1), "b": versions_dir("b", 1)}))
+            wait_until(lambda: loader.entered["a"].is_set() or loader.entered["b"].is_set())
+            first = "a" if loader.entered["a"].is_set() else "b"
+            other = "b" if first == "a" else "a"
+            if threads == 0:  # serial: the second load does not start while the first is held
+                assert not loader.entered[other].wait(0.3)
+                assert state_of(core, other, 1) == "START"
+            else:  # parallel: both loads run at once
+                assert loader.entered[other].wait(10)
+            loader.hold[first].set()
+            loader.hold[other].set()
+            call.result(10)
+    finally:
+        core.stop()
+
+
+def test_model_spec_resolution_errors(versions_dir):
+    from tensorflow_serving.apis import model_pb2
+
+    core = make_core(Loader())
+    try:
+        with pytest.raises(Unavailable) as info:
+            core.resolve(model_pb2.ModelSpec(name="m", version_label="x"))
+        assert info.value.message == "Model labels does not init yet.x"
+        core.reload(config_of({"m": versions_dir("m", 1)}), initial=True)
+        with pytest.raises(InvalidArgument) as info:
+            core.resolve(model_pb2.ModelSpec())
+        assert info.value.message == "ModelSpec has no name specified."
+        with pytest.raises(InvalidArgument) as info:
+            core.resolve(model_pb2.ModelSpec(name="m", version_label="x"))
+        assert info.value.message == "Unrecognized servable version label: x"
+    finally:
+        core.stop()
+
+
+def test_optional_waiter_timeout_turns_the_hang_into_an_error(versions_dir, tmp_path):
+    core = make_core(Loader(), servable_state_waiter_timeout_s=0.3)
+    try:
+        core.reload(config_of({}), initial=True)
+        with pytest.raises(DeadlineExceeded) as info:
+            core.reload(config_of({"ghost": tmp_path / "missing"}))
+        assert info.value.message == "Timed out waiting for model(s) to become available: ['ghost']"
+    finally:
+        core.stop()
