@@ -8,14 +8,20 @@ would re-quote them).
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import logging
+import threading
 from urllib.parse import urlsplit
 
 import grpc
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from support.node import model_config, reload_request, start_node, wait_for_states
-from tensorflow_serving.apis import model_service_pb2_grpc
+from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
+
+from tfscache.node.rest import INTERNAL_ERROR_MESSAGE, RestHandler, make_rest_app
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory, test_models):
@@ -338,3 +344,63 @@ def test_node_keeps_serving_after_errors(node):
         assert post(node, "/v1/models/default:predict", body).status == 400
     reply = post(node, "/v1/models/default:predict", {"instances": [2.0]})
     assert (reply.status, reply.json()) == (200, {"predictions": [3.0]})
+
+
+# -- the adapter in-process: threads and unexpected errors ------------------------------
+# These need a core that blocks or breaks on demand, which a real node cannot be made
+# to do; ``GatedCore`` implements only ``status``, the one method these requests reach.
+
+class GatedCore:
+    """status(): blocks for model "slow" until released; raises for model "broken"."""
+
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def status(self, request):
+        name = request.model_spec.name
+        if name == "broken":
+            raise RuntimeError("injected failure")
+        if name == "slow":
+            self.entered.set()
+            if not self.release.wait(30):
+                raise AssertionError("never released")
+        response = get_model_status_pb2.GetModelStatusResponse()
+        response.model_version_status.add(version=1, state=30)
+        return response
+
+
+@pytest.fixture
+async def gated():
+    core = GatedCore()
+    async with TestClient(TestServer(make_rest_app(core))) as client:
+        yield core, client
+    core.release.set()
+
+
+async def test_a_blocked_request_does_not_block_the_loop(gated):
+    core, client = gated
+    slow = asyncio.ensure_future(client.get("/v1/models/slow"))
+    assert await asyncio.get_running_loop().run_in_executor(None, core.entered.wait, 10)
+    fast = await client.get("/v1/models/fast")
+    assert fast.status == 200 and not slow.done()
+    core.release.set()
+    reply = await asyncio.wait_for(slow, 10)
+    assert reply.status == 200
+    assert (await reply.json())["model_version_status"][0]["state"] == "AVAILABLE"
+
+
+async def test_unexpected_errors_are_500_with_a_generic_message_and_logged(gated, caplog):
+    _, client = gated
+    with caplog.at_level(logging.ERROR, logger="tfscache.node.rest"):
+        reply = await client.get("/v1/models/broken")
+    assert reply.status == 500 and reply.headers["Content-Type"] == "application/json"
+    assert await reply.json() == {"error": INTERNAL_ERROR_MESSAGE}
+    [record] = [r for r in caplog.records if r.name == "tfscache.node.rest"]
+    assert record.exc_info is not None and "injected failure" in str(record.exc_info[1])
+    assert "GET /v1/models/broken" in record.getMessage()
+
+
+def test_rest_timeout_becomes_the_run_timeout():
+    assert RestHandler(None, 5000).timeout_s == 5.0
+    assert RestHandler(None, 0).timeout_s is None
