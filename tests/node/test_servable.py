@@ -20,7 +20,6 @@ from tfscache.node.servable import from_proto, load_servable, to_proto_field
 from tfscache.node.testmodels import build_gate
 
 
-
 @pytest.fixture(scope="module")
 def half_plus_two(test_models):
     s = load_servable("half_plus_two", 123, str(test_models / "half_plus_two" / "00000123"))
