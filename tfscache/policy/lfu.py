@@ -1,0 +1,114 @@
+"""Least frequently used with dynamic ageing (LFU-DA): frequency wins, but old fame fades.
+
+Each resident model has a priority ``K = L + F``:
+
+* ``F`` counts the model's uses since it was loaded (it starts again at 0 after an
+  unload, so a model earns its place anew each time it comes back);
+* ``L`` is the policy's age: the priority of the last model evicted. It never falls.
+  A use sets ``K = L + F`` with the age of that moment.
+
+The idle model with the lowest ``K`` goes first (ties: the one whose priority was set
+longest ago, as LRU would). Without ``L`` this is plain LFU, where a model that was
+hot an hour ago keeps its count for ever and can never leave; with it, every eviction
+raises the bar that newcomers start from, so a model that stops being used is passed
+by after about ``F`` evictions (Arlitt et al., "Evaluating content management
+techniques for Web proxy caches", 2000). Ageing is counted in evictions, not in
+seconds, so it needs no time scale and a replayed log behaves as a live one.
+
+The cache manager reports an eviction by ``forget(key)``; it also forgets a model that
+vanished from the repository or failed, and those rare cases raise ``L`` too (at worst
+ageing the cache a little early). Keys the policy never saw are evicted first.
+
+Bookkeeping is a heap with lazy deletion: a use pushes a new entry (O(log n)) and stale
+entries are skipped, or swept when they outnumber the live ones. ``victims()`` sorts the
+candidates (O(m log m)); ``next_victim()`` peeks the heap for a simulator.
+
+``CostAwarePolicy`` (cost.py) is this policy with ``F`` weighted by load cost and size.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+
+from tfscache.policy import EvictionPolicy, Key
+
+_UNKNOWN = (float("-inf"), -1)  # sorts before every real priority
+
+
+class LFUPolicy(EvictionPolicy):
+    """LFU-DA: priority ``L + F``; evict the lowest; ``L`` becomes the evicted priority."""
+
+    name = "lfu"
+
+    def __init__(self) -> None:
+        self.age = 0.0
+        """``L``: the priority of the last model evicted (never decreases)."""
+        self._uses: dict[Key, int] = {}
+        self._base: dict[Key, float] = {}  # L when the key's priority was last set
+        self._prio: dict[Key, tuple[float, int]] = {}  # key -> (K, sequence number)
+        self._heap: list[tuple[float, int, Key]] = []
+        self._seq = 0
+
+    # -- what a subclass may change ----------------------------------------------------
+
+    def _value(self, key: Key, uses: int) -> float:
+        """What ``key`` is worth above the age: here its use count."""
+        return float(uses)
+
+    def _measured(self, key: Key, size_bytes: int, load_seconds: float) -> None:
+        """A load or a new measurement of ``key`` (ignored: frequency alone counts here)."""
+
+    # -- EvictionPolicy ------------------------------------------------------------------
+
+    def record_load(self, key: Key, size_bytes: int, load_seconds: float, now: float) -> None:
+        self._measured(key, size_bytes, load_seconds)
+        if key in self._prio:  # a better measurement: same uses, same age, new value
+            self._set(key, self._base[key])
+        else:
+            self._uses[key] = 0
+            self._set(key, self.age)
+
+    def record_access(self, key: Key, now: float) -> None:
+        self._uses[key] = self._uses.get(key, 0) + 1
+        self._set(key, self.age)
+
+    def forget(self, key: Key) -> None:
+        prio = self._prio.pop(key, None)
+        if prio is None:
+            return
+        del self._uses[key], self._base[key]
+        if prio[0] > self.age:
+            self.age = prio[0]
+
+    def victims(self, candidates: Iterable[Key], now: float) -> list[Key]:
+        prio = self._prio
+        return sorted(set(candidates), key=lambda key: prio.get(key, _UNKNOWN))
+
+    def next_victim(self, now: float) -> Key | None:
+        """The first of every tracked key in eviction order (O(log n) amortised); None when empty."""
+        heap, prio = self._heap, self._prio
+        while heap:
+            _, seq, key = heap[0]
+            current = prio.get(key)
+            if current is not None and current[1] == seq:
+                return key
+            heapq.heappop(heap)  # stale: re-prioritised or forgotten since
+        return None
+
+    def priority(self, key: Key) -> float | None:
+        """``key``'s current priority (None if not tracked); for tests and status pages."""
+        prio = self._prio.get(key)
+        return None if prio is None else prio[0]
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _set(self, key: Key, base: float) -> None:
+        self._seq += 1
+        value = base + self._value(key, self._uses[key])
+        self._base[key] = base
+        self._prio[key] = (value, self._seq)
+        heapq.heappush(self._heap, (value, self._seq, key))
+        if len(self._heap) > 2 * len(self._prio) + 64:  # sweep stale entries: amortised O(1)
+            self._heap = [(p, s, k) for k, (p, s) in self._prio.items()]
+            heapq.heapify(self._heap)
