@@ -188,7 +188,8 @@ def test_version_labels(stub, channel, test_models):
     policy = "model_version_policy { all {} }"
     labelled = policy + ' version_labels { key: "stable" value: 123 } version_labels { key: "canary" value: 124 }'
     # A model and its labels cannot be added in one reload.
-    assert reload_error(stub, {"lab": two}, lab=labelled) == (
+    stable = policy + ' version_labels { key: "stable" value: 123 }'
+    assert reload_error(stub, {"lab": two}, lab=stable) == (
         grpc.StatusCode.FAILED_PRECONDITION,
         "Request to assign label to version 123 of model lab, which is not currently available for inference")
     reload(stub, {"lab": two}, lab=policy)

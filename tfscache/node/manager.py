@@ -233,7 +233,7 @@ class ServingCore:
         with self._lock:
             for model in self._config.model_config_list.config:
                 states = self._monitor.get(model.name, {})
-                for label, version in model.version_labels.items():
+                for label, version in sorted(model.version_labels.items()):  # TF: map order
                     allow = False
                     if self.options.allow_version_labels_for_unavailable_models:
                         existing = (self._labels or {}).get(model.name, {}).get(label)
