@@ -48,8 +48,14 @@ class ServeProcess:
         return f"http://127.0.0.1:{self.rest_port}"
 
     def node_ports(self, name: str) -> dict:
-        """The ports file of local node ``name`` (node0, node1, ...): grpc, rest, pid."""
-        return json.loads((self.state_dir / f"{name}.ports.json").read_text())
+        """The ports file of local node ``name`` (node0, node1, ...): grpc, rest, pid.
+
+        ``{}`` while the node restarts (its old file is gone, the new one not yet written).
+        """
+        try:
+            return json.loads((self.state_dir / f"{name}.ports.json").read_text())
+        except FileNotFoundError:
+            return {}
 
     def log_text(self) -> str:
         return self.log_path.read_text(errors="replace")

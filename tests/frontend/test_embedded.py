@@ -10,6 +10,7 @@ import concurrent.futures
 import json
 
 import grpc
+import psutil
 import pytest
 import requests
 from tensorflow.core.example import example_pb2
@@ -321,3 +322,11 @@ def test_each_model_is_placed_on_its_ring_owner_only(stub, serve):
                     assert exc.code() == grpc.StatusCode.NOT_FOUND
                     states = []
                 assert (30 in states) == (ring.owner(f"addk_{k}") == node), (node, k, states)
+
+
+def test_sigterm_drains_and_stops_the_nodes(serve):
+    """Runs last in this module: serve exits 0 on SIGTERM and its nodes are gone."""
+    nodes = [psutil.Process(serve.node_ports(name)["pid"]) for name in ("node0", "node1")]
+    assert serve.stop() == 0
+    gone, alive = psutil.wait_procs(nodes, timeout=30)
+    assert not alive, alive

@@ -1,0 +1,91 @@
+"""Nodes that die: restarted by serve, and with 2 replicas per model no request is lost."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import grpc
+import psutil
+import pytest
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from frontend.serving import start_serve
+from frontend.test_embedded import predict_request
+from tfscache.ring import Ring
+
+MODELS = [f"addk_{k}" for k in range(1, 7)]
+
+
+@pytest.fixture(scope="module")
+def serve(frontend_repo, tmp_path_factory):
+    with start_serve(tmp_path_factory.mktemp("failover"), frontend_repo, "--local-nodes", "2",
+                     "--replicas-per-model", "2") as process:
+        yield process
+
+
+def wait_for(condition, timeout=120.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_node_killed_during_traffic_loses_no_request(serve):
+    ring = Ring(["node0", "node1"], replicas=2)
+    victim = "node0"
+    homed = [m for m in MODELS if ring.owner(m) == victim]
+    assert homed, "some model must live on the victim first"
+    old_pid = serve.node_ports(victim)["pid"]
+    stop = threading.Event()
+    results: list[tuple[str, float, object]] = []
+    lock = threading.Lock()
+    counts = {"ok": 0}
+
+    def client(worker: int) -> None:
+        with grpc.insecure_channel(serve.grpc_target) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            i = 0
+            while not stop.is_set():
+                name, x = MODELS[(worker + i) % len(MODELS)], float(i)
+                i += 1
+                try:
+                    y = list(stub.Predict(predict_request(name, x), timeout=60).outputs["y"].float_val)
+                except grpc.RpcError as exc:
+                    y = exc
+                with lock:
+                    results.append((name, x, y))
+                    counts["ok"] += not isinstance(y, grpc.RpcError)
+
+    threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: counts["ok"] >= 40, what="warm traffic")
+        os.kill(old_pid, signal.SIGKILL)
+        killed_at = len(results)
+        # The supervisor restarts the node (a new pid in its ports file), traffic goes on.
+        wait_for(lambda: serve.node_ports(victim).get("pid", old_pid) != old_pid, what="the node's restart")
+        wait_for(lambda: len(results) >= killed_at + 80, what="traffic after the restart")
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(120)
+    failures = [(name, y) for name, _, y in results if isinstance(y, grpc.RpcError)]
+    assert not failures, failures[:5]
+    for name, x, y in results:
+        assert y == [x + int(name.split("_")[1])]
+    assert len(results) > killed_at
+    serve.wait_for_log(r"node0 \(pid \d+\) exited with -9; restarting it")
+
+
+def test_nodes_die_with_serve_even_when_it_is_killed(serve):
+    """Runs last in this module: SIGKILL gives serve no chance to clean up; PR_SET_PDEATHSIG must."""
+    pids = [serve.node_ports(name)["pid"] for name in ("node0", "node1")]
+    nodes = [psutil.Process(pid) for pid in pids]
+    serve.process.kill()
+    serve.process.wait()
+    gone, alive = psutil.wait_procs(nodes, timeout=60)
+    assert not alive, alive
