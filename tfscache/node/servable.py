@@ -54,18 +54,17 @@ def dtype_name(dtype: int) -> str:
 def load_servable(name: str, version: int, path: str, *, tags=("serve",)) -> Servable:
     """Loads the SavedModel at ``path``; raises TfscacheError with TF Serving's text."""
     path = str(path)
+    # Read first, so a missing or unparsable SavedModel gets TF Serving's own text.
     meta_graph = _read_meta_graph(path, tags)
     graph = tf.Graph()
     session = tf1.Session(graph=graph, config=_session_config())
     try:
         with graph.as_default():
-            loaded = tf1.saved_model.loader.load(session, list(tags), path)
+            tf1.saved_model.loader.load(session, list(tags), path)
     except Exception as exc:  # TF raises many kinds; all mean "this version won't load"
         session.close()
         raise _load_error(path, exc) from exc
-    # The loader's MetaGraphDef has the signatures as saved; keep ours (same content).
-    del loaded
-    graph.finalize()
+    graph.finalize()  # nothing adds ops after the load; runs go through the C API
     return Servable(name=name, version=int(version), path=path,
                     meta_graph_def=meta_graph, _graph=graph, _session=session)
 
@@ -108,6 +107,8 @@ class Servable:
             run_options = config_pb2.RunOptions(timeout_in_ms=max(1, int(timeout_s * 1000)))
             options = tf_session.TF_NewBufferFromString(run_options.SerializeToString())
         try:
+            # Session.run's own path would add Python's static-shape check; the C call
+            # is what the C++ server does (session._session is the TF_Session handle).
             return tf_session.TF_SessionRun_wrapper(
                 session._session, options, feed_dict, fetch_list, [], None)
         except tf.errors.OpError as exc:
@@ -132,6 +133,8 @@ class Servable:
         cached = self._outputs.get(tensor_name)
         if cached is None:
             graph = self._graph
+            if graph is None:
+                raise errors.Unavailable(f"servable {self.name} version {self.version} is unloaded")
             try:
                 tensor = graph.get_tensor_by_name(tensor_name)
             except (KeyError, ValueError) as exc:
