@@ -5,7 +5,6 @@ from __future__ import annotations
 import concurrent.futures
 import shutil
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
