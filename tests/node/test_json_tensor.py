@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 from google.protobuf import text_format
 from tensorflow.core.framework import tensor_pb2, types_pb2
@@ -530,3 +531,24 @@ def test_metadata_json() -> None:
     assert sig["method_name"] == "tensorflow/serving/predict" and sig["defaults"] == {}
     assert sig["inputs"]["x"] == {"dtype": "DT_FLOAT", "name": "x:0", "tensor_shape": {
         "dim": [{"size": "-1", "name": ""}], "unknown_rank": False}}
+
+
+@pytest.mark.parametrize("dtype", [types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE])
+def test_bulk_float_formatting_matches_value_by_value(dtype: int) -> None:
+    rng = np.random.default_rng(7)
+    values = np.concatenate([
+        rng.random(500), rng.normal(scale=1e6, size=200), rng.integers(-1000, 1000, 200),
+        [0.0, -0.0, 0.1, 0.2, 1e-5, 9e6, 1e30, 1e-30, math.nan, math.inf, -math.inf, 3.0, 2.5]])
+    array = values.astype(np.float32 if dtype == types_pb2.DT_FLOAT else np.float64)
+    double = dtype == types_pb2.DT_DOUBLE
+    assert jt._float_tokens(array, double) == [jt._decimal(v, double) for v in array.tolist()]
+
+
+def test_integer_literals_beyond_a_double_are_too_big() -> None:
+    huge = "1" + "0" * 400  # json.loads takes it; rapidjson rejects it while parsing
+    assert fill_error(f'{{"inputs": [{huge}]}}', x=types_pb2.DT_FLOAT) == (
+        "JSON Parse error: Number too big to be stored in double.")
+    with pytest.raises(InvalidArgument) as caught:
+        jt.fill_example_request(jt.parse_json(f'{{"examples": [{{"x": {huge}}}]}}'.encode()),
+                                regression_pb2.RegressionRequest())
+    assert caught.value.message == "JSON Parse error: Number too big to be stored in double."

@@ -49,6 +49,7 @@ _INT32 = (-(2**31), 2**31)
 _INT64 = (-(2**63), 2**63)
 _UINT32 = (0, 2**32)
 _UINT64 = (0, 2**64)
+_TOO_BIG_INT = 2**1024  # integers from here on do not fit a double
 
 
 class JsonFormat(enum.Enum):
@@ -143,6 +144,23 @@ class _PrettyWriter:
         if self.levels.pop()[1] and not self.single_line_arrays:
             self._put("\n" + "    " * len(self.levels))
         self._put("]")
+
+    def scalars(self, tokens: list[str]) -> None:
+        """An array of raw scalar tokens: start_array, raw(t) for each, end_array."""
+        if self.limit is not None or not tokens:
+            self.start_array()
+            for token in tokens:
+                self.raw(token)
+            self.end_array()
+            return
+        self.raw("[")
+        if self.single_line_arrays:
+            self._put(", ".join(tokens))
+            self._put("]")
+        else:
+            indent = "\n" + "    " * (len(self.levels) + 1)
+            self._put(indent + ("," + indent).join(tokens))
+            self._put("\n" + "    " * len(self.levels) + "]")
 
 
 def _rapidjson_double(value: float) -> str:
@@ -252,8 +270,9 @@ _WS = b" \t\n\r"
 _SIMPLE_ESCAPES = {ord('"'): '"', ord("\\"): "\\", ord("/"): "/", ord("b"): "\b",
                    ord("f"): "\f", ord("n"): "\n", ord("r"): "\r", ord("t"): "\t"}
 _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(\.[0-9]*)?([eE][+-]?[0-9]*)?")
-# Numbers json.loads reads as inf or a huge int where rapidjson may say "too big".
-_MAYBE_TOO_BIG = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}|[0-9]{300}")
+# Exponents json.loads reads as inf where rapidjson says "too big". (Integers of 309
+# to 4300 digits, which json.loads takes, are caught where they are used: _too_big.)
+_MAYBE_TOO_BIG = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}")
 
 
 class _Parser:
@@ -489,7 +508,8 @@ def _is_integer(value: Any, bounds: tuple[int, int]) -> bool:
 
 
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    kind = type(value)
+    return kind is float or (kind is int and -_TOO_BIG_INT < value < _TOO_BIG_INT)
 
 
 _SMALL_INTS = (types_pb2.DT_INT32, types_pb2.DT_INT16, types_pb2.DT_INT8, types_pb2.DT_UINT8)
@@ -504,6 +524,11 @@ _CONVERSIONS: dict[int, tuple[str, Callable[[Any], bool]]] = {
     types_pb2.DT_UINT32: ("uint32_val", lambda v: _is_integer(v, _UINT32)),
     types_pb2.DT_UINT64: ("uint64_val", lambda v: _is_integer(v, _UINT64)),
 }
+
+
+# dtype -> accepts(value) for values that go into the tensor unchanged.
+_BULK = {dtype: accepts for dtype, (_, accepts) in _CONVERSIONS.items()
+         if dtype != types_pb2.DT_STRING}
 
 
 def _is_b64(value: Any) -> bool:
@@ -529,8 +554,15 @@ def _utf8(text: str) -> bytes:
         return text.encode("utf-8", "surrogatepass")
 
 
+def _too_big(value: Any) -> None:
+    """rapidjson rejects an integer literal beyond a double's range while parsing."""
+    if type(value) is int and not -_TOO_BIG_INT < value < _TOO_BIG_INT:
+        raise InvalidArgument("JSON Parse error: Number too big to be stored in double.")
+
+
 def _leaf(value: Any, dtype: int) -> Any:
     """AddValueToTensor (or the base64 object of a DT_STRING)."""
+    _too_big(value)
     if isinstance(value, dict):
         if dtype == types_pb2.DT_STRING:
             return _b64decode(value)
@@ -558,8 +590,13 @@ def _dense_shape(value: Any) -> list[int]:
 
 
 def _flatten(value: Any, dims: list[int], dtype: int, out: list) -> int:
-    """FillTensorProto, depth first as TF Serving, without recursion."""
+    """FillTensorProto, depth first as TF Serving, without recursion.
+
+    An innermost list whose values all convert as they are goes in whole (the
+    fast path); any other is walked value by value, for TF Serving's errors.
+    """
     rank, count = len(dims), 0
+    accepts = _BULK.get(dtype)
     stack: list[tuple[Any, int]] = [(iter((value,)), -1)]
     while stack:
         items, parent_level = stack[-1]
@@ -576,6 +613,10 @@ def _flatten(value: Any, dims: list[int], dtype: int, out: list) -> int:
                 raise InvalidArgument(
                     f"Encountered list at unexpected size: {len(item)} at level: {level} "
                     f"expected size: {dims[level]}")
+            if level == rank - 1 and accepts is not None and all(map(accepts, item)):
+                out.extend(item)
+                count += len(item)
+                continue
             stack.append((iter(item), level))
             continue
         if level != rank:
@@ -754,6 +795,7 @@ def _add_to_feature(value: Any, name: str, feature: feature_pb2.Feature) -> None
                 f"Feature: {name} has uint64_t element. Only int64_t is supported.")
         feature.int64_list.value.append(value)
     else:  # a fraction, an exponent, or an integer too wide for 64 bits: a double
+        _too_big(value)
         want("float_list")
         feature.float_list.value.append(float(value))
 
@@ -812,54 +854,72 @@ def _decimal(value: float, double: bool) -> str:
     return text
 
 
-def _value_writer(tensor: tensor_pb2.TensorProto, name: str) -> Callable[[Any], str]:
+def _float_tokens(array: np.ndarray, double: bool) -> list[str]:
+    """_decimal over a whole array: the same texts, with the checks done in bulk."""
+    values = array.astype(np.float64).tolist()
+    text = ["%g" % v for v in values]
+    parsed = np.array([float(t) for t in text])
+    finite = np.isfinite(array)
+    with np.errstate(all="ignore"):
+        lossy = finite & ((parsed if double else parsed.astype(np.float32)) != array)
+    wide = "%.17g" if double else "%.9g"
+    for i in np.flatnonzero(lossy).tolist():
+        text[i] = wide % values[i]
+    text = [t if "." in t or "e" in t else t + ".0" for t in text]
+    for i in np.flatnonzero(~finite).tolist():
+        text[i] = _decimal(values[i], double)
+    return text
+
+
+def _tokens(tensor: tensor_pb2.TensorProto, name: str) -> list[str] | list[bytes]:
+    """Every value of a tensor, flat, as its JSON text (AddSingleValueAndAdvance).
+
+    A ``*_bytes`` string tensor gives its raw values: each is written as an object.
+    """
     dtype = tensor.dtype
+    if dtype not in _CONVERSIONS:
+        raise InvalidArgument(f"Failed to write JSON value for tensor type: {dtype_string(dtype)}")
+    array = tensor_util.MakeNdarray(tensor).reshape(-1)
     if dtype in (types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE):
-        double = dtype == types_pb2.DT_DOUBLE
-        return lambda v: _decimal(float(v), double)
-    if dtype in _SMALL_INTS or dtype in (types_pb2.DT_INT64, types_pb2.DT_UINT32, types_pb2.DT_UINT64):
-        return lambda v: str(int(v))
+        return _float_tokens(array, dtype == types_pb2.DT_DOUBLE)
     if dtype == types_pb2.DT_BOOL:
-        return lambda v: "true" if v else "false"
+        return ["true" if v else "false" for v in array.tolist()]
     if dtype == types_pb2.DT_STRING:
         if name.endswith("_bytes"):
-            return lambda v: None  # written as an object; see _write_tensor
-        return lambda v: _quote(bytes(v).decode("utf-8", "surrogateescape"))
-    raise InvalidArgument(f"Failed to write JSON value for tensor type: {dtype_string(dtype)}")
+            return [bytes(v) for v in array.tolist()]
+        return [_quote(bytes(v).decode("utf-8", "surrogateescape")) for v in array.tolist()]
+    return [str(v) for v in array.tolist()]
 
 
 def _write_tensor(writer: _PrettyWriter, name: str, tensor: tensor_pb2.TensorProto,
-                  values: list, first_dim: int) -> None:
-    """AddTensorValues over dims[first_dim:], consuming ``values`` in order."""
-    dims = [d.size for d in tensor.tensor_shape.dim]
+                  tokens: list, first_dim: int) -> None:
+    """AddTensorValues over dims[first_dim:], consuming ``tokens`` in order."""
+    dims = [d.size for d in tensor.tensor_shape.dim][first_dim:]
     as_bytes = tensor.dtype == types_pb2.DT_STRING and name.endswith("_bytes")
-    render = _value_writer(tensor, name)
-    position = iter(values)
+    position = iter(tokens)
 
     def single() -> None:
         value = next(position)
         if as_bytes:
             writer.start_object()
             writer.key("b64")
-            writer.string(base64.b64encode(bytes(value)).decode("ascii"))
+            writer.string(base64.b64encode(value).decode("ascii"))
             writer.end_object()
         else:
-            writer.raw(render(value))
+            writer.raw(value)
 
     def nested(level: int) -> None:
         if level >= len(dims):
             single()
-            return
-        writer.start_array()
-        for _ in range(dims[level]):
-            nested(level + 1)
-        writer.end_array()
+        elif level == len(dims) - 1 and not as_bytes:
+            writer.scalars([next(position) for _ in range(dims[level])])
+        else:
+            writer.start_array()
+            for _ in range(dims[level]):
+                nested(level + 1)
+            writer.end_array()
 
-    nested(first_dim)
-
-
-def _flat_values(tensor: tensor_pb2.TensorProto) -> list:
-    return tensor_util.MakeNdarray(tensor).reshape(-1).tolist()
+    nested(0)
 
 
 def predict_json(outputs: Mapping[str, tensor_pb2.TensorProto], fmt: JsonFormat) -> str:
@@ -876,7 +936,7 @@ def predict_json(outputs: Mapping[str, tensor_pb2.TensorProto], fmt: JsonFormat)
         for name in names:
             if len(names) > 1:
                 writer.key(name)
-            _write_tensor(writer, name, outputs[name], _flat_values(outputs[name]), 0)
+            _write_tensor(writer, name, outputs[name], _tokens(outputs[name], name), 0)
         if len(names) > 1:
             writer.end_object()
     else:
@@ -897,7 +957,7 @@ def _write_rows(writer: _PrettyWriter, outputs: Mapping[str, tensor_pb2.TensorPr
             raise InvalidArgument(f"Tensor name: {name} has inconsistent batch size: "
                                   f"{dims[0].size} expecting: {batch}")
         batch = dims[0].size
-    flat = {name: _flat_values(outputs[name]) for name in names}
+    flat = {name: _tokens(outputs[name], name) for name in names}
     row_size = {name: len(flat[name]) // batch if batch else 0 for name in names}
     writer.key("predictions")
     writer.start_array()
