@@ -127,11 +127,7 @@ class ModelService:
 
 
 def _prediction_methods(core: ServingCore, executor) -> dict[str, _Method]:
-    try:
-        from tfscache.node import inference
-    except ImportError:  # TEMPORARY while inference.py is being written
-        log.exception("PredictionService unavailable")
-        return {}
+    from tfscache.node import inference
 
     def bind(fn):
         return lambda request, timeout_s: fn(core, request, timeout_s)

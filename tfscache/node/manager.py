@@ -183,6 +183,7 @@ class ServingCore:
         self._monitor: dict[str, dict[int, ServableState]] = {}
         self._waiters: list[_Waiter] = []
         self._versions: dict[tuple[str, int], _Version] = {}
+        self._by_name: dict[str, dict[int, _Version]] = {}  # the same entries, by model
         self._pending_aspired: dict[str, dict[int, str]] = {}
         self._busy: set[tuple[str, int]] = set()  # versions with an action under way
         self._stopped = threading.Event()
@@ -371,7 +372,7 @@ class ServingCore:
     def _apply_aspired(self) -> None:
         """ProcessAspiredVersionsRequest for each pending model (under the lock)."""
         for name, versions in list(self._pending_aspired.items()):
-            managed = {v.version: v for v in self._versions.values() if v.name == name}
+            managed = dict(self._by_name.get(name, {}))
             if any(version in managed and not managed[version].aspired for version in versions):
                 continue  # re-aspiring a version still being torn down: try again later
             del self._pending_aspired[name]
@@ -381,7 +382,9 @@ class ServingCore:
                     entry.cancel_retry.set()
             for version, path in versions.items():
                 if version not in managed:
-                    self._versions[(name, version)] = _Version(name, version, path)
+                    entry = _Version(name, version, path)
+                    self._versions[(name, version)] = entry
+                    self._by_name.setdefault(name, {})[version] = entry
                     self._publish(name, version, ServableState(State.START))
 
     def _flush(self) -> None:
@@ -392,6 +395,10 @@ class ServingCore:
             if entry.harness is _Harness.DISABLED or (
                     not entry.aspired and entry.harness in (_Harness.NEW, _Harness.ERROR)):
                 del self._versions[key]
+                versions = self._by_name[entry.name]
+                del versions[entry.version]
+                if not versions:
+                    del self._by_name[entry.name]
 
     def _next_actions(self) -> list[tuple[str, _Version]]:
         """AvailabilityPreservingPolicy::GetNextAction, once per model."""
@@ -558,10 +565,11 @@ class ServingCore:
                     self._changed.notify_all()
 
     def _serving_entry(self, name: str, version: int | None) -> _Version | None:
+        versions = self._by_name.get(name, {})
         if version is not None:
-            entry = self._versions.get((name, version))
+            entry = versions.get(version)
             return entry if entry is not None and entry.harness is _Harness.READY else None
-        ready = [e for e in self._versions.values() if e.name == name and e.harness is _Harness.READY]
+        ready = [e for e in versions.values() if e.harness is _Harness.READY]
         return max(ready, key=lambda e: e.version, default=None)
 
     def status(self, request: get_model_status_pb2.GetModelStatusRequest
