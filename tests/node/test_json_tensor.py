@@ -63,6 +63,7 @@ def fill_error(body: str, **dtypes: int) -> str:
     (b'{"a": 1.}', "JSON Parse error: Miss fraction part in number. at offset: 8"),
     (b'{"a": 1e+}', "JSON Parse error: Miss exponent in number. at offset: 9"),
     (b'{"a": 1e400}', "JSON Parse error: Number too big to be stored in double. at offset: 6"),
+    (b'{"a": [0e400]}', "JSON Parse error: Number too big to be stored in double. at offset: 7"),
     (b'{"a": "x\\q"}', "JSON Parse error: Invalid escape character in string. at offset: 8"),
     (b'{"a": "\\u12G4"}', "JSON Parse error: Incorrect hex digit after \\u escape in string. at offset: 7"),
     (b'{"a": "x\ny"}', "JSON Parse error: Invalid encoding in string. at offset: 8"),
@@ -87,6 +88,7 @@ def test_rapidjson_parser_rejects_broken_surrogate_pairs() -> None:
 
 def test_parse_accepts_what_rapidjson_accepts() -> None:
     # kParseNanAndInfFlag spellings, and kParseStopWhenDoneFlag: bytes after the root are ignored.
+    assert jt.parse_json(b'{"a": [0.001e310, 1e-400]}') == {"a": [1e307, 0.0]}
     doc = jt.parse_json(b'{"a": [NaN, Inf, -Inf, Infinity, -Infinity, 1]} trailing {')
     assert math.isnan(doc["a"][0]) and doc["a"][1:5] == [math.inf, -math.inf, math.inf, -math.inf]
     assert jt.parse_json(b' {"a": "\\u00e9\\ud83d\\ude00"}') == {"a": "\u00e9\U0001F600"}

@@ -1,8 +1,10 @@
 """TF Serving's JSON <-> tensor conversion for the REST API (util/json_tensor.cc).
 
 Pure conversion, no transport: the REST adapter (rest.py) parses a body with
-``parse_json``, fills a request with ``fill_predict_request`` /
-``fill_example_request`` and renders a response with the ``*_json`` functions.
+``parse_json``, reads ``signature_name``, converts Predict inputs with
+``predict_inputs`` (given the signature's input map) or fills a Classify/Regress
+request with ``fill_example_request``, and renders a response with the
+``*_json`` functions.
 Every error is a ``TfscacheError`` carrying TF Serving's own text, because clients
 match on it.
 
@@ -21,8 +23,8 @@ module keeps both observable behaviours:
 Known differences from rapidjson, all in malformed or unusual input: with
 repeated object keys the last one wins on the fast path (rapidjson keeps both
 and looks up the first); invalid UTF-8 and lone surrogate escapes are accepted;
-a number is "too big" when it does not fit a double (rapidjson also rejects
-some exponents above 308 whose value is finite, such as 0e400).
+an integer literal of 309 to 4300 digits is "too big" only where it is
+used, and without the offset.
 """
 
 from __future__ import annotations
@@ -380,6 +382,9 @@ class _Parser:
             number = int(text)
             if _INT64[0] <= number < _UINT64[1]:
                 return number
+        if exp is not None and exp[1:2] != b"-":  # rapidjson's bound on the exponent
+            if int(exp.lstrip(b"eE+")) > 308 + (len(frac) - 1 if frac else 0):
+                raise _ParseError(_TOO_BIG, start)
         number = float(text)  # rapidjson stores wider integers as doubles too
         if math.isinf(number):
             raise _ParseError(_TOO_BIG, start)
