@@ -29,7 +29,8 @@ def node(tmp_path_factory, test_models):
     # handler test's saved_model_half_plus_two_2_versions. As in that test, labels
     # are set by a reload once the versions are available (a start-up config may
     # not label a version that has not loaded yet).
-    models = {"default": test_models / "half_plus_two", "two": test_models / "half_plus_two"}
+    models = {"default": test_models / "half_plus_two", "two": test_models / "half_plus_two",
+              "tf2": test_models / "half_plus_two_tf2"}
     policies = dict(default="model_version_policy { specific { versions: 123 } }",
                     two="model_version_policy { all {} }")
     with start_node(tmp_path_factory.mktemp("rest"), config=model_config(models, **policies)) as node:
@@ -200,6 +201,19 @@ def test_predict_runs_a_regress_signature_and_multi_row_shapes(node):
     assert (reply.status, reply.json()) == (200, {"outputs": [[4.0]]})
     reply = post(node, "/v1/models/default:predict", {"instances": [{"x": [1.0]}, {"x": [3.0]}]})
     assert (reply.status, reply.json()) == (200, {"predictions": [[2.5], [3.5]]})
+
+
+def test_tf2_saved_model(node):
+    # tf.saved_model.save signatures: x is float [1] with a default; classify/regress
+    # parse serialized Examples inside the function.
+    reply = post(node, "/v1/models/tf2:predict", {"instances": [2.0]})
+    assert (reply.status, reply.json()) == (200, {"predictions": [3.0]})
+    reply = post(node, "/v1/models/tf2:classify",
+                 {"signature_name": "classify_x_to_y", "examples": [{"x": 2.0}]})
+    assert (reply.status, reply.json()) == (200, {"results": [[["", 3.0]]]})
+    reply = post(node, "/v1/models/tf2:regress",
+                 {"signature_name": "regress_x_to_y", "examples": [{"x": 2.0}, {"x": 4.0}]})
+    assert (reply.status, reply.json()) == (200, {"results": [3.0, 4.0]})
 
 
 def test_examples_with_context(node):
