@@ -38,6 +38,7 @@ class CostAwarePolicy(LFUPolicy):
 
     def __init__(self, max_models: int = 0, memory_bytes: int = 0) -> None:
         super().__init__()
+        self._worth: dict[Key, float] = {}  # key -> C / R, fixed at each measurement
         self._cost: dict[Key, float] = {}  # 0.0: unknown
         self._size: dict[Key, int] = {}  # 0: unknown
         self._cost_total, self._cost_count = 0.0, 0
@@ -63,6 +64,8 @@ class CostAwarePolicy(LFUPolicy):
             self._size_count += 1
         else:
             self._size.setdefault(key, 0)
+        cost = self._cost[key] or (self._cost_total / self._cost_count if self._cost_count else 1.0)
+        self._worth[key] = cost / self.room(key)
 
     def room(self, key: Key) -> float:
         """The share of the caps ``key`` holds (its size in bytes while the caps are unknown)."""
@@ -73,10 +76,14 @@ class CostAwarePolicy(LFUPolicy):
         return max(slot, size / self.memory_bytes) if self.memory_bytes else slot
 
     def _value(self, key: Key, uses: int) -> float:
-        cost = self._cost.get(key) or (self._cost_total / self._cost_count if self._cost_count else 1.0)
-        return uses * cost / self.room(key)
+        worth = self._worth.get(key)
+        if worth is None:  # used but never recorded as loaded: priced as an average model
+            self._measured(key, 0, 0.0)
+            worth = self._worth[key]
+        return uses * worth
 
     def forget(self, key: Key) -> None:
         super().forget(key)
+        self._worth.pop(key, None)
         self._cost.pop(key, None)
         self._size.pop(key, None)

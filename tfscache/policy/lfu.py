@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 from tfscache.policy import EvictionPolicy, Key
 
-_UNKNOWN = (float("-inf"), -1)  # sorts before every real priority
+_UNKNOWN = (float("-inf"), -1, 0, 0.0)  # sorts before every real priority
 
 
 class LFUPolicy(EvictionPolicy):
@@ -44,9 +44,8 @@ class LFUPolicy(EvictionPolicy):
     def __init__(self) -> None:
         self.age = 0.0
         """``L``: the priority of the last model evicted (never decreases)."""
-        self._uses: dict[Key, int] = {}
-        self._base: dict[Key, float] = {}  # L when the key's priority was last set
-        self._prio: dict[Key, tuple[float, int]] = {}  # key -> (K, sequence number)
+        # key -> (K, sequence number, uses, L when K was set); the sequence number breaks ties
+        self._prio: dict[Key, tuple[float, int, int, float]] = {}
         self._heap: list[tuple[float, int, Key]] = []
         self._seq = 0
 
@@ -63,27 +62,24 @@ class LFUPolicy(EvictionPolicy):
 
     def record_load(self, key: Key, size_bytes: int, load_seconds: float, now: float) -> None:
         self._measured(key, size_bytes, load_seconds)
-        if key in self._prio:  # a better measurement: same uses, same age, new value
-            self._set(key, self._base[key])
-        else:
-            self._uses[key] = 0
-            self._set(key, self.age)
+        prio = self._prio.get(key)
+        if prio is None:
+            self._set(key, 0, self.age)
+        else:  # a better measurement: same uses, same age, new value
+            self._set(key, prio[2], prio[3])
 
     def record_access(self, key: Key, now: float) -> None:
-        self._uses[key] = self._uses.get(key, 0) + 1
-        self._set(key, self.age)
+        prio = self._prio.get(key)
+        self._set(key, 1 if prio is None else prio[2] + 1, self.age)
 
     def forget(self, key: Key) -> None:
         prio = self._prio.pop(key, None)
-        if prio is None:
-            return
-        del self._uses[key], self._base[key]
-        if prio[0] > self.age:
+        if prio is not None and prio[0] > self.age:
             self.age = prio[0]
 
     def victims(self, candidates: Iterable[Key], now: float) -> list[Key]:
         prio = self._prio
-        return sorted(set(candidates), key=lambda key: prio.get(key, _UNKNOWN))
+        return sorted(set(candidates), key=lambda key: prio.get(key, _UNKNOWN))  # sequence numbers are unique
 
     def next_victim(self, now: float) -> Key | None:
         """The first of every tracked key in eviction order (O(log n) amortised); None when empty."""
@@ -103,12 +99,12 @@ class LFUPolicy(EvictionPolicy):
 
     # -- internals -----------------------------------------------------------------------
 
-    def _set(self, key: Key, base: float) -> None:
-        self._seq += 1
-        value = base + self._value(key, self._uses[key])
-        self._base[key] = base
-        self._prio[key] = (value, self._seq)
-        heapq.heappush(self._heap, (value, self._seq, key))
-        if len(self._heap) > 2 * len(self._prio) + 64:  # sweep stale entries: amortised O(1)
-            self._heap = [(p, s, k) for k, (p, s) in self._prio.items()]
+    def _set(self, key: Key, uses: int, base: float) -> None:
+        self._seq = seq = self._seq + 1
+        value = base + self._value(key, uses)
+        self._prio[key] = (value, seq, uses, base)
+        heap = self._heap
+        heapq.heappush(heap, (value, seq, key))
+        if len(heap) > 2 * len(self._prio) + 64:  # sweep stale entries: amortised O(1)
+            self._heap = [(p[0], p[1], k) for k, p in self._prio.items()]
             heapq.heapify(self._heap)

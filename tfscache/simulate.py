@@ -1,0 +1,128 @@
+"""``tfscache simulate``: replay a request log against eviction policies, node counts and caps.
+
+    tfscache simulate requests.csv --policies lru,fifo,lfu,cost --nodes 1,2,4 \\
+        --max-models 50,100,200 --memory 16GiB --plot hits.png
+
+Every combination of policy, node count, ``--max-models`` and ``--memory`` (per-node
+caps; 0 is no cap) is replayed with the policy classes the cache manager runs, and
+Belady's MIN is replayed under the same caps as the bound. The table (or, with
+``--json``, a JSON document) goes to stdout; the log format is in tfscache/sim/trace.py
+and the cache model in tfscache/sim/engine.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+
+from tfscache.sim import build_policy, policy_names
+from tfscache.sim.engine import BELADY, Config, simulate
+from tfscache.sim.trace import TraceError, read_trace
+
+log = logging.getLogger("tfscache.simulate")
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_FACTORS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+            "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """'512MiB' -> 536870912, '2GB' -> 2000000000, '0' -> 0 (no cap); ValueError otherwise."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (e.g. 512MiB, 8GiB, 2GB, 0 for no cap)")
+    unit = (match.group(2) or "").lower().removesuffix("b")
+    return int(float(match.group(1)) * _FACTORS[unit])
+
+
+def _list(convert, what: str):
+    def parse(text: str) -> list:
+        values = []
+        for item in text.split(","):
+            try:
+                value = convert(item.strip())
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"bad {what} {item.strip()!r} in {text!r}") from None
+            if value < 0:
+                raise argparse.ArgumentTypeError(f"{what} must not be negative, got {item.strip()!r}")
+            values.append(value)
+        return list(dict.fromkeys(values))
+    return parse
+
+
+def _policies(text: str) -> list[str]:
+    names = [name.strip() for name in text.split(",") if name.strip()]
+    known = policy_names()
+    for name in names:
+        if name not in known and name != BELADY:
+            raise argparse.ArgumentTypeError(f"unknown policy {name!r}; known: {', '.join(known)}")
+    return [name for name in dict.fromkeys(names) if name != BELADY]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tfscache simulate", description="Replay a request log (CSV or JSONL: time, model, [version], "
+        "load_seconds, bytes) against eviction policies, node counts and per-node caps; Belady's MIN is the bound.")
+    parser.add_argument("log", type=Path, help="request log, .csv (with a header row) or .jsonl; .gz is read too")
+    parser.add_argument("--policies", type=_policies, default=["lru", "fifo", "lfu", "cost"],
+                        help=f"comma-separated policies (default lru,fifo,lfu,cost; known: {', '.join(policy_names())})")
+    parser.add_argument("--nodes", type=_list(int, "node count"), default=[1],
+                        help="comma-separated node counts (default 1); requests are routed by tfscache's ring")
+    parser.add_argument("--max-models", type=_list(int, "model count"), default=[0],
+                        help="comma-separated caps on models per node (default 0: no cap)")
+    parser.add_argument("--memory", type=_list(parse_bytes, "size"), default=[0],
+                        help="comma-separated caps on bytes per node, e.g. 4GiB,16GiB (default 0: no cap)")
+    parser.add_argument("--plot", type=Path, metavar="PNG", help="write a plot of hit ratio against capacity")
+    parser.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if 0 in args.nodes:
+        parser.error("--nodes: a node count must be at least 1")
+    if not args.policies:
+        parser.error("--policies: name at least one policy")
+    started = time.perf_counter()
+    try:
+        trace = read_trace(args.log)
+    except TraceError as e:
+        print(f"tfscache simulate: {e}", file=sys.stderr)
+        return 2
+    configs = [Config(policy, nodes, max_models, memory)
+               for nodes, max_models, memory in itertools.product(args.nodes, args.max_models, args.memory)
+               for policy in [*args.policies, BELADY]]
+    from tqdm import tqdm
+
+    with tqdm(total=len(trace) * len(configs), unit="req", unit_scale=True, file=sys.stderr, leave=False,
+              disable=args.quiet or not sys.stderr.isatty()) as bar:
+        results = simulate(trace, configs, build_policy, progress=bar.update)
+    wall = time.perf_counter() - started
+    if args.plot is not None:
+        from tfscache.sim.report import plot
+
+        try:
+            plot(results, args.plot)
+        except OSError as e:
+            print(f"tfscache simulate: cannot write the plot {args.plot}: {e}", file=sys.stderr)
+            return 2
+    from tfscache.sim import report
+
+    if args.json:
+        json.dump(report.document(results, str(args.log), len(trace), len(trace.models), wall), sys.stdout, indent=1)
+        print()
+    else:
+        print(report.table(results))
+    if not args.quiet:
+        print(f"{len(configs)} configurations of {len(trace)} requests for {len(trace.models)} models "
+              f"simulated in {wall:.1f} s", file=sys.stderr)
+    log.debug("simulated %s configurations in %.3f s", len(configs), wall)
+    return 0
