@@ -302,18 +302,22 @@ class CacheManager:
             del self._failed[key]
 
     def _estimate(self, key: Key) -> tuple[int, int]:
-        """(bytes the version will take, its size on disk): learned on an earlier load, else 1.2 x disk."""
-        learned = self._learned.get(key)
+        """(bytes the version will take, its size on disk): learned on an earlier load, else 1.2 x disk.
+
+        Only the estimate from disk can refuse a model as larger than the memory cap: a
+        learned size carries the noise of RSS sampling, so above the cap it counts as the
+        whole cap (the model then loads alone) rather than failing requests.
+        """
         disk = self.repository.disk_bytes(*key)
-        size = learned if learned is not None else int(disk * self.settings.estimate_factor)
+        estimate = int(disk * self.settings.estimate_factor)
         cap = self.settings.memory_bytes
-        if cap and size > cap:
-            how = "as measured on an earlier load" if learned is not None else (
-                f"{self.settings.estimate_factor} x its size on disk")
+        if cap and estimate > cap:
             raise errors.CapacityExhausted(
-                f"model {key[0]} version {key[1]} needs {size} bytes ({how}), more than "
+                f"model {key[0]} version {key[1]} needs {estimate} bytes "
+                f"({self.settings.estimate_factor} x its size on disk), more than "
                 f"memory_bytes={cap} of node {self.node.target}")
-        return size, disk
+        size = self._learned.get(key, estimate)
+        return (min(size, cap) if cap else size), disk
 
     # -- shared with cacheloop ---------------------------------------------------------
 

@@ -286,8 +286,11 @@ def _measure(cache: CacheManager, loaded: list[_Entry], before: int | None, afte
         return
     growth = after - before
     total = sum(e.bytes for e in loaded) or 1
+    cap = cache.settings.memory_bytes
     for entry in loaded:
         entry.bytes = max(int(growth * entry.bytes / total), entry.disk, 1)
+        if cap:
+            entry.bytes = min(entry.bytes, cap)  # see CacheManager._estimate
         entry.measured = True
         cache._learned[entry.key] = entry.bytes
 

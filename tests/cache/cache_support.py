@@ -25,10 +25,13 @@ class RecordingClient(NodeClient):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.reloads: list[dict[str, tuple[int, ...]]] = []
+        self.on_reload = None  # called with the config's {name: versions} before it is sent
 
     async def reload(self, config, deadline_s=None) -> None:
-        self.reloads.append({m.name: tuple(m.model_version_policy.specific.versions)
-                             for m in config.model_config_list.config})
+        sent = {m.name: tuple(m.model_version_policy.specific.versions) for m in config.model_config_list.config}
+        self.reloads.append(sent)
+        if self.on_reload is not None:
+            self.on_reload(sent)
         await super().reload(config, deadline_s)
 
     def loads_of(self, name: str) -> int:
@@ -157,3 +160,40 @@ class AsyncNode:
 
     async def close(self) -> None:
         await self.channel.close()
+
+
+class CapSampler:
+    """Samples the node's own GetModelStatus for every model, over and over, in the background.
+
+    One sample is a forward sweep over the models followed at once by a backward sweep.
+    A model seen resident (START, LOADING, AVAILABLE or UNLOADING) in both sweeps was
+    resident for the whole span between its two queries, and every such span contains
+    the instant the forward sweep ended; so those models were resident together at that
+    instant, and their count is a sound lower bound on what the node held then. (A model
+    cannot go END and load again within one sample: a load waits for a file-system poll.)
+    """
+
+    RESIDENT = {10, 20, 30, 40}  # START, LOADING, AVAILABLE, UNLOADING
+
+    def __init__(self, anode: AsyncNode, names: list[str]) -> None:
+        self.anode = anode
+        self.names = names
+        self.samples: list[set[str]] = []
+        self._stop = asyncio.Event()
+
+    async def _resident(self, name: str) -> bool:
+        return any(state in self.RESIDENT for state, _, _ in (await self.anode.states(name)).values())
+
+    async def run(self) -> None:
+        while not self._stop.is_set():
+            forward = [name for name in self.names if await self._resident(name)]
+            backward = [name for name in reversed(self.names) if await self._resident(name)]
+            self.samples.append(set(forward) & set(backward))
+            await asyncio.sleep(0.01)  # pacing: leave the node's GIL to the traffic under test
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def peak(self) -> int:
+        return max(map(len, self.samples), default=0)
