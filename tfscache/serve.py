@@ -38,7 +38,7 @@ from tfscache.frontend.upstream import Upstream
 from tfscache.nodeclient import NodeClient
 from tfscache.repository import ModelRepository
 from tfscache.ring import Ring
-from tfscache.settings import Settings
+from tfscache.settings import Peer, Settings
 from tfscache.supervisor import NodeProcess, Supervisor
 
 log = logging.getLogger("tfscache.serve")
@@ -69,6 +69,7 @@ class ServeApp:
         self._grpc: GrpcFrontend | None = None
         self._rest: RestFrontend | None = None
         self.router: Router | None = None
+        self.own_name: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -134,15 +135,39 @@ class ServeApp:
         s = self.settings
         host_port, _, rest_port = s.node.node_address.partition(",")
         host = host_port.rsplit(":", 1)[0]
-        own = s.ring.self_name or "local"
+        own = self.own_name = s.ring.self_name or "local"
         backend = NodeBackend(own)
         self.backends = {own: backend}
-        for peer in s.ring.peers:
-            if peer.name != own:
-                self.backends[peer.name] = PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None), own)
         await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None, node_pid=None)
-        ring = Ring(self.backends, replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes)
-        return Router(ring, self.backends, local=own)
+        self.router = Router(Ring([own], replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes),
+                             self.backends, local=own)
+        await self.set_peers(s.ring.peers)
+        return self.router
+
+    async def set_peers(self, peers: list[Peer]) -> None:
+        """Sidecar mode: the sidecars on the ring (this one included), replacing the previous list.
+
+        The static list comes from the config file; discovery can call this again.
+        """
+        s = self.settings
+        own = self.own_name
+        previous = {name: b for name, b in self.backends.items() if name != own}
+        backends = {own: self.backends[own]}
+        for peer in peers:
+            if peer.name == own:
+                continue
+            backend = previous.get(peer.name)
+            if backend is None or (backend.upstream.grpc_address, backend.upstream.rest_address) != (
+                    peer.grpc, peer.rest or None):
+                backend = PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None), own)
+            backends[peer.name] = backend
+        ring = Ring(backends, replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes)
+        # Swapped together, with no await in between: a request sees the old or the new ring.
+        self.backends, self.router.backends, self.router.ring = backends, backends, ring
+        for name, backend in previous.items():
+            if backends.get(name) is not backend:
+                await backend.close()
+        log.info("ring: %s", ", ".join(sorted(backends)))
 
     def _upstream(self, grpc_address: str, rest_address: str | None) -> Upstream:
         server = self.settings.server

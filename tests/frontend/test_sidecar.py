@@ -1,0 +1,118 @@
+"""Sidecar topology: one tfscache per node, static peers, forwarding with at most one hop.
+
+Two real nodes; the sidecars run in-process (ServeApp) so that each can be told the
+other's port-0 address after both started, as discovery will do.
+"""
+
+from __future__ import annotations
+
+import aiohttp
+import grpc
+import pytest
+from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
+
+from frontend.test_embedded import predict_request
+from support.node import start_node
+from tfscache import settings as settings_mod
+from tfscache.frontend.backends import FORWARDED_KEY
+from tfscache.ring import Ring
+from tfscache.serve import ServeApp
+from tfscache.settings import Peer
+
+EMPTY = "model_config_list {\n}\n"
+NODE_FLAGS = ["--max_num_load_retries=0", "--num_load_threads=2"]
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("sidecar-nodes")
+    with start_node(directory, config=EMPTY, flags=NODE_FLAGS) as a, \
+            start_node(directory, config=EMPTY, flags=NODE_FLAGS) as b:
+        yield {"a": a, "b": b}
+
+
+def sidecar_settings(name, node, repo, state_dir):
+    return settings_mod.load(env={}, overrides={
+        "model_repository": str(repo), "node.node_address": f"127.0.0.1:{node.grpc_port},{node.rest_port}",
+        "ring.self_name": name, "server.bind_address": "127.0.0.1", "server.grpc_port": 0,
+        "server.rest_port": 0, "node.state_dir": str(state_dir / name)})
+
+
+@pytest.fixture
+async def sidecars(nodes, frontend_repo, tmp_path):
+    apps = {name: ServeApp(sidecar_settings(name, node, frontend_repo, tmp_path)) for name, node in nodes.items()}
+    for app in apps.values():
+        await app.start()
+    peers = [Peer(name, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for name, app in apps.items()]
+    for app in apps.values():
+        await app.set_peers(peers)
+    yield apps
+    for app in apps.values():
+        await app.stop(grace=1)
+
+
+def node_holds(node, name) -> bool:
+    with grpc.insecure_channel(node.grpc_target) as channel:
+        request = get_model_status_pb2.GetModelStatusRequest()
+        request.model_spec.name = name
+        try:
+            response = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=30)
+        except grpc.RpcError as exc:
+            assert exc.code() == grpc.StatusCode.NOT_FOUND
+            return False
+        return any(s.state == 30 for s in response.model_version_status)
+
+
+async def predict(app, name, x, metadata=None):
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        return await stub.Predict(predict_request(name, x), timeout=60, metadata=metadata)
+
+
+async def test_requests_go_to_the_owning_sidecar(sidecars, nodes):
+    ring = Ring(["a", "b"])
+    models = [f"addk_{k}" for k in range(8)]
+    assert {ring.owner(m) for m in models} == {"a", "b"}
+    for i, name in enumerate(models):
+        entry = "a" if i % 2 else "b"  # half through the owner, half through the other sidecar
+        response = await predict(sidecars[entry], name, 10.0)
+        assert (response.model_spec.name, list(response.outputs["y"].float_val)) == (name, [10.0 + int(name[5:])])
+    for name in models:
+        owner = ring.owner(name)
+        other = "b" if owner == "a" else "a"
+        assert node_holds(nodes[owner], name) and not node_holds(nodes[other], name), name
+    # REST is forwarded to the owner's REST port too.
+    name = next(m for m in models if ring.owner(m) == "b")
+    async with aiohttp.ClientSession() as http:  # in-process sidecars: the client must not block the loop
+        async with http.post(f"http://127.0.0.1:{sidecars['a'].rest_port}/v1/models/{name}:predict",
+                             json={"instances": [1.0]}) as reply:
+            assert (reply.status, await reply.json()) == (200, {"predictions": [1.0 + int(name[5:])]})
+
+
+async def test_a_forwarded_request_is_served_locally_never_forwarded_again(sidecars, nodes):
+    name = "saved_model_save"
+    assert Ring(["a", "b"]).owner(name) == "b"
+    # Marked as forwarded, a request to a is served by a's node although b owns the model.
+    response = await predict(sidecars["a"], name, 2.0, metadata=((FORWARDED_KEY, "b"),))
+    assert (response.model_spec.name, list(response.outputs["y"].float_val)) == (name, [12.0])
+    assert node_holds(nodes["a"], name) and not node_holds(nodes["b"], name)
+
+
+async def test_sidecars_that_disagree_about_owners_make_one_hop_not_a_loop(nodes, frontend_repo, tmp_path):
+    # Both sidecars call themselves "a" and the other "b": each thinks the other owns the
+    # models placed on "b". Without the forwarded mark a request would bounce for ever.
+    name = "saved_model_save_multiple_signatures"
+    assert Ring(["a", "b"]).owner(name) == "b"
+    apps = {key: ServeApp(sidecar_settings("a", node, frontend_repo, tmp_path / key)) for key, node in nodes.items()}
+    try:
+        for app in apps.values():
+            await app.start()
+        for key, app in apps.items():
+            other = apps["b" if key == "a" else "a"]
+            await app.set_peers([Peer("a", f"127.0.0.1:{app.grpc_port}"), Peer("b", f"127.0.0.1:{other.grpc_port}")])
+        response = await predict(apps["a"], name, 2.0)  # a -> b's sidecar (one hop) -> b's node
+        assert (response.model_spec.name, list(response.outputs["y"].float_val)) == (name, [1.0])
+        assert node_holds(nodes["b"], name) and not node_holds(nodes["a"], name)
+    finally:
+        for app in apps.values():
+            await app.stop(grace=1)
