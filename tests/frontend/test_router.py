@@ -1,0 +1,203 @@
+"""Router and gRPC adapter against recording upstream servers: replica order, one retry on
+UNAVAILABLE, deadline and metadata propagation, and the one error mapping.
+
+The upstreams are real grpc.aio servers that record what reaches them and answer as
+told; the caches are fakes with CacheManager's interface (acquire / is_resident /
+healthy), because what is tested here is the routing, not loading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import aiohttp
+import grpc
+import pytest
+
+from tfscache import errors
+from tfscache.frontend.backends import NodeBackend
+from tfscache.frontend.grpc_server import GrpcFrontend
+from tfscache.frontend.router import Router
+from tfscache.frontend.upstream import Upstream
+from tfscache.ring import Ring
+from tfscache.wire import serving_pb2
+
+PREDICT = "/tensorflow.serving.PredictionService/Predict"
+
+
+class RecordingServer:
+    """A gRPC server taking any method as bytes; records calls and answers with ``reply``."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[dict] = []
+        self.reply = lambda request: b"from-" + name.encode()
+        self.server = grpc.aio.server()
+        handler = grpc.unary_unary_rpc_method_handler(self._handle)
+        outer = self
+
+        class Generic(grpc.GenericRpcHandler):
+            def service(self, details):
+                outer._method = details.method
+                return handler
+
+        self.server.add_generic_rpc_handlers([Generic()])
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    async def _handle(self, request: bytes, context):
+        self.calls.append({"method": self._method, "request": request,
+                           "metadata": dict(context.invocation_metadata()),
+                           "time_remaining": context.time_remaining()})
+        result = self.reply(request)
+        if isinstance(result, errors.TfscacheError):
+            await context.abort(result.grpc_code, result.message)
+        return result
+
+
+class _Lease(contextlib.AbstractAsyncContextManager):
+    async def __aexit__(self, *exc):
+        return None
+
+
+class FakeCache:
+    """CacheManager's routing interface; every model is loadable at once."""
+
+    def __init__(self) -> None:
+        self.healthy = True
+        self.resident: set[str] = set()
+        self.acquired: list[tuple[str, int | None, float | None]] = []
+
+    def is_resident(self, name, version=None):
+        return name in self.resident
+
+    async def acquire(self, name, version=None, timeout=None):
+        self.acquired.append((name, version, timeout))
+        return _Lease()
+
+
+@pytest.fixture
+async def world():
+    """Three recording nodes n0..n2, a router with 2 replicas per model, a gRPC front end."""
+    servers = {f"n{i}": RecordingServer(f"n{i}") for i in range(3)}
+    for server in servers.values():
+        await server.server.start()
+    http = aiohttp.ClientSession()
+    backends = {}
+    for name, server in servers.items():
+        upstream = Upstream(f"127.0.0.1:{server.port}", None, http, max_send_bytes=1 << 20,
+                            max_receive_bytes=1 << 20)
+        backends[name] = NodeBackend(name, upstream, FakeCache())
+    router = Router(Ring(backends, replicas=2), backends)
+    frontend = GrpcFrontend(router, bind_address="127.0.0.1", port=0, max_send_bytes=1 << 20,
+                            max_receive_bytes=1 << 20)
+    port = await frontend.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    yield {"servers": servers, "router": router, "backends": backends, "predict": channel.unary_unary(PREDICT)}
+    await channel.close()
+    await frontend.stop(0)
+    await router.close()
+    await http.close()
+    for server in servers.values():
+        await server.server.stop(0)
+
+
+def request_for(name: str, version: int | None = None) -> bytes:
+    spec = serving_pb2.ModelSpec(name=name)
+    if version is not None:
+        spec.version.value = version
+    return serving_pb2.SpecHead(model_spec=spec).SerializeToString() + b"\x12\x03abc"  # plus an unknown field
+
+
+def replicas(world, name):
+    return world["router"].ring.replicas_for(name)
+
+
+async def test_bytes_go_to_the_first_replica_unchanged(world):
+    request = request_for("m1", 7)
+    first, second = replicas(world, "m1")
+    assert await world["predict"](request, timeout=10) == f"from-{first}".encode()
+    assert world["servers"][first].calls[0]["request"] == request
+    assert world["servers"][first].calls[0]["method"] == PREDICT
+    assert world["backends"][first].cache.acquired[0][:2] == ("m1", 7)
+    assert not world["servers"][second].calls
+
+
+async def test_resident_replica_first_and_unhealthy_last(world):
+    first, second = replicas(world, "m2")
+    world["backends"][second].cache.resident.add("m2")
+    assert await world["predict"](request_for("m2"), timeout=10) == f"from-{second}".encode()
+    world["backends"][second].cache.healthy = False
+    assert await world["predict"](request_for("m2"), timeout=10) == f"from-{first}".encode()
+
+
+async def test_deadline_and_metadata_propagate(world):
+    first, _ = replicas(world, "m3")
+    await world["predict"](request_for("m3"), timeout=5, metadata=(("x-request-id", "abc-123"),))
+    call = world["servers"][first].calls[0]
+    assert call["metadata"]["x-request-id"] == "abc-123"
+    assert 3.0 < call["time_remaining"] <= 5.0
+    assert 3.0 < world["backends"][first].cache.acquired[0][2] <= 5.0  # the load waits no longer either
+
+
+async def test_unavailable_tries_the_next_replica_once(world):
+    first, second = replicas(world, "m4")
+    world["servers"][first].reply = lambda r: errors.Unavailable("node going away")
+    assert await world["predict"](request_for("m4"), timeout=10) == f"from-{second}".encode()
+    world["servers"][second].reply = lambda r: errors.Unavailable("second one down too")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await world["predict"](request_for("m4"), timeout=10)
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAVAILABLE, "second one down too")
+    assert len(world["servers"][first].calls) == 2 and len(world["servers"][second].calls) == 2
+    third = next(n for n in world["servers"] if n not in (first, second))
+    assert not world["servers"][third].calls  # never more than one retry, never outside the replicas
+
+
+async def test_other_node_errors_pass_through_without_retry(world):
+    first, second = replicas(world, "m5")
+    world["servers"][first].reply = lambda r: errors.FailedPrecondition('Serving signature key "s" not found.')
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await world["predict"](request_for("m5"), timeout=10)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.FAILED_PRECONDITION, 'Serving signature key "s" not found.')
+    assert not world["servers"][second].calls
+
+
+async def test_cache_errors_and_unexpected_errors_are_mapped_once(world):
+    first, _ = replicas(world, "m6")
+
+    async def refuse(name, version=None, timeout=None):
+        raise errors.CapacityExhausted("node n: 2 of 2 models, all busy")
+
+    world["backends"][first].cache.acquire = refuse
+    world["backends"][replicas(world, "m6")[1]].cache.acquire = refuse
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await world["predict"](request_for("m6"), timeout=10)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.RESOURCE_EXHAUSTED, "node n: 2 of 2 models, all busy")
+
+    async def broken(name, version=None, timeout=None):
+        raise KeyError("bug")
+
+    world["backends"][first].cache.acquire = broken
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await world["predict"](request_for("m6"), timeout=10)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.INTERNAL, "internal error in tfscache front end")
+    # The server keeps serving.
+    del world["backends"][first].cache.acquire  # back to FakeCache.acquire
+    assert await world["predict"](request_for("m6"), timeout=10) == f"from-{first}".encode()
+
+
+async def test_expired_deadline_while_loading(world):
+    first, _ = replicas(world, "m7")
+    gate = asyncio.Event()
+
+    async def slow(name, version=None, timeout=None):
+        await asyncio.wait_for(gate.wait(), timeout)  # the cache honours the deadline it is given
+
+    world["backends"][first].cache.acquire = slow
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await world["predict"](request_for("m7"), timeout=0.5)
+    assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert not world["servers"][first].calls
