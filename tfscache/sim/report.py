@@ -43,15 +43,17 @@ def document(results: Sequence[Result], log: str, requests: int, models: int, wa
 
 
 def plot(results: Sequence[Result], out: Path) -> None:
-    """Hit ratio against per-node capacity: one panel per node count (and other cap), one line per policy.
+    """Hit ratio, and total load seconds, against per-node capacity; one line per policy.
 
-    The capacity axis is the cap given with several values (the count cap when both are);
-    uncapped (0) points are left off the axis unless nothing else is there.
+    One column per node count; a pair of rows (hit ratio above load seconds) per value of
+    the other cap. The capacity axis is the cap given with several values (the count cap
+    when both are); uncapped (0) points are left off it unless nothing else is there.
     """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
     counts = sorted({r.config.max_models for r in results})
     memories = sorted({r.config.memory_bytes for r in results})
@@ -62,33 +64,40 @@ def plot(results: Sequence[Result], out: Path) -> None:
     policies = list(dict.fromkeys(r.config.policy for r in results if r.config.policy != BELADY))
     if any(r.config.policy == BELADY for r in results):
         policies.append(BELADY)
-    fig, axes = plt.subplots(len(others), len(node_counts), squeeze=False, sharey=True,
-                             figsize=(4.8 * len(node_counts), 3.6 * len(others)))
-    for row, other_value in enumerate(others):
+    metrics = (("hit ratio", lambda r: r.hit_ratio), ("total load seconds", lambda r: r.counts.load_seconds))
+    fig, axes = plt.subplots(2 * len(others), len(node_counts), squeeze=False, sharey="row",
+                             figsize=(4.8 * len(node_counts), 3.4 * 2 * len(others)))
+    for block, other_value in enumerate(others):
         for col, nodes in enumerate(node_counts):
-            ax = axes[row][col]
             panel = [r for r in results if r.config.nodes == nodes and getattr(r.config, other) == other_value]
             xs_all = {getattr(r.config, axis) for r in panel}
-            for policy in policies:
-                points = sorted((getattr(r.config, axis), r.hit_ratio) for r in panel if r.config.policy == policy
-                                and (getattr(r.config, axis) or xs_all == {0}))
-                if not points:
-                    continue
-                xs = [x / 2**30 if axis == "memory_bytes" else x for x, _ in points]
-                style = {"color": "black", "linestyle": "--"} if policy == BELADY else {}
-                ax.plot(xs, [y for _, y in points], marker="o", label=policy, **style)
-            xs_positive = [x for x in xs_all if x]
-            if xs_positive and max(xs_positive) >= 10 * min(xs_positive):
-                ax.set_xscale("log")
             title = f"{nodes} node{'s' if nodes != 1 else ''}"
             if len(others) > 1 or other_value:
                 cap = human_bytes(other_value) if other == "memory_bytes" else str(other_value)
                 title += f", {other} {cap if other_value else 'uncapped'}"
-            ax.set_title(title)
-            ax.set_xlabel("max models per node" if axis == "max_models" else "memory per node (GiB)")
-            ax.grid(True, alpha=0.3)
-            if col == 0:
-                ax.set_ylabel("hit ratio")
+            for offset, (label, metric) in enumerate(metrics):
+                ax = axes[2 * block + offset][col]
+                xs_plotted: set[float] = set()
+                for policy in policies:
+                    points = sorted((getattr(r.config, axis), metric(r)) for r in panel if r.config.policy == policy
+                                    and (getattr(r.config, axis) or xs_all == {0}))
+                    if not points:
+                        continue
+                    xs = [x / 2**30 if axis == "memory_bytes" else x for x, _ in points]
+                    xs_plotted.update(xs)
+                    style = {"color": "black", "linestyle": "--"} if policy == BELADY else {}
+                    ax.plot(xs, [y for _, y in points], marker="o", label=policy, **style)
+                positive = sorted(x for x in xs_plotted if x > 0)
+                if positive and positive[-1] >= 8 * positive[0]:
+                    ax.set_xscale("log", base=2)
+                    ax.set_xticks(positive)
+                    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+                    ax.xaxis.set_minor_locator(NullLocator())
+                ax.set_title(title if offset == 0 else "")
+                ax.set_xlabel("max models per node" if axis == "max_models" else "memory per node (GiB)")
+                ax.grid(True, alpha=0.3)
+                if col == 0:
+                    ax.set_ylabel(label)
     axes[0][0].legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     fig.savefig(out, dpi=100)
