@@ -213,11 +213,13 @@ class CacheManager:
 
     async def acquire(self, name: str, version: int | None = None, timeout: float | None = None) -> Lease:
         """A lease on ``name`` at ``version`` (None: the highest on disk), loading it if needed."""
-        found = self.repository.resolve(name, version)
-        key = (found.name, found.version)
-        entry = self._entries.get(key)
+        # A hit: no file-system access beyond the remembered latest version, no await.
+        latest = version if version is not None else self.repository.latest_version(name)
+        entry = self._entries.get((name, latest))
         if entry is not None and entry.state == READY:
             return self._lease(entry)
+        found = self.repository.resolve(name, version)
+        key = (found.name, found.version)
         fut = await self._enqueue(key)
         try:
             async with asyncio.timeout(timeout):
