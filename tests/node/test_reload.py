@@ -375,7 +375,7 @@ def versions_dir(tmp_path):
 def test_in_flight_handle_keeps_its_version_alive_through_an_unload(versions_dir):
     core = make_core(Loader())
     try:
-        core.reload(config_of({"m": versions_dir("m", 1)}), initial=True)
+        core.reload(config_of({"m": versions_dir("m", 1)}))
         with core.servable(spec("m")) as servable:
             core.reload(config_of({}))  # returns without waiting for the unload
             wait_until(lambda: state_of(core, "m", 1) == "UNLOADING")
@@ -396,7 +396,7 @@ def test_state_stays_loading_between_retries(versions_dir):
     loader = Loader(hold=["r"], fail_first=1)
     core = make_core(loader, max_num_load_retries=1)
     try:
-        core.reload(config_of({}), initial=True)
+        core.reload(config_of({}))
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             call = pool.submit(core.reload, config_of({"r": versions_dir("r", 1)}))
             assert loader.entered["r"].wait(10)  # second attempt, after one failure
@@ -414,7 +414,7 @@ def test_num_load_threads(versions_dir, threads):
     loader = Loader(hold=["a", "b"])
     core = make_core(loader, num_load_threads=threads)
     try:
-        core.reload(config_of({}), initial=True)
+        core.reload(config_of({}))
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             call = pool.submit(core.reload, config_of({"a": versions_dir("a", 1), "b": versions_dir("b", 1)}))
             wait_until(lambda: loader.entered["a"].is_set() or loader.entered["b"].is_set())
@@ -440,7 +440,7 @@ def test_model_spec_resolution_errors(versions_dir):
         with pytest.raises(Unavailable) as info:
             core.resolve(model_pb2.ModelSpec(name="m", version_label="x"))
         assert info.value.message == "Model labels does not init yet.x"
-        core.reload(config_of({"m": versions_dir("m", 1)}), initial=True)
+        core.reload(config_of({"m": versions_dir("m", 1)}))
         with pytest.raises(InvalidArgument) as info:
             core.resolve(model_pb2.ModelSpec())
         assert info.value.message == "ModelSpec has no name specified."
@@ -454,7 +454,7 @@ def test_model_spec_resolution_errors(versions_dir):
 def test_optional_waiter_timeout_turns_the_hang_into_an_error(versions_dir, tmp_path):
     core = make_core(Loader(), servable_state_waiter_timeout_s=0.3)
     try:
-        core.reload(config_of({}), initial=True)
+        core.reload(config_of({}))
         with pytest.raises(DeadlineExceeded) as info:
             core.reload(config_of({"ghost": tmp_path / "missing"}))
         assert info.value.message == "Timed out waiting for model(s) to become available: ['ghost']"

@@ -187,7 +187,7 @@ def _serve(flags: dict[str, object], config) -> int:
 
     core = ServingCore(_manager_options(flags))
     try:
-        core.reload(config, initial=True)
+        core.reload(config)
     except TfscacheError as exc:
         print(f"Failed to start server. Error: {code_name(exc.grpc_code)}: {exc.message}",
               file=sys.stderr)

@@ -203,7 +203,7 @@ class ServingCore:
 
     # ------------------------------------------------------------------ reload
 
-    def reload(self, new: ModelServerConfig, *, initial: bool = False) -> None:
+    def reload(self, new: ModelServerConfig) -> None:
         """ServerCore::ReloadConfig; blocks until newly named models settle."""
         with self._config_mu:
             current = self._config.WhichOneof("config")
@@ -225,7 +225,7 @@ class ServingCore:
             self._config = copy.deepcopy(new)  # replaced before the later checks can fail
             self._update_labels()
             log.info("Adding/updating models.")
-            self._add_models(initial=initial)
+            self._add_models()
             log.info("Finished reloading config")
 
     def _update_labels(self) -> None:
@@ -248,7 +248,7 @@ class ServingCore:
                     labels.setdefault(model.name, {})[label] = version
             self._labels = labels
 
-    def _add_models(self, *, initial: bool) -> None:
+    def _add_models(self) -> None:
         """AddModelsViaModelConfigList."""
         config_list = self._config.model_config_list
         node_config.check_platforms_supported(config_list)
