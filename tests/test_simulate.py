@@ -338,3 +338,20 @@ def test_the_generator_is_deterministic_zipf_and_readable(tmp_path):
     small = [c for s, c in per_model.values() if s < 50 * gen.MB]
     large = [c for s, c in per_model.values() if s > 300 * gen.MB]
     assert small and large and sum(small) / len(small) < sum(large) / len(large)
+
+
+def test_the_tfscache_command_dispatches_to_the_simulator(tmp_path, capsys):
+    from tfscache.cli import main as tfscache
+
+    assert tfscache(["simulate", str(_small_log(tmp_path)), "--policies", "fifo", "--max-models", "4",
+                     "--json", "--quiet"]) == 0
+    assert [r["policy"] for r in json.loads(capsys.readouterr().out)["results"]] == ["fifo", BELADY]
+
+
+def test_the_simulator_and_policies_never_import_tensorflow():
+    import subprocess
+    import sys
+
+    code = ("import sys, tfscache.simulate, tfscache.sim.report, tfscache.policy.fifo, tfscache.policy.lfu, "
+            "tfscache.policy.cost; sys.exit('tensorflow' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
