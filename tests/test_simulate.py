@@ -355,3 +355,15 @@ def test_the_simulator_and_policies_never_import_tensorflow():
     code = ("import sys, tfscache.simulate, tfscache.sim.report, tfscache.policy.fifo, tfscache.policy.lfu, "
             "tfscache.policy.cost; sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+def test_progress_reports_every_request_of_every_configuration(monkeypatch):
+    import tfscache.sim.engine as engine
+
+    monkeypatch.setattr(engine, "_CHUNK", 7)  # several chunks per node
+    trace = _random_log(random.Random(5), 100, 12)
+    reports: list[int] = []
+    configs = [Config(p, 2, max_models=3) for p in ("lru", "cost", BELADY)]
+    simulate(trace, configs, build_policy, progress=reports.append)
+    assert sum(reports) == 3 * 100
+    assert max(reports) == 7 and len(reports) > 3 * 2

@@ -22,7 +22,7 @@ than a proven optimum (those problems are NP-hard), so a policy may beat it ther
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
 from tfscache.policy import EvictionPolicy
@@ -30,6 +30,7 @@ from tfscache.ring import Ring
 from tfscache.sim.trace import Trace
 
 BELADY = "belady"
+_CHUNK = 16_384  # requests replayed between progress reports
 
 # One request on one node: (key, time, bytes, load seconds, index of the key's next request).
 Request = tuple[int, float, int, float, int]
@@ -105,8 +106,18 @@ def split(trace: Trace, nodes: int) -> list[list[Request]]:
     return per_node
 
 
-def replay(requests: list[Request], policy: EvictionPolicy, max_models: int, memory_bytes: int) -> Counts:
-    """One node's cache under ``policy``."""
+def _chunks(requests: list[Request], progress: Callable[[int], None] | None) -> Iterator[list[Request]]:
+    """``requests`` in slices, reporting each to ``progress`` once replayed (keeps the hot loop free of it)."""
+    for start in range(0, len(requests), _CHUNK):
+        chunk = requests[start:start + _CHUNK]
+        yield chunk
+        if progress is not None:
+            progress(len(chunk))
+
+
+def replay(requests: list[Request], policy: EvictionPolicy, max_models: int, memory_bytes: int,
+           progress: Callable[[int], None] | None = None) -> Counts:
+    """One node's cache under ``policy``; ``progress(n)`` after each chunk of n requests."""
     resident: dict[int, int] = {}
     used = peak = hits = uncacheable = evictions = 0
     load_seconds = 0.0
@@ -114,40 +125,42 @@ def replay(requests: list[Request], policy: EvictionPolicy, max_models: int, mem
     next_victim = getattr(policy, "next_victim", None)  # O(log n) when the policy offers it
     cap = max_models or len(requests) + 1
     memory = memory_bytes or float("inf")
-    for key, now, size, cost, _ in requests:
-        if key in resident:
-            hits += 1
+    for chunk in _chunks(requests, progress):
+        for key, now, size, cost, _ in chunk:
+            if key in resident:
+                hits += 1
+                access(key, now)
+                continue
+            if size > memory:
+                uncacheable += 1
+                continue
+            if len(resident) >= cap or used + size > memory:
+                order = None
+                while len(resident) >= cap or used + size > memory:
+                    if next_victim is not None:
+                        victim = next_victim(now)
+                    else:  # the general interface: order every resident model once per miss
+                        if order is None:
+                            order = iter(policy.victims(list(resident), now))
+                        victim = next(order, None)
+                    if victim not in resident:
+                        raise RuntimeError(f"policy {policy.name} offered {victim!r}, which is not resident")
+                    forget(victim)
+                    used -= resident.pop(victim)
+                    evictions += 1
+            resident[key] = size
+            used += size
+            if used > peak:
+                peak = used
+            load_seconds += cost
+            load(key, size, cost, now)
             access(key, now)
-            continue
-        if size > memory:
-            uncacheable += 1
-            continue
-        if len(resident) >= cap or used + size > memory:
-            order = None
-            while len(resident) >= cap or used + size > memory:
-                if next_victim is not None:
-                    victim = next_victim(now)
-                else:  # the general interface: order every resident model once per miss
-                    if order is None:
-                        order = iter(policy.victims(list(resident), now))
-                    victim = next(order, None)
-                if victim not in resident:
-                    raise RuntimeError(f"policy {policy.name} offered {victim!r}, which is not resident")
-                forget(victim)
-                used -= resident.pop(victim)
-                evictions += 1
-        resident[key] = size
-        used += size
-        if used > peak:
-            peak = used
-        load_seconds += cost
-        load(key, size, cost, now)
-        access(key, now)
     return Counts(len(requests), hits, uncacheable, evictions, load_seconds, peak)
 
 
-def replay_belady(requests: list[Request], max_models: int, memory_bytes: int) -> Counts:
-    """One node's cache under Belady's MIN (farthest next request first)."""
+def replay_belady(requests: list[Request], max_models: int, memory_bytes: int,
+                  progress: Callable[[int], None] | None = None) -> Counts:
+    """One node's cache under Belady's MIN (farthest next request first); ``progress`` as for replay."""
     resident: dict[int, int] = {}  # key -> bytes
     next_use: dict[int, int] = {}  # key -> index of its next request
     farthest: list[tuple[int, int]] = []  # (-next use, key), stale entries skipped
@@ -156,32 +169,33 @@ def replay_belady(requests: list[Request], max_models: int, memory_bytes: int) -
     push, pop = heapq.heappush, heapq.heappop
     cap = max_models or len(requests) + 1
     memory = memory_bytes or float("inf")
-    for key, _, size, cost, nxt in requests:
-        if key in resident:
-            hits += 1
+    for chunk in _chunks(requests, progress):
+        for key, _, size, cost, nxt in chunk:
+            if key in resident:
+                hits += 1
+                next_use[key] = nxt
+                push(farthest, (-nxt, key))
+                continue
+            if size > memory:
+                uncacheable += 1
+                continue
+            while len(resident) >= cap or used + size > memory:
+                far, victim = pop(farthest)
+                if next_use.get(victim) != -far:
+                    continue  # stale
+                del next_use[victim]
+                used -= resident.pop(victim)
+                evictions += 1
+            resident[key] = size
             next_use[key] = nxt
             push(farthest, (-nxt, key))
-            continue
-        if size > memory:
-            uncacheable += 1
-            continue
-        while len(resident) >= cap or used + size > memory:
-            far, victim = pop(farthest)
-            if next_use.get(victim) != -far:
-                continue  # stale
-            del next_use[victim]
-            used -= resident.pop(victim)
-            evictions += 1
-        resident[key] = size
-        next_use[key] = nxt
-        push(farthest, (-nxt, key))
-        used += size
-        if used > peak:
-            peak = used
-        load_seconds += cost
-        if len(farthest) > 2 * len(resident) + 64:
-            farthest = [(-n, k) for k, n in next_use.items()]
-            heapq.heapify(farthest)
+            used += size
+            if used > peak:
+                peak = used
+            load_seconds += cost
+            if len(farthest) > 2 * len(resident) + 64:
+                farthest = [(-n, k) for k, n in next_use.items()]
+                heapq.heapify(farthest)
     return Counts(len(requests), hits, uncacheable, evictions, load_seconds, peak)
 
 
@@ -190,7 +204,7 @@ def simulate(trace: Trace, configs: list[Config], factory: Callable[[str, int, i
     """Every configuration's result, in the order given.
 
     ``factory(name, max_models, memory_bytes)`` builds a new policy for each node;
-    ``progress(n)`` is called after each node has replayed its n requests.
+    ``progress(n)`` is called after every n requests replayed (in chunks of 16,384).
     """
     splits: dict[int, list[list[Request]]] = {}
     results = []
@@ -200,12 +214,10 @@ def simulate(trace: Trace, configs: list[Config], factory: Callable[[str, int, i
         total = Counts()
         for requests in splits[config.nodes]:
             if config.policy == BELADY:
-                counts = replay_belady(requests, config.max_models, config.memory_bytes)
+                counts = replay_belady(requests, config.max_models, config.memory_bytes, progress)
             else:
                 counts = replay(requests, factory(config.policy, config.max_models, config.memory_bytes),
-                                config.max_models, config.memory_bytes)
+                                config.max_models, config.memory_bytes, progress)
             total.add(counts)
-            if progress is not None:
-                progress(len(requests))
         results.append(Result(config, total))
     return results
