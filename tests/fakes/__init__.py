@@ -1,0 +1,1 @@
+"""Fakes of services that cannot run on the build machines (see each module's docstring)."""

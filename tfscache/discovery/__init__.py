@@ -1,0 +1,237 @@
+"""Cluster membership for sidecar mode: which tfscache sidecars are on the ring.
+
+One ``Discovery`` object per sidecar. Its life:
+
+    discovery = make_discovery("consul", address="http://127.0.0.1:8500", ttl_s=10)
+    discovery.subscribe(app.set_peers)          # called with list[Peer] on every change
+    await discovery.start()                     # first membership read (or DiscoveryError)
+    await discovery.register(Peer("a", "10.0.0.1:8500", "10.0.0.1:8501"))
+    ...                                         # discovery.members(): last known healthy set
+    await discovery.deregister()                # on shutdown / drain: leave the ring
+    await discovery.stop()
+
+Implementations are picked by name from ``BACKENDS`` (imported only when chosen):
+
+* ``static``: the peer list of the config file; ``reload()`` re-reads it (SIGHUP).
+* ``consul``: an agent's HTTP API: service registration with a TTL check kept alive,
+  blocking queries on ``/v1/health/service/<name>?passing``.
+* ``etcd``: etcd v3's JSON gateway: a key under a lease kept alive, a watch on the prefix.
+
+The one promise every backend keeps: a discovery failure never shrinks the
+membership. On errors the last known membership stays, the backend retries with
+capped exponential back-off, and it logs once per change of state (ok -> failing,
+failing -> ok), not once per attempt. A read that comes back empty is not applied
+either: this sidecar registered itself, so an empty healthy set means the registry
+lost its state, not that every sidecar died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import logging
+import random
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable
+
+from tfscache.settings import Peer
+
+__all__ = ["BACKENDS", "Backoff", "Discovery", "DiscoveryError", "Peer", "make_discovery"]
+
+log = logging.getLogger("tfscache.discovery")
+
+Listener = Callable[[list[Peer]], "Awaitable[None] | None"]
+
+
+class DiscoveryError(Exception):
+    """Discovery could not do what was asked (start-up read, registration) within its deadline."""
+
+
+class Backoff:
+    """Capped exponential back-off with jitter: ``initial``, x2 per failure, at most ``cap`` seconds."""
+
+    def __init__(self, initial: float = 0.1, cap: float = 5.0) -> None:
+        self.initial, self.cap = initial, cap
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        """The delay before the next attempt (counts one more failure)."""
+        delay = min(self.cap, self.initial * (2 ** min(self.failures, 30)))
+        self.failures += 1
+        return delay * random.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class StateLog:
+    """Logs an activity's ok -> failing and failing -> ok transitions, once each.
+
+    ``what`` is a string or a callable returning one (so it can name the sidecar once registered).
+    """
+
+    def __init__(self, logger: logging.Logger, what: str | Callable[[], str]) -> None:
+        self.logger, self._what = logger, what
+        self.failing_since: float | None = None
+        self.attempts = 0
+
+    @property
+    def what(self) -> str:
+        return self._what() if callable(self._what) else self._what
+
+    @property
+    def failing(self) -> bool:
+        return self.failing_since is not None
+
+    def failed(self, error: object) -> None:
+        self.attempts += 1
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+            self.logger.warning("%s failing: %s; keeping the last known membership, retrying with back-off",
+                                self.what, error)
+
+    def ok(self) -> None:
+        if self.failing_since is not None:
+            self.logger.warning("%s recovered after %.1f s and %d failed attempt(s)", self.what,
+                                time.monotonic() - self.failing_since, self.attempts)
+        self.failing_since, self.attempts = None, 0
+
+
+def _key(peers: Iterable[Peer]) -> tuple[tuple[str, str, str], ...]:
+    return tuple(sorted((p.name, p.grpc, p.rest) for p in peers))
+
+
+class Discovery(ABC):
+    """Membership of one sidecar's cluster. Subclasses fill in the five coroutines."""
+
+    name = ""
+
+    def __init__(self, *, start_timeout_s: float = 30.0, retry_initial_s: float = 0.1,
+                 retry_max_s: float = 5.0) -> None:
+        self.start_timeout_s = start_timeout_s
+        self.retry_initial_s, self.retry_max_s = retry_initial_s, retry_max_s
+        self._members: list[Peer] = []
+        self._listeners: list[Listener] = []
+        self._known = asyncio.Event()   # set by the first successful read
+        self._changed = asyncio.Condition()
+        self._notify_lock = asyncio.Lock()
+        self.label = ""  # this sidecar's name once registered, for log lines
+        self._states: list[StateLog] = []
+        self._empty_log = self._state_log("membership read (empty result ignored)")
+
+    # -- the interface -------------------------------------------------------------------
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Read the membership once and start following it; DiscoveryError after ``start_timeout_s``."""
+
+    @abstractmethod
+    async def register(self, peer: Peer) -> None:
+        """Put this sidecar in the membership and keep it there until ``deregister``."""
+
+    @abstractmethod
+    async def deregister(self) -> None:
+        """Take this sidecar out of the membership (best effort, bounded by a deadline)."""
+
+    @abstractmethod
+    async def stop(self) -> None:
+        """Stop following the membership and release connections (does not deregister)."""
+
+    @property
+    def failing(self) -> bool:
+        """True while any of this object's activities (watch, keep-alive, reads) is failing."""
+        return any(state.failing for state in self._states)
+
+    def activities(self) -> dict[str, tuple[bool, int]]:
+        """Each activity's description -> (failing now, failed attempts since it last succeeded)."""
+        return {state.what: (state.failing, state.attempts) for state in self._states}
+
+    def members(self) -> list[Peer]:
+        """The last known healthy set, sorted by name (a copy)."""
+        return list(self._members)
+
+    def subscribe(self, listener: Listener) -> Callable[[], None]:
+        """Call ``listener(members)`` (plain or async) after each change; returns an unsubscribe function."""
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener) if listener in self._listeners else None
+
+    async def wait_for(self, predicate: Callable[[list[Peer]], bool], timeout: float) -> list[Peer]:
+        """Wait until ``predicate(members)`` holds; asyncio.TimeoutError after ``timeout`` seconds."""
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: predicate(self.members())), timeout)
+        return self.members()
+
+    # -- for subclasses ------------------------------------------------------------------
+
+    async def _apply(self, peers: Iterable[Peer]) -> None:
+        """A successful read of the whole membership: record it and tell listeners if it changed."""
+        peers = sorted(peers, key=lambda p: p.name)
+        if not peers and self._members:
+            self._empty_log.failed("the registry reports no healthy sidecar at all")
+            return
+        self._empty_log.ok()
+        self._known.set()
+        if _key(peers) == _key(self._members):
+            return
+        self._members = peers
+        log.info("%s membership: %s", self.name, ", ".join(p.name for p in peers) or "(none)")
+        async with self._changed:
+            self._changed.notify_all()
+        async with self._notify_lock:  # listeners see changes in order, one at a time
+            if _key(peers) != _key(self._members):
+                return  # superseded while waiting; the newer change notifies
+            for listener in list(self._listeners):
+                try:
+                    result = listener(list(peers))
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:  # noqa: BLE001 - a listener's bug must not stop discovery
+                    log.exception("discovery listener %r failed", listener)
+
+    async def _wait_known(self) -> None:
+        try:
+            await asyncio.wait_for(self._known.wait(), self.start_timeout_s)
+        except asyncio.TimeoutError:
+            raise DiscoveryError(f"{self.name} discovery: no membership read within "
+                                 f"{self.start_timeout_s} s") from None
+
+    def _state_log(self, activity: str, logger: logging.Logger = log) -> StateLog:
+        state = StateLog(logger, lambda: f"{self.name} discovery{' (' + self.label + ')' if self.label else ''}: "
+                                         f"{activity}")
+        self._states.append(state)
+        return state
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.retry_initial_s, self.retry_max_s)
+
+
+# name -> "module:Class"; imported only when chosen.
+BACKENDS: dict[str, str] = {
+    "static": "tfscache.discovery.static:StaticDiscovery",
+    "consul": "tfscache.discovery.consul:ConsulDiscovery",
+    "etcd": "tfscache.discovery.etcd:EtcdDiscovery",
+}
+
+
+def make_discovery(name: str, **options) -> Discovery:
+    """A new Discovery by its name in ``BACKENDS``; ValueError names the known ones."""
+    try:
+        target = BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"unknown discovery backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)(**options)
+
+
+async def cancel(task: asyncio.Task | None) -> None:
+    """Cancel a background task and wait for it to finish."""
+    if task is None or task.done():
+        return
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        if asyncio.current_task() is not None and asyncio.current_task().cancelling():
+            raise
