@@ -215,6 +215,15 @@ def test_jsonl_errors_name_the_line(tmp_path, text, error):
         read_trace(path)
 
 
+def test_gzip_and_a_byte_order_mark(tmp_path):
+    import gzip
+
+    with gzip.open(tmp_path / "log.csv.gz", "wt", encoding="utf-8") as f:
+        f.write("\ufeff" + HEADER + "1,a,,1,10\n2,b,,1,10\n")
+    trace = read_trace(tmp_path / "log.csv.gz")
+    assert trace.models == [("a", None), ("b", None)]
+
+
 def test_a_missing_file_is_a_trace_error(tmp_path):
     with pytest.raises(TraceError, match="cannot read"):
         read_trace(tmp_path / "none.csv")

@@ -58,7 +58,7 @@ def read_trace(path: str | Path) -> Trace:
     opener = gzip.open if path.suffix == ".gz" else open
     kind = path.suffixes[-2] if path.suffix == ".gz" and len(path.suffixes) > 1 else path.suffix
     try:
-        with opener(path, "rt", encoding="utf-8", newline="") as stream:
+        with opener(path, "rt", encoding="utf-8-sig", newline="") as stream:
             if kind.lower() not in (".csv", ".jsonl", ".ndjson", ".json"):
                 head = stream.read(4096).lstrip()
                 kind = ".jsonl" if head.startswith("{") else ".csv"
