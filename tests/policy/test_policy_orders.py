@@ -134,6 +134,17 @@ def test_cost_weighs_size_by_the_cap_it_takes(caps, first):
     assert list(cost.victims(["small", "big"], 2.0))[0] == first
 
 
+def test_cost_reprices_every_model_when_told_the_caps():
+    cost = CostAwarePolicy()  # caps unknown: GDSF keeps the small model
+    _load(cost, "big", 0.0, size=2_000 * MB, seconds=10.0)
+    _load(cost, "small", 1.0, size=10 * MB, seconds=3.0)
+    assert list(cost.victims(["small", "big"], 2.0)) == ["big", "small"]
+    cost.set_caps(max_models=10, memory_bytes=0)  # now every model holds one slot
+    assert list(cost.victims(["small", "big"], 3.0)) == ["small", "big"]
+    assert cost.next_victim(3.0) == "small"
+    assert cost.priority("big") == pytest.approx(10.0 / 0.1)
+
+
 def test_cost_prices_an_unknown_load_time_as_the_mean():
     cost = CostAwarePolicy(max_models=10)
     _load(cost, "a", 0.0, seconds=10.0)

@@ -11,7 +11,7 @@ Each resident model has a priority
   no cap). Under a memory cap alone this is GDSF's size (Cherkasova 1998); under a
   count cap alone every model holds one slot and size does not matter; with both,
   small models are priced by the slot and large ones by their bytes. Until the caps
-  are given (``set_caps``), ``R = S``: plain GDSF, right when memory binds;
+  are given (constructor or ``set_caps``), ``R = S``: plain GDSF, right when memory binds;
 * ``L``: the age, the priority of the last model evicted; a use sets ``H`` from the
   age of that moment, so a model that stops being used is passed by in time.
 
@@ -43,13 +43,17 @@ class CostAwarePolicy(LFUPolicy):
         self._size: dict[Key, int] = {}  # 0: unknown
         self._cost_total, self._cost_count = 0.0, 0
         self._size_total, self._size_count = 0, 0
+        self.max_models = self.memory_bytes = 0
         self.set_caps(max_models, memory_bytes)
 
     def set_caps(self, max_models: int, memory_bytes: int) -> None:
-        """The node's caps (0: none), which decide what room a model holds. Call before any load."""
+        """The node's caps (0: none), which decide what room a model holds; re-prices every model (O(n))."""
         if max_models < 0 or memory_bytes < 0:
             raise ValueError(f"caps must not be negative, got max_models={max_models}, memory_bytes={memory_bytes}")
         self.max_models, self.memory_bytes = max_models, memory_bytes
+        for key, (_, _, uses, base) in list(self._prio.items()):
+            self._price(key)
+            self._set(key, uses, base)
 
     def _measured(self, key: Key, size_bytes: int, load_seconds: float) -> None:
         if load_seconds > 0:
@@ -64,6 +68,9 @@ class CostAwarePolicy(LFUPolicy):
             self._size_count += 1
         else:
             self._size.setdefault(key, 0)
+        self._price(key)
+
+    def _price(self, key: Key) -> None:
         cost = self._cost[key] or (self._cost_total / self._cost_count if self._cost_count else 1.0)
         self._worth[key] = cost / self.room(key)
 
