@@ -68,6 +68,7 @@ _DURATION = re.compile(r"((?:\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h))")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _META_KEY = re.compile(r"^[a-zA-Z0-9_-]+$")
 NODE = "fake-node"
+ANONYMOUS = web.RequestKey("anonymous", bool)
 
 
 def parse_duration(text: str) -> float:
@@ -93,6 +94,7 @@ class FakeConsul:
         self.services: dict[str, dict[str, Any]] = {}
         self.checks: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, for tests
+        self.queries: list[tuple[str, dict[str, str]]] = []  # (path, query) of every GET, for tests
         self._reset_state()
         self._runner: web.AppRunner | None = None
         self._changed = asyncio.Condition()
@@ -153,6 +155,8 @@ class FakeConsul:
     @web.middleware
     async def _middleware(self, request: web.Request, handler):
         self.requests.append((request.method, request.path))
+        if request.method == "GET":
+            self.queries.append((request.path, dict(request.query)))
         task = asyncio.current_task()
         self._inflight.add(task)
         try:
@@ -161,7 +165,7 @@ class FakeConsul:
                          or request.headers.get("Authorization", "").removeprefix("Bearer ").strip())
                 if token and token != self.acl_token:
                     return _text(403, "ACL not found")
-                request["anonymous"] = not token
+                request[ANONYMOUS] = not token
                 if not token and request.method != "GET":
                     return _text(403, "Permission denied")
             return await handler(request)
@@ -330,7 +334,7 @@ class FakeConsul:
             entries = [e for e in entries if all(c["Status"] == "passing" for c in e["Checks"])]
         headers = {"X-Consul-Index": str(max(self._service_idx(name), 1)), "X-Consul-KnownLeader": "true",
                    "X-Consul-LastContact": "0"}
-        if request.get("anonymous") and entries:
+        if request.get(ANONYMOUS) and entries:
             entries, headers["X-Consul-Results-Filtered-By-ACLs"] = [], "true"
         return web.json_response(entries, headers=headers)
 
