@@ -82,7 +82,7 @@ async def test_outage_keeps_the_last_membership_and_logs_once(dynamic_harness: H
     changes: list[set[str]] = []
     for discovery in made.values():
         discovery.subscribe(lambda m: changes.append(names(m)))
-    caplog.set_level(logging.WARNING, logger="tfscache.discovery")
+    caplog.set_level(logging.INFO, logger="tfscache.discovery")
     caplog.clear()
 
     await dynamic_harness.outage()

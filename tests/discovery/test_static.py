@@ -38,7 +38,7 @@ async def test_a_bad_file_keeps_the_membership_and_logs_once(tmp_path, caplog, c
     harness = StaticHarness(tmp_path)
     discovery = harness.make()
     await discovery.start()
-    caplog.set_level(logging.WARNING, logger="tfscache.discovery")
+    caplog.set_level(logging.INFO, logger="tfscache.discovery")
     harness.config.write_text(content)
     assert not await discovery.reload()
     assert not await discovery.reload()

@@ -32,13 +32,17 @@ import importlib
 import inspect
 import logging
 import random
+import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
 
 from tfscache.settings import Peer
 
-__all__ = ["BACKENDS", "Backoff", "Discovery", "DiscoveryError", "Peer", "make_discovery"]
+__all__ = ["BACKENDS", "Backoff", "Discovery", "DiscoveryError", "Peer", "advertise_peer", "describe_error",
+           "from_settings", "make_discovery"]
 
 log = logging.getLogger("tfscache.discovery")
 
@@ -94,9 +98,15 @@ class StateLog:
 
     def ok(self) -> None:
         if self.failing_since is not None:
-            self.logger.warning("%s recovered after %.1f s and %d failed attempt(s)", self.what,
+            self.logger.info("%s recovered after %.1f s and %d failed attempt(s)", self.what,
                                 time.monotonic() - self.failing_since, self.attempts)
         self.failing_since, self.attempts = None, 0
+
+
+def describe_error(exc: BaseException) -> str:
+    """``Type: message`` (or just the type when the message is empty, as for timeouts)."""
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _key(peers: Iterable[Peer]) -> tuple[tuple[str, str, str], ...]:
@@ -148,6 +158,10 @@ class Discovery(ABC):
         """Each activity's description -> (failing now, failed attempts since it last succeeded)."""
         return {state.what: (state.failing, state.attempts) for state in self._states}
 
+    async def reload(self) -> bool:
+        """Re-read a file-based membership (the SIGHUP handler calls this); a no-op for registries."""
+        return True
+
     def members(self) -> list[Peer]:
         """The last known healthy set, sorted by name (a copy)."""
         return list(self._members)
@@ -176,7 +190,8 @@ class Discovery(ABC):
         if _key(peers) == _key(self._members):
             return
         self._members = peers
-        log.info("%s membership: %s", self.name, ", ".join(p.name for p in peers) or "(none)")
+        log.info("%s discovery%s: membership %s", self.name, f" ({self.label})" if self.label else "",
+                 ", ".join(p.name for p in peers) or "(none)")
         async with self._changed:
             self._changed.notify_all()
         async with self._notify_lock:  # listeners see changes in order, one at a time
@@ -223,6 +238,36 @@ def make_discovery(name: str, **options) -> Discovery:
         raise ValueError(f"unknown discovery backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
     module_name, class_name = target.split(":")
     return getattr(importlib.import_module(module_name), class_name)(**options)
+
+
+def from_settings(settings: Any, config_file: str | Path | None = None) -> Discovery:
+    """The Discovery that ``settings.discovery`` describes (static from ``ring.peers`` without one).
+
+    ``config_file`` is the TOML file the static backend re-reads on ``reload()``.
+    """
+    section = getattr(settings, "discovery", None)
+    backend = getattr(section, "backend", "static")
+    common = {"start_timeout_s": getattr(section, "start_timeout_s", 30.0),
+              "retry_max_s": getattr(section, "retry_max_s", 5.0)}
+    if backend == "static":
+        return make_discovery("static", peers=list(settings.ring.peers), config_file=config_file or None,
+                              **common)
+    common.update(service=section.service, ttl_s=section.ttl_s, request_timeout_s=section.request_timeout_s)
+    if backend == "consul":
+        return make_discovery("consul", address=section.consul_address, token=section.consul_token,
+                              wait_s=section.consul_wait_s,
+                              deregister_critical_after_s=section.consul_deregister_critical_after_s, **common)
+    return make_discovery(backend, endpoints=section.etcd_endpoints, prefix=section.etcd_prefix, **common)
+
+
+def advertise_peer(settings: Any, grpc_port: int, rest_port: int | None) -> Peer:
+    """This sidecar as others reach it: ``discovery.advertise_host``, else the bind address, else the FQDN."""
+    host = getattr(getattr(settings, "discovery", None), "advertise_host", "") or settings.server.bind_address
+    if host in ("", "0.0.0.0", "::", "[::]"):
+        host = socket.getfqdn()
+    host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return Peer(settings.ring.self_name or "local", f"{host}:{grpc_port}",
+                f"{host}:{rest_port}" if rest_port else "")
 
 
 async def cancel(task: asyncio.Task | None) -> None:

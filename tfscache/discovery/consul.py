@@ -32,7 +32,7 @@ from typing import Any
 
 import aiohttp
 
-from tfscache.discovery import Discovery, DiscoveryError, Peer, cancel
+from tfscache.discovery import Discovery, DiscoveryError, Peer, cancel, describe_error
 
 log = logging.getLogger("tfscache.discovery.consul")
 
@@ -101,7 +101,7 @@ class ConsulDiscovery(Discovery):
                 is_json = resp.content_type == "application/json" and text
                 return resp.status, resp.headers, json.loads(text) if is_json else text
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            raise ConsulError(f"{method} {path}: {exc!r}") from exc
+            raise ConsulError(f"{method} {path}: {describe_error(exc)}") from exc
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -213,7 +213,7 @@ class ConsulDiscovery(Discovery):
             index = int(headers["X-Consul-Index"])
             return index, [self._peer(entry) for entry in entries]
         except (KeyError, TypeError, ValueError) as exc:
-            raise ConsulError(f"malformed health response: {exc!r}") from exc
+            raise ConsulError(f"malformed health response: {describe_error(exc)}") from exc
 
     async def _watch(self) -> None:
         backoff, last = self._backoff(), 0.0

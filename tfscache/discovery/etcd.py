@@ -31,7 +31,7 @@ from typing import Any
 
 import aiohttp
 
-from tfscache.discovery import Discovery, DiscoveryError, Peer, cancel
+from tfscache.discovery import Discovery, DiscoveryError, Peer, cancel, describe_error
 
 log = logging.getLogger("tfscache.discovery.etcd")
 
@@ -107,7 +107,7 @@ class EtcdDiscovery(Discovery):
             async with self._http().post(endpoint + path, json=body, timeout=timeout) as resp:
                 text = await resp.text()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise _Unreachable(f"{endpoint}{path}: {exc!r}") from exc
+            raise _Unreachable(f"{endpoint}{path}: {describe_error(exc)}") from exc
         if resp.status >= 500:
             raise _Unreachable(f"{endpoint}{path}: HTTP {resp.status} {text.strip()[:200]!r}")
         try:
@@ -237,7 +237,7 @@ class EtcdDiscovery(Discovery):
                     if line.strip():
                         await self._on_watch_message(json.loads(line), peers)
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            raise _Unreachable(f"{endpoint}/v3/watch: {exc!r}") from exc
+            raise _Unreachable(f"{endpoint}/v3/watch: {describe_error(exc)}") from exc
         raise _Unreachable(f"{endpoint}/v3/watch: stream closed")
 
     async def _on_watch_message(self, message: dict, peers: dict[str, Peer]) -> None:

@@ -54,7 +54,7 @@ class StaticDiscovery(Discovery):
                                  "[ring] peers)")
 
     async def reload(self) -> bool:
-        """Re-read the peer list (call from the SIGHUP handler); False keeps the last known list."""
+        """Re-read the config file's peer list (SIGHUP); False keeps the last known list."""
         if self._loader is None:
             return bool(self._members)
         try:
