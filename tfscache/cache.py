@@ -171,6 +171,7 @@ class CacheManager:
         self.repository = repository
         self.settings = settings
         self.policy = policy or make_policy(settings.policy)
+        self.policy.set_caps(settings.max_models, settings.memory_bytes)
         self.state_file = state_file if state_file is not None else settings.state_file
         self._process = _process(node_pid)
         self._entries: dict[Key, _Entry] = {}
@@ -201,6 +202,7 @@ class CacheManager:
         """Stop loading; waiters get UNAVAILABLE. The node keeps serving; the NodeClient stays open."""
         self._closed = True
         self._healthy = False
+        self._unhealthy_reason = "its cache manager stopped"
         if self._task is not None:
             self._task.cancel()
             try:

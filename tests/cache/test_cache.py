@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from tfscache import errors
+from tfscache.policy import POLICIES
 
 from tfscache.wire import serving_pb2 as pb
 
@@ -148,8 +149,9 @@ async def test_lru_order_and_caps(make_cache, anode):
     assert await anode.available([f"addk_{k}" for k in range(1, 6)]) == {"addk_1", "addk_4", "addk_5"}
 
 
-async def test_leased_model_is_never_evicted_and_load_waits_for_room(make_cache, anode):
-    cache = await make_cache(max_models=2)
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+async def test_leased_model_is_never_evicted_and_load_waits_for_room(make_cache, anode, policy):
+    cache = await make_cache(max_models=2, policy=policy)
     held1 = await cache.acquire("addk_1")
     held2 = await cache.acquire("addk_2")
     waiting = asyncio.create_task(cache.acquire("addk_3"))
@@ -349,6 +351,6 @@ async def test_stop_fails_waiters_with_unavailable(make_cache, gate):
     await cache.stop()
     with pytest.raises(errors.NodeUnavailable, match=r"^cache manager for node .* stopped$"):
         await task
-    with pytest.raises(errors.NodeUnavailable):
+    with pytest.raises(errors.NodeUnavailable, match=r"^node .* is unhealthy: its cache manager stopped$"):
         await cache.acquire("addk_12")
     gate.release("addk_11")

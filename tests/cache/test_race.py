@@ -16,6 +16,7 @@ import time
 import pytest
 
 from cache_support import NUM_MODELS, CapSampler, wait_for_condition
+from tfscache.policy import POLICIES
 
 NAMES = [f"addk_{k}" for k in range(1, NUM_MODELS + 1)]
 
@@ -95,3 +96,15 @@ async def test_memory_cap_holds_for_every_load_decision(make_cache, anode, repos
     assert all(m.measured and m.bytes >= disk for m in cache.snapshot())
     assert sampler.peak <= cap // disk  # what the node held, sampled, at the smallest size possible
     await wait_for_condition(lambda: sum(m.bytes for m in cache.snapshot()) <= cap)
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+async def test_every_policy_keeps_the_count_cap_and_fails_nothing(make_cache, anode, policy):
+    cache = await make_cache(max_models=3, policy=policy)
+    sampler = CapSampler(anode, NAMES)
+    sampling = asyncio.create_task(sampler.run())
+    answered, failures = await drive(cache, anode, clients=8, requests=4, seed=3)
+    sampler.stop()
+    await sampling
+    assert failures == [] and answered == 32
+    assert sampler.peak <= 3 and len(cache.snapshot()) <= 3

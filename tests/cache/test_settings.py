@@ -32,5 +32,5 @@ def test_negative_values_fail_naming_the_field(field):
 
 
 def test_unknown_policy_fails_at_construction():
-    with pytest.raises(ValueError, match=r"^unknown eviction policy 'nope'; known: lru$"):
+    with pytest.raises(ValueError, match=r"^unknown eviction policy 'nope'; known: cost, fifo, lfu, lru$"):
         CacheSettings(policy="nope")

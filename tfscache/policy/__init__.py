@@ -43,10 +43,16 @@ class EvictionPolicy(ABC):
     def victims(self, candidates: Iterable[Key], now: float) -> Iterable[Key]:
         """``candidates`` (resident, idle) in the order they should be evicted."""
 
+    def set_caps(self, max_models: int, memory_bytes: int) -> None:
+        """The node's caps (0: none), told before any load; for policies that price room."""
+
 
 # name -> "module:Class"; imported only when chosen.
 POLICIES: dict[str, str] = {
     "lru": "tfscache.policy.lru:LRUPolicy",
+    "fifo": "tfscache.policy.fifo:FIFOPolicy",
+    "lfu": "tfscache.policy.lfu:LFUPolicy",
+    "cost": "tfscache.policy.cost:CostAwarePolicy",
 }
 
 
