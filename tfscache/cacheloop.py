@@ -20,7 +20,7 @@ from tfscache.repository import not_found
 log = logging.getLogger("tfscache.cache")
 
 _FIRST_POLL_S = 0.002
-_MAX_POLL_S = 0.1
+_MAX_POLL_S = 0.05
 _MAX_HOLDERS_NAMED = 20
 
 

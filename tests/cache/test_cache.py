@@ -354,3 +354,36 @@ async def test_stop_fails_waiters_with_unavailable(make_cache, gate):
     with pytest.raises(errors.NodeUnavailable, match=r"^node .* is unhealthy: its cache manager stopped$"):
         await cache.acquire("addk_12")
     gate.release("addk_11")
+
+
+async def test_reload_error_is_not_trusted_over_get_model_status(make_cache, anode):
+    """Real TF Serving can answer a re-add with UNKNOWN "did not become available" and load
+    the model moments later (tfserving-behavior.md §1.9); `tfscache node` does not
+    reproduce that timing, so the client reports the real server's error after the reload."""
+    cache = await make_cache()
+    real_reload = cache.node.reload
+
+    async def reload_then_report_the_stale_end(config, deadline_s=None):
+        await real_reload(config, deadline_s)
+        if "addk_4" in {m.name for m in config.model_config_list.config}:
+            raise errors.Unknown("1 model(s) did not become available: {{{name: addk_4 version: 1}}, }")
+
+    cache.node.reload = reload_then_report_the_stale_end
+    async with await cache.acquire("addk_4"):
+        assert await anode.add("addk_4", 1, 1.0) == 5.0
+    assert resident(cache) == {"addk_4": "available"}
+
+
+async def test_second_version_of_a_resident_model(make_cache, synthetic_models, repo_root, anode):
+    [base] = synthetic_models([30], versions=(1, 2))
+    shutil.copytree(base, repo_root / "addk_30", dirs_exist_ok=True)
+    cache = await make_cache()
+    old = await cache.acquire("addk_30", 1)
+    # The node applies a version-policy change at its next poll without waiting; the
+    # manager confirms version 2 with GetModelStatus.
+    async with await cache.acquire("addk_30") as new:
+        assert new.version == 2
+        assert cache._config().model_config_list.config[0].model_version_policy.specific.versions == [1, 2]
+        assert await anode.state("addk_30", 1) == "AVAILABLE" and await anode.state("addk_30", 2) == "AVAILABLE"
+    old.release()
+    assert sorted((m.name, m.version) for m in cache.snapshot()) == [("addk_30", 1), ("addk_30", 2)]
