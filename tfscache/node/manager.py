@@ -1,13 +1,12 @@
-"""ServingCore: TF Serving's ServerCore, AspiredVersionsManager and file-system source.
+"""ServingCore: TF Serving's ServerCore and AspiredVersionsManager.
 
 The pieces and the C++ they stand for:
 
 * ``ServingCore.reload`` is ``ServerCore::ReloadConfig``: one lock for the whole call,
   validation, ``config_`` replaced before later failures, the label map rebuilt, then
   the source config swapped and a wait for *newly named* models only.
-* A poll thread is ``FileSystemStoragePathSource``: every --file_system_poll_wait_seconds
-  it lists each base path and sends the aspired versions of every model; one missing
-  base path aborts the whole poll (the reload hang of tfserving-behavior.md §1.5).
+* The file-system source (``FileSystemStoragePathSource``: version directories, version
+  policies, the poll thread) is source.py; it sends aspired versions to ``_aspire``.
 * The manager thread is ``AspiredVersionsManager`` with ``AvailabilityPreservingPolicy``:
   one action per model per tick (100 ms or sooner when something changed), loads with
   retries, failed versions stay managed while aspired (sticky), unaspired ones unload.
@@ -49,6 +48,7 @@ from tfscache.errors import (
     code_name,
 )
 from tfscache.node import config as node_config
+from tfscache.node.source import FileSystemSource, aspired_versions  # noqa: F401 (re-exported)
 
 log = logging.getLogger("tfscache.node.manager")
 
@@ -176,10 +176,6 @@ class ServingCore:
         self._changed = threading.Condition(self._lock)
         self._config = ModelServerConfig()
         self._labels: dict[str, dict[str, int]] | None = None
-        # FileSystemStoragePathSource: None until a first list config succeeded.
-        self._source: dict[str, model_server_config_pb2.ModelConfig] | None = None
-        self._source_generation = 0
-        self._poller: threading.Thread | None = None
         self._monitor: dict[str, dict[int, ServableState]] = {}
         self._waiters: list[_Waiter] = []
         self._versions: dict[tuple[str, int], _Version] = {}
@@ -187,6 +183,8 @@ class ServingCore:
         self._pending_aspired: dict[str, dict[int, str]] = {}
         self._busy: set[tuple[str, int]] = set()  # versions with an action under way
         self._stopped = threading.Event()
+        # FileSystemStoragePathSource: not started until a first list config succeeded.
+        self._source = FileSystemSource(self._changed, self._stopped, self._aspire)
         self._dirty = False
         self._initial_load = False
         self._load_pool = self._pool(options.num_load_threads, "load")
@@ -253,29 +251,24 @@ class ServingCore:
         config_list = self._config.model_config_list
         node_config.check_platforms_supported(config_list)
         models = {model.name: copy.deepcopy(model) for model in config_list.config}
-        if self._source is None:
+        if not self._source.started:
             # First list config: start the source and wait for ALL models on the main
             # monitor (ConnectSourcesWithFastInitialLoad). On failure the source is not kept.
             waiter = self._register_waiter(set(models), seed=True)
             with self._lock:
                 self._initial_load = True
-            self._start_source(models)
+            self._source.start(models, self.options.file_system_poll_wait_seconds)
             try:
                 self._await(waiter, "servable(s)")
             except TfscacheError:
-                self._stop_source()
+                self._source.stop()
                 raise
             finally:
                 with self._lock:
                     self._initial_load = False
             return
-        waiter = self._register_waiter(set(models) - set(self._source), seed=False)
-        with self._lock:
-            removed = set(self._source) - set(models)
-            self._source = models
-            for name in removed:  # UpdateConfig un-aspires deleted models at once
-                self._aspire(name, {})
-            self._changed.notify_all()
+        waiter = self._register_waiter(set(models) - self._source.names(), seed=False)
+        self._source.update(models)  # UpdateConfig un-aspires deleted models at once
         self._await(waiter, "model(s)")
 
     def _register_waiter(self, names: set[str], *, seed: bool) -> _Waiter:
@@ -312,53 +305,6 @@ class ServingCore:
                     if state.error is not None else ""
                 parts.append(f"{{{{name: {name} version: {version}}}{error}}}, ")
             raise Unknown(f"{len(failed)} {noun} did not become available: {{{''.join(parts)}}}")
-
-    # ------------------------------------------------------------------ source
-
-    def _start_source(self, models: dict[str, model_server_config_pb2.ModelConfig]) -> None:
-        """FileSystemStoragePathSource::Create: first poll now, then every period (0 = once)."""
-        with self._lock:
-            self._source = models
-            self._source_generation += 1
-            generation = self._source_generation
-        period = self.options.file_system_poll_wait_seconds
-        if period < 0:
-            return
-        self._poller = threading.Thread(target=self._poll_loop, args=(generation, period),
-                                        name="tfscache-fs-poll", daemon=True)
-        self._poller.start()
-
-    def _stop_source(self) -> None:
-        with self._lock:
-            self._source = None
-            self._source_generation += 1
-
-    def _poll_loop(self, generation: int, period: float) -> None:
-        while not self._stopped.is_set():
-            with self._lock:
-                if generation != self._source_generation:
-                    return
-                models = dict(self._source or {})
-            self._poll_once(models, generation)
-            if period == 0 or self._stopped.wait(period):
-                return
-
-    def _poll_once(self, models: dict[str, model_server_config_pb2.ModelConfig], generation: int) -> None:
-        aspired: dict[str, dict[int, str]] = {}
-        for name, model in models.items():
-            try:
-                aspired[name] = aspired_versions(model)
-            except InvalidArgument as exc:  # the first error aborts the poll for all models
-                log.error("FileSystemStoragePathSource encountered a filesystem access error: %s",
-                          exc.message)
-                return
-        with self._lock:
-            if generation != self._source_generation:
-                return
-            for name, versions in aspired.items():
-                if name in (self._source or {}):
-                    self._aspire(name, versions)
-            self._changed.notify_all()
 
     # ------------------------------------------------------------------ manager
 
@@ -611,56 +557,8 @@ class ServingCore:
         """Stop polling and managing; loaded servables are left to process exit."""
         self._stopped.set()
         with self._lock:
-            self._source_generation += 1
+            self._source.cancel_polls()
             self._changed.notify_all()
         for pool in (self._load_pool, self._unload_pool, self._initial_pool):
             if pool is not None:
                 pool.shutdown(wait=False, cancel_futures=True)
-
-
-# ---------------------------------------------------------------------- version policy
-
-
-def _version_number(child: str) -> int | None:
-    """absl::SimpleAtoi on a directory name: '00000123' -> 123; others are ignored."""
-    text = child.strip()
-    body = text[1:] if text[:1] in "+-" else text
-    if not body.isdigit() or not body.isascii():
-        return None
-    value = int(text)
-    return value if -(2**63) <= value < 2**63 else None
-
-
-def aspired_versions(model: model_server_config_pb2.ModelConfig) -> dict[int, str]:
-    """The versions a model's model_version_policy aspires to, {version: path}."""
-    base = model.base_path
-    try:
-        children = os.listdir(base)
-    except OSError as exc:
-        raise InvalidArgument(
-            f"Could not find base path {base} for servable {model.name} with error {exc.strerror}"
-        ) from exc
-    found: dict[int, str] = {}
-    for child in children:
-        version = _version_number(child)
-        if version is not None:
-            found[version] = os.path.join(base, child)
-    policy = model.model_version_policy
-    choice = policy.WhichOneof("policy_choice")
-    if choice == "all":
-        chosen = found
-    elif choice == "specific":
-        wanted = list(policy.specific.versions)
-        if not wanted:
-            log.warning("Version policy specific for servable %s has no versions", model.name)
-        missing = [v for v in wanted if v not in found]
-        if missing:
-            log.warning("Version(s) %s of servable %s not found under base path %s",
-                        missing, model.name, base)
-        chosen = {v: found[v] for v in wanted if v in found}
-    else:
-        count = max(policy.latest.num_versions if choice == "latest" else 1, 1)
-        chosen = {v: found[v] for v in sorted(found, reverse=True)[:count]}
-    if not found:
-        log.warning("No versions of servable %s found under base path %s", model.name, base)
-    return chosen
