@@ -6,6 +6,7 @@ Slow and failing loads are held on the node's load gate, never on sleeps.
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import time
 
@@ -387,3 +388,24 @@ async def test_second_version_of_a_resident_model(make_cache, synthetic_models, 
         assert await anode.state("addk_30", 1) == "AVAILABLE" and await anode.state("addk_30", 2) == "AVAILABLE"
     old.release()
     assert sorted((m.name, m.version) for m in cache.snapshot()) == [("addk_30", 1), ("addk_30", 2)]
+
+
+async def test_restart_adopts_only_what_the_node_still_serves(make_cache, tmp_path, anode):
+    state = tmp_path / "node.cache.json"
+    first = await make_cache(state_file=state)
+    for name in ("addk_1", "addk_2"):
+        (await first.acquire(name)).release()
+    await first.stop()
+    saved = json.loads(state.read_text())
+    assert saved["node"] == first.node.target
+    assert sorted((m["name"], m["version"], m["measured"]) for m in saved["models"]) == [
+        ("addk_1", 1, True), ("addk_2", 1, True)]
+    # The node lost addk_2 meanwhile (say, someone else reloaded it away).
+    only_1 = pb.ModelServerConfig()
+    only_1.model_config_list.config.add(name="addk_1", base_path=str(first.repository.base_path("addk_1")),
+                                        model_platform="tensorflow").model_version_policy.specific.versions.append(1)
+    await first.node.reload(only_1)
+    await wait_until(lambda: _is_end(anode, "addk_2"), what="addk_2 to unload")
+    second = await make_cache(state_file=state)
+    assert [(m.name, m.state) for m in second.snapshot()] == [("addk_1", "available")]
+    assert second.node.reloads == [{"addk_1": (1,)}]
