@@ -1,6 +1,6 @@
 """Fixtures for the cache-manager tests: one real ``tfscache node`` per module.
 
-* ``repo``: a model repository (``ROOT/addk_<k>/1``) of small synthetic models
+* ``repo_root`` / ``repository``: a model repository (``ROOT/addk_<k>/1``) of small synthetic models
   addk_1..addk_12 (y = x + k), copied from the session's built models so a test may
   delete or add directories without touching other suites.
 * ``node``: a ``tfscache node`` with an empty config, a fast file-system poll, no load

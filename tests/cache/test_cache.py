@@ -15,7 +15,6 @@ import pytest
 
 from tfscache import errors
 from tfscache.policy import POLICIES
-
 from tfscache.wire import serving_pb2 as pb
 
 from cache_support import MODEL_BYTES, wait_for_condition, wait_until
