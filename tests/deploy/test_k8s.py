@@ -1,0 +1,99 @@
+"""deploy/k8s/: the StatefulSet (TF Serving + sidecar, one PID namespace), Services, ConfigMaps."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import manifests
+
+OBJECTS = manifests.load_k8s()
+STS = ("StatefulSet", "tfscache")
+POD = ["spec", "template", "spec"]
+
+
+def containers(objects) -> list[dict]:
+    return objects[STS]["spec"]["template"]["spec"]["containers"]
+
+
+def index(name: str) -> int:
+    return [c["name"] for c in containers(OBJECTS)].index(name)
+
+
+SIDECAR, NODE = POD + ["containers", index("tfscache")], POD + ["containers", index("tfserving")]
+
+
+@pytest.fixture
+def grace_s(tmp_path) -> float:
+    pair = manifests.deployments()["k8s"][0]
+    return manifests.load_sidecar_settings(manifests.sidecar_config_text(pair), pair.sidecar_env, tmp_path,
+                                           tmp_path).server.grace_s
+
+
+def test_manifests_agree_with_the_code(grace_s):
+    assert manifests.check_k8s(OBJECTS, grace_s) == []
+
+
+def test_kustomization_lists_every_manifest():
+    assert manifests.check_kustomization() == []
+
+
+def test_env_references_are_defined_before_use():
+    for c in containers(OBJECTS):
+        assert manifests.expand_env(c, manifests.K8S_EXAMPLE_ENV)[1] == []
+
+
+def test_env_reference_check_can_fail():
+    c = {"env": [{"name": "A", "value": "$(B)"}, {"name": "B", "value": "x"}]}
+    assert manifests.expand_env(c, {})[1]
+
+
+def headless() -> str:
+    return OBJECTS[STS]["spec"]["serviceName"]
+
+
+def client_service() -> tuple[str, str]:
+    return next(k for k, o in OBJECTS.items() if k[0] == "Service" and o["spec"].get("clusterIP") != "None")
+
+
+GRPC = manifests.sidecar_ports()["server.grpc_port"]
+UNUSED = max(manifests.sidecar_ports().values()) + 1  # no tfscache port
+
+
+@pytest.mark.parametrize("path, value, why", [
+    (POD + ["shareProcessNamespace"], False, "shareProcessNamespace"),
+    (SIDECAR + ["ports", 0, "containerPort"], UNUSED, "containerPorts"),
+    (SIDECAR + ["readinessProbe"], {"tcpSocket": {"port": GRPC}}, "readiness"),
+    (SIDECAR + ["readinessProbe", "grpc", "port"], GRPC + 1, "readiness"),
+    (SIDECAR + ["livenessProbe"], {"httpGet": {"port": GRPC + 1}}, "liveness"),
+    (SIDECAR + ["resources"], {}, "memory request and limit"),
+    (NODE + ["resources", "requests"], {"memory": "1Gi"}, "cpu request"),
+    (SIDECAR + ["securityContext"], {}, "non-root"),
+    (NODE + ["lifecycle"], {}, "preStop"),
+    (POD + ["terminationGracePeriodSeconds"], 10, "terminationGracePeriodSeconds"),
+    (["spec", "serviceName"], "nope", "headless"),
+    (POD + ["volumes", 0], {"name": "models", "persistentVolumeClaim": {"claimName": "nope"}},
+     "PersistentVolumeClaim"),
+])
+def test_statefulset_check_can_fail(grace_s, path, value, why):
+    objects = dict(OBJECTS)
+    objects[STS] = manifests.mutated(OBJECTS[STS], path, value)
+    problems = manifests.check_k8s(objects, grace_s)
+    assert any(why in p for p in problems), problems
+
+
+@pytest.mark.parametrize("key, path, value, why", [
+    (lambda: ("Service", headless()), ["spec", "clusterIP"], "10.0.0.1", "headless"),
+    (client_service, ["spec", "selector"], {"app": "other"}, "does not select"),
+    (client_service, ["spec", "ports", 0, "targetPort"], "nope", "does not reach"),
+    (client_service, ["spec", "ports", 0, "port"], UNUSED, "not a tfscache port"),
+])
+def test_service_check_can_fail(grace_s, key, path, value, why):
+    objects = dict(OBJECTS)
+    objects[key()] = manifests.mutated(OBJECTS[key()], path, value)
+    problems = manifests.check_k8s(objects, grace_s)
+    assert any(why in p for p in problems), problems
+
+
+def test_missing_configmap_fails(grace_s):
+    objects = {k: v for k, v in OBJECTS.items() if k[0] != "ConfigMap"}
+    assert any("no ConfigMap" in p for p in manifests.check_k8s(objects, grace_s))

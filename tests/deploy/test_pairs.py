@@ -1,0 +1,199 @@
+"""Each TF Serving container and its sidecar, in docker-compose and in Kubernetes, agree with the code.
+
+The ``pair`` fixture runs every test once per sidecar of deploy/docker-compose.yml and
+once for the Kubernetes StatefulSet. The ``*_can_fail`` tests feed each check a broken
+copy and expect it to object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tfscache import settings as settings_mod
+
+from . import manifests
+
+
+def replace_arg(args: list[str], flag: str, new: str | None) -> list[str]:
+    """Args with ``--flag=...`` replaced by ``new`` (or removed when None)."""
+    out = [a for a in args if not a.startswith(f"--{flag}=")] + ([new] if new else [])
+    assert len(out) != len(args) or new, f"--{flag} not in {args}"
+    return out
+
+
+# -- TF Serving flags ---------------------------------------------------------------------
+
+
+def test_tfserving_runs_with_the_required_flags(pair):
+    assert manifests.check_tfserving(pair.tfserving_command, pair.tfserving_args) == []
+
+
+def test_every_flag_the_doc_requires_is_checked():
+    # The doc's table is what check_tfserving enforces; an empty parse would check nothing.
+    assert set(manifests.required_tfserving_flags()) >= {"model_config_file", "file_system_poll_wait_seconds",
+                                                         "max_num_load_retries", "num_load_threads"}
+
+
+@pytest.mark.parametrize("flag", manifests.required_tfserving_flags())
+def test_flag_check_fails_without_a_required_flag(pair, flag):
+    args = replace_arg(pair.tfserving_args, flag, None)
+    assert any(f"--{flag} missing" in p for p in manifests.check_tfserving(pair.tfserving_command, args))
+
+
+@pytest.mark.parametrize("flag, bad, why", [
+    ("file_system_poll_wait_seconds", "0", "must be >= 1"),
+    ("file_system_poll_wait_seconds", "0.5", "must be an integer"),
+    ("model_config_file_poll_wait_seconds", "60", "must be 0"),
+    ("max_num_load_retries", "5", "must be 0 or 1"),
+    ("load_retry_interval_micros", "60000000", "small"),
+    ("num_load_threads", "0", "must be >= 2"),
+    ("num_unload_threads", "0", "must be >= 1"),
+    ("num_load_threads", "four", "Illegal value"),
+])
+def test_flag_check_fails_on_a_bad_value(pair, flag, bad, why):
+    args = replace_arg(pair.tfserving_args, flag, f"--{flag}={bad}")
+    problems = manifests.check_tfserving(pair.tfserving_command, args)
+    assert any(why in p for p in problems), problems
+
+
+@pytest.mark.parametrize("arg, why", [
+    ("--file_system_poll_wait_secs=1", "not a tensorflow_model_server flag"),   # misspelt
+    ("--ports_file=/tmp/ports.json", "not a tensorflow_model_server flag"),     # tfscache node only
+    ("--num_load_threads 4", "not --flag=value"),
+])
+def test_flag_check_fails_on_a_flag_tensorflow_model_server_rejects(pair, arg, why):
+    problems = manifests.check_tfserving(pair.tfserving_command, pair.tfserving_args + [arg])
+    assert any(why in p for p in problems), problems
+
+
+def test_flag_check_fails_when_the_image_entrypoint_script_runs(pair):
+    problems = manifests.check_tfserving(["/usr/bin/tf_serving_entrypoint.sh"], pair.tfserving_args)
+    assert any("tensorflow_model_server itself" in p for p in problems)
+
+
+def test_tfserving_starts_with_an_empty_model_config_list(pair, tmp_path):
+    flags = manifests.tfserving_flags(pair.tfserving_args)
+    text = pair.extra["read"](pair.tfserving_mounts, flags["model_config_file"])
+    assert text is not None, f"{flags['model_config_file']} is not mounted into TF Serving"
+    path = tmp_path / "empty.config"
+    path.write_text(text)
+    assert manifests.check_empty_config(path) == []
+
+
+@pytest.mark.parametrize("text", ["", 'model_config_list { config { name: "m" base_path: "/models/m" '
+                                      'model_platform: "tensorflow" } }'])
+def test_empty_config_check_can_fail(tmp_path, text):
+    path = tmp_path / "bad.config"
+    path.write_text(text)
+    assert manifests.check_empty_config(path)
+
+
+def test_tfserving_image_is_the_version_tfscache_targets(pair):
+    # tfscache node reproduces tensorflow-serving-api's version (pyproject's node extra).
+    node_extra = manifests.pyproject()["project"]["optional-dependencies"]["node"]
+    version = manifests.pinned_version(node_extra, "tensorflow-serving-api")
+    assert pair.tfserving_image == f"tensorflow/serving:{version}"
+
+
+# -- the sidecar's settings ---------------------------------------------------------------
+
+
+def test_sidecar_config_loads_in_sidecar_mode(pair, sidecar_settings):
+    assert sidecar_settings.sidecar
+    assert sidecar_settings.ring.self_name, "each sidecar needs its ring name"
+    assert manifests.check_env_names(pair.sidecar_env) == []
+
+
+def test_sidecar_config_uses_the_default_ports(sidecar_settings):
+    # The front ends listen where the manifests publish them: nothing overrides the defaults.
+    defaults = settings_mod.Settings()
+    for dotted in manifests.sidecar_ports():
+        section, name = dotted.split(".")
+        assert getattr(getattr(sidecar_settings, section), name) == getattr(getattr(defaults, section), name)
+
+
+def test_sidecar_config_check_can_fail(pair, tmp_path):
+    text = manifests.sidecar_config_text(pair).replace("[cache]", "[cache]\nroom_timeout_s = -1", 1)
+    with pytest.raises(settings_mod.SettingsError, match="cache.room_timeout_s"):
+        manifests.load_sidecar_settings(text, pair.sidecar_env, tmp_path, tmp_path)
+    text = manifests.sidecar_config_text(pair) + "\n[discovery_typo]\nbackend = 'consul'\n"
+    with pytest.raises(settings_mod.SettingsError, match="unknown setting"):
+        manifests.load_sidecar_settings(text, pair.sidecar_env, tmp_path, tmp_path)
+
+
+def test_env_name_check_can_fail(pair):
+    assert manifests.check_env_names({**pair.sidecar_env, "TFSCACHE_RING_SELFNAME": "x"})
+
+
+def test_sidecar_reaches_its_node_on_the_tfserving_ports(pair, sidecar_settings):
+    flags = manifests.tfserving_flags(pair.tfserving_args)
+    assert manifests.check_node_matches(flags, sidecar_settings) == []
+
+
+def test_node_check_can_fail(pair, sidecar_settings):
+    flags = manifests.tfserving_flags(pair.tfserving_args)
+    moved = {**flags, "port": str(int(flags["port"]) + 1)}
+    assert any("node.node_address" in p for p in manifests.check_node_matches(moved, sidecar_settings))
+    grpc = manifests.sidecar_ports()["server.grpc_port"]
+    clash = {**flags, "port": str(grpc)}
+    clashing = dataclasses.replace(sidecar_settings, node=dataclasses.replace(
+        sidecar_settings.node, node_address=f"127.0.0.1:{grpc},{flags['rest_api_port']}"))
+    assert any("clash" in p for p in manifests.check_node_matches(clash, clashing))
+    short = dataclasses.replace(sidecar_settings, cache=dataclasses.replace(sidecar_settings.cache,
+                                                                           reload_deadline_s=1.0))
+    assert any("reload_deadline_s" in p for p in manifests.check_node_matches(flags, short))
+
+
+def test_memory_cap_fits_under_the_tfserving_limit(pair, sidecar_settings):
+    assert manifests.check_memory(pair, sidecar_settings) == []
+
+
+def test_memory_check_can_fail(pair, sidecar_settings):
+    over = dataclasses.replace(sidecar_settings, cache=dataclasses.replace(
+        sidecar_settings.cache, memory_per_node=pair.tfserving_memory_limit))
+    assert manifests.check_memory(pair, over)
+    assert manifests.check_memory(dataclasses.replace(pair, tfserving_memory_limit=None), sidecar_settings)
+
+
+# -- the shared model volume --------------------------------------------------------------
+
+
+def test_model_repository_is_shared_read_only_at_the_same_path(pair):
+    repository = manifests.tomllib.loads(manifests.sidecar_config_text(pair))["model_repository"]
+    assert manifests.check_shared_volume(pair, repository) == []
+
+
+def test_shared_volume_check_can_fail(pair):
+    repository = manifests.tomllib.loads(manifests.sidecar_config_text(pair))["model_repository"]
+    moved = {("/srv" + k if k == repository else k): v for k, v in pair.sidecar_mounts.items()}
+    assert manifests.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=moved), repository)
+    writable = {k: ({**v, "read_only": False} if k == repository else v) for k, v in pair.sidecar_mounts.items()}
+    assert manifests.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=writable), repository)
+    other = {k: ({**v, "source": "elsewhere"} if k == repository else v) for k, v in pair.tfserving_mounts.items()}
+    assert manifests.check_shared_volume(dataclasses.replace(pair, tfserving_mounts=other), repository)
+
+
+# -- discovery ------------------------------------------------------------------------------
+
+
+def consul_host(pair) -> str:
+    """Compose: the Consul service's name. Kubernetes: the node's Consul agent (HOST_IP)."""
+    if "statefulset" in pair.extra:
+        return manifests.K8S_EXAMPLE_ENV["status.hostIP"]
+    compose = manifests.load_compose()
+    return next(n for n, s in compose["services"].items() if s.get("image", "").startswith("hashicorp/consul:"))
+
+
+def test_sidecar_registers_with_consul(pair):
+    section = manifests.discovery_section(manifests.sidecar_config_text(pair), pair.sidecar_env)
+    assert manifests.check_discovery(section, consul_host(pair)) == []
+
+
+@pytest.mark.parametrize("key, value", [("backend", "static"), ("service_name", "tfs"),
+                                        ("consul_address", "http://elsewhere:8500"),
+                                        ("consul_address", "consul:8500"), ("advertise_host", "")])
+def test_discovery_check_can_fail(pair, key, value):
+    section = manifests.discovery_section(manifests.sidecar_config_text(pair), pair.sidecar_env)
+    assert manifests.check_discovery({**section, key: value}, consul_host(pair))
