@@ -233,6 +233,23 @@ def test_unknown_model_and_version(stub):
         grpc.StatusCode.NOT_FOUND, "Servable not found for request: Specific(half_plus_two, 7)")
 
 
+def test_status_of_unknown_model_has_get_model_status_texts(model_stub, serve):
+    request = get_model_status_pb2.GetModelStatusRequest()
+    request.model_spec.name = "nope"
+    with pytest.raises(grpc.RpcError) as info:
+        model_stub.GetModelStatus(request, timeout=60)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.NOT_FOUND, "Could not find any versions of model nope")
+    request.model_spec.name = "half_plus_two"
+    request.model_spec.version.value = 5
+    with pytest.raises(grpc.RpcError) as info:
+        model_stub.GetModelStatus(request, timeout=60)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.NOT_FOUND, "Could not find version 5 of model half_plus_two")
+    reply = requests.get(f"{serve.rest_url}/v1/models/nope", timeout=60)
+    assert (reply.status_code, reply.json()) == (404, {"error": "Could not find any versions of model nope"})
+
+
 def test_missing_spec_and_name_get_tf_servings_errors(stub):
     with pytest.raises(grpc.RpcError) as info:
         stub.Predict(predict_pb2.PredictRequest(), timeout=60)

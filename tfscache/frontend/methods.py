@@ -86,3 +86,11 @@ METHODS: dict[str, Method] = {
 }
 
 RELOAD_PATH = f"/{MODEL_SERVICE}/HandleReloadConfigRequest"
+STATUS_PATH = f"/{MODEL_SERVICE}/GetModelStatus"
+
+
+def status_not_found(key: RouteKey) -> errors.NotFound:
+    """GetModelStatus's NOT_FOUND texts (get_model_status_impl.cc) for a model not in the repository."""
+    if key.version is not None:
+        return errors.NotFound(f"Could not find version {key.version} of model {key.name}")
+    return errors.NotFound(f"Could not find any versions of model {key.name}")

@@ -102,7 +102,8 @@ class RestFrontend:
                     f"request body larger than the limit of {self._max_receive} bytes") from exc
             headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
             reply = await self._router.rest(route.key, request.method, request.raw_path, body, headers,
-                                            self._timeout_s, forwarded=FORWARDED_KEY in request.headers)
+                                            self._timeout_s, forwarded=FORWARDED_KEY in request.headers,
+                                            status=route.verb == "status")
         except errors.TfscacheError as exc:
             return error_response(exc)
         except Exception:  # noqa: BLE001 - the one place unknown errors become 500

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from tfscache import errors
-from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.methods import STATUS_PATH, RouteKey, status_not_found
 from tfscache.frontend.upstream import RestReply
 from tfscache.ring import Ring
 
@@ -45,6 +45,14 @@ class Router:
     async def grpc(self, path: str, key: RouteKey | None, request: bytes, metadata, deadline: float | None,
                    forwarded: bool = False) -> bytes:
         """Forward a gRPC request's bytes; the response bytes of the serving node."""
+        try:
+            return await self._grpc(path, key, request, metadata, deadline, forwarded)
+        except errors.ModelNotFound as exc:
+            if path == STATUS_PATH and key is not None:  # GetModelStatus has its own texts
+                raise status_not_found(key) from exc
+            raise
+
+    async def _grpc(self, path, key, request, metadata, deadline, forwarded) -> bytes:
         candidates = self.candidates(key, forwarded)
         try:
             return await candidates[0].grpc(key, path, request, metadata, deadline)
@@ -56,8 +64,16 @@ class Router:
         return await candidates[1].grpc(key, path, request, metadata, deadline)
 
     async def rest(self, key: RouteKey, method: str, path_qs: str, body: bytes, headers: dict[str, str],
-                   timeout: float, forwarded: bool = False) -> RestReply:
+                   timeout: float, forwarded: bool = False, status: bool = False) -> RestReply:
         """Forward a REST request; the serving node's reply, unchanged."""
+        try:
+            return await self._rest(key, method, path_qs, body, headers, timeout, forwarded)
+        except errors.ModelNotFound as exc:
+            if status:  # GET /v1/models/NAME[/versions/V]: GetModelStatus's texts
+                raise status_not_found(key) from exc
+            raise
+
+    async def _rest(self, key, method, path_qs, body, headers, timeout, forwarded) -> RestReply:
         candidates = self.candidates(key, forwarded)
         try:
             reply = await candidates[0].rest(key, method, path_qs, body, headers, timeout)
