@@ -77,6 +77,12 @@ async def test_a_fixed_list_needs_no_file() -> None:
     await discovery.stop()
 
 
+async def test_an_empty_given_list_is_a_sidecar_alone() -> None:
+    discovery = StaticDiscovery(peers=[])
+    await discovery.start()  # as `tfscache serve` with no [ring] peers: the ring is this sidecar only
+    assert discovery.members() == []
+
+
 def test_peers_from_file_validates_like_settings(tmp_path) -> None:
     harness = StaticHarness(tmp_path)
     assert peers_from_file(harness.config) == [peer("a"), peer("b"), peer("c")]

@@ -86,6 +86,7 @@ class EtcdDiscovery(Discovery):
         self._keepalive_task: asyncio.Task | None = None
         self._self: Peer | None = None
         self._lease: str | None = None
+        self._written = False  # this sidecar's key is written under self._lease
         self._watch_state = self._state_log(f"watch of {self.key_prefix.decode()!r}", log)
         self._lease_state = self._state_log("lease keep-alive", log)
 
@@ -154,11 +155,13 @@ class EtcdDiscovery(Discovery):
     async def _put_self(self) -> None:
         """Grant a lease if there is none, and write this sidecar's key under it."""
         if self._lease is None:
+            self._written = False
             reply = await self._post("/v3/lease/grant", {"TTL": self.ttl_s})
             self._lease = str(reply["ID"])
         value = json.dumps({"name": self._self.name, "grpc": self._self.grpc, "rest": self._self.rest})
         await self._post("/v3/kv/put", {"key": _b64(self._key(self._self)), "value": _b64(value),
                                         "lease": self._lease})
+        self._written = True
 
     async def register(self, peer: Peer) -> None:
         """Write the leased key (retrying until ``start_timeout_s``), then keep the lease alive."""
@@ -181,11 +184,14 @@ class EtcdDiscovery(Discovery):
         interval, backoff = self.ttl_s / 3, self._backoff()
         while True:
             try:
-                reply = await self._post("/v3/lease/keepalive", {"ID": self._lease})
-                if int(reply.get("TTL", 0)) <= 0:
-                    log.warning("etcd: lease %s of %s expired; registering again", self._lease, self.label)
-                    self._lease = None
+                if self._lease is None or not self._written:  # a re-registration was cut short
                     await self._put_self()
+                else:
+                    reply = await self._post("/v3/lease/keepalive", {"ID": self._lease})
+                    if int(reply.get("TTL", 0)) <= 0:
+                        log.warning("etcd: lease %s of %s expired; registering again", self._lease, self.label)
+                        self._lease = None
+                        await self._put_self()
             except (EtcdError, KeyError, ValueError) as exc:
                 self._lease_state.failed(exc)
                 await asyncio.sleep(min(backoff.next_delay(), interval))

@@ -42,12 +42,13 @@ class StaticDiscovery(Discovery):
         if loader is None and config_file:
             loader = lambda: peers_from_file(config_file)  # noqa: E731
         self._loader = loader
-        self._initial = list(peers or [])
+        self._initial = None if peers is None else list(peers)
         self._state = self._state_log(f"reading {config_file or 'the peer list'}", log)
         self.self_peer: Peer | None = None
 
     async def start(self) -> None:
-        if self._initial:
+        """The given list (even empty: a sidecar alone), else the file's; DiscoveryError if neither."""
+        if self._initial is not None:
             await self._apply(self._initial)
         elif not await self.reload():
             raise DiscoveryError("static discovery: no peer list (give peers or a config file with "
