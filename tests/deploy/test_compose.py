@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from . import manifests
+from . import checks, manifests
 
 COMPOSE = manifests.load_compose()
 
 
 def test_compose_topology_agrees_with_the_code():
-    assert manifests.check_compose(COMPOSE) == []
+    assert checks.check_compose(COMPOSE) == []
 
 
 def first(kind: str) -> str:
@@ -37,7 +37,7 @@ def sidecars() -> list[str]:
                                  [f"{p + 1}:{p + 1}" for p in manifests.sidecar_ports().values()]), "published"),
 ])
 def test_compose_check_can_fail(change, why):
-    problems = manifests.check_compose(change(COMPOSE))
+    problems = checks.check_compose(change(COMPOSE))
     assert any(why in p for p in problems), problems
 
 

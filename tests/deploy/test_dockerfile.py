@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from . import manifests
+from . import checks, manifests
 
 DOCKERFILE = manifests.DOCKERFILE.read_text()
 IGNORE = (manifests.DEPLOY / "Dockerfile.dockerignore").read_text()
 
 
 def test_dockerfile_agrees_with_the_code():
-    assert manifests.check_dockerfile(DOCKERFILE, IGNORE) == []
+    assert checks.check_dockerfile(DOCKERFILE, IGNORE) == []
 
 
 def test_default_config_loads_in_sidecar_mode(tmp_path):
@@ -38,7 +38,7 @@ def exposed() -> str:
 ])
 def test_dockerfile_check_can_fail(old, new, why):
     assert old in DOCKERFILE, old
-    problems = manifests.check_dockerfile(DOCKERFILE.replace(old, new), IGNORE)
+    problems = checks.check_dockerfile(DOCKERFILE.replace(old, new), IGNORE)
     assert any(why in p for p in problems), problems
 
 

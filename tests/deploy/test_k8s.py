@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from . import manifests
+from . import checks, manifests
 
 OBJECTS = manifests.load_k8s()
 STS = ("StatefulSet", "tfscache")
@@ -30,11 +30,11 @@ def grace_s(tmp_path) -> float:
 
 
 def test_manifests_agree_with_the_code(grace_s):
-    assert manifests.check_k8s(OBJECTS, grace_s) == []
+    assert checks.check_k8s(OBJECTS, grace_s) == []
 
 
 def test_kustomization_lists_every_manifest():
-    assert manifests.check_kustomization() == []
+    assert checks.check_kustomization() == []
 
 
 def test_env_references_are_defined_before_use():
@@ -77,7 +77,7 @@ UNUSED = max(manifests.sidecar_ports().values()) + 1  # no tfscache port
 def test_statefulset_check_can_fail(grace_s, path, value, why):
     objects = dict(OBJECTS)
     objects[STS] = manifests.mutated(OBJECTS[STS], path, value)
-    problems = manifests.check_k8s(objects, grace_s)
+    problems = checks.check_k8s(objects, grace_s)
     assert any(why in p for p in problems), problems
 
 
@@ -90,10 +90,10 @@ def test_statefulset_check_can_fail(grace_s, path, value, why):
 def test_service_check_can_fail(grace_s, key, path, value, why):
     objects = dict(OBJECTS)
     objects[key()] = manifests.mutated(OBJECTS[key()], path, value)
-    problems = manifests.check_k8s(objects, grace_s)
+    problems = checks.check_k8s(objects, grace_s)
     assert any(why in p for p in problems), problems
 
 
 def test_missing_configmap_fails(grace_s):
     objects = {k: v for k, v in OBJECTS.items() if k[0] != "ConfigMap"}
-    assert any("no ConfigMap" in p for p in manifests.check_k8s(objects, grace_s))
+    assert any("no ConfigMap" in p for p in checks.check_k8s(objects, grace_s))

@@ -13,7 +13,7 @@ import pytest
 
 from tfscache import settings as settings_mod
 
-from . import manifests
+from . import checks, manifests
 
 
 def replace_arg(args: list[str], flag: str, new: str | None) -> list[str]:
@@ -27,7 +27,7 @@ def replace_arg(args: list[str], flag: str, new: str | None) -> list[str]:
 
 
 def test_tfserving_runs_with_the_required_flags(pair):
-    assert manifests.check_tfserving(pair.tfserving_command, pair.tfserving_args) == []
+    assert checks.check_tfserving(pair.tfserving_command, pair.tfserving_args) == []
 
 
 def test_every_flag_the_doc_requires_is_checked():
@@ -39,7 +39,7 @@ def test_every_flag_the_doc_requires_is_checked():
 @pytest.mark.parametrize("flag", manifests.required_tfserving_flags())
 def test_flag_check_fails_without_a_required_flag(pair, flag):
     args = replace_arg(pair.tfserving_args, flag, None)
-    assert any(f"--{flag} missing" in p for p in manifests.check_tfserving(pair.tfserving_command, args))
+    assert any(f"--{flag} missing" in p for p in checks.check_tfserving(pair.tfserving_command, args))
 
 
 @pytest.mark.parametrize("flag, bad, why", [
@@ -54,7 +54,7 @@ def test_flag_check_fails_without_a_required_flag(pair, flag):
 ])
 def test_flag_check_fails_on_a_bad_value(pair, flag, bad, why):
     args = replace_arg(pair.tfserving_args, flag, f"--{flag}={bad}")
-    problems = manifests.check_tfserving(pair.tfserving_command, args)
+    problems = checks.check_tfserving(pair.tfserving_command, args)
     assert any(why in p for p in problems), problems
 
 
@@ -64,12 +64,12 @@ def test_flag_check_fails_on_a_bad_value(pair, flag, bad, why):
     ("--num_load_threads 4", "not --flag=value"),
 ])
 def test_flag_check_fails_on_a_flag_tensorflow_model_server_rejects(pair, arg, why):
-    problems = manifests.check_tfserving(pair.tfserving_command, pair.tfserving_args + [arg])
+    problems = checks.check_tfserving(pair.tfserving_command, pair.tfserving_args + [arg])
     assert any(why in p for p in problems), problems
 
 
 def test_flag_check_fails_when_the_image_entrypoint_script_runs(pair):
-    problems = manifests.check_tfserving(["/usr/bin/tf_serving_entrypoint.sh"], pair.tfserving_args)
+    problems = checks.check_tfserving(["/usr/bin/tf_serving_entrypoint.sh"], pair.tfserving_args)
     assert any("tensorflow_model_server itself" in p for p in problems)
 
 
@@ -79,7 +79,7 @@ def test_tfserving_starts_with_an_empty_model_config_list(pair, tmp_path):
     assert text is not None, f"{flags['model_config_file']} is not mounted into TF Serving"
     path = tmp_path / "empty.config"
     path.write_text(text)
-    assert manifests.check_empty_config(path) == []
+    assert checks.check_empty_config(path) == []
 
 
 @pytest.mark.parametrize("text", ["", 'model_config_list { config { name: "m" base_path: "/models/m" '
@@ -87,7 +87,7 @@ def test_tfserving_starts_with_an_empty_model_config_list(pair, tmp_path):
 def test_empty_config_check_can_fail(tmp_path, text):
     path = tmp_path / "bad.config"
     path.write_text(text)
-    assert manifests.check_empty_config(path)
+    assert checks.check_empty_config(path)
 
 
 def test_tfserving_image_is_the_version_tfscache_targets(pair):
@@ -103,7 +103,7 @@ def test_tfserving_image_is_the_version_tfscache_targets(pair):
 def test_sidecar_config_loads_in_sidecar_mode(pair, sidecar_settings):
     assert sidecar_settings.sidecar
     assert sidecar_settings.ring.self_name, "each sidecar needs its ring name"
-    assert manifests.check_env_names(pair.sidecar_env) == []
+    assert checks.check_env_names(pair.sidecar_env) == []
 
 
 def test_sidecar_config_uses_the_default_ports(sidecar_settings):
@@ -124,37 +124,37 @@ def test_sidecar_config_check_can_fail(pair, tmp_path):
 
 
 def test_env_name_check_can_fail(pair):
-    assert manifests.check_env_names({**pair.sidecar_env, "TFSCACHE_RING_SELFNAME": "x"})
+    assert checks.check_env_names({**pair.sidecar_env, "TFSCACHE_RING_SELFNAME": "x"})
 
 
 def test_sidecar_reaches_its_node_on_the_tfserving_ports(pair, sidecar_settings):
     flags = manifests.tfserving_flags(pair.tfserving_args)
-    assert manifests.check_node_matches(flags, sidecar_settings) == []
+    assert checks.check_node_matches(flags, sidecar_settings) == []
 
 
 def test_node_check_can_fail(pair, sidecar_settings):
     flags = manifests.tfserving_flags(pair.tfserving_args)
     moved = {**flags, "port": str(int(flags["port"]) + 1)}
-    assert any("node.node_address" in p for p in manifests.check_node_matches(moved, sidecar_settings))
+    assert any("node.node_address" in p for p in checks.check_node_matches(moved, sidecar_settings))
     grpc = manifests.sidecar_ports()["server.grpc_port"]
     clash = {**flags, "port": str(grpc)}
     clashing = dataclasses.replace(sidecar_settings, node=dataclasses.replace(
         sidecar_settings.node, node_address=f"127.0.0.1:{grpc},{flags['rest_api_port']}"))
-    assert any("clash" in p for p in manifests.check_node_matches(clash, clashing))
+    assert any("clash" in p for p in checks.check_node_matches(clash, clashing))
     short = dataclasses.replace(sidecar_settings, cache=dataclasses.replace(sidecar_settings.cache,
                                                                            reload_deadline_s=1.0))
-    assert any("reload_deadline_s" in p for p in manifests.check_node_matches(flags, short))
+    assert any("reload_deadline_s" in p for p in checks.check_node_matches(flags, short))
 
 
 def test_memory_cap_fits_under_the_tfserving_limit(pair, sidecar_settings):
-    assert manifests.check_memory(pair, sidecar_settings) == []
+    assert checks.check_memory(pair, sidecar_settings) == []
 
 
 def test_memory_check_can_fail(pair, sidecar_settings):
     over = dataclasses.replace(sidecar_settings, cache=dataclasses.replace(
         sidecar_settings.cache, memory_per_node=pair.tfserving_memory_limit))
-    assert manifests.check_memory(pair, over)
-    assert manifests.check_memory(dataclasses.replace(pair, tfserving_memory_limit=None), sidecar_settings)
+    assert checks.check_memory(pair, over)
+    assert checks.check_memory(dataclasses.replace(pair, tfserving_memory_limit=None), sidecar_settings)
 
 
 # -- the shared model volume --------------------------------------------------------------
@@ -162,17 +162,17 @@ def test_memory_check_can_fail(pair, sidecar_settings):
 
 def test_model_repository_is_shared_read_only_at_the_same_path(pair):
     repository = manifests.tomllib.loads(manifests.sidecar_config_text(pair))["model_repository"]
-    assert manifests.check_shared_volume(pair, repository) == []
+    assert checks.check_shared_volume(pair, repository) == []
 
 
 def test_shared_volume_check_can_fail(pair):
     repository = manifests.tomllib.loads(manifests.sidecar_config_text(pair))["model_repository"]
     moved = {("/srv" + k if k == repository else k): v for k, v in pair.sidecar_mounts.items()}
-    assert manifests.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=moved), repository)
+    assert checks.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=moved), repository)
     writable = {k: ({**v, "read_only": False} if k == repository else v) for k, v in pair.sidecar_mounts.items()}
-    assert manifests.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=writable), repository)
+    assert checks.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=writable), repository)
     other = {k: ({**v, "source": "elsewhere"} if k == repository else v) for k, v in pair.tfserving_mounts.items()}
-    assert manifests.check_shared_volume(dataclasses.replace(pair, tfserving_mounts=other), repository)
+    assert checks.check_shared_volume(dataclasses.replace(pair, tfserving_mounts=other), repository)
 
 
 # -- discovery ------------------------------------------------------------------------------
@@ -188,7 +188,7 @@ def consul_host(pair) -> str:
 
 def test_sidecar_registers_with_consul(pair):
     section = manifests.discovery_section(manifests.sidecar_config_text(pair), pair.sidecar_env)
-    assert manifests.check_discovery(section, consul_host(pair)) == []
+    assert checks.check_discovery(section, consul_host(pair)) == []
 
 
 @pytest.mark.parametrize("key, value", [("backend", "static"), ("service_name", "tfs"),
@@ -196,4 +196,4 @@ def test_sidecar_registers_with_consul(pair):
                                         ("consul_address", "consul:8500"), ("advertise_host", "")])
 def test_discovery_check_can_fail(pair, key, value):
     section = manifests.discovery_section(manifests.sidecar_config_text(pair), pair.sidecar_env)
-    assert manifests.check_discovery({**section, key: value}, consul_host(pair))
+    assert checks.check_discovery({**section, key: value}, consul_host(pair))
