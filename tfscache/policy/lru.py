@@ -32,3 +32,7 @@ class LRUPolicy(EvictionPolicy):
         # Walk recency order; keys never recorded (should not happen) go first.
         unknown = [key for key in wanted if key not in self._last_use]
         return unknown + [key for key in self._last_use if key in wanted]
+
+    def next_victim(self, now: float) -> Key | None:
+        """The least recently used tracked key (O(1)); the simulator's fast path."""
+        return next(iter(self._last_use), None)
