@@ -98,13 +98,15 @@ async def test_outage_keeps_the_last_membership_and_logs_once(dynamic_harness: H
     for discovery in made.values():
         assert names(discovery.members()) == {"a", "b", "c"}
     assert changes == []
-    failing_lines = Counter(r.getMessage().split(" failing:")[0] for r in caplog.records if " failing:" in r.getMessage())
+    messages = [r.getMessage() for r in caplog.records]
+    failing_lines = Counter(m.split(" failing:")[0] for m in messages if " failing:" in m)
     assert len(failing_lines) == 6 and set(failing_lines.values()) == {1}, failing_lines
 
     await dynamic_harness.recover()
     for discovery in made.values():
         await until(lambda: not discovery.failing, what="recovery")
-    recovered = Counter(r.getMessage().split(" recovered")[0] for r in caplog.records if " recovered" in r.getMessage())
+    messages = [r.getMessage() for r in caplog.records]
+    recovered = Counter(m.split(" recovered")[0] for m in messages if " recovered" in m)
     assert recovered == failing_lines
     # Changes are seen again.
     await made["c"].deregister()

@@ -99,7 +99,7 @@ class StateLog:
     def ok(self) -> None:
         if self.failing_since is not None:
             self.logger.info("%s recovered after %.1f s and %d failed attempt(s)", self.what,
-                                time.monotonic() - self.failing_since, self.attempts)
+                             time.monotonic() - self.failing_since, self.attempts)
         self.failing_since, self.attempts = None, 0
 
 

@@ -27,7 +27,6 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import aiohttp
 
