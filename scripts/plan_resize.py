@@ -20,7 +20,8 @@ a progress bar on stderr while scanning) or from ``--models-file`` lines ``NAME 
 
 Prints a table of copies and bytes per (from, to), per node, and totals; ``--json``
 prints the same as one JSON object, with every moving model under ``"moved"`` (the
-input of scripts/prewarm.py). Exit status 2 on bad arguments or input.
+what scripts/prewarm.py needs: name, bytes, old and new replicas). Exit status 2 on bad
+arguments or input.
 """
 
 from __future__ import annotations

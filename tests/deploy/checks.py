@@ -199,11 +199,15 @@ def check_compose(compose: Mapping) -> list[str]:
     names = [p.sidecar_env.get(env_name("ring.self_name")) for p in pairs]
     if None in names or len(set(names)) != len(names):
         problems.append(f"each sidecar needs its own {env_name('ring.self_name')}: {names}")
+    # Clients need gRPC and REST on the host; other sidecar ports (e.g. an admin port bound to
+    # 127.0.0.1 by default) may stay inside.
     published = {int(str(p).split(":")[-1]) for s in services.values() if not str(s.get("image", "")).startswith(
         "hashicorp/consul") for p in s.get("ports", [])}
-    if published != set(sidecar_ports().values()):
-        problems.append(f"the sidecar ports published {sorted(published)} != the settings' defaults "
-                        f"{sidecar_ports()}")
+    ports = sidecar_ports()
+    needed = {ports["server.grpc_port"], ports["server.rest_port"]}
+    if not needed <= published <= set(ports.values()):
+        problems.append(f"the sidecar ports published {sorted(published)} must include gRPC and REST and be "
+                        f"among the settings' defaults {ports}")
     return problems
 
 
