@@ -19,8 +19,8 @@ a progress bar on stderr while scanning) or from ``--models-file`` lines ``NAME 
 (SIZE in bytes or with a unit, ``4GiB``; ``#`` starts a comment).
 
 Prints a table of copies and bytes per (from, to), per node, and totals; ``--json``
-prints the same as one JSON object, with every moving model under ``"moved"`` (the
-what scripts/prewarm.py needs: name, bytes, old and new replicas). Exit status 2 on bad
+prints the same as one JSON object, with every moving model under ``"moved"``
+(name, bytes, old and new replicas: what scripts/prewarm.py needs). Exit status 2 on bad
 arguments or input.
 """
 
