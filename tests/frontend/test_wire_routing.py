@@ -113,3 +113,30 @@ def test_front_end_imports_no_tensorflow():
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_repeated_model_spec_merges_as_a_full_parse_would():
+    first = predict_pb2.PredictRequest()
+    first.model_spec.name = "m"
+    second = predict_pb2.PredictRequest()
+    second.model_spec.version.value = 9
+    second.inputs["x"].float_val.append(1.0)
+    wire = first.SerializeToString() + second.SerializeToString()  # concatenation = merge
+    official = predict_pb2.PredictRequest.FromString(wire)
+    assert (official.model_spec.name, official.model_spec.version.value) == ("m", 9)
+    assert METHODS["/tensorflow.serving.PredictionService/Predict"].route_key(wire) == RouteKey("m", version=9)
+
+
+@pytest.mark.parametrize("wire", [b"\x0a\x05ab", b"\x0a", b"\x08", b"\x0b", b"\x12\x80", b"\x00\x01"])
+def test_truncated_or_invalid_wire_is_invalid_argument(wire):
+    for path in sorted(METHODS):
+        with pytest.raises(errors.InvalidArgument):
+            METHODS[path].route_key(wire)
+
+
+def test_large_request_reads_only_the_spec():
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "big"
+    request.inputs["x"].tensor_content = b"\x00" * (64 << 20)
+    wire = request.SerializeToString()
+    assert METHODS["/tensorflow.serving.PredictionService/Predict"].route_key(wire) == RouteKey("big")

@@ -44,14 +44,62 @@ def _spec_key(spec: serving_pb2.ModelSpec) -> RouteKey | None:
     return RouteKey(spec.name)
 
 
+def _field_one(request: bytes) -> list[memoryview]:
+    """The payloads of every occurrence of length-delimited field 1, other fields skipped unread.
+
+    Parsing the whole request would copy every other field (the tensors: up to the message
+    size limit) into the parsed message's unknown fields; only the ModelSpec is needed.
+    """
+    view, pos, end, found = memoryview(request), 0, len(request), []
+    while pos < end:
+        tag, pos = _varint(view, pos)
+        field, wire_type = tag >> 3, tag & 7
+        if wire_type == 0:
+            _, pos = _varint(view, pos)
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 2:
+            size, pos = _varint(view, pos)
+            if field == 1:
+                found.append(view[pos:pos + size])
+            pos += size
+        elif wire_type == 5:
+            pos += 4
+        else:  # groups (3, 4) do not occur in these messages; 6 and 7 are invalid
+            raise DecodeError(f"unexpected wire type {wire_type}")
+        if field == 0 or pos > end:
+            raise DecodeError("truncated or invalid message")
+    return found
+
+
+def _varint(view: memoryview, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(view) or shift > 63:
+            raise DecodeError("truncated varint")
+        byte = view[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
 def _head(request: bytes) -> RouteKey | None:
-    head = serving_pb2.SpecHead.FromString(request)
-    return _spec_key(head.model_spec) if head.HasField("model_spec") else None
+    found = _field_one(request)
+    if not found:
+        return None
+    spec = serving_pb2.ModelSpec()
+    for payload in found:  # a repeated embedded message merges, as a full parse would
+        spec.MergeFromString(payload)
+    return _spec_key(spec)
 
 
 def _multi(request: bytes) -> RouteKey | None:
-    head = serving_pb2.MultiInferenceHead.FromString(request)
-    return _spec_key(head.tasks[0].model_spec) if head.tasks else None
+    found = _field_one(request)  # tasks; the handle comes from tasks[0]
+    if not found:
+        return None
+    return _spec_key(serving_pb2.InferenceTask.FromString(found[0]).model_spec)
 
 
 @dataclass(frozen=True)
