@@ -18,7 +18,7 @@ from .conftest import StaticHarness, names
 
 def _proposed(backend: str, **overrides) -> SimpleNamespace:
     """Settings with the [discovery] section docs/discovery.md proposes."""
-    section = dict(backend=backend, service="tfscache", advertise_host="", ttl_s=10.0, retry_max_s=5.0,
+    section = dict(backend=backend, service_name="tfscache", advertise_host="", ttl_s=10.0, retry_max_s=5.0,
                    start_timeout_s=30.0, request_timeout_s=5.0, consul_address="http://127.0.0.1:8500",
                    consul_token="", consul_wait_s=30.0, consul_deregister_critical_after_s=600.0,
                    etcd_endpoints=["http://127.0.0.1:2379"], etcd_prefix="/tfscache")

@@ -252,7 +252,7 @@ def from_settings(settings: Any, config_file: str | Path | None = None) -> Disco
     if backend == "static":
         return make_discovery("static", peers=list(settings.ring.peers), config_file=config_file or None,
                               **common)
-    common.update(service=section.service, ttl_s=section.ttl_s, request_timeout_s=section.request_timeout_s)
+    common.update(service=section.service_name, ttl_s=section.ttl_s, request_timeout_s=section.request_timeout_s)
     if backend == "consul":
         return make_discovery("consul", address=section.consul_address, token=section.consul_token,
                               wait_s=section.consul_wait_s,
