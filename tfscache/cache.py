@@ -89,6 +89,7 @@ class ResidentModel:
     leases: int
     last_use: float  # wall-clock seconds
     state: str  # "loading", "available" or "unloading"
+    pinned: bool = False  # never chosen as a victim (``CacheManager.pin``)
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,11 @@ class CacheManager:
         self._healthy = False
         self._unhealthy_reason = "not started"
         self._closed = False
+        self._pinned: set[Key] = set()
+        self._evict_queue: list[Key] = []  # evicted by ``evict``, for the reloader's next step
+        self._unload_waiters: dict[Key, list[asyncio.Future]] = {}
+        self._draining = False
+        self._drained: list[asyncio.Future] = []
 
     # -- public API --------------------------------------------------------------------
 
@@ -218,7 +224,7 @@ class CacheManager:
         # A hit: no file-system access beyond the remembered latest version, no await.
         latest = version if version is not None else self.repository.latest_version(name)
         entry = self._entries.get((name, latest))
-        if entry is not None and entry.state == READY:
+        if entry is not None and entry.state == READY and not self._draining:
             return self._lease(entry)
         found = self.repository.resolve(name, version)
         key = (found.name, found.version)
@@ -254,8 +260,79 @@ class CacheManager:
                 for p in self._pending.values()]
 
     def snapshot(self) -> list[ResidentModel]:
-        return [ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state)
+        return [ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state,
+                              e.key in self._pinned)
                 for e in self._entries.values()]
+
+    # -- admin operations (tfscache.admin) ---------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """True once ``drain`` was called: every new acquire gets UNAVAILABLE."""
+        return self._draining
+
+    async def preload(self, name: str, version: int | None = None, timeout: float | None = None) -> ResidentModel:
+        """Load ``name`` (version None: the highest on disk) unless resident; errors as ``acquire``'s."""
+        lease = await self.acquire(name, version, timeout)
+        lease.release()
+        return self._resident((lease.name, lease.version))
+
+    async def pin(self, name: str, version: int | None = None, timeout: float | None = None) -> ResidentModel:
+        """Load if needed and keep resident: the policy never chooses a pinned version as a victim."""
+        lease = await self.acquire(name, version, timeout)
+        self._pinned.add((lease.name, lease.version))
+        lease.release()
+        return self._resident((lease.name, lease.version))
+
+    def unpin(self, name: str, version: int | None = None) -> list[Key]:
+        """Make pinned versions of ``name`` (all when ``version`` is None) evictable again."""
+        keys = sorted(k for k in self._pinned if k[0] == name and version in (None, k[1]))
+        if not keys:
+            raise errors.NotFound(f"model {name}{_version(version)} is not pinned on node {self.node.target}")
+        self._pinned.difference_update(keys)
+        self._wake.set()  # a load may have been waiting for the room the pin held
+        return keys
+
+    async def evict(self, name: str, version: int | None = None) -> list[Key]:
+        """Unload idle resident versions of ``name`` (all when ``version`` is None) now; wait until gone."""
+        check_name(name)
+        keys = [k for k, e in self._entries.items() if k[0] == name and version in (None, k[1])
+                and e.state != UNLOADING]
+        if not keys:
+            raise errors.NotFound(f"model {name}{_version(version)} is not resident on node {self.node.target}")
+        busy = [self._entries[k] for k in keys if self._entries[k].state != READY or self._entries[k].leases
+                or k in self._pinned]
+        if busy:
+            raise errors.FailedPrecondition(f"not evicting from node {self.node.target}: " + "; ".join(
+                f"model {e.key[0]} version {e.key[1]} " + (
+                    f"is held by {e.leases} lease{'s' if e.leases != 1 else ''} (requests in flight)"
+                    if e.leases else "is loading" if e.state == LOADING else "is pinned (unpin it first)")
+                for e in busy))
+        futures = []
+        for key in keys:
+            self._entries[key].state = UNLOADING
+            self.policy.forget(key)
+            self._evict_queue.append(key)
+            futures.append(asyncio.get_running_loop().create_future())
+            self._unload_waiters.setdefault(key, []).append(futures[-1])
+        self._wake.set()
+        await asyncio.gather(*futures)
+        return sorted(keys)
+
+    async def drain(self) -> None:
+        """Refuse new acquires, let leases and queued loads finish, then unload every model."""
+        self._draining = True
+        fut = asyncio.get_running_loop().create_future()
+        self._drained.append(fut)
+        self._wake.set()
+        await fut
+
+    def _resident(self, key: Key) -> ResidentModel:
+        entry = self._entries.get(key)
+        if entry is None:  # evicted between the lease and now: only possible under extreme churn
+            raise errors.Aborted(f"model {key[0]} version {key[1]} was unloaded again before it could be reported")
+        return ResidentModel(key[0], key[1], entry.bytes, entry.measured, entry.leases, entry.last_use,
+                             entry.state, key in self._pinned)
 
     # -- acquire / release -------------------------------------------------------------
 
@@ -270,7 +347,7 @@ class CacheManager:
         if entry is None:
             return
         entry.leases -= 1
-        if entry.leases == 0 and self._pending:
+        if entry.leases == 0 and (self._pending or self._draining):
             self._wake.set()  # a load may be waiting for room
 
     async def _enqueue(self, key: Key) -> asyncio.Future:
@@ -298,6 +375,8 @@ class CacheManager:
     def _check_loadable(self, key: Key) -> None:
         if self._closed or not self._healthy:
             raise errors.NodeUnavailable(f"node {self.node.target} is unhealthy: {self._unhealthy_reason}")
+        if self._draining:
+            raise errors.NodeUnavailable(f"node {self.node.target} is draining")
         failed = self._failed.get(key)
         if failed is not None:
             until, error = failed
@@ -360,6 +439,11 @@ class CacheManager:
         for entry in self._entries.values():
             _fail(entry.waiters, error)
             entry.waiters = []
+        for waiters in self._unload_waiters.values():
+            _fail(waiters, error)
+        self._unload_waiters.clear()
+        _fail(self._drained, error)
+        self._drained = []
 
 
 def _process(pid: int | None):
@@ -372,6 +456,10 @@ def _process(pid: int | None):
     except psutil.Error:
         log.warning("node process %s is not visible; model sizes stay estimates", pid)
         return None
+
+
+def _version(version: int | None) -> str:
+    return "" if version is None else f" version {version}"
 
 
 def _copy(error: errors.TfscacheError) -> errors.TfscacheError:

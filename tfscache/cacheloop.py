@@ -51,7 +51,7 @@ async def step(cache: CacheManager) -> None:
     for key, pending in list(cache._pending.items()):
         if not pending.live():
             del cache._pending[key]  # every caller gave up
-    leaving = _drop_vanished(cache)
+    leaving = _drop_vanished(cache) + _take_evictions(cache)
     victims, batch = plan(cache, now)
     _expire_room_waits(cache, now)
     leaving += victims
@@ -61,6 +61,11 @@ async def step(cache: CacheManager) -> None:
         await _load(cache, batch)
     if leaving or batch:
         cache._wake.set()  # progress was made: whatever still waits may fit now
+    if cache._draining and not cache._entries and not cache._pending:
+        drained, cache._drained = cache._drained, []
+        for fut in drained:
+            if not fut.done():
+                fut.set_result(None)
 
 
 def _fits(cache: CacheManager, count: int, used: int) -> bool:
@@ -77,7 +82,7 @@ def plan(cache: CacheManager, now: float) -> tuple[list[Key], list[_Entry]]:
     entries = cache._entries
     count = len(entries)
     used = sum(e.bytes for e in entries.values())
-    idle = [k for k, e in entries.items() if e.state == READY and e.leases == 0]
+    idle = [k for k, e in entries.items() if e.state == READY and e.leases == 0 and k not in cache._pinned]
     order = list(cache.policy.victims(idle, now)) if idle else []
     victims: list[Key] = []
     pos = 0
@@ -161,6 +166,20 @@ def _holding(entry: _Entry) -> str:
     return f"{entry.state}, {entry.bytes} bytes"
 
 
+def _take_evictions(cache: CacheManager) -> list[Key]:
+    """Versions ``evict`` marked UNLOADING, and while draining every idle one (pinned or not)."""
+    keys, cache._evict_queue = cache._evict_queue, []
+    if cache._draining:
+        for key, entry in cache._entries.items():
+            if entry.state == READY and entry.leases == 0:
+                entry.state = UNLOADING
+                cache.policy.forget(key)
+                keys.append(key)
+        if keys:
+            log.info("node %s draining: unloading %s", cache.node.target, _names(keys))
+    return [k for k in keys if k in cache._entries]
+
+
 def _drop_vanished(cache: CacheManager) -> list[Key]:
     """Entries whose version directory is gone: sending their base_path could wedge the node."""
     gone = [k for k, e in cache._entries.items()
@@ -190,6 +209,10 @@ async def _unload(cache: CacheManager, leaving: list[Key]) -> bool:
     finally:
         for key in leaving:
             cache._entries.pop(key, None)
+            cache._pinned.discard(key)
+            for fut in cache._unload_waiters.pop(key, []):
+                if not fut.done():
+                    fut.set_result(None)
         cache._save()
     return True
 
