@@ -78,6 +78,34 @@ class CacheSettings:
         make_policy(self.policy)  # fails early on an unknown name
 
 
+class CacheEvents:
+    """What a CacheManager reports as it works; these do nothing (tfscache.metrics counts them).
+
+    Called synchronously on the event loop: implementations must not block or raise.
+    """
+
+    def hit(self, key: Key) -> None:
+        """An acquire found ``key`` resident."""
+
+    def miss(self, key: Key) -> None:
+        """An acquire had to wait for ``key``'s load (or was refused it)."""
+
+    def loaded(self, key: Key, seconds: float, size: int, measured: bool) -> None:
+        """``key`` is AVAILABLE after a reload of ``seconds``; ``size`` bytes (measured or estimated)."""
+
+    def load_failed(self, key: Key, seconds: float, error: Exception) -> None:
+        """Loading ``key`` failed with ``error``."""
+
+    def room_waited(self, key: Key, seconds: float) -> None:
+        """``key``'s load waited ``seconds`` for room under the caps (admitted, or timed out)."""
+
+    def evicted(self, key: Key, reason: str, size: int) -> None:
+        """``key`` leaves the node's config: capacity, vanished, node_lost, ..."""
+
+    def unloaded(self, key: Key, seconds: float, size: int) -> None:
+        """The node reported END for ``key``, ``seconds`` after its config went out."""
+
+
 @dataclass(frozen=True)
 class ResidentModel:
     """One entry of ``CacheManager.snapshot()``."""
@@ -167,8 +195,9 @@ class CacheManager:
 
     def __init__(self, node: NodeClient, repository: ModelRepository, settings: CacheSettings,
                  policy: EvictionPolicy | None = None, node_pid: int | None = None,
-                 state_file: Path | None = None) -> None:
+                 state_file: Path | None = None, events: CacheEvents | None = None) -> None:
         self.node = node
+        self.events = events or CacheEvents()
         self.repository = repository
         self.settings = settings
         self.policy = policy or make_policy(settings.policy)
@@ -225,9 +254,11 @@ class CacheManager:
         latest = version if version is not None else self.repository.latest_version(name)
         entry = self._entries.get((name, latest))
         if entry is not None and entry.state == READY and not self._draining:
+            self.events.hit(entry.key)
             return self._lease(entry)
         found = self.repository.resolve(name, version)
         key = (found.name, found.version)
+        self.events.miss(key)
         fut = await self._enqueue(key)
         try:
             async with asyncio.timeout(timeout):
@@ -473,4 +504,4 @@ def _fail(waiters: list[asyncio.Future], error: errors.TfscacheError) -> None:
             fut.set_exception(_copy(error))
 
 
-__all__ = ["CacheManager", "CacheSettings", "Lease", "QueuedLoad", "ResidentModel"]
+__all__ = ["CacheEvents", "CacheManager", "CacheSettings", "Lease", "QueuedLoad", "ResidentModel"]

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 
-from tfscache import errors
+from tfscache import errors, logs
 from tfscache.cache import LOADING, READY, UNLOADING, CacheManager, Key, _Entry, _fail, _Pending
 from tfscache.cachestate import CacheState
 from tfscache.nodeclient import AVAILABLE, END
@@ -25,6 +25,7 @@ _MAX_HOLDERS_NAMED = 20
 
 
 async def run(cache: CacheManager) -> None:
+    logs.bind(node=cache.node.target)  # this task's log lines name the node
     while True:
         if not cache._healthy:
             await _recover(cache)
@@ -110,13 +111,25 @@ def plan(cache: CacheManager, now: float) -> tuple[list[Key], list[_Entry]]:
     for key in victims:
         entries[key].state = UNLOADING
         cache.policy.forget(key)
-    if victims:
-        log.info("node %s: evicting %s", cache.node.target, _names(victims))
+    for key in victims:
+        _evicted(cache, key, "capacity")
     return victims, batch
+
+
+def _evicted(cache: CacheManager, key: Key, reason: str) -> None:
+    """The one log line and event of an eviction (the unload's line follows once the node confirms)."""
+    entry = cache._entries[key]
+    idle_s = max(0.0, time.time() - entry.last_use)
+    log.info("node %s: evicting %s version %s (%s; %d bytes, idle %.1f s)", cache.node.target, key[0], key[1],
+             reason, entry.bytes, idle_s, extra={"model": key[0], "version": key[1], "node": cache.node.target,
+                                                 "reason": reason, "bytes": entry.bytes, "idle_s": round(idle_s, 3)})
+    cache.events.evicted(key, reason, entry.bytes)
 
 
 def _admit(cache: CacheManager, pending: _Pending) -> _Entry:
     del cache._pending[pending.key]
+    if pending.blocked_since is not None:
+        cache.events.room_waited(pending.key, time.monotonic() - pending.blocked_since)
     entry = _Entry(pending.key, LOADING, pending.estimate, pending.key in cache._learned, time.time(),
                    disk=pending.disk)
     entry.waiters = pending.live()
@@ -131,6 +144,7 @@ def _expire_room_waits(cache: CacheManager, now: float) -> None:
             del cache._pending[key]
             message = room_message(cache, pending)
             log.warning("%s", message)
+            cache.events.room_waited(key, now - pending.blocked_since)
             _fail(pending.waiters, errors.CapacityExhausted(message))
 
 
@@ -188,6 +202,7 @@ def _drop_vanished(cache: CacheManager) -> list[Key]:
         entry = cache._entries[key]
         log.warning("model %s version %s vanished from the repository; removing it from node %s",
                     key[0], key[1], cache.node.target)
+        _evicted(cache, key, "vanished")
         entry.state = UNLOADING
         cache.policy.forget(key)
         _fail(entry.waiters, not_found(*key))
@@ -198,6 +213,7 @@ def _drop_vanished(cache: CacheManager) -> list[Key]:
 async def _unload(cache: CacheManager, leaving: list[Key]) -> bool:
     """Send the config without ``leaving`` and wait until the node reports END for each."""
     # The batch admitted with them is not sent yet: its loads start once these reached END.
+    started, sizes = time.monotonic(), {k: cache._entries[k].bytes for k in leaving}
     if not await _send(cache, cache.settings.rpc_deadline_s, f"unloading {_names(leaving)}", loading=False):
         return False
     deadline = time.monotonic() + cache.settings.reload_deadline_s
@@ -214,7 +230,16 @@ async def _unload(cache: CacheManager, leaving: list[Key]) -> bool:
                 if not fut.done():
                     fut.set_result(None)
         cache._save()
+    _unloaded(cache, leaving, time.monotonic() - started, sizes)
     return True
+
+
+def _unloaded(cache: CacheManager, keys: list[Key], seconds: float, sizes: dict[Key, int]) -> None:
+    for key in keys:
+        log.info("node %s: unloaded %s version %s in %.3f s (%d bytes)", cache.node.target, key[0], key[1],
+                 seconds, sizes[key], extra={"model": key[0], "version": key[1], "node": cache.node.target,
+                                             "duration_s": round(seconds, 6), "bytes": sizes[key]})
+        cache.events.unloaded(key, seconds, sizes[key])
 
 
 async def _load(cache: CacheManager, batch: list[_Entry]) -> None:
@@ -249,7 +274,10 @@ async def _load(cache: CacheManager, batch: list[_Entry]) -> None:
         entry.state = READY
         cache.policy.record_load(entry.key, entry.bytes, load_s, now)
         log.info("node %s: loaded %s version %s in %.3f s (%d bytes%s)", cache.node.target,
-                 entry.key[0], entry.key[1], load_s, entry.bytes, "" if entry.measured else ", estimated")
+                 entry.key[0], entry.key[1], load_s, entry.bytes, "" if entry.measured else ", estimated",
+                 extra={"model": entry.key[0], "version": entry.key[1], "node": cache.node.target,
+                        "duration_s": round(load_s, 6), "bytes": entry.bytes, "measured": entry.measured})
+        cache.events.loaded(entry.key, load_s, entry.bytes, entry.measured)
         waiters, entry.waiters = entry.waiters, []
         for fut in waiters:
             if not fut.done():
@@ -258,8 +286,11 @@ async def _load(cache: CacheManager, batch: list[_Entry]) -> None:
     for entry, error in failed:
         if not isinstance(error, errors.TfscacheError):
             error = errors.Internal(f"checking load of {entry.key[0]}: {error!r}")
-        log.warning("node %s: loading %s version %s failed: %s: %s", cache.node.target,
-                    entry.key[0], entry.key[1], error.grpc_code.name, error.message)
+        log.warning("node %s: loading %s version %s failed after %.3f s: %s: %s", cache.node.target,
+                    entry.key[0], entry.key[1], load_s, error.grpc_code.name, error.message,
+                    extra={"model": entry.key[0], "version": entry.key[1], "node": cache.node.target,
+                           "duration_s": round(load_s, 6), "bytes": entry.bytes})
+        cache.events.load_failed(entry.key, load_s, error)
         del cache._entries[entry.key]
         cache._failed[entry.key] = (now + s.failure_backoff_s, error)
         _fail(entry.waiters, error)
@@ -351,6 +382,8 @@ async def _recover(cache: CacheManager) -> None:
             if entry.state == UNLOADING and state not in (None, END):
                 continue
             if entry.state == UNLOADING or state != AVAILABLE:
+                if entry.state != UNLOADING:
+                    _evicted(cache, key, "node_lost")
                 del cache._entries[key]
                 cache.policy.forget(key)
     except errors.TfscacheError as e:

@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("tfscache.node.main", "run the TF-Serving-compatible model server (takes tensorflow_model_server's flags)"),
     "serve": ("tfscache.serve", "run the caching front end over TF Serving nodes (embedded nodes by default)"),
     "simulate": ("tfscache.simulate", "replay a request log against eviction policies, node counts and caps"),
+    "status": ("tfscache.status", "show nodes, resident models, leases and hit ratio of a running tfscache serve"),
 }
 
 

@@ -1,0 +1,139 @@
+"""tfscache.metrics alone: a fake stream of cache events and fake caches, read back by scraping."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import generate_latest
+
+from tfscache import errors
+from tfscache.cache import CacheEvents
+from tfscache.metrics import Metrics, NodeEvents, NodeView
+
+from .promtext import Scrape
+
+
+def scrape(metrics: Metrics) -> Scrape:
+    return Scrape(generate_latest(metrics.registry).decode())
+
+
+@dataclass
+class Resident:
+    name: str
+    version: int
+    bytes: int
+    measured: bool
+    leases: int
+
+
+class FakeCache:
+    def __init__(self, resident, queued=0) -> None:
+        self.resident, self.queued = resident, queued
+
+    def snapshot(self):
+        return list(self.resident)
+
+    def queue(self):
+        return [object()] * self.queued
+
+
+def test_node_events_implement_every_cache_event():
+    hooks = {n for n in vars(CacheEvents) if not n.startswith("_")}
+    assert hooks == {"hit", "miss", "loaded", "load_failed", "room_waited", "evicted", "unloaded"}
+    assert hooks <= set(vars(NodeEvents))
+
+
+def test_event_stream_moves_the_counters_and_histograms():
+    metrics = Metrics()
+    a, b = metrics.cache_events("node0"), metrics.cache_events("node1")
+    a.miss(("m", 1))
+    a.loaded(("m", 1), 0.3, 1000, True)
+    a.hit(("m", 1))
+    a.hit(("m", 1))
+    b.miss(("bad", 1))
+    b.load_failed(("bad", 1), 0.2, errors.Internal("boom"))
+    b.room_waited(("x", 1), 1.5)
+    a.evicted(("m", 1), "capacity", 1000)
+    a.evicted(("n", 1), "vanished", 10)
+    a.unloaded(("m", 1), 0.01, 1000)
+    s = scrape(metrics)
+    assert s.value("tfscache_cache_hits_total") == 2
+    assert s.value("tfscache_cache_hits_total", node="node0") == 2
+    assert s.value("tfscache_cache_misses_total") == 2
+    assert s.value("tfscache_loads_total") == 2  # one loaded, one failed
+    assert s.value("tfscache_load_failures_total", node="node1") == 1
+    assert s.value("tfscache_load_failures_total", node="node0") == 0
+    assert s.value("tfscache_load_duration_seconds_count") == 1  # successful loads only
+    assert s.value("tfscache_load_duration_seconds_sum") == pytest.approx(0.3)
+    assert s.value("tfscache_load_duration_seconds_bucket", le="0.25") == 0
+    assert s.value("tfscache_load_duration_seconds_bucket", le="0.5") == 1
+    assert s.value("tfscache_room_wait_seconds_count", node="node1") == 1
+    assert s.value("tfscache_room_wait_seconds_sum") == pytest.approx(1.5)
+    assert s.value("tfscache_evictions_total", reason="capacity") == 1
+    assert s.value("tfscache_evictions_total", reason="vanished") == 1
+    assert s.value("tfscache_unloads_total", node="node0") == 1
+    assert metrics.hit_counts() == (2, 2)
+    assert all("model" not in labels for labels in s.labelsets("tfscache_cache_hits_total"))
+
+
+def test_per_model_labels_only_when_asked():
+    metrics = Metrics(per_model=True)
+    events = metrics.cache_events("node0")
+    events.hit(("a", 1))
+    events.miss(("b", 1))
+    events.evicted(("a", 1), "capacity", 1)
+    s = scrape(metrics)
+    assert s.value("tfscache_cache_hits_total", node="node0", model="a") == 1
+    assert s.value("tfscache_cache_misses_total", model="b") == 1
+    assert s.value("tfscache_evictions_total", model="a", reason="capacity") == 1
+
+
+def test_gauges_read_the_caches_and_ring_at_scrape_time():
+    metrics = Metrics()
+    cache = FakeCache([Resident("a", 1, 1000, True, 2), Resident("b", 1, 300, False, 0)], queued=3)
+    views = [NodeView("node0", cache, True), NodeView("node1", None, False)]
+    ring = ["node0", "node1"]
+    metrics.watch(lambda: views, lambda: len(ring))
+    s = scrape(metrics)
+    assert s.value("tfscache_resident_models", node="node0") == 2
+    assert s.value("tfscache_resident_bytes", node="node0", kind="measured") == 1000
+    assert s.value("tfscache_resident_bytes", node="node0", kind="estimated") == 300
+    assert s.value("tfscache_leases_in_flight", node="node0") == 2
+    assert s.value("tfscache_load_queue_depth", node="node0") == 3
+    assert s.value("tfscache_node_healthy", node="node0") == 1
+    assert s.value("tfscache_node_healthy", node="node1") == 0
+    assert s.value("tfscache_resident_models", node="node1") == 0
+    assert s.value("tfscache_ring_nodes") == 2
+    cache.resident.pop()  # gauges follow the cache, not a copy
+    ring.append("node2")
+    s = scrape(metrics)
+    assert s.value("tfscache_resident_models", node="node0") == 1
+    assert s.value("tfscache_resident_bytes", node="node0", kind="estimated") == 0
+    assert s.value("tfscache_ring_nodes") == 3
+
+
+def test_each_metrics_object_has_its_own_registry():
+    first, second = Metrics(), Metrics()
+    first.request("grpc", "Predict", "OK")
+    first.cache_events("node0").hit(("a", 1))
+    s1, s2 = scrape(first), scrape(second)
+    assert s1.value("tfscache_requests_total", protocol="grpc", method="Predict", code="OK") == 1
+    assert s2.value("tfscache_requests_total") == 0
+    assert s1.value("tfscache_cache_hits_total") == 1 and s2.value("tfscache_cache_hits_total") == 0
+
+
+def test_names_follow_prometheus_conventions():
+    metrics = Metrics()
+    metrics.watch(lambda: [NodeView("node0", FakeCache([]), True)], lambda: 1)
+    s = scrape(metrics)
+    types = {name: f.type for name, f in s.families.items()}
+    assert all(name.startswith("tfscache_") for name in types)
+    assert {n for n, t in types.items() if t == "counter"} == {
+        "tfscache_requests", "tfscache_cache_hits", "tfscache_cache_misses", "tfscache_loads",
+        "tfscache_load_failures", "tfscache_evictions", "tfscache_unloads"}
+    assert {n for n, t in types.items() if t == "histogram"} == {
+        "tfscache_load_duration_seconds", "tfscache_room_wait_seconds"}
+    assert {n for n, t in types.items() if t == "gauge"} == {
+        "tfscache_resident_models", "tfscache_resident_bytes", "tfscache_leases_in_flight",
+        "tfscache_load_queue_depth", "tfscache_node_healthy", "tfscache_ring_nodes"}

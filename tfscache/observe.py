@@ -1,0 +1,109 @@
+"""The metrics port of ``tfscache serve``: ``/metrics`` (Prometheus) and ``/status`` (JSON).
+
+An aiohttp server on the same event loop as the front ends. Both pages are computed
+when asked, from the ``Metrics`` registry and from what the app holds now: its
+backends (local nodes with their CacheManager, peer sidecars) and its ring.
+
+``/status`` is the document ``tfscache status`` prints::
+
+    {"time": 1767225600.0,                       # the server's wall clock
+     "hits": 12, "misses": 3, "hit_ratio": 0.8,  # hit_ratio null before any request
+     "ring": {"nodes": ["node0", "node1"], "replicas": 1},
+     "nodes": [{"name": "node0", "kind": "node", "address": "127.0.0.1:40123", "healthy": true,
+                "resident_models": 1, "resident_bytes": 240000, "leases": 0, "queue": [],
+                "models": [{"name": "a", "version": 1, "bytes": 240000, "measured": true,
+                            "leases": 0, "last_use": 1767225599.5, "state": "available"}]},
+               {"name": "b", "kind": "peer", "address": "10.0.0.2:8500", "healthy": true}]}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tfscache.metrics import Metrics, NodeView
+
+log = logging.getLogger("tfscache.observe")
+
+
+def watch(metrics: Metrics, app) -> None:
+    """Point the gauges at ``app``'s backends and ring (read at every scrape; they change)."""
+    metrics.watch(lambda: _node_views(app), lambda: len(_ring(app).nodes) if _ring(app) is not None else 0)
+
+
+def _ring(app):
+    router = getattr(app, "router", None)
+    return router.ring if router is not None else None
+
+
+def _node_views(app) -> list[NodeView]:
+    return [NodeView(b.name, b.cache, bool(b.healthy)) for b in list(app.backends.values())
+            if getattr(b, "kind", "") == "node"]
+
+
+def status_document(metrics: Metrics, app) -> dict[str, Any]:
+    """What ``/status`` serves (see the module docstring)."""
+    hits, misses = metrics.hit_counts()
+    ring = _ring(app)
+    nodes = []
+    for backend in list(app.backends.values()):
+        upstream = getattr(backend, "upstream", None)
+        node: dict[str, Any] = {"name": backend.name, "kind": getattr(backend, "kind", "node"),
+                                "address": upstream.grpc_address if upstream is not None else None,
+                                "healthy": bool(backend.healthy)}
+        if node["kind"] == "node":
+            cache = backend.cache
+            models = [dataclasses.asdict(m) for m in cache.snapshot()] if cache is not None else []
+            node.update(resident_models=len(models), resident_bytes=sum(m["bytes"] for m in models),
+                        leases=sum(m["leases"] for m in models),
+                        queue=[dataclasses.asdict(q) for q in cache.queue()] if cache is not None else [],
+                        models=sorted(models, key=lambda m: (m["name"], m["version"])))
+        nodes.append(node)
+    return {"time": time.time(), "hits": hits, "misses": misses,
+            "hit_ratio": hits / (hits + misses) if hits + misses else None,
+            "ring": {"nodes": ring.nodes if ring is not None else [],
+                     "replicas": ring.replicas if ring is not None else 0},
+            "nodes": nodes}
+
+
+class ObserveServer:
+    """``/metrics`` and ``/status`` on their own port; ``start()`` returns the bound port."""
+
+    def __init__(self, metrics: Metrics, app, *, bind_address: str, port: int) -> None:
+        self.metrics = metrics
+        self._app = app
+        self._bind = (bind_address, port)
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def web_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/status", self._status)
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(status_document(self.metrics, self._app))
+
+    async def start(self) -> int:
+        self._runner = web.AppRunner(self.web_app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._bind[0], self._bind[1], reuse_port=False)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        log.info("metrics and status serving on %s:%s", self._bind[0], self.port)
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
