@@ -232,7 +232,9 @@ def _coerce(dotted: str, f: dataclasses.Field, raw: Any) -> Any:
             value = str(raw)
         problem = f.metadata.get("check") and f.metadata["check"](value)
     except (ValueError, TypeError, KeyError) as exc:
-        problem = str(exc) if isinstance(exc, ValueError) and str(exc) else f"expected {kind.__name__}"
+        # A parse function's ValueError says what it expected; a builtin's does not read well.
+        own = f.metadata.get("parse") and isinstance(exc, ValueError) and str(exc)
+        problem = str(exc) if own else f"expected {kind.__name__}"
     if problem:
         raise SettingsError(f"bad value for setting {dotted}: {raw!r} ({problem})")
     return value
