@@ -9,12 +9,19 @@ from __future__ import annotations
 import importlib
 import sys
 
-# subcommand -> (module with a ``main(argv) -> int``, one-line help)
+# subcommand -> (module with a ``main(argv) -> int``, or "module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("tfscache.node.main", "run the TF-Serving-compatible model server (takes tensorflow_model_server's flags)"),
     "serve": ("tfscache.serve", "run the caching front end over TF Serving nodes (embedded nodes by default)"),
     "simulate": ("tfscache.simulate", "replay a request log against eviction policies, node counts and caps"),
     "status": ("tfscache.status", "show nodes, resident models, leases and hit ratio of a running tfscache serve"),
+    # The admin API's client (tfscache.adminctl); each takes --address and --token.
+    "models": ("tfscache.adminctl:models_main", "list the models resident on each node (size, leases, last use, pins)"),
+    "pin": ("tfscache.adminctl:pin_main", "load a model if needed and never evict it"),
+    "unpin": ("tfscache.adminctl:unpin_main", "let the eviction policy evict a pinned model again"),
+    "preload": ("tfscache.adminctl:preload_main", "load a model and wait until it is AVAILABLE"),
+    "evict": ("tfscache.adminctl:evict_main", "unload an idle model now"),
+    "drain": ("tfscache.adminctl:drain_main", "drain one node, or a whole tfscache (it exits 0 when drained)"),
 }
 
 
@@ -35,5 +42,5 @@ def main(argv: list[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"tfscache: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    module_name, _, function = COMMANDS[name][0].partition(":")
+    return int(getattr(importlib.import_module(module_name), function or "main")(rest) or 0)

@@ -1,0 +1,219 @@
+"""The gRPC service ``tfscache.admin.Admin`` (protos/tfscache/wire/admin.proto) on its own port.
+
+Bound to 127.0.0.1 by default. Bound anywhere else it requires a token: ``check_bind``
+refuses to start without one. With a token set, every call must carry metadata
+``authorization: Bearer <token>``, else UNAUTHENTICATED. Errors are mapped in one
+place (``_Handlers._unary``/``_stream``): a TfscacheError keeps its code and message;
+anything else is INTERNAL with a generic message, logged with its traceback.
+
+    admin = await start_admin(app, bind_address="127.0.0.1", port=8502, token="", health=health)
+    ...  # admin.port, admin.drainer.finished
+    await admin.stop()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+
+import grpc
+
+from tfscache import errors
+from tfscache.admin.drain import Drainer
+from tfscache.admin.operations import Admin, NodeState
+from tfscache.cache import ResidentModel
+from tfscache.wire import admin_pb2
+
+log = logging.getLogger("tfscache.admin")
+
+SERVICE = "tfscache.admin.Admin"
+DEFAULT_PORT = 8502
+_PROGRESS_POLL_S = 0.1
+
+
+class AdminConfigError(ValueError):
+    """A bind address and token that must not be used together; names the setting."""
+
+
+def is_loopback(address: str) -> bool:
+    host = address.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(bind_address: str, token: str) -> None:
+    """Refuse an admin server reachable from other hosts without a token."""
+    if not token and not is_loopback(bind_address):
+        raise AdminConfigError(
+            f"bad value for setting server.admin_token: '' (required when server.admin_bind_address is "
+            f"{bind_address!r}, not a loopback address: anyone who can reach it could evict and drain)")
+
+
+def resident_pb(m: ResidentModel) -> admin_pb2.ResidentModel:
+    return admin_pb2.ResidentModel(name=m.name, version=m.version, bytes=m.bytes, measured=m.measured,
+                                   leases=m.leases, last_use=m.last_use, state=m.state, pinned=m.pinned)
+
+
+def _node_pb(state: NodeState) -> admin_pb2.NodeModels:
+    return admin_pb2.NodeModels(node=state.node, healthy=state.healthy, draining=state.draining,
+                                models=[resident_pb(m) for m in state.models], queued=state.queued)
+
+
+def _results(done: dict[str, list[ResidentModel]]) -> admin_pb2.ModelResponse:
+    return admin_pb2.ModelResponse(results=[
+        admin_pb2.ModelResult(node=node, models=[resident_pb(m) for m in models])
+        for node, models in sorted(done.items())])
+
+
+class AdminService:
+    """The RPCs, over ``Admin`` and ``Drainer``; each takes and returns protobuf messages."""
+
+    def __init__(self, admin: Admin, drainer: Drainer) -> None:
+        self.admin, self.drainer = admin, drainer
+
+    async def ListModels(self, request: admin_pb2.ListModelsRequest) -> admin_pb2.ListModelsResponse:
+        return admin_pb2.ListModelsResponse(nodes=[_node_pb(s) for s in self.admin.list_models(request.node)],
+                                            draining=self.drainer.draining)
+
+    async def Pin(self, request: admin_pb2.ModelRequest) -> admin_pb2.ModelResponse:
+        return _results(await self.admin.pin(request.name, _version(request), request.node,
+                                             request.timeout_s or None))
+
+    async def Unpin(self, request: admin_pb2.ModelRequest) -> admin_pb2.ModelResponse:
+        return _results(self.admin.unpin(request.name, _version(request), request.node))
+
+    async def Preload(self, request: admin_pb2.ModelRequest) -> admin_pb2.ModelResponse:
+        return _results(await self.admin.preload(request.name, _version(request), request.node,
+                                                 request.timeout_s or None))
+
+    async def Evict(self, request: admin_pb2.ModelRequest) -> admin_pb2.ModelResponse:
+        return _results(await self.admin.evict(request.name, _version(request), request.node))
+
+    async def Drain(self, request: admin_pb2.DrainRequest):
+        """Start (or follow) a drain; stream its progress until done."""
+        self.drainer.start(request.node, request.grace_s or None)
+        last = None
+        while True:
+            p = self.drainer.progress(request.node)
+            message = admin_pb2.DrainProgress(phase=p.phase, models_left=p.models_left,
+                                              models_total=p.models_total, leases=p.leases, done=p.done)
+            if message != last:
+                yield message
+                last = message
+            if p.done:
+                return
+            await asyncio.sleep(_PROGRESS_POLL_S)  # a progress display's refresh, not a wait for a state
+
+
+def _version(request: admin_pb2.ModelRequest) -> int | None:
+    if request.version < 0:
+        raise errors.InvalidArgument(f"version must be >= 0 (0 = latest), got {request.version}")
+    return request.version or None
+
+
+_METHODS = {  # name -> (request type, streaming response)
+    "ListModels": (admin_pb2.ListModelsRequest, False),
+    "Pin": (admin_pb2.ModelRequest, False),
+    "Unpin": (admin_pb2.ModelRequest, False),
+    "Preload": (admin_pb2.ModelRequest, False),
+    "Evict": (admin_pb2.ModelRequest, False),
+    "Drain": (admin_pb2.DrainRequest, True),
+}
+
+
+class _Handlers(grpc.GenericRpcHandler):
+    """Token check and error mapping for every method, in one place."""
+
+    def __init__(self, service: AdminService, token: str) -> None:
+        self._service = service
+        self._expected = f"Bearer {token}".encode() if token else None
+        self._handlers = {}
+        for name, (request_type, streaming) in _METHODS.items():
+            make = grpc.unary_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
+            behavior = (self._stream if streaming else self._unary)(name, getattr(service, name))
+            self._handlers[f"/{SERVICE}/{name}"] = make(behavior, request_deserializer=request_type.FromString,
+                                                        response_serializer=lambda m: m.SerializeToString())
+
+    def service(self, handler_call_details):
+        return self._handlers.get(handler_call_details.method)
+
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
+        if self._expected is None:
+            return
+        values = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
+        if not values:
+            raise errors.Unauthenticated("admin token required: send metadata 'authorization: Bearer <token>'")
+        given = values[0].encode() if isinstance(values[0], str) else values[0]
+        if not hmac.compare_digest(given, self._expected):
+            raise errors.Unauthenticated("invalid admin token")
+
+    def _unary(self, name, method):
+        async def behavior(request, context: grpc.aio.ServicerContext):
+            try:
+                self._authenticate(context)
+                return await method(request)
+            except errors.TfscacheError as exc:
+                code, message = exc.grpc_code, exc.message
+            except Exception:  # noqa: BLE001 - the one place unknown errors become INTERNAL
+                log.exception("admin %s failed", name)
+                code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache admin service"
+            await context.abort(code, message)
+
+        return behavior
+
+    def _stream(self, name, method):
+        async def behavior(request, context: grpc.aio.ServicerContext):
+            try:
+                self._authenticate(context)
+                async for message in method(request):
+                    yield message
+                return
+            except errors.TfscacheError as exc:
+                code, message = exc.grpc_code, exc.message
+            except Exception:  # noqa: BLE001 - the one place unknown errors become INTERNAL
+                log.exception("admin %s failed", name)
+                code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache admin service"
+            await context.abort(code, message)
+
+        return behavior
+
+
+class AdminServer:
+    """The admin gRPC server of one ServeApp; ``start()`` returns the bound port."""
+
+    def __init__(self, app, *, bind_address: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str = "",
+                 health=None) -> None:
+        check_bind(bind_address, token)
+        self.admin = Admin(app)
+        self.drainer = Drainer(app, self.admin, health)
+        self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        self._server.add_generic_rpc_handlers([_Handlers(AdminService(self.admin, self.drainer), token)])
+        self._address = f"{bind_address}:{port}"
+        self.port: int | None = None
+
+    async def start(self) -> int:
+        try:
+            self.port = self._server.add_insecure_port(self._address)
+        except RuntimeError:
+            self.port = 0
+        if not self.port:
+            raise OSError(f"cannot bind the admin server to {self._address}")
+        await self._server.start()
+        log.info("admin API serving on %s (port %s)", self._address, self.port)
+        return self.port
+
+    async def stop(self, grace: float | None = 1.0) -> None:
+        await self._server.stop(grace)
+
+
+async def start_admin(app, *, bind_address: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str = "",
+                      health=None) -> AdminServer:
+    server = AdminServer(app, bind_address=bind_address, port=port, token=token, health=health)
+    await server.start()
+    return server
