@@ -191,7 +191,10 @@ def _take_evictions(cache: CacheManager) -> list[Key]:
                 keys.append(key)
         if keys:
             log.info("node %s draining: unloading %s", cache.node.target, _names(keys))
-    return [k for k in keys if k in cache._entries]
+    keys = [k for k in keys if k in cache._entries]
+    for key in keys:
+        _evicted(cache, key, "drain" if cache._draining else "admin")
+    return keys
 
 
 def _drop_vanished(cache: CacheManager) -> list[Key]:

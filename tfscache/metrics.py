@@ -17,8 +17,8 @@ tfscache_load_duration_seconds        histogram of successful loads (the reload 
 tfscache_room_wait_seconds            histogram of how long loads waited for room under the caps
 tfscache_evictions_total              models taken off a node, by reason: capacity (a cap needed
                                       room), vanished (gone from the repository), node_lost (the
-                                      node no longer served it after an outage), and whatever
-                                      reason other callers give
+                                      node no longer served it after an outage), admin
+                                      (CacheManager.evict) and drain (CacheManager.drain)
 tfscache_unloads_total                unloads the node confirmed (END)
 tfscache_resident_models              model versions in a node's config (loading, available and
                                       unloading: each counts against the caps)
