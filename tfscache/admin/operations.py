@@ -15,6 +15,7 @@ TF Serving's "Servable not found for request" text, a leased model cannot be evi
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 
 from tfscache import errors
@@ -125,8 +126,8 @@ class Admin:
                 raise errors.NotFound(f"model {name}{_version(version)} is not resident on node {node}")
             self.app.repository.resolve(name, version)
             raise errors.NotFound(f"model {name}{_version(version)} is not resident on any node of this tfscache")
-        before = {t: [m for m in c.snapshot() if m.name == name and version in (None, m.version)]
-                  for t, c in caches.items()}
+        before = {t: [dataclasses.replace(m, state="unloaded", leases=0) for m in c.snapshot()
+                      if m.name == name and version in (None, m.version)] for t, c in caches.items()}
         _check_evictable(caches, name, version)
         await asyncio.gather(*(c.evict(name, version) for c in caches.values()))
         return before

@@ -1,0 +1,73 @@
+"""Start ``tfscache serve`` with its admin server and health, as real processes, and talk to them.
+
+``start_admin_serve`` runs ``python -m tfscache.admin.lifecycle``: ``tfscache serve``'s own
+flags and ServeApp, plus health on the front end's gRPC port and the admin server on
+port 0 (read back from ``--admin-ports-file``), exactly as serve.py wires them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from frontend.serving import ServeProcess, ServeStartError
+from frontend.test_embedded import predict_request
+from support.node import PYTHON, REPO
+from tfscache.wire import health_pb2
+
+_count = iter(range(1, 10_000))
+
+
+class AdminServe(ServeProcess):
+    """A ServeProcess that also reports its admin port."""
+
+    def __init__(self, process, directory, ports) -> None:
+        super().__init__(process, directory, ports)
+        self.admin_port: int = ports["admin"]
+
+    @property
+    def admin_target(self) -> str:
+        return f"127.0.0.1:{self.admin_port}"
+
+
+def start_admin_serve(tmp_path: Path, repository: Path, *args: str, token: str = "",
+                      timeout: float = 180.0) -> AdminServe:
+    directory = Path(tmp_path) / f"serve-{next(_count)}"
+    directory.mkdir(parents=True)
+    ports_file = directory / "ports.json"
+    command = [PYTHON, "-m", "tfscache.admin.lifecycle", "--model-repository", str(repository),
+               "--grpc-port", "0", "--rest-port", "0", "--bind-address", "127.0.0.1",
+               "--admin-port", "0", "--admin-ports-file", str(ports_file),
+               "--set", f"node.state_dir={directory / 'state'}", *args]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TFSCACHE_ADMIN_TOKEN": token}
+    with open(directory / "serve.log", "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   cwd=REPO, env=env)
+    deadline = time.monotonic() + timeout
+    while not ports_file.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            raise ServeStartError(f"serve with admin did not start (rc={process.returncode}):\n"
+                                  f"{(directory / 'serve.log').read_text(errors='replace')[-6000:]}")
+        time.sleep(0.05)
+    return AdminServe(process, directory, json.loads(ports_file.read_text()))
+
+
+def health_check(target: str, service: str = "", timeout: float = 10.0) -> int:
+    with grpc.insecure_channel(target) as channel:
+        check = channel.unary_unary("/grpc.health.v1.Health/Check",
+                                    request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+                                    response_deserializer=health_pb2.HealthCheckResponse.FromString)
+        return check(health_pb2.HealthCheckRequest(service=service), timeout=timeout).status
+
+
+def predict(channel: grpc.Channel, name: str, x: float = 1.0, timeout: float = 60.0) -> list[float]:
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    return list(stub.Predict(predict_request(name, x), timeout=timeout).outputs["y"].float_val)
