@@ -1,0 +1,189 @@
+#!/usr/bin/env python
+"""Preload the hot moving models of a resize on their new owners, before the switch.
+
+    .venv/bin/python scripts/plan_resize.py --current a,b,c --new a,b,c,d --model-repository /models \\
+        --json > plan.json
+    .venv/bin/python scripts/prewarm.py --plan plan.json --address-template '{node}:8502'
+    .venv/bin/python scripts/prewarm.py --plan plan.json --address a=10.0.0.1:8502 --address d=10.0.0.4:8502
+    .venv/bin/python scripts/prewarm.py --models m1,m2 --target 10.0.0.4:8502
+
+With ``--plan`` (plan_resize.py's JSON), every model under ``"moved"`` gains the nodes in
+its ``to`` that are not in its ``from``: those are its new owners. Which moving models
+are hot (``--hot``):
+
+* ``resident`` (default): resident on one of its current owners now, asked through their
+  admin APIs; the most recently used first;
+* ``all``: every moving model;
+* ``file:PATH``: the names listed in PATH, one a line (``#`` comments).
+
+``--limit N`` keeps the first N. Each is preloaded (``tfscache.admin.Admin/Preload``:
+loaded and AVAILABLE) on each new owner's own node, ``--parallel`` at a time, with a
+progress bar on stderr. A model that fails is reported and the rest go on; exit status
+1 if any failed, 2 on bad arguments. Node names are the sidecars' ring names; their admin
+addresses come from ``--address NAME=HOST:PORT`` or ``--address-template``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm import tqdm
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tfscache.admin.client import AdminClient, AdminError  # noqa: E402
+
+
+class PrewarmError(ValueError):
+    """Bad arguments or input; the message says which."""
+
+
+def _addresses(pairs: list[str], template: str):
+    table = {}
+    for pair in pairs:
+        name, sep, address = pair.partition("=")
+        if not sep or not name or not address:
+            raise PrewarmError(f"--address takes NAME=HOST:PORT, got {pair!r}")
+        table[name] = address
+
+    def address_of(node: str) -> str:
+        if node in table:
+            return table[node]
+        if template:
+            return template.format(node=node)
+        raise PrewarmError(f"no admin address for node {node!r}: give --address {node}=HOST:PORT "
+                           "or --address-template")
+
+    return address_of
+
+
+def read_plan(path: str) -> list[tuple[str, list[str], list[str]]]:
+    """(model, current owners, new owners it gains) for every moving model of the plan."""
+    try:
+        plan = json.loads(Path(path).read_text())
+        moved = plan["moved"]
+        return [(m["name"], list(m["from"]), [n for n in m["to"] if n not in m["from"]]) for m in moved]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PrewarmError(f"cannot read plan {path!r} (plan_resize.py --json): {exc}") from exc
+
+
+def resident_last_use(nodes: set[str], address_of, token: str) -> dict[str, float]:
+    """Model name -> latest use among ``nodes`` where it is resident now."""
+    last: dict[str, float] = {}
+    for node in sorted(nodes):
+        try:
+            with AdminClient(address_of(node), token=token, timeout_s=30) as client:
+                listing = client.list_models()
+        except AdminError as exc:
+            raise PrewarmError(f"cannot list the models of node {node}: {exc}") from exc
+        for state in listing.nodes:
+            for m in state.models:
+                last[m.name] = max(last.get(m.name, 0.0), m.last_use)
+    return last
+
+
+def choose(moving, hot: str, address_of, token: str) -> list[tuple[str, list[str]]]:
+    """(model, new owners) to preload, hottest first."""
+    if hot == "all":
+        return [(name, gained) for name, _, gained in moving if gained]
+    if hot.startswith("file:"):
+        try:
+            wanted = [line.split("#", 1)[0].strip() for line in Path(hot[5:]).read_text().splitlines()]
+        except OSError as exc:
+            raise PrewarmError(f"cannot read {hot[5:]!r}: {exc}") from exc
+        by_name = {name: gained for name, _, gained in moving}
+        return [(name, by_name[name]) for name in dict.fromkeys(w for w in wanted if w) if by_name.get(name)]
+    if hot != "resident":
+        raise PrewarmError(f"--hot must be resident, all or file:PATH, got {hot!r}")
+    last = resident_last_use({n for _, old, _ in moving for n in old}, address_of, token)
+    chosen = [(name, gained) for name, _, gained in moving if gained and name in last]
+    return sorted(chosen, key=lambda item: -last[item[0]])
+
+
+def prewarm(jobs: list[tuple[str, str]], address_of, token: str, parallel: int, timeout_s: float | None,
+            progress: bool | None) -> list[str]:
+    """Preload each (model, node); the failures as text."""
+    failures = []
+
+    def one(name: str, node: str) -> None:
+        with AdminClient(address_of(node), token=token) as client:
+            client.preload(name, timeout_s=timeout_s)
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool, \
+            tqdm(total=len(jobs), desc="prewarming", unit="model", disable=_quiet(progress), file=sys.stderr) as bar:
+        futures = {pool.submit(one, name, node): (name, node) for name, node in jobs}
+        for future in as_completed(futures):
+            name, node = futures[future]
+            try:
+                future.result()
+            except AdminError as exc:
+                failures.append(f"{name} on {node}: {exc.code.name}: {exc.message}")
+            except PrewarmError as exc:
+                failures.append(f"{name} on {node}: {exc}")
+            bar.set_postfix_str(f"{name} -> {node}", refresh=False)
+            bar.update(1)
+    return failures
+
+
+def _quiet(progress: bool | None) -> bool | None:
+    return None if progress is None else not progress  # None: only on a terminal
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="prewarm.py", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--plan", metavar="FILE", help="plan_resize.py --json output")
+    source.add_argument("--models", help="comma-separated model names (with --target)")
+    parser.add_argument("--target", metavar="HOST:PORT", help="with --models: the admin API to preload on")
+    parser.add_argument("--address", action="append", default=[], metavar="NAME=HOST:PORT",
+                        help="admin API of a node of the plan (repeat)")
+    parser.add_argument("--address-template", default="", metavar="TEMPLATE",
+                        help="admin API of any other node, e.g. '{node}.tfscache:8502'")
+    parser.add_argument("--token", default=os.environ.get("TFSCACHE_ADMIN_TOKEN", ""), help="admin token")
+    parser.add_argument("--hot", default="resident", help="resident (default), all, or file:PATH")
+    parser.add_argument("--limit", type=int, default=0, help="at most this many models (0: no limit)")
+    parser.add_argument("--parallel", type=int, default=2, help="preloads at once (default %(default)s)")
+    parser.add_argument("--timeout", type=float, default=0.0, help="longest wait for one load, s")
+    bar = parser.add_mutually_exclusive_group()
+    bar.add_argument("--progress", action="store_true", default=None, help="always show the progress bar")
+    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show it")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.models is not None:
+            if not args.target:
+                raise PrewarmError("--models needs --target HOST:PORT")
+            names = list(dict.fromkeys(n.strip() for n in args.models.split(",") if n.strip()))
+            chosen = [(name, ["target"]) for name in names]
+            address_of = _addresses([f"target={args.target}"], "")
+        else:
+            address_of = _addresses(args.address, args.address_template)
+            chosen = choose(read_plan(args.plan), args.hot, address_of, args.token)
+        if args.limit > 0:
+            chosen = chosen[:args.limit]
+        jobs = [(name, node) for name, nodes in chosen for node in nodes]
+        for _, node in jobs:
+            address_of(node)  # every address known before the first load
+    except PrewarmError as exc:
+        print(f"prewarm.py: {exc}", file=sys.stderr)
+        return 2
+    failures = prewarm(jobs, address_of, args.token, args.parallel, args.timeout or None, args.progress)
+    for failure in failures:
+        print(f"prewarm.py: failed: {failure}", file=sys.stderr)
+    print(f"prewarmed {len(jobs) - len(failures)} of {len(jobs)} model copies "
+          f"({len({n for n, _ in jobs})} models)")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
