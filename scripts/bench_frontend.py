@@ -146,12 +146,17 @@ async def _throughput(target: str, request: bytes, concurrency: int, seconds: fl
         return done / (time.monotonic() - start)
 
 
+def _cpu(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-def bench_model(name: str, targets: dict[str, str], n: int, seconds: float) -> dict:
+def bench_model(name: str, targets: dict[str, str], n: int, seconds: float, pids: dict[str, int]) -> dict:
     request = predict_bytes(name)
     s = latency_c1(targets, request, n)
     result = {"model": name, "requests_c1": len(s["direct"])}
@@ -162,7 +167,11 @@ def bench_model(name: str, targets: dict[str, str], n: int, seconds: float) -> d
     result["added_p50_ms"] = result["frontend_p50_ms"] - result["direct_p50_ms"]
     result["added_p99_ms"] = result["frontend_p99_ms"] - result["direct_p99_ms"]
     for label, target in targets.items():
-        result[f"{label}_rps_c16"] = asyncio.run(_throughput(target, request, 16, seconds))
+        cpu = {who: _cpu(pid) for who, pid in pids.items()}
+        rps = asyncio.run(_throughput(target, request, 16, seconds))
+        result[f"{label}_rps_c16"] = rps
+        for who, pid in pids.items():  # CPU time per request of each process on this path
+            result[f"{label}_c16_{who}_cpu_us_per_request"] = (_cpu(pid) - cpu[who]) / (rps * seconds) * 1e6
     result["throughput_ratio_c16"] = result["frontend_rps_c16"] / result["direct_rps_c16"]
     return result
 
@@ -238,7 +247,8 @@ def main() -> int:
             targets = {"direct": f"127.0.0.1:{node['grpc']}", "frontend": f"127.0.0.1:{ports['grpc']}"}
             results = {"cpus": os.cpu_count(), "models": []}
             for name in ("half_plus_two", "slow_5ms"):
-                results["models"].append(bench_model(name, targets, args.requests, args.seconds))
+                pids = {"frontend": process.pid, "node": node["pid"]}
+                results["models"].append(bench_model(name, targets, args.requests, args.seconds, pids))
                 print(json.dumps(results["models"][-1], indent=1), file=sys.stderr)
             results["frontend_rss_mb_embedded"] = round(psutil.Process(process.pid).memory_info().rss / 2**20, 1)
         finally:
