@@ -1,0 +1,81 @@
+"""Leases against evict and drain, in-process: a ServeApp with one real ``tfscache node`` child.
+
+A lease is what a request in flight holds; holding one here (``cache.acquire``) makes
+"a request is in flight" deterministic without a slow model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+from tfscache import errors
+from tfscache import settings as settings_mod
+from tfscache.admin.lifecycle import Operations
+from tfscache.serve import ServeApp
+from tfscache.wire import admin_pb2, health_pb2
+
+
+@pytest.fixture
+async def app(admin_repo, tmp_path):
+    settings = settings_mod.load(env={}, overrides={
+        "model_repository": str(admin_repo), "node.local_nodes": 1, "server.bind_address": "127.0.0.1",
+        "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "node.state_dir": str(tmp_path / "state")})
+    app = ServeApp(settings)
+    await app.start()
+    ops = await Operations.attach(app, port=0, health_poll_s=0.05)
+    app.ops = ops
+    yield app
+    await ops.shutdown(grace=0)
+
+
+def rpc(channel, method: str, response_type, streaming: bool = False):
+    make = channel.unary_stream if streaming else channel.unary_unary
+    return make(f"/tfscache.admin.Admin/{method}", request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=response_type.FromString)
+
+
+async def test_evicting_a_leased_model_names_its_leases(app):
+    cache = app.backends["node0"].cache
+    leases = [await cache.acquire("addk_1"), await cache.acquire("addk_1")]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ops.admin_port}") as channel:
+        evict = rpc(channel, "Evict", admin_pb2.ModelResponse)
+        for held in (2, 1):
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await evict(admin_pb2.ModelRequest(name="addk_1"))
+            assert (info.value.code(), info.value.details()) == (
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"not evicted: model addk_1 version 1 is held by {held} lease{'s' if held > 1 else ''} "
+                "(requests in flight) on node node0")
+            leases.pop().release()
+        response = await evict(admin_pb2.ModelRequest(name="addk_1", version=1, node="node0"))
+        assert [(r.node, [m.name for m in r.models]) for r in response.results] == [("node0", ["addk_1"])]
+    assert cache.snapshot() == []
+
+
+async def test_a_process_drain_waits_for_requests_in_flight_then_unloads(app):
+    cache = app.backends["node0"].cache
+    await cache.preload("addk_2")
+    lease = await cache.acquire("addk_1")
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ops.admin_port}") as channel:
+        stream = rpc(channel, "Drain", admin_pb2.DrainProgress, streaming=True)(admin_pb2.DrainRequest())
+        seen = []
+        async for progress in stream:  # until only the leased model is left
+            seen.append(progress)
+            if progress.models_left == 1 and progress.phase == "unloading":
+                break
+        assert (seen[-1].leases, seen[-1].done, seen[0].models_total) == (1, False, 2)
+        assert app.ops.health.status("") == health_pb2.HealthCheckResponse.NOT_SERVING
+        with pytest.raises(errors.NodeUnavailable, match="is draining"):
+            await cache.acquire("addk_1")  # even a hit: new requests go elsewhere
+        with pytest.raises(TimeoutError):  # the drain is not finished while the request runs
+            await asyncio.wait_for(asyncio.shield(app.ops.drained.wait()), 0.2)
+        assert [(m.name, m.leases) for m in cache.snapshot()] == [("addk_1", 1)]
+        lease.release()
+        async for progress in stream:
+            seen.append(progress)
+        assert (seen[-1].done, seen[-1].models_left, seen[-1].phase) == (True, 0, "done")
+    await asyncio.wait_for(app.ops.drained.wait(), 30)
+    assert cache.snapshot() == []
