@@ -12,9 +12,10 @@ A process drain (``tfscache drain``, or SIGTERM once serve.py calls ``drain_proc
 
 1. health turns NOT_SERVING, and ``leave_discovery`` deregisters from discovery
    (when ``app.discovery`` exists; the hook is a no-op otherwise);
-2. sidecar mode: the ring drops this sidecar, so requests it still receives for its
-   own models are forwarded to their next replica; its cache drains as above while
-   requests in flight finish; then the front ends stop (``grace_s``);
+2. sidecar mode: the ring drops this sidecar (again after every membership change
+   discovery reports, since serve's ``set_peers`` always includes it), so requests it
+   still receives for its own models are forwarded to their next replica; its cache
+   drains as above while requests in flight finish; then the front ends stop (``grace_s``);
 3. embedded mode: the front ends stop accepting and let requests in flight finish
    (``grace_s``), then every node's cache drains;
 4. ``finished`` is set: serve.py then stops everything and exits 0.
@@ -132,11 +133,10 @@ class Drainer:
         await self.leave_discovery()
         app = self.app
         if app.own_name is not None:  # sidecar: peers take our models while ours finish
-            router, own = app.router, app.own_name
-            others = [n for n in router.ring.nodes if n != own]
-            if others:
-                ring = router.ring
-                router.ring = Ring(others, replicas=ring.replicas, vnodes=ring.vnodes)
+            self._leave_ring()
+            discovery = getattr(app, "discovery", None)
+            if discovery is not None:  # serve's set_peers puts us back on each change: leave again after it
+                discovery.subscribe(lambda peers: self._leave_ring())
             await self._drain_caches(drain, drain.nodes)
         else:  # embedded: nowhere to send requests; finish those in flight, then unload
             drain.phase = "finishing requests"
@@ -145,6 +145,15 @@ class Drainer:
         drain.phase = "done"
         log.info("drained: every model unloaded; exiting")
         self.finished.set()
+
+    def _leave_ring(self) -> None:
+        """Sidecar: a ring without this sidecar, unless it is the only one (then there is nowhere else)."""
+        router, own = self.app.router, self.app.own_name
+        others = [n for n in router.ring.nodes if n != own]
+        if others and len(others) < len(router.ring.nodes):
+            ring = router.ring
+            router.ring = Ring(others, replicas=ring.replicas, vnodes=ring.vnodes)
+            log.info("draining: off the ring (%s)", ", ".join(others))
 
     async def _drain_caches(self, drain: _Drain, nodes: list[str]) -> None:
         drain.phase = "unloading"

@@ -209,7 +209,10 @@ class AdminServer:
         return self.port
 
     async def stop(self, grace: float | None = 1.0) -> None:
-        await self._server.stop(grace)
+        """Stop serving (a second call does nothing)."""
+        if self.port is not None:
+            self.port = None
+            await self._server.stop(grace)
 
 
 async def start_admin(app, *, bind_address: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str = "",
