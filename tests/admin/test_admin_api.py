@@ -188,8 +188,9 @@ def test_cli_subcommands_end_to_end(serve, admin):
     assert run.returncode == 0 and run.stdout.startswith("pinned addk_3 version 1 on node node0 (")
     assert "pinned" in tfscache(serve, "models").stdout.splitlines()[1]
     run = tfscache(serve, "evict", "addk_3")
-    assert (run.returncode, run.stdout, run.stderr) == (1, "", "tfscache evict: FAILED_PRECONDITION: not evicted: "
-                                                        "model addk_3 version 1 is pinned on node node0 (unpin it first)\n")
+    assert (run.returncode, run.stdout, run.stderr) == (
+        1, "", "tfscache evict: FAILED_PRECONDITION: not evicted: model addk_3 version 1 is pinned on node node0 "
+               "(unpin it first)\n")
     assert tfscache(serve, "unpin", "addk_3").returncode == 0
     run = tfscache(serve, "evict", "addk_3")
     assert (run.returncode, run.stdout) == (0, "evicted addk_3 version 1 on node node0 ("
