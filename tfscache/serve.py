@@ -30,6 +30,7 @@ import aiohttp
 
 from tfscache import settings as settings_mod
 from tfscache.cache import CacheManager, CacheSettings
+from tfscache.discovery import Discovery, advertise_peer, from_settings
 from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
 from tfscache.frontend.rest import RestFrontend
@@ -56,8 +57,10 @@ def cache_settings(s: Settings, state_file: Path | None) -> CacheSettings:
 class ServeApp:
     """Front ends, router, caches and (embedded) node children of one `tfscache serve`."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, config_file: str | None = None) -> None:
         self.settings = settings
+        self.config_file = config_file  # the static discovery backend re-reads it on SIGHUP
+        self.discovery: Discovery | None = None
         self.repository = ModelRepository(settings.model_repository)
         self.grpc_port: int | None = None
         self.rest_port: int | None = None
@@ -94,6 +97,12 @@ class ServeApp:
         except BaseException:
             await self.stop(grace=0)
             raise
+        if self.discovery is not None:
+            try:
+                await self.discovery.register(advertise_peer(s, self.grpc_port, self.rest_port))
+            except BaseException:
+                await self.stop(grace=0)
+                raise
         if s.server.ports_file:
             _write_json_atomically(Path(s.server.ports_file),
                                    {"grpc": self.grpc_port, "rest": self.rest_port, "pid": os.getpid()})
@@ -104,6 +113,10 @@ class ServeApp:
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (``grace`` s), then stop caches and nodes."""
         grace = self.settings.server.grace_s if grace is None else grace
+        if self.discovery is not None:  # leave the ring first, then drain
+            await self.discovery.deregister()
+            await self.discovery.stop()
+            self.discovery = None
         if self._grpc is not None:
             await self._grpc.stop(grace)
         if self._rest is not None:
@@ -141,7 +154,10 @@ class ServeApp:
         await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None, node_pid=None)
         self.router = Router(Ring([own], replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes),
                              self.backends, local=own)
-        await self.set_peers(s.ring.peers)
+        self.discovery = from_settings(s, self.config_file)
+        await self.discovery.start()
+        await self.set_peers(self.discovery.members())
+        self.discovery.subscribe(self.set_peers)
         return self.router
 
     async def set_peers(self, peers: list[Peer]) -> None:
@@ -226,12 +242,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-async def _run(settings: Settings) -> int:
-    app = ServeApp(settings)
+async def _run(settings: Settings, config_file: str | None = None) -> int:
+    app = ServeApp(settings, config_file)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task] = set()
+
+    def reload_peers() -> None:  # SIGHUP: the static backend re-reads the config file's peers
+        if app.discovery is not None:
+            task = loop.create_task(app.discovery.reload())
+            reloads.add(task)
+            task.add_done_callback(reloads.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, reload_peers)
     try:
         await app.start()
     except Exception as exc:  # noqa: BLE001 - start-up failure: say why and exit non-zero
@@ -255,4 +280,4 @@ def main(argv: list[str] | None = None) -> int:
     except settings_mod.SettingsError as exc:
         print(f"tfscache serve: {exc}", file=sys.stderr)
         return 2
-    return asyncio.run(_run(settings))
+    return asyncio.run(_run(settings, args.config))

@@ -104,7 +104,7 @@ class Peer:
     rest: str = ""
 
 
-def _parse_peers(value: Any) -> list[Peer]:
+def parse_peers(value: Any) -> list[Peer]:
     if isinstance(value, str):  # env / CLI: "a=host:8500/host:8501,b=..."
         value = [dict(zip(("name", "grpc", "rest"), re.split(r"[=/]", item)))
                  for item in value.split(",") if item]
@@ -130,7 +130,7 @@ class RingSection:
     vnodes: int = _setting(160, "points per node on the hash ring", check=_at_least(1))
     self_name: str = _setting("", "sidecar mode: this sidecar's name in the peer list", flag="--name")
     peers: list = _setting([], "sidecar mode: every sidecar as {name, grpc, rest} (static list)",
-                           parse=_parse_peers)
+                           parse=parse_peers)
 
 
 @dataclass
@@ -178,6 +178,35 @@ class ServerSection:
 
 
 @dataclass
+class DiscoverySection:
+    """Sidecar mode: how sidecars find each other (tfscache.discovery, docs/discovery.md)."""
+
+    backend: str = _setting("static", "static (ring.peers, re-read on SIGHUP), consul or etcd",
+                            check=lambda v: None if v in ("static", "consul", "etcd")
+                            else "must be static, consul or etcd", flag="--discovery")
+    service_name: str = _setting("tfscache", "Consul service name / middle segment of etcd keys",
+                                 check=lambda v: None if re.fullmatch(r"[A-Za-z0-9_-]+", v)
+                                 else "letters, digits, - and _ only")
+    advertise_host: str = _setting("", "host other sidecars reach this one at (default: bind address, "
+                                   "or this host's FQDN when that is 0.0.0.0)", flag="--advertise-host")
+    ttl_s: float = _setting(10.0, "registration TTL (Consul TTL check, etcd lease), kept alive every TTL/3",
+                            check=_at_least(1))
+    retry_max_s: float = _setting(5.0, "longest back-off between retries while the registry is unreachable",
+                                  check=_at_least(0.1))
+    start_timeout_s: float = _setting(30.0, "longest wait at start-up for the first membership and registration",
+                                      check=_at_least(0.1))
+    request_timeout_s: float = _setting(5.0, "deadline of each registry call (blocking queries add their wait)",
+                                        check=_at_least(0.1))
+    consul_address: str = _setting("http://127.0.0.1:8500", "the local Consul agent's HTTP API")
+    consul_token: str = _setting("", "Consul ACL token, sent as X-Consul-Token")
+    consul_wait_s: float = _setting(30.0, "Consul blocking-query wait", check=_at_least(1))
+    consul_deregister_critical_after_s: float = _setting(600.0, "Consul's DeregisterCriticalServiceAfter",
+                                                         check=_at_least(60))
+    etcd_endpoints: list = _setting(["http://127.0.0.1:2379"], "etcd client URLs, one per member")
+    etcd_prefix: str = _setting("/tfscache", "etcd key prefix: keys are PREFIX/SERVICE/NAME")
+
+
+@dataclass
 class Settings:
     """Everything `tfscache serve` reads."""
 
@@ -187,6 +216,7 @@ class Settings:
     ring: RingSection = field(default_factory=RingSection)
     node: NodeSection = field(default_factory=NodeSection)
     server: ServerSection = field(default_factory=ServerSection)
+    discovery: DiscoverySection = field(default_factory=DiscoverySection)
 
     @property
     def sidecar(self) -> bool:
@@ -194,7 +224,7 @@ class Settings:
         return bool(self.node.node_address)
 
 
-_SECTIONS = ("cache", "ring", "node", "server")
+_SECTIONS = ("cache", "ring", "node", "server", "discovery")
 
 
 def iter_fields(settings: Settings | None = None):
@@ -288,7 +318,10 @@ def _check_whole(s: Settings) -> None:
             raise SettingsError(f"bad value for setting node.node_address: {s.node.node_address!r} "
                                 "(must be HOST:GRPC_PORT[,REST_PORT])")
         names = [p.name for p in s.ring.peers]
-        if s.ring.peers and s.ring.self_name not in names:
+        if s.discovery.backend != "static" and not s.ring.self_name:
+            raise SettingsError(f"bad value for setting ring.self_name: '' (required with "
+                                f"discovery.backend = {s.discovery.backend})")
+        if s.discovery.backend == "static" and s.ring.peers and s.ring.self_name not in names:
             raise SettingsError(f"bad value for setting ring.self_name: {s.ring.self_name!r} "
                                 f"(must be one of the peers: {', '.join(names)})")
     elif s.node.local_nodes < 1:

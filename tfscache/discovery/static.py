@@ -28,7 +28,7 @@ def peers_from_file(path: str | Path) -> list[Peer]:
     if not isinstance(ring, dict):
         raise ValueError("[ring] must be a table")
     raw = ring.get("peers", [])
-    return settings_mod._parse_peers(raw)  # the same validation as settings.load
+    return settings_mod.parse_peers(raw)  # the same validation as settings.load
 
 
 class StaticDiscovery(Discovery):
