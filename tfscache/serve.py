@@ -28,6 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
+from tfscache import logs
 from tfscache import settings as settings_mod
 from tfscache.cache import CacheManager, CacheSettings
 from tfscache.discovery import Discovery, advertise_peer, from_settings
@@ -36,7 +37,9 @@ from tfscache.frontend.grpc_server import GrpcFrontend
 from tfscache.frontend.rest import RestFrontend
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
+from tfscache.metrics import Metrics
 from tfscache.nodeclient import NodeClient
+from tfscache.observe import ObserveServer, watch
 from tfscache.repository import ModelRepository
 from tfscache.ring import Ring
 from tfscache.settings import Peer, Settings
@@ -73,6 +76,10 @@ class ServeApp:
         self._rest: RestFrontend | None = None
         self.router: Router | None = None
         self.own_name: str | None = None
+        self.metrics = Metrics(per_model=settings.server.metrics_per_model)
+        watch(self.metrics, self)
+        self.metrics_port: int | None = None
+        self._observe: ObserveServer | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -86,14 +93,19 @@ class ServeApp:
             self.router = await (self._start_sidecar() if s.sidecar else self._start_embedded())
             self._grpc = GrpcFrontend(self.router, bind_address=s.server.bind_address, port=s.server.grpc_port,
                                       max_send_bytes=s.server.max_send_message_bytes,
-                                      max_receive_bytes=s.server.max_receive_message_bytes)
+                                      max_receive_bytes=s.server.max_receive_message_bytes,
+                                      metrics=self.metrics)
             self.grpc_port = await self._grpc.start()
             if s.server.rest_port >= 0:
                 self._rest = RestFrontend(self.router, bind_address=s.server.bind_address,
                                           port=s.server.rest_port,
                                           max_receive_bytes=s.server.max_receive_message_bytes,
-                                          timeout_s=s.server.rest_timeout_s)
+                                          timeout_s=s.server.rest_timeout_s, metrics=self.metrics)
                 self.rest_port = await self._rest.start()
+            if s.server.metrics_port >= 0:
+                self._observe = ObserveServer(self.metrics, self, bind_address=s.server.bind_address,
+                                              port=s.server.metrics_port)
+                self.metrics_port = await self._observe.start()
         except BaseException:
             await self.stop(grace=0)
             raise
@@ -105,7 +117,8 @@ class ServeApp:
                 raise
         if s.server.ports_file:
             _write_json_atomically(Path(s.server.ports_file),
-                                   {"grpc": self.grpc_port, "rest": self.rest_port, "pid": os.getpid()})
+                                   {"grpc": self.grpc_port, "rest": self.rest_port, "pid": os.getpid(),
+                                    "metrics": self.metrics_port})
         log.info("tfscache serve ready: gRPC port %s, REST port %s, %d backend(s)", self.grpc_port,
                  self.rest_port, len(self.backends))
         return self.grpc_port, self.rest_port
@@ -130,6 +143,8 @@ class ServeApp:
             await self.router.close()
         if self._http is not None:
             await self._http.close()
+        if self._observe is not None:  # last: scrapes still answer while draining
+            await self._observe.stop()
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
@@ -199,7 +214,8 @@ class ServeApp:
                             channel=upstream.channel)
         state_file = self.state_dir / f"{backend.name}.cache.json"
         cache = CacheManager(client, self.repository, cache_settings(self.settings, state_file),
-                             node_pid=node_pid, state_file=state_file)
+                             node_pid=node_pid, state_file=state_file,
+                             events=self.metrics.cache_events(backend.name))
         try:
             await cache.start()
         except BaseException:
@@ -239,6 +255,8 @@ def _parser() -> argparse.ArgumentParser:
     settings_mod.add_arguments(parser)
     parser.add_argument("--help-settings", action="store_true", help="list every setting and exit")
     parser.add_argument("--log-level", default=os.environ.get("TFSCACHE_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-json", dest="log_json", action="store_true", default=None,
+                        help="log JSON objects, one per line (setting log_json)")
     return parser
 
 
@@ -273,11 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.help_settings:
         print(settings_mod.describe())
         return 0
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = settings_mod.from_args(args)
     except settings_mod.SettingsError as exc:
         print(f"tfscache serve: {exc}", file=sys.stderr)
         return 2
+    logs.setup(args.log_level, json_lines=settings.log_json)
     return asyncio.run(_run(settings, args.config))

@@ -175,6 +175,12 @@ class ServerSection:
                                flag="--ports-file")
     grace_s: float = _setting(5.0, "on SIGTERM, how long in-flight requests may finish",
                               check=_at_least(0))
+    metrics_port: int = _setting(-1, "port of /metrics (Prometheus) and /status (tfscache status), "
+                                 "e.g. 8502 (0 = pick a free one, -1 = off)",
+                                 check=lambda v: None if -1 <= v <= 65535 else "must be -1..65535",
+                                 flag="--metrics-port")
+    metrics_per_model: bool = _setting(False, "label per-model cache metrics with the model's name "
+                                       "(one series per model: off for many models)")
 
 
 @dataclass
@@ -216,6 +222,7 @@ class Settings:
     ring: RingSection = field(default_factory=RingSection)
     node: NodeSection = field(default_factory=NodeSection)
     server: ServerSection = field(default_factory=ServerSection)
+    log_json: bool = _setting(False, "log JSON objects, one per line, instead of text (--log-json)")
     discovery: DiscoverySection = field(default_factory=DiscoverySection)
 
     @property

@@ -8,7 +8,6 @@ moved as they should; the tests run in file order on the same serve.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 
@@ -20,16 +19,10 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from frontend.serving import link_repository, start_serve
 from support.node import PYTHON, REPO
-from tfscache.settings import ServerSection
 
 from .promtext import Scrape
 
 CAP = 2
-
-# Until serve.py starts the metrics server (a setting server.metrics_port), there is nothing to scrape.
-pytestmark = pytest.mark.skipif("metrics_port" not in {f.name for f in dataclasses.fields(ServerSection)},
-                                reason="tfscache serve is not wired to tfscache.metrics yet (issue 6: "
-                                       "waiting for the front-end hand-over)")
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,9 @@ log = logging.getLogger("tfscache.frontend.grpc_server")
 
 
 class _Handlers(grpc.GenericRpcHandler):
-    def __init__(self, router: Router) -> None:
+    def __init__(self, router: Router, metrics=None) -> None:
         self._router = router
+        self._metrics = metrics  # tfscache.metrics.Metrics: requests counted by method and code
         self._handlers = {path: grpc.unary_unary_rpc_method_handler(self._behavior(method))
                           for path, method in METHODS.items()}
         self._handlers[RELOAD_PATH] = grpc.unary_unary_rpc_method_handler(self._refuse_reload)
@@ -34,7 +35,7 @@ class _Handlers(grpc.GenericRpcHandler):
         return self._handlers.get(handler_call_details.method)  # None: UNIMPLEMENTED
 
     def _behavior(self, method: Method):
-        router = self._router
+        router, metrics, name = self._router, self._metrics, method.path.rsplit("/", 1)[-1]
 
         async def behavior(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             try:
@@ -43,13 +44,18 @@ class _Handlers(grpc.GenericRpcHandler):
                 forwarded = any(k == FORWARDED_KEY for k, _ in metadata)
                 timeout = context.time_remaining()
                 deadline = None if timeout is None else time.monotonic() + timeout
-                return await router.grpc(method.path, key, request, forwardable_metadata(metadata),
-                                         deadline, forwarded)
+                response = await router.grpc(method.path, key, request, forwardable_metadata(metadata),
+                                             deadline, forwarded)
+                if metrics is not None:
+                    metrics.request("grpc", name, "OK")
+                return response
             except errors.TfscacheError as exc:
                 code, message = exc.grpc_code, exc.message
             except Exception:  # noqa: BLE001 - the one place unknown errors become INTERNAL
                 log.exception("%s failed", method.path)
                 code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache front end"
+            if metrics is not None:
+                metrics.request("grpc", name, code.name)
             await context.abort(code, message)
 
         return behavior
@@ -62,13 +68,13 @@ class GrpcFrontend:
     """The gRPC server; ``start()`` returns once serving with the bound port."""
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_send_bytes: int,
-                 max_receive_bytes: int) -> None:
+                 max_receive_bytes: int, metrics=None) -> None:
         self._server = grpc.aio.server(options=[
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.so_reuseport", 0),
         ])
-        self._server.add_generic_rpc_handlers([_Handlers(router)])
+        self._server.add_generic_rpc_handlers([_Handlers(router, metrics)])
         self._address = f"{bind_address}:{port}"
         self.port: int | None = None
 

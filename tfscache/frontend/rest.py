@@ -28,6 +28,9 @@ _V1 = re.compile(r"(?i)/v1/.*")
 _POST = re.compile(r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)")
 _GET = re.compile(r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?")
 _FORWARD_HEADERS = ("Content-Type", "Accept")
+# REST verbs counted under the name of the gRPC method they stand for.
+_METHOD_NAMES = {"predict": "Predict", "classify": "Classify", "regress": "Regress",
+                 "status": "GetModelStatus", "metadata": "GetModelMetadata"}
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,9 @@ class RestFrontend:
     """The aiohttp server; ``start()`` returns once serving with the bound port."""
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_receive_bytes: int,
-                 timeout_s: float) -> None:
+                 timeout_s: float, metrics=None) -> None:
         self._router = router
+        self._metrics = metrics  # tfscache.metrics.Metrics: requests counted by method and status
         self._timeout_s = timeout_s
         self._bind = (bind_address, port)
         self._max_receive = max_receive_bytes
@@ -90,11 +94,20 @@ class RestFrontend:
         return app
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        response, method = await self._respond(request)
+        if self._metrics is not None:
+            self._metrics.request("rest", method, str(response.status))
+        return response
+
+    async def _respond(self, request: web.Request) -> tuple[web.StreamResponse, str]:
+        """The response, and the method to count it under ("unknown" when the URL names none)."""
         path = request.raw_path.split("?", 1)[0]
+        method = "unknown"
         if not _V1.fullmatch(path):
-            return web.Response(status=404, text="Not Found")
+            return web.Response(status=404, text="Not Found"), method
         try:
             route = parse_url(request.method, path)
+            method = _METHOD_NAMES[route.verb]
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge as exc:
@@ -105,12 +118,12 @@ class RestFrontend:
                                             self._timeout_s, forwarded=FORWARDED_KEY in request.headers,
                                             status=route.verb == "status")
         except errors.TfscacheError as exc:
-            return error_response(exc)
+            return error_response(exc), method
         except Exception:  # noqa: BLE001 - the one place unknown errors become 500
             log.exception("%s %s failed", request.method, path)
-            return error_response(errors.Internal("internal error in tfscache front end"))
+            return error_response(errors.Internal("internal error in tfscache front end")), method
         return web.Response(status=reply.status, body=reply.body,
-                            headers={"Content-Type": reply.content_type})
+                            headers={"Content-Type": reply.content_type}), method
 
     async def start(self) -> int:
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
