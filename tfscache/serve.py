@@ -30,6 +30,7 @@ import aiohttp
 
 from tfscache import logs
 from tfscache import settings as settings_mod
+from tfscache.admin.lifecycle import Operations
 from tfscache.cache import CacheManager, CacheSettings
 from tfscache.discovery import Discovery, advertise_peer, from_settings
 from tfscache.frontend.backends import NodeBackend, PeerBackend
@@ -76,6 +77,8 @@ class ServeApp:
         self._rest: RestFrontend | None = None
         self.router: Router | None = None
         self.own_name: str | None = None
+        self.ops: Operations | None = None  # health on the gRPC port, admin server, drains
+        self.admin_port: int | None = None
         self.metrics = Metrics(per_model=settings.server.metrics_per_model)
         watch(self.metrics, self)
         self.metrics_port: int | None = None
@@ -102,6 +105,10 @@ class ServeApp:
                                           max_receive_bytes=s.server.max_receive_message_bytes,
                                           timeout_s=s.server.rest_timeout_s, metrics=self.metrics)
                 self.rest_port = await self._rest.start()
+            self.ops = await Operations.attach(self, bind_address=s.server.admin_bind_address,
+                                               port=s.server.admin_port if s.server.admin_port >= 0 else None,
+                                               token=s.server.admin_token)
+            self.admin_port = self.ops.admin_port
             if s.server.metrics_port >= 0:
                 self._observe = ObserveServer(self.metrics, self, bind_address=s.server.bind_address,
                                               port=s.server.metrics_port)
@@ -117,7 +124,8 @@ class ServeApp:
                 raise
         if s.server.ports_file:
             _write_json_atomically(Path(s.server.ports_file),
-                                   {"grpc": self.grpc_port, "rest": self.rest_port, "pid": os.getpid(),
+                                   {"grpc": self.grpc_port, "rest": self.rest_port,
+                                    "admin": self.admin_port, "pid": os.getpid(),
                                     "metrics": self.metrics_port})
         log.info("tfscache serve ready: gRPC port %s, REST port %s, %d backend(s)", self.grpc_port,
                  self.rest_port, len(self.backends))
@@ -143,6 +151,8 @@ class ServeApp:
             await self.router.close()
         if self._http is not None:
             await self._http.close()
+        if self.ops is not None and self.ops.admin is not None:
+            await self.ops.admin.stop()
         if self._observe is not None:  # last: scrapes still answer while draining
             await self._observe.stop()
         if self._own_state_dir:
@@ -280,10 +290,9 @@ async def _run(settings: Settings, config_file: str | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - start-up failure: say why and exit non-zero
         log.error("tfscache serve failed to start: %s", exc)
         return 1
-    await stop.wait()
-    log.info("stopping: draining in-flight requests for up to %s s", settings.server.grace_s)
-    await app.stop()
-    return 0
+    # SIGTERM: health NOT_SERVING, out of discovery, then requests in flight finish;
+    # an admin Drain of the whole process ends here too, once every model is unloaded.
+    return await app.ops.run_until(stop)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -175,6 +175,12 @@ class ServerSection:
                                flag="--ports-file")
     grace_s: float = _setting(5.0, "on SIGTERM, how long in-flight requests may finish",
                               check=_at_least(0))
+    admin_port: int = _setting(-1, "admin API port (tfscache models/pin/evict/drain; 0 = pick a free one, "
+                               "-1 = off)", check=lambda v: None if -1 <= v <= 65535 else "must be -1..65535",
+                               flag="--admin-port")
+    admin_bind_address: str = _setting("127.0.0.1", "address the admin API binds (any but loopback needs "
+                                       "server.admin_token)")
+    admin_token: str = _setting("", "admin API token, sent by clients as 'authorization: Bearer TOKEN'")
     metrics_port: int = _setting(-1, "port of /metrics (Prometheus) and /status (tfscache status), "
                                  "e.g. 8502 (0 = pick a free one, -1 = off)",
                                  check=lambda v: None if -1 <= v <= 65535 else "must be -1..65535",
@@ -339,6 +345,13 @@ def _check_whole(s: Settings) -> None:
     if not Path(s.model_repository).is_dir():
         raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} "
                             "(not a directory)")
+    if s.server.admin_port >= 0:
+        from tfscache.admin.server import check_bind  # grpc only when the admin server is on
+
+        try:
+            check_bind(s.server.admin_bind_address, s.server.admin_token)
+        except ValueError as exc:
+            raise SettingsError(str(exc)) from None
     if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
         raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
                             "(must differ from server.grpc_port)")
