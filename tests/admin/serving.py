@@ -1,9 +1,7 @@
 """Start ``tfscache serve`` with its admin server and health, as real processes, and talk to them.
 
-``start_admin_serve`` runs ``tfscache serve --admin-port 0`` and reads the admin port back
-from the ports file. Until serve.py has the admin settings (``server.admin_port``), it runs
-``python -m tfscache.admin.lifecycle`` instead: serve's own flags and ServeApp with health
-and the admin server attached by the same ``Operations.attach`` serve.py calls.
+``start_admin_serve`` runs ``tfscache serve --admin-port 0`` (the admin token, if any, in
+``TFSCACHE_SERVER_ADMIN_TOKEN``) and reads the admin port back from the ports file.
 """
 
 from __future__ import annotations
@@ -20,10 +18,8 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from frontend.serving import ServeProcess, ServeStartError
 from frontend.test_embedded import predict_request
 from support.node import PYTHON, REPO
-from tfscache.settings import ServerSection
 from tfscache.wire import health_pb2
 
-SERVE_HAS_ADMIN = "admin_port" in ServerSection.__dataclass_fields__  # serve.py wires the admin server
 _count = iter(range(1, 10_000))
 
 
@@ -44,15 +40,10 @@ def start_admin_serve(tmp_path: Path, repository: Path, *args: str, token: str =
     directory = Path(tmp_path) / f"serve-{next(_count)}"
     directory.mkdir(parents=True)
     ports_file = directory / "ports.json"
-    if SERVE_HAS_ADMIN:
-        launcher = ["tfscache", "serve", "--ports-file", str(ports_file)]
-    else:
-        launcher = ["tfscache.admin.lifecycle", "--admin-ports-file", str(ports_file)]
-    command = [PYTHON, "-m", *launcher, "--model-repository", str(repository),
-               "--grpc-port", "0", "--rest-port", "0", "--bind-address", "127.0.0.1", "--admin-port", "0",
+    command = [PYTHON, "-m", "tfscache", "serve", "--ports-file", str(ports_file),
+               "--model-repository", str(repository), "--grpc-port", "0", "--rest-port", "0", "--bind-address", "127.0.0.1", "--admin-port", "0",
                "--set", f"node.state_dir={directory / 'state'}", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TFSCACHE_ADMIN_TOKEN": token,
-           "TFSCACHE_SERVER_ADMIN_TOKEN": token}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TFSCACHE_SERVER_ADMIN_TOKEN": token}
     with open(directory / "serve.log", "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    cwd=REPO, env=env)

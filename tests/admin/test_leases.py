@@ -13,7 +13,6 @@ import pytest
 
 from tfscache import errors
 from tfscache import settings as settings_mod
-from tfscache.admin.lifecycle import Operations
 from tfscache.serve import ServeApp
 from tfscache.wire import admin_pb2, health_pb2
 
@@ -22,13 +21,12 @@ from tfscache.wire import admin_pb2, health_pb2
 async def app(admin_repo, tmp_path):
     settings = settings_mod.load(env={}, overrides={
         "model_repository": str(admin_repo), "node.local_nodes": 1, "server.bind_address": "127.0.0.1",
-        "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "node.state_dir": str(tmp_path / "state")})
+        "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "server.admin_port": 0,
+        "node.state_dir": str(tmp_path / "state")})
     app = ServeApp(settings)
-    await app.start()
-    ops = await Operations.attach(app, port=0, health_poll_s=0.05)
-    app.ops = ops
+    await app.start()  # health and the admin server: app.ops
     yield app
-    await ops.shutdown(grace=0)
+    await app.ops.shutdown(grace=0)
 
 
 def rpc(channel, method: str, response_type, streaming: bool = False):

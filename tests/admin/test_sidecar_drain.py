@@ -14,7 +14,6 @@ import pytest
 from frontend.test_sidecar import EMPTY, NODE_FLAGS, node_holds, predict
 from support.node import start_node
 from tfscache import settings as settings_mod
-from tfscache.admin.lifecycle import Operations
 from tfscache.serve import ServeApp
 from tfscache.settings import Peer
 from tfscache.wire import admin_pb2, health_pb2
@@ -35,10 +34,9 @@ async def sidecars(nodes, admin_repo, tmp_path):
         apps[name] = ServeApp(settings_mod.load(env={}, overrides={
             "model_repository": str(admin_repo), "node.node_address": f"127.0.0.1:{node.grpc_port},{node.rest_port}",
             "ring.self_name": name, "ring.replicas_per_model": 2, "server.bind_address": "127.0.0.1",
-            "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1,
+            "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "server.admin_port": 0,
             "node.state_dir": str(tmp_path / name)}))
-        await apps[name].start()
-        apps[name].ops = await Operations.attach(apps[name], port=0, health_poll_s=0.05)
+        await apps[name].start()  # with health and the admin server: app.ops
     peers = [Peer(name, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for name, app in apps.items()]
     for app in apps.values():
         await app.set_peers(peers)

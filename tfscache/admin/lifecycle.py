@@ -1,8 +1,4 @@
-"""Wiring health, the admin server and drains into a running ``ServeApp``.
-
-``serve.py`` needs three calls (see the bottom of this docstring); tests and
-``python -m tfscache.admin.lifecycle`` (serve's own flags plus the admin ones, for
-running before serve.py has them) use the same code.
+"""Wiring health, the admin server and drains into a running ``ServeApp`` (serve.py calls this).
 
     ops = await Operations.attach(app, bind_address="127.0.0.1", port=8502, token="")
     # ops.health is registered on the front end's gRPC server; ops.admin_port is bound
@@ -13,16 +9,10 @@ running before serve.py has them) use the same code.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import logging
-import os
-import signal
-import sys
-from pathlib import Path
 
-from tfscache.admin.server import AdminServer, check_bind
+from tfscache.admin.server import AdminServer
 from tfscache.health import Health, app_serving
 
 log = logging.getLogger("tfscache.admin")
@@ -72,64 +62,3 @@ class Operations:
         await self.app.stop(grace)
         if self.admin is not None:
             await self.admin.stop()
-
-
-# -- `python -m tfscache.admin.lifecycle`: tfscache serve with the admin server --------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    from tfscache import serve
-
-    parser = serve._parser()
-    parser.prog = "python -m tfscache.admin.lifecycle"
-    parser.add_argument("--admin-port", type=int, default=8502, help="admin API port (0: pick one; -1: off)")
-    parser.add_argument("--admin-bind-address", default="127.0.0.1", help="admin API address")
-    parser.add_argument("--admin-token", default=os.environ.get("TFSCACHE_ADMIN_TOKEN", ""),
-                        help="required in 'authorization: Bearer TOKEN' metadata when set")
-    parser.add_argument("--admin-ports-file", default="",
-                        help="write {grpc, rest, admin, pid} here once everything serves")
-    return parser
-
-
-async def _run(settings, args) -> int:
-    from tfscache.serve import ServeApp
-
-    app = ServeApp(settings)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await app.start()
-        ops = await Operations.attach(app, bind_address=args.admin_bind_address,
-                                      port=None if args.admin_port < 0 else args.admin_port, token=args.admin_token)
-    except Exception as exc:  # noqa: BLE001 - start-up failure: say why and exit non-zero
-        log.error("tfscache serve failed to start: %s", exc)
-        await app.stop(grace=0)
-        return 1
-    if args.admin_ports_file:
-        path = Path(args.admin_ports_file)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"grpc": app.grpc_port, "rest": app.rest_port, "admin": ops.admin_port,
-                                   "pid": os.getpid()}))
-        os.replace(tmp, path)
-    return await ops.run_until(stop)
-
-
-def main(argv: list[str] | None = None) -> int:
-    from tfscache import settings as settings_mod
-
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        settings = settings_mod.from_args(args)
-        check_bind(args.admin_bind_address, args.admin_token)
-    except ValueError as exc:  # SettingsError and AdminConfigError name the setting
-        print(f"tfscache serve: {exc}", file=sys.stderr)
-        return 2
-    return asyncio.run(_run(settings, args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
