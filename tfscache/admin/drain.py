@@ -27,6 +27,7 @@ the Drain RPC streams it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -57,6 +58,10 @@ class _Drain:
         self.error: errors.TfscacheError | None = None
 
 
+class _Failed(Exception):
+    """A drain stopped on an error, recorded in its ``_Drain.error``."""
+
+
 class Drainer:
     """Runs drains of a ``ServeApp`` in background tasks (a client going away does not stop one)."""
 
@@ -75,8 +80,10 @@ class Drainer:
         """Begin draining ``node`` (PROCESS: everything); a drain already running is left as it is."""
         if self.app.own_name is not None and node == self.app.own_name:
             node = PROCESS  # a sidecar's one node is the process
-        if node in self._drains:
+        running = self._drains.get(node)
+        if running is not None and running.error is None:
             return
+        # (a drain that failed, e.g. on an unhealthy node, starts again)
         if node != PROCESS:
             self.admin.cache(node)  # NOT_FOUND / UNAVAILABLE before anything changes
             others = [n for n in self.app.router.ring.nodes if n != node]
@@ -123,10 +130,15 @@ class Drainer:
         ring = router.ring
         router.ring = Ring([n for n in ring.nodes if n != node], replicas=ring.replicas, vnodes=ring.vnodes)
         log.info("draining node %s: off the ring (%s)", node, ", ".join(router.ring.nodes))
-        await self._drain_caches(drain, [node])
-        log.info("node %s drained", node)
+        with contextlib.suppress(_Failed):
+            await self._drain_caches(drain, [node])
+            log.info("node %s drained", node)
 
     async def _process(self, drain: _Drain, grace: float) -> None:
+        with contextlib.suppress(_Failed):
+            await self._process_steps(drain, grace)
+
+    async def _process_steps(self, drain: _Drain, grace: float) -> None:
         log.info("draining this tfscache: health NOT_SERVING, leaving the ring")
         if self.health is not None:
             self.health.set_draining()
@@ -141,9 +153,10 @@ class Drainer:
         else:  # embedded: nowhere to send requests; finish those in flight, then unload
             drain.phase = "finishing requests"
             await self.stop_frontends(grace)
-            await self._drain_caches(drain, drain.nodes)
+            with contextlib.suppress(_Failed):  # the front ends are gone: exit anyway; the nodes stop with us
+                await self._drain_caches(drain, drain.nodes)
         drain.phase = "done"
-        log.info("drained: every model unloaded; exiting")
+        log.info("drained: %s; exiting", "every model unloaded" if drain.error is None else "unloading failed")
         self.finished.set()
 
     def _leave_ring(self) -> None:
@@ -162,8 +175,12 @@ class Drainer:
             await asyncio.gather(*(c.drain() for c in caches))
         except errors.TfscacheError as exc:
             drain.error = exc
-            log.error("drain failed: %s", exc.message)
-            raise
+        except Exception as exc:  # noqa: BLE001 - reported to whoever follows the drain
+            log.exception("drain of %s failed", ", ".join(nodes))
+            drain.error = errors.Internal(f"drain failed: {exc!r}")
+        if drain.error is not None:
+            log.error("drain of %s failed: %s; Drain again to retry", ", ".join(nodes), drain.error.message)
+            raise _Failed()
         drain.phase = "done"
 
     # -- hooks -----------------------------------------------------------------------------
