@@ -7,6 +7,9 @@ A lease is what a request in flight holds; holding one here (``cache.acquire``) 
 from __future__ import annotations
 
 import asyncio
+import os
+import re
+import signal
 
 import grpc
 import pytest
@@ -77,3 +80,48 @@ async def test_a_process_drain_waits_for_requests_in_flight_then_unloads(app):
         assert (seen[-1].done, seen[-1].models_left, seen[-1].phase) == (True, 0, "done")
     await asyncio.wait_for(app.ops.drained.wait(), 30)
     assert cache.snapshot() == []
+
+
+@pytest.fixture
+async def two_node_app(admin_repo, tmp_path):
+    settings = settings_mod.load(env={}, overrides={
+        "model_repository": str(admin_repo), "node.local_nodes": 2, "ring.replicas_per_model": 2,
+        "server.bind_address": "127.0.0.1", "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1,
+        "server.admin_port": 0, "node.state_dir": str(tmp_path / "state")})
+    app = ServeApp(settings)
+    await app.start()
+    yield app
+    await app.ops.shutdown(grace=0)
+
+
+async def until(predicate, timeout: float = 120.0) -> None:
+    """Wait for a condition of another process (a node restarting); checked every 50 ms."""
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+
+async def test_a_node_drain_cut_short_by_the_node_dying_reports_it_and_can_be_retried(two_node_app):
+    app = two_node_app
+    old = app.backends["node1"].cache
+    await old.preload("addk_1")
+    lease = await old.acquire("addk_1")
+    [node1] = [n for n in app.supervisor.nodes if n.name == "node1"]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ops.admin_port}") as channel:
+        drain = rpc(channel, "Drain", admin_pb2.DrainProgress, streaming=True)
+        stream = drain(admin_pb2.DrainRequest(node="node1"))
+        async for progress in stream:
+            if progress.phase == "unloading":
+                break
+        assert app.router.ring.nodes == ["node0"]
+        os.kill(node1.pid, signal.SIGKILL)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            async for progress in stream:
+                pass
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert re.fullmatch(r"cache manager for node 127\.0\.0\.1:\d+ stopped", info.value.details())
+        lease.release()
+        await until(lambda: app.backends["node1"].cache not in (None, old) and app.backends["node1"].healthy)
+        progress = [p async for p in drain(admin_pb2.DrainRequest(node="node1"))]  # again: completes
+        assert (progress[-1].done, progress[-1].models_left) == (True, 0)
+    assert app.router.ring.nodes == ["node0"] and app.backends["node1"].cache.draining
