@@ -41,7 +41,8 @@ def start_admin_serve(tmp_path: Path, repository: Path, *args: str, token: str =
     directory.mkdir(parents=True)
     ports_file = directory / "ports.json"
     command = [PYTHON, "-m", "tfscache", "serve", "--ports-file", str(ports_file),
-               "--model-repository", str(repository), "--grpc-port", "0", "--rest-port", "0", "--bind-address", "127.0.0.1", "--admin-port", "0",
+               "--model-repository", str(repository), "--grpc-port", "0", "--rest-port", "0",
+               "--bind-address", "127.0.0.1", "--admin-port", "0",
                "--set", f"node.state_dir={directory / 'state'}", *args]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "TFSCACHE_SERVER_ADMIN_TOKEN": token}
     with open(directory / "serve.log", "wb") as log:
