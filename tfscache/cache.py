@@ -33,9 +33,9 @@ from pathlib import Path
 
 from tfscache import errors
 from tfscache.cachestate import CacheState, SavedModel, learned_key, load_state, save_state
-from tfscache.nodeclient import AVAILABLE, END, NodeClient
+from tfscache.nodeclient import NodeClient
 from tfscache.policy import EvictionPolicy, make_policy
-from tfscache.repository import ModelRepository, check_name, not_found
+from tfscache.repository import ModelRepository, check_name
 from tfscache.wire import serving_pb2 as pb
 
 log = logging.getLogger("tfscache.cache")

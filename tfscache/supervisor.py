@@ -10,19 +10,18 @@ A node that exits unexpectedly is restarted (with a backoff if it keeps crashing
 ``on_exit`` / ``on_start`` let the owner drop and rebuild the node's client and cache.
 Children die with this process and only then: they run in their own session, so a
 signal to the terminal's process group reaches only this process (which then stops
-them in order, without restarting them first); PR_SET_PDEATHSIG sends them SIGTERM
-if this process is killed; ``stop()`` sends SIGTERM, then SIGKILL after a grace period.
+them in order, without restarting them first); PR_SET_PDEATHSIG (set by
+setpriv) sends them SIGTERM if this process is killed; ``stop()`` sends SIGTERM, then SIGKILL after a grace period.
 """
 
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import logging
 import math
-import os
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -36,7 +35,6 @@ from tfscache.settings import NodeSection
 log = logging.getLogger("tfscache.supervisor")
 
 EMPTY_CONFIG = "model_config_list {\n}\n"
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass
@@ -61,16 +59,19 @@ class NodeProcess:
         return f"127.0.0.1:{self.rest_port}"
 
 
-def _die_with_parent(parent_pid: int) -> Callable[[], None]:
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
+def _die_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run under util-linux's ``setpriv --pdeathsig TERM``, when it is installed.
 
-    def preexec() -> None:  # runs in the child between fork and exec: keep it minimal
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
+    The child must get SIGTERM if this process is killed (PR_SET_PDEATHSIG). Setting it
+    from a ``preexec_fn`` would run Python in the forked child of a multi-threaded
+    process (gRPC's threads), which crashed now and then; setpriv sets it after the
+    fork, outside Python, and the setting survives its exec of ``argv``.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        log.warning("setpriv not found: node processes will outlive this one if it is killed")
+        return argv
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv]
 
 
 def free_port() -> int:
@@ -93,7 +94,6 @@ class Supervisor:
         self._on_exit = on_exit
         self._watchers: list[asyncio.Task] = []
         self._stopping = False
-        self._preexec = _die_with_parent(os.getpid())
 
     async def start(self) -> list[NodeProcess]:
         """Start every node and wait until all serve; then watch them."""
@@ -133,7 +133,7 @@ class Supervisor:
         argv = self.command(node)
         log.info("starting %s: %s", node.name, shlex.join(argv))
         node.process = await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, start_new_session=True, preexec_fn=self._preexec)
+            *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
         node.pid = node.process.pid
         node.started_at = time.monotonic()
         try:
