@@ -182,7 +182,7 @@ class ServerSection:
                                        "server.admin_token)")
     admin_token: str = _setting("", "admin API token, sent by clients as 'authorization: Bearer TOKEN'")
     metrics_port: int = _setting(-1, "port of /metrics (Prometheus) and /status (tfscache status), "
-                                 "e.g. 8502 (0 = pick a free one, -1 = off)",
+                                 "e.g. 8503 (0 = pick a free one, -1 = off)",
                                  check=lambda v: None if -1 <= v <= 65535 else "must be -1..65535",
                                  flag="--metrics-port")
     metrics_per_model: bool = _setting(False, "label per-model cache metrics with the model's name "

@@ -1,7 +1,7 @@
 """`tfscache status`: what a running `tfscache serve` holds, read from its metrics port.
 
-    tfscache status --address 127.0.0.1:8502          # tables
-    tfscache status --address 127.0.0.1:8502 --json   # the /status document, for scripts
+    tfscache status --address 127.0.0.1:8503          # tables
+    tfscache status --address 127.0.0.1:8503 --json   # the /status document, for scripts
 
 Prints the nodes (health, models, bytes, leases, queued loads), every resident model
 with its size, last use and leases, and the hit ratio. Exit status 1 when the
@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-DEFAULT_ADDRESS = os.environ.get("TFSCACHE_STATUS_ADDRESS", "127.0.0.1:8502")
+DEFAULT_ADDRESS = os.environ.get("TFSCACHE_STATUS_ADDRESS", "127.0.0.1:8503")
 
 
 def fetch(address: str, timeout: float = 10.0) -> dict[str, Any]:
