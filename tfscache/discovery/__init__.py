@@ -37,9 +37,12 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tfscache.settings import Peer
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = ["BACKENDS", "Backoff", "Discovery", "DiscoveryError", "Peer", "advertise_peer", "describe_error",
            "from_settings", "make_discovery"]
@@ -228,6 +231,37 @@ BACKENDS: dict[str, str] = {
     "consul": "tfscache.discovery.consul:ConsulDiscovery",
     "etcd": "tfscache.discovery.etcd:EtcdDiscovery",
 }
+
+
+class WatchingDiscovery(Discovery):
+    """A backend that follows a remote registry: one HTTP session, a watch task, a keep-alive task.
+
+    Subclasses implement ``_watch()`` (runs until cancelled, applying what it reads) and
+    start ``self._keepalive_task`` when they register.
+    """
+
+    def __init__(self, **options) -> None:
+        super().__init__(**options)
+        self._session: aiohttp.ClientSession | None = None
+        self._watch_task: asyncio.Task | None = None
+        self._keepalive_task: asyncio.Task | None = None
+
+    @abstractmethod
+    async def _watch(self) -> None:
+        """Follow the registry until cancelled, calling ``_apply`` on every change."""
+
+    async def start(self) -> None:
+        if self._watch_task is None:
+            self._watch_task = asyncio.create_task(self._watch(), name=f"{self.name}-watch")
+        await self._wait_known()
+
+    async def stop(self) -> None:
+        await cancel(self._keepalive_task)
+        await cancel(self._watch_task)
+        self._keepalive_task = self._watch_task = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
 
 def make_discovery(name: str, **options) -> Discovery:

@@ -32,7 +32,7 @@ from typing import Any
 
 import aiohttp
 
-from tfscache.discovery import Discovery, DiscoveryError, Peer, cancel, describe_error
+from tfscache.discovery import DiscoveryError, Peer, WatchingDiscovery, cancel, describe_error
 
 log = logging.getLogger("tfscache.discovery.consul")
 
@@ -58,7 +58,7 @@ def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-class ConsulDiscovery(Discovery):
+class ConsulDiscovery(WatchingDiscovery):
     """Registers with a Consul agent under a TTL check and follows the passing instances."""
 
     name = "consul"
@@ -72,9 +72,6 @@ class ConsulDiscovery(Discovery):
         self.ttl_s, self.wait_s = ttl_s, wait_s
         self.deregister_critical_after_s = deregister_critical_after_s
         self.request_timeout_s = request_timeout_s
-        self._session: aiohttp.ClientSession | None = None
-        self._watch_task: asyncio.Task | None = None
-        self._keepalive_task: asyncio.Task | None = None
         self._registration: dict[str, Any] | None = None
         self._watch_state = self._state_log(f"watch of {service!r} at {self.address}", log)
         self._check_state = self._state_log(f"TTL check of {service!r} at {self.address}", log)
@@ -102,21 +99,6 @@ class ConsulDiscovery(Discovery):
                 return resp.status, resp.headers, json.loads(text) if is_json else text
         except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
             raise ConsulError(f"{method} {path}: {describe_error(exc)}") from exc
-
-    # -- lifecycle ---------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        if self._watch_task is None:
-            self._watch_task = asyncio.create_task(self._watch(), name=f"consul-watch-{self.service}")
-        await self._wait_known()
-
-    async def stop(self) -> None:
-        await cancel(self._keepalive_task)
-        await cancel(self._watch_task)
-        self._keepalive_task = self._watch_task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     # -- registration ------------------------------------------------------------------------
 

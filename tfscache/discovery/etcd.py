@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 import aiohttp
 
-from tfscache.discovery import Discovery, DiscoveryError, Peer, cancel, describe_error
+from tfscache.discovery import DiscoveryError, Peer, WatchingDiscovery, cancel, describe_error
 
 log = logging.getLogger("tfscache.discovery.etcd")
 
@@ -62,7 +62,7 @@ def prefix_end(prefix: bytes) -> bytes:
     return b"\0"  # every key
 
 
-class EtcdDiscovery(Discovery):
+class EtcdDiscovery(WatchingDiscovery):
     """Registers under a leased key in etcd and watches the prefix for the others."""
 
     name = "etcd"
@@ -80,9 +80,6 @@ class EtcdDiscovery(Discovery):
         self.ttl_s = max(1, round(ttl_s))  # etcd leases are whole seconds
         self.request_timeout_s = request_timeout_s
         self._current = 0
-        self._session: aiohttp.ClientSession | None = None
-        self._watch_task: asyncio.Task | None = None
-        self._keepalive_task: asyncio.Task | None = None
         self._self: Peer | None = None
         self._lease: str | None = None
         self._written = False  # this sidecar's key is written under self._lease
@@ -130,21 +127,6 @@ class EtcdDiscovery(Discovery):
             self._current = i
             return reply
         raise EtcdError("no etcd endpoint answered: " + "; ".join(errors))
-
-    # -- lifecycle ------------------------------------------------------------------------------
-
-    async def start(self) -> None:
-        if self._watch_task is None:
-            self._watch_task = asyncio.create_task(self._watch(), name="etcd-watch")
-        await self._wait_known()
-
-    async def stop(self) -> None:
-        await cancel(self._keepalive_task)
-        await cancel(self._watch_task)
-        self._keepalive_task = self._watch_task = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
 
     # -- registration -------------------------------------------------------------------------
 
