@@ -6,21 +6,15 @@
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import time
 from pathlib import Path
 
 import grpc
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import ServeProcess, ServeStartError
+from frontend.serving import ServeProcess, start_serve
 from frontend.test_embedded import predict_request
-from support.node import PYTHON, REPO
 from tfscache.wire import health_pb2
 
-_count = iter(range(1, 10_000))
 
 
 class AdminServe(ServeProcess):
@@ -37,26 +31,9 @@ class AdminServe(ServeProcess):
 
 def start_admin_serve(tmp_path: Path, repository: Path, *args: str, token: str = "",
                       timeout: float = 180.0) -> AdminServe:
-    directory = Path(tmp_path) / f"serve-{next(_count)}"
-    directory.mkdir(parents=True)
-    ports_file = directory / "ports.json"
-    command = [PYTHON, "-m", "tfscache", "serve", "--ports-file", str(ports_file),
-               "--model-repository", str(repository), "--grpc-port", "0", "--rest-port", "0",
-               "--bind-address", "127.0.0.1", "--admin-port", "0",
-               "--set", f"node.state_dir={directory / 'state'}", *args]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TFSCACHE_SERVER_ADMIN_TOKEN": token}
-    with open(directory / "serve.log", "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   cwd=REPO, env=env)
-    deadline = time.monotonic() + timeout
-    while not ports_file.exists():
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            raise ServeStartError(f"serve with admin did not start (rc={process.returncode}):\n"
-                                  f"{(directory / 'serve.log').read_text(errors='replace')[-6000:]}")
-        time.sleep(0.05)
-    return AdminServe(process, directory, json.loads(ports_file.read_text()))
+    """``tfscache serve`` with its admin API on a free port (and ``token``, if given)."""
+    return start_serve(tmp_path, repository, "--admin-port", "0", *args, timeout=timeout,
+                       env={"TFSCACHE_SERVER_ADMIN_TOKEN": token}, cls=AdminServe)
 
 
 def health_check(target: str, service: str = "", timeout: float = 10.0) -> int:

@@ -17,17 +17,14 @@ raises ``NodeStartError`` with the node's log.
 from __future__ import annotations
 
 import itertools
-import json
-import os
-import re
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from support.process import REPO, ServerProcess, launch, wait_for_ports
+
 _VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 PYTHON = str(_VENV_PYTHON if _VENV_PYTHON.exists() else Path(sys.executable))
 _counter = itertools.count(1)
@@ -51,73 +48,13 @@ def node_command(flags: Iterable[str]) -> list[str]:
     return [PYTHON, "-m", "tfscache", "node", *flags]
 
 
-class NodeProcess:
+class NodeProcess(ServerProcess):
     """A running ``tfscache node``; a context manager that stops it on exit."""
 
     def __init__(self, process: subprocess.Popen, directory: Path, log_path: Path,
                  config_path: Path | None, ports: dict) -> None:
-        self.process = process
-        self.directory = directory
-        self.log_path = log_path
+        super().__init__(process, directory, log_path, ports)
         self.config_path = config_path
-        self.grpc_port: int = ports["grpc"]
-        self.rest_port: int = ports["rest"]
-        self.pid: int = ports["pid"]
-
-    @property
-    def grpc_target(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
-
-    @property
-    def rest_url(self) -> str:
-        return f"http://127.0.0.1:{self.rest_port}"
-
-    def log_text(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def wait_for_log(self, pattern: str, timeout: float = 30.0, *, count: int = 1) -> re.Match:
-        """Wait until the log matches ``pattern`` (a regex) at least ``count`` times."""
-        deadline = time.monotonic() + timeout
-        while True:
-            matches = list(re.finditer(pattern, self.log_text(), re.MULTILINE))
-            if len(matches) >= count:
-                return matches[count - 1]
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(
-                    f"log never matched {pattern!r} x{count} (rc={self.process.poll()})\n"
-                    f"{self.log_text()[-4000:]}")
-            time.sleep(0.02)
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.poll()
-
-    def wait(self, timeout: float | None = 30.0) -> int:
-        return self.process.wait(timeout)
-
-    def stop(self, timeout: float = 30.0) -> int:
-        """SIGTERM, then wait; kill if it does not exit. Returns the exit status."""
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                return self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        return self.process.wait()
-
-    def kill(self) -> int:
-        if self.process.poll() is None:
-            self.process.kill()
-        return self.process.wait()
-
-    def __enter__(self) -> NodeProcess:
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self.stop()
-
-    def __repr__(self) -> str:
-        return f"NodeProcess(pid={self.pid}, grpc={self.grpc_port}, rest={self.rest_port})"
 
 
 def start_node(tmp_path: Path, *, config: str | None = None, model_name: str | None = None,
@@ -148,22 +85,8 @@ def start_node(tmp_path: Path, *, config: str | None = None, model_name: str | N
     flags = list(flags)
     overridden = {_flag_name(flag) for flag in flags}
     command = node_command([f for f in defaults if _flag_name(f) not in overridden] + flags)
-    child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    with open(log_path, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   cwd=REPO, env=child_env)
-    deadline = time.monotonic() + timeout
-    while not ports_file.exists():
-        if process.poll() is not None:
-            raise NodeStartError(f"tfscache node exited with {process.returncode} before serving",
-                                 process.returncode, log_path.read_text(errors="replace"))
-        if time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            raise NodeStartError(f"tfscache node did not serve within {timeout} s", None,
-                                 log_path.read_text(errors="replace"))
-        time.sleep(0.05)
-    ports = json.loads(ports_file.read_text())
+    process = launch(command, log_path, env)
+    ports = wait_for_ports(process, ports_file, log_path, timeout, NodeStartError)
     return NodeProcess(process, directory, log_path, config_path, ports)
 
 

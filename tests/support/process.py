@@ -1,0 +1,110 @@
+"""What every launched test server has in common: a child process with a log file and a
+ports file it writes once serving (`tfscache node --ports_file`, `tfscache serve --ports-file`).
+
+    process = launch(command, directory, log_path)
+    ports = wait_for_ports(process, ports_file, log_path, timeout, StartError)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def launch(command: list[str], log_path: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``command`` in the repository root, stdout and stderr into ``log_path``."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+
+
+def wait_for_ports(process: subprocess.Popen, ports_file: Path, log_path: Path, timeout: float,
+                   fail) -> dict:
+    """The ports file's JSON once written; ``fail(message, returncode, log)`` if the process
+    exits first or ``timeout`` passes (then the process is killed)."""
+    deadline = time.monotonic() + timeout
+    while not ports_file.exists():
+        if process.poll() is not None:
+            raise fail(f"{' '.join(process.args[1:4])} exited with {process.returncode} before serving",
+                       process.returncode, log_path.read_text(errors="replace"))
+        if time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            raise fail(f"{' '.join(process.args[1:4])} did not serve within {timeout} s", None,
+                       log_path.read_text(errors="replace"))
+        time.sleep(0.05)  # polling a condition with a deadline
+    return json.loads(ports_file.read_text())
+
+
+class ServerProcess:
+    """A running server; a context manager that stops it (SIGTERM, then SIGKILL) on exit."""
+
+    def __init__(self, process: subprocess.Popen, directory: Path, log_path: Path, ports: dict) -> None:
+        self.process = process
+        self.directory = directory
+        self.log_path = log_path
+        self.grpc_port: int = ports["grpc"]
+        self.rest_port: int = ports["rest"]
+        self.pid: int = ports["pid"]
+
+    @property
+    def grpc_target(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def rest_url(self) -> str:
+        return f"http://127.0.0.1:{self.rest_port}"
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: str, timeout: float = 30.0, *, count: int = 1) -> re.Match:
+        """Wait until the log matches ``pattern`` (a regex) at least ``count`` times."""
+        deadline = time.monotonic() + timeout
+        while True:
+            matches = list(re.finditer(pattern, self.log_text(), re.MULTILINE))
+            if len(matches) >= count:
+                return matches[count - 1]
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    f"log never matched {pattern!r} x{count} (rc={self.process.poll()})\n"
+                    f"{self.log_text()[-4000:]}")
+            time.sleep(0.02)
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.poll()
+
+    def wait(self, timeout: float | None = 30.0) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, then wait; kill if it does not exit. Returns the exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                return self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        return self.process.wait()
+
+    def kill(self) -> int:
+        if self.process.poll() is None:
+            self.process.kill()
+        return self.process.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(pid={self.pid}, grpc={self.grpc_port}, rest={self.rest_port})"
