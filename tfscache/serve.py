@@ -40,6 +40,7 @@ from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
 from tfscache.metrics import Metrics
 from tfscache.nodeclient import NodeClient
+from tfscache.nodepid import find_node_pid
 from tfscache.observe import ObserveServer, watch
 from tfscache.repository import ModelRepository
 from tfscache.ring import Ring
@@ -176,7 +177,10 @@ class ServeApp:
         own = self.own_name = s.ring.self_name or "local"
         backend = NodeBackend(own)
         self.backends = {own: backend}
-        await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None, node_pid=None)
+        # The node is no child of ours: find its process (same host, PID namespace shared) so the
+        # cache can measure its memory; None (sizes stay estimates) when it is not visible here.
+        node_pid = find_node_pid(host, int(host_port.rsplit(":", 1)[1]))
+        await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None, node_pid=node_pid)
         self.router = Router(Ring([own], replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes),
                              self.backends, local=own)
         self.discovery = from_settings(s, self.config_file)

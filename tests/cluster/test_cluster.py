@@ -1,0 +1,193 @@
+"""A 3-sidecar cluster on loopback through each discovery backend: forms, survives faults, resizes, drains.
+
+Every process is real: ``tfscache node`` (x3, a 4th for the resize) and one ``tfscache
+serve --node-address`` sidecar per node, through static peers (config file + SIGHUP),
+the fake Consul, or a real 3-member etcd. The module's tests share one cluster per
+backend and run in order: form -> discovery outage -> resize (add d, prewarm, switch)
+and drain b -> kill c.
+
+What the design promises (docs/discovery.md, tfscache/frontend/router.py) and what is
+asserted, with ``ring.replicas_per_model = 2``:
+
+* A router tries a model's replicas in order and retries once, on the next replica, when
+  the first answers UNAVAILABLE. So while a killed or drained sidecar is still on a ring,
+  a request routed to it is retried on the model's other replica: **zero failed requests**
+  before, during and after the transition. (With one replica per model, requests for the
+  dead sidecar's models would fail UNAVAILABLE until it leaves the ring: there would be no
+  other replica to retry.)
+* Clients only call live sidecars: the traffic's target list drops a sidecar before it is
+  killed or drained, as a Service drops a pod whose readiness probe fails.
+* Static discovery has no health check: a dead or drained sidecar leaves the rings only
+  when the peers file is edited and the sidecars get SIGHUP.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+
+from support.node import PYTHON, REPO
+from tfscache.ring import Ring
+
+from .conftest import MODELS, REPLICAS, Client, Traffic, wait_until
+
+
+def script(name: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, str(REPO / "scripts" / name), *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=180)
+
+
+def replicas(names, model) -> list[str]:
+    return Ring(sorted(names), replicas=REPLICAS).replicas_for(model)
+
+
+def test_the_cluster_forms_and_every_sidecar_serves_every_model(cluster):
+    cluster.wait_rings(["a", "b", "c"])
+    client = Client()
+    try:
+        for sidecar in cluster.live():  # every model through every sidecar, with its own answer
+            for i, name in enumerate(MODELS):
+                client.check(sidecar.grpc_target, name, float(i))
+    finally:
+        client.close()
+    # Requests landed where the rings say: each model is resident on its two replicas only.
+    for sidecar in cluster.live():
+        expected = {m for m in MODELS if sidecar.name in replicas("abc", m)}
+        assert sidecar.resident() == expected, sidecar.name
+        assert sidecar.status()["misses"] == len(expected)  # one cold load each, the rest hits
+
+
+def test_a_discovery_outage_during_traffic_costs_no_request(cluster):
+    registry = cluster.registry
+    sidecars = cluster.live()
+    with Traffic([s.grpc_target for s in sidecars]) as traffic:
+        traffic.wait_sent(20)
+        if registry.name == "consul":
+            registry.stop()  # the agent is gone; blocking queries and TTL passes fail
+            wait_until(lambda: all("consul discovery" in s.log() and "failing" in s.log() for s in sidecars), 20,
+                       "every sidecar to see the outage")
+        elif registry.name == "etcd":
+            registry.cluster.kill(0)  # the first endpoint of every sidecar: watches and keep-alives move
+        else:  # static has no registry: its failure is a peers file that cannot be read
+            for s in sidecars:
+                s.config.write_text(s.config.read_text().replace("[ring]", "[ring", 1))
+                s.process.send_signal(signal.SIGHUP)
+            wait_until(lambda: all("failing" in s.log() for s in sidecars), 20, "the bad file to be reported")
+        # The outage outlasts two TTLs (a sidecar's own registration would have expired by then).
+        outage_s = 2 * registry.ttl_s
+        start = traffic.sent
+        wait_until(lambda: traffic.sent - start >= 50, 60, "50 requests in the outage")
+        _wait_seconds(outage_s)
+        assert all(s.ring() == ["a", "b", "c"] for s in sidecars)
+        if registry.name == "consul":
+            registry.start()
+        elif registry.name == "etcd":
+            registry.cluster.restart(0)
+        else:
+            for s in sidecars:
+                s.config.write_text(s.config.read_text().replace("[ring\n", "[ring]\n", 1))
+                s.process.send_signal(signal.SIGHUP)
+            wait_until(lambda: all("recovered" in s.log() for s in sidecars), 20, "the file to be read again")
+        traffic.wait_sent(20)
+    assert traffic.failures == []
+    cluster.wait_rings(["a", "b", "c"])
+
+
+def _wait_seconds(seconds: float) -> None:
+    """An outage that must last this long: a wall-clock condition, not a guess at a race."""
+    end = time.monotonic() + seconds
+    wait_until(lambda: time.monotonic() >= end, seconds + 5, f"{seconds} s to pass")
+
+
+def test_resize_with_the_tools_then_drain_one_sidecar(cluster, tmp_path):
+    registry = cluster.registry
+    a, b, c = (cluster.sidecars[n] for n in "abc")
+    # 1. The new sidecar d runs outside the cluster: with Consul/etcd under another service
+    #    name (a sidecar joins the ring when it registers, so it could not be prewarmed before
+    #    the switch otherwise); with static peers, nobody lists it yet.
+    d = cluster.add("d", service="tfscache-staging")
+    assert a.ring() == ["a", "b", "c"] and d.ring() == ["d"]
+    # 2. Plan.
+    run = script("plan_resize.py", "--current", "a,b,c", "--new", "a,b,c,d", "--replicas", str(REPLICAS),
+                 "--model-repository", str(cluster.repository), "--json", "--no-progress")
+    assert run.returncode == 0, run.stderr
+    plan_path = tmp_path / "plan.json"
+    plan_path.write_text(run.stdout)
+    plan = json.loads(run.stdout)
+    gaining = sorted(m["name"] for m in plan["moved"] if "d" in m["to"] and "d" not in m["from"])
+    assert gaining == sorted(m for m in MODELS if "d" in replicas("abcd", m)) and gaining
+    # 3. Prewarm: the hot moving models (all resident on their current owners) onto d.
+    addresses = [arg for s in (a, b, c, d) for arg in ("--address", f"{s.name}={s.admin_target}")]
+    run = script("prewarm.py", "--plan", str(plan_path), *addresses, "--no-progress")
+    assert (run.returncode, run.stdout) == (0, f"prewarmed {len(gaining)} of {len(gaining)} model copies "
+                                               f"({len(gaining)} models)\n"), run.stderr
+    assert d.resident() == set(gaining)
+    # 4. Switch, under traffic.
+    with Traffic([s.grpc_target for s in (a, b, c)]) as traffic:
+        traffic.wait_sent(20)
+        if registry.name == "static":
+            misses_before = d.counts()[1]  # what the preloads counted
+            cluster.set_static_peers(["a", "b", "c", "d"])
+        else:  # restart d into the cluster's service; its state file re-adopts the prewarmed models
+            d.process.send_signal(signal.SIGTERM)
+            assert d.process.wait(30) == 0
+            cluster.start(d)
+            misses_before = 0  # a new process counts from zero
+            assert d.resident() == set(gaining)
+        cluster.wait_rings(["a", "b", "c", "d"])
+        traffic.add(d.grpc_target)
+        traffic.wait_sent(40)
+        # The moved models are served by their new owner, without a cold load there.
+        client = Client()
+        try:
+            for name in gaining:
+                client.check(d.grpc_target, name, 3.0)
+        finally:
+            client.close()
+        assert d.counts()[1] == misses_before
+        assert d.resident() == set(gaining)
+        # 5. Drain b with the tool while the traffic goes on (clients first stop calling b).
+        traffic.remove(b.grpc_target)
+        run = script("drain.py", b.admin_target, "--no-progress")
+        assert (run.returncode, run.stdout) == (0, f"drained {b.admin_target}; the process exited\n"), run.stderr
+        assert b.process.wait(30) == 0
+        if registry.name == "static":  # no health check: b leaves the lists by hand
+            cluster.set_static_peers(["a", "c", "d"])
+        cluster.wait_rings(["a", "c", "d"])
+        traffic.wait_sent(40)
+    b.node.stop()
+    assert traffic.failures == []
+
+
+def test_a_killed_sidecar_leaves_the_ring_and_its_models_load_elsewhere(cluster):
+    registry = cluster.registry
+    a, c, d = (cluster.sidecars[n] for n in "acd")
+    with Traffic([s.grpc_target for s in (a, c, d)]) as traffic:
+        traffic.wait_sent(20)
+        traffic.remove(c.grpc_target)
+        c.process.send_signal(signal.SIGKILL)  # no deregistration: the TTL check must fail
+        c.node.kill()
+        c.process.wait(10)
+        if registry.name == "static":  # no health check: the file is edited and SIGHUP sent
+            cluster.set_static_peers(["a", "d"])
+        # Consul TTL 1.5 s, etcd lease 2 s: gone from both rings within a few TTLs.
+        cluster.wait_rings(["a", "d"], timeout=max(10.0, 5 * registry.ttl_s))
+        left_at = traffic.sent
+        traffic.wait_sent(len(MODELS) * 2 + 10)
+        assert traffic.sent > left_at
+    assert traffic.failures == []
+    # c's models loaded on their next request elsewhere: with two sidecars and two replicas,
+    # every model is resident on both.
+    owned_by_c = [m for m in MODELS if "c" in replicas("acd", m)]
+    assert owned_by_c
+    client = Client()
+    try:
+        for sidecar in (a, d):
+            for name in MODELS:
+                client.check(sidecar.grpc_target, name, 5.0)
+    finally:
+        client.close()
+    for sidecar in (a, d):
+        assert set(owned_by_c) <= sidecar.resident()

@@ -1,0 +1,117 @@
+"""Find the PID of the model server behind a sidecar's ``node.node_address``.
+
+In sidecar mode the node is not this process's child, so its PID must be found
+before the cache manager can measure the node's resident memory (model sizes as
+the RSS growth across a load instead of estimates). ``find_node_pid(host, port)``:
+
+1. ``host`` must be this host (a loopback name or address, or one of this host's
+   interface addresses); otherwise the node's process is not visible here: None.
+2. The process with a *listening* TCP socket on ``port`` (psutil.net_connections).
+   Reading other users' sockets may need privileges: psutil raises AccessDenied,
+   and step 3 is tried instead.
+3. A process whose command line is ``tensorflow_model_server`` (or ``tfscache
+   node``) with ``--port=PORT`` (or ``--port PORT``); exactly one must match.
+
+None when nothing is found; the reason is logged once per address (WARNING), the
+find itself at INFO. Needs only psutil (a base dependency); no tensorflow.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+
+import psutil
+
+log = logging.getLogger("tfscache.nodepid")
+
+_WILDCARDS = {"0.0.0.0", "::", "::ffff:0.0.0.0"}
+_logged: set[tuple[str, int]] = set()
+
+
+def is_local_host(host: str) -> bool:
+    """Whether ``host`` names this machine (loopback, ``localhost``, this hostname, an own address)."""
+    host = host.strip("[]")
+    if host in ("localhost", "", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        try:
+            address = ipaddress.ip_address(socket.gethostbyname(host))
+        except (OSError, ValueError):
+            return False
+    if address.is_loopback:
+        return True
+    own = {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
+           if a.family in (socket.AF_INET, socket.AF_INET6)}
+    return str(address) in own
+
+
+def listening_pid(port: int) -> int | None:
+    """The PID listening on TCP ``port``; None if none. Raises psutil.AccessDenied without privileges."""
+    pids = {c.pid for c in psutil.net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port and c.pid}
+    pids.discard(os.getpid())
+    return pids.pop() if len(pids) == 1 else None
+
+
+def _port_flag(cmdline: list[str]) -> str | None:
+    for i, arg in enumerate(cmdline):
+        if arg.startswith("--port="):
+            return arg.split("=", 1)[1]
+        if arg == "--port" and i + 1 < len(cmdline):
+            return cmdline[i + 1]
+    return None
+
+
+def _is_model_server(cmdline: list[str]) -> bool:
+    if not cmdline:
+        return False
+    if os.path.basename(cmdline[0]) == "tensorflow_model_server":
+        return True
+    # `tfscache node ...`, or `python -m tfscache node ...`
+    for i, arg in enumerate(cmdline[:-1]):
+        if os.path.basename(arg) == "tfscache" and cmdline[i + 1] == "node":
+            return True
+    return False
+
+
+def cmdline_pid(port: int) -> int | None:
+    """The one model server process started with ``--port=PORT``; None if none or several."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = proc.info.get("cmdline") or []
+        if _is_model_server(cmdline) and _port_flag(cmdline) == str(port):
+            found.append(proc.info["pid"])
+    return found[0] if len(found) == 1 else None
+
+
+def find_node_pid(host: str, port: int) -> int | None:
+    """The PID of the process serving ``host:port`` on this host, or None (logged once per address)."""
+    key = (host, port)
+    if not is_local_host(host):
+        _once(key, "node %s:%s is not on this host; model sizes stay estimates", host, port)
+        return None
+    how = "listening socket"
+    try:
+        pid = listening_pid(port)
+    except psutil.AccessDenied:
+        pid, how = None, "command line (listening sockets not readable)"
+    if pid is None:
+        pid = cmdline_pid(port)
+        how = "command line" if how == "listening socket" else how
+    if pid is None:
+        _once(key, "no process found serving node port %s on this host (listening socket or "
+                   "tensorflow_model_server --port=%s); model sizes stay estimates", port, port)
+        return None
+    log.info("node %s:%s is process %s (found by its %s)", host, port, pid, how)
+    return pid
+
+
+def _once(key: tuple[str, int], message: str, *args) -> None:
+    if key not in _logged:
+        _logged.add(key)
+        log.warning(message, *args)
