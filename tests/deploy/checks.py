@@ -18,8 +18,9 @@ import yaml
 
 from tfscache import settings as settings_mod
 
-from .manifests import (CONSUL_HTTP_PORT, DEPLOY, DOCKERFILE, K8S, TFSCACHE_NODE_EXTENSIONS, Instruction, Pair,
-                        as_list, compose_pairs, container, dockerignore_allows, env_name, known_settings,
+from .manifests import (CLI_ENV, CONSUL_HTTP_PORT, DEPLOY, DOCKERFILE, K8S, TFSCACHE_NODE_EXTENSIONS, Instruction,
+                        Pair, as_list, cli_defaults, compose_pairs, container, dockerignore_allows, env_name,
+                        known_settings,
                         node_flags, node_ports, parse_dockerfile, parse_flag_args, port_number, pyproject,
                         required_tfserving_flags, sidecar_ports)
 
@@ -68,7 +69,7 @@ def check_dockerfile(text: str, ignore_text: str) -> list[str]:
 
 def check_env_names(env: Mapping[str, str]) -> list[str]:
     """Every TFSCACHE_* variable names a setting (settings.load silently ignores others)."""
-    known = {env_name(d) for d in known_settings()} | {"TFSCACHE_LOG_LEVEL"}
+    known = {env_name(d) for d in known_settings()} | CLI_ENV
     return [f"{key} is not a tfscache setting (settings.py knows {sorted(known)})"
             for key in env if key.startswith("TFSCACHE_") and key not in known]
 
@@ -128,7 +129,8 @@ def check_node_matches(flags: Mapping[str, str], sidecar: settings_mod.Settings)
     if str(grpc) != flags.get("port") or str(rest) != flags.get("rest_api_port"):
         problems.append(f"node.node_address {sidecar.node.node_address!r} != TF Serving's "
                         f"--port={flags.get('port')} --rest_api_port={flags.get('rest_api_port')}")
-    clash = {grpc, rest} & set(sidecar_ports().values())
+    own = set(sidecar_ports().values()) | {p for p in (sidecar.server.admin_port, sidecar.server.metrics_port) if p > 0}
+    clash = {grpc, rest} & own
     if clash:
         problems.append(f"TF Serving's ports {sorted(clash)} clash with the sidecar's own ports in the "
                         "shared network namespace")
@@ -211,7 +213,61 @@ def check_compose(compose: Mapping) -> list[str]:
     return problems
 
 
-def check_k8s(objects: Mapping, grace_s: float) -> list[str]:
+def check_ops_ports(sidecar: settings_mod.Settings, env: Mapping[str, str],
+                    container_ports: set[int] | None = None) -> list[str]:
+    """The admin API and the metrics port are on, where the CLIs inside the sidecar look for them.
+
+    The admin API on 127.0.0.1 (no token needed; scripts reach it through ``kubectl exec`` or
+    ``port-forward``), on the port ``tfscache models|drain`` use without ``--address``; the
+    metrics port on the front ends' (wildcard) bind address, so Prometheus reaches it, and
+    where ``tfscache status`` looks (``TFSCACHE_STATUS_ADDRESS`` or its default).
+    ``container_ports`` (Kubernetes): the metrics port is declared, the loopback admin port not.
+    """
+    problems = []
+    s = sidecar.server
+    defaults = cli_defaults()
+    if s.admin_port <= 0:
+        problems.append(f"server.admin_port is {s.admin_port}: scripts/drain.py, scripts/prewarm.py and "
+                        "tfscache drain need the admin API on a fixed port")
+    elif s.admin_bind_address != "127.0.0.1":
+        problems.append(f"server.admin_bind_address {s.admin_bind_address!r}: keep the admin API on 127.0.0.1")
+    admin_address = env.get("TFSCACHE_ADMIN_ADDRESS", defaults["TFSCACHE_ADMIN_ADDRESS"])
+    if s.admin_port > 0 and admin_address != f"127.0.0.1:{s.admin_port}":
+        problems.append(f"tfscache models/drain in the sidecar call {admin_address}, but the admin API is on "
+                        f"127.0.0.1:{s.admin_port}")
+    if s.metrics_port <= 0:
+        problems.append(f"server.metrics_port is {s.metrics_port}: Prometheus and tfscache status need it")
+    else:
+        status_address = env.get("TFSCACHE_STATUS_ADDRESS", defaults["TFSCACHE_STATUS_ADDRESS"])
+        if status_address != f"127.0.0.1:{s.metrics_port}":
+            problems.append(f"tfscache status in the sidecar reads {status_address}, but /status is on port "
+                            f"{s.metrics_port} (set TFSCACHE_STATUS_ADDRESS)")
+        if s.bind_address not in ("0.0.0.0", "::"):
+            problems.append(f"server.bind_address {s.bind_address!r}: the metrics port must be reachable by Prometheus")
+    used = [p for p in (s.grpc_port, s.rest_port, s.admin_port, s.metrics_port) if p > 0]
+    if len(set(used)) != len(used):
+        problems.append(f"gRPC, REST, admin and metrics ports must differ: {used}")
+    if container_ports is not None:
+        if s.metrics_port > 0 and s.metrics_port not in container_ports:
+            problems.append(f"the metrics port {s.metrics_port} must be a containerPort of the sidecar")
+        if s.admin_port > 0 and s.admin_port in container_ports:
+            problems.append(f"the admin port {s.admin_port} is bound to 127.0.0.1: not a containerPort")
+    return problems
+
+
+def check_prometheus(objects: Mapping, metrics_port: int) -> list[str]:
+    """The pod template asks Prometheus to scrape /metrics on the sidecar's metrics port."""
+    sts = objects.get(("StatefulSet", "tfscache"))
+    if sts is None:
+        return ["no StatefulSet tfscache"]
+    annotations = sts["spec"]["template"]["metadata"].get("annotations") or {}
+    wanted = {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port),
+              "prometheus.io/path": "/metrics"}
+    return [f"pod annotation {key} must be {value!r} (server.metrics_port), got {annotations.get(key)!r}"
+            for key, value in wanted.items() if annotations.get(key) != value]
+
+
+def check_k8s(objects: Mapping, grace_s: float, extra_ports: frozenset[int] = frozenset()) -> list[str]:
     problems = []
     sts = objects.get(("StatefulSet", "tfscache"))
     if sts is None:
@@ -224,8 +280,9 @@ def check_k8s(objects: Mapping, grace_s: float) -> list[str]:
         return problems + [f"two containers, tfserving and tfscache, expected: {names}"]
     node, sidecar = container(sts, "tfserving"), container(sts, "tfscache")
     ports = {p["containerPort"] for p in sidecar.get("ports", [])}
-    if ports != set(sidecar_ports().values()):
-        problems.append(f"sidecar containerPorts {sorted(ports)} != the settings' defaults {sidecar_ports()}")
+    if ports != set(sidecar_ports().values()) | set(extra_ports):
+        problems.append(f"sidecar containerPorts {sorted(ports)} != the settings' defaults {sidecar_ports()} "
+                        f"plus the ports the config turns on {sorted(extra_ports)}")
     grpc_port = sidecar_ports()["server.grpc_port"]
     readiness = sidecar.get("readinessProbe", {})
     if readiness.get("grpc", {}).get("port") != grpc_port:

@@ -55,6 +55,26 @@ def sidecar_ports() -> dict[str, int]:
     return ports
 
 
+def cli_defaults() -> dict[str, str]:
+    """Environment variable -> default address of the operator commands run inside a sidecar.
+
+    ``TFSCACHE_ADMIN_ADDRESS``: tfscache models/pin/preload/evict/drain (tfscache.adminctl,
+    default tfscache.admin.client.DEFAULT_ADDRESS); ``TFSCACHE_STATUS_ADDRESS``: tfscache
+    status (tfscache.status; its default is read from the source, since the module applies
+    the variable at import).
+    """
+    from tfscache.admin.client import DEFAULT_ADDRESS as admin_default
+
+    source = (ROOT / "tfscache" / "status.py").read_text()
+    match = re.search(r'os\.environ\.get\("TFSCACHE_STATUS_ADDRESS", "([^"]+)"\)', source)
+    assert match, "tfscache/status.py no longer reads TFSCACHE_STATUS_ADDRESS with a literal default"
+    return {"TFSCACHE_ADMIN_ADDRESS": admin_default, "TFSCACHE_STATUS_ADDRESS": match.group(1)}
+
+
+# Variables the CLIs read (not settings): set in a sidecar's environment for `kubectl exec` use.
+CLI_ENV = {"TFSCACHE_LOG_LEVEL", "TFSCACHE_ADMIN_ADDRESS", "TFSCACHE_ADMIN_TOKEN", "TFSCACHE_STATUS_ADDRESS"}
+
+
 def known_settings() -> set[str]:
     """Dotted names of every setting, plus the planned discovery ones while settings.py lacks them."""
     names = {dotted for dotted, _ in settings_mod.iter_fields()}

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 from . import checks, manifests
@@ -22,15 +25,48 @@ def index(name: str) -> int:
 SIDECAR, NODE = POD + ["containers", index("tfscache")], POD + ["containers", index("tfserving")]
 
 
+def pod_settings(tmp_path):
+    pair = manifests.deployments()["k8s"][0]
+    return pair, manifests.load_sidecar_settings(manifests.sidecar_config_text(pair), pair.sidecar_env, tmp_path,
+                                                 tmp_path)
+
+
 @pytest.fixture
 def grace_s(tmp_path) -> float:
-    pair = manifests.deployments()["k8s"][0]
-    return manifests.load_sidecar_settings(manifests.sidecar_config_text(pair), pair.sidecar_env, tmp_path,
-                                           tmp_path).server.grace_s
+    return pod_settings(tmp_path)[1].server.grace_s
+
+
+with tempfile.TemporaryDirectory() as _tmp:
+    # The ports the sidecar's config turns on besides the defaults: the metrics port (the admin
+    # port stays on 127.0.0.1 and is no containerPort; checks.check_ops_ports).
+    EXTRA = frozenset({pod_settings(Path(_tmp))[1].server.metrics_port})
 
 
 def test_manifests_agree_with_the_code(grace_s):
-    assert checks.check_k8s(OBJECTS, grace_s) == []
+    assert checks.check_k8s(OBJECTS, grace_s, EXTRA) == []
+
+
+def test_admin_and_metrics_ports_are_on_and_prometheus_scrapes_them(tmp_path):
+    pair, settings = pod_settings(tmp_path)
+    ports = {p["containerPort"] for p in pair.extra["sidecar"]["ports"]}
+    assert checks.check_ops_ports(settings, pair.sidecar_env, ports) == []
+    assert checks.check_prometheus(OBJECTS, settings.server.metrics_port) == []
+
+
+def test_prometheus_check_can_fail(tmp_path):
+    settings = pod_settings(tmp_path)[1]
+    for key, value in (("prometheus.io/scrape", "false"), ("prometheus.io/port", "8500"),
+                       ("prometheus.io/path", "/status")):
+        objects = dict(OBJECTS)
+        objects[STS] = manifests.mutated(OBJECTS[STS], ["spec", "template", "metadata", "annotations", key], value)
+        assert any(key in p for p in checks.check_prometheus(objects, settings.server.metrics_port))
+
+
+def test_container_port_check_of_the_ops_ports_can_fail(tmp_path):
+    pair, settings = pod_settings(tmp_path)
+    assert any("must be a containerPort" in p for p in checks.check_ops_ports(settings, pair.sidecar_env, {8500}))
+    admin = {settings.server.admin_port, settings.server.metrics_port}
+    assert any("not a containerPort" in p for p in checks.check_ops_ports(settings, pair.sidecar_env, admin))
 
 
 def test_kustomization_lists_every_manifest():
@@ -77,7 +113,7 @@ UNUSED = max(manifests.sidecar_ports().values()) + 1  # no tfscache port
 def test_statefulset_check_can_fail(grace_s, path, value, why):
     objects = dict(OBJECTS)
     objects[STS] = manifests.mutated(OBJECTS[STS], path, value)
-    problems = checks.check_k8s(objects, grace_s)
+    problems = checks.check_k8s(objects, grace_s, EXTRA)
     assert any(why in p for p in problems), problems
 
 
@@ -90,10 +126,10 @@ def test_statefulset_check_can_fail(grace_s, path, value, why):
 def test_service_check_can_fail(grace_s, key, path, value, why):
     objects = dict(OBJECTS)
     objects[key()] = manifests.mutated(OBJECTS[key()], path, value)
-    problems = checks.check_k8s(objects, grace_s)
+    problems = checks.check_k8s(objects, grace_s, EXTRA)
     assert any(why in p for p in problems), problems
 
 
 def test_missing_configmap_fails(grace_s):
     objects = {k: v for k, v in OBJECTS.items() if k[0] != "ConfigMap"}
-    assert any("no ConfigMap" in p for p in checks.check_k8s(objects, grace_s))
+    assert any("no ConfigMap" in p for p in checks.check_k8s(objects, grace_s, EXTRA))

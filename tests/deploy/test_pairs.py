@@ -123,6 +123,33 @@ def test_sidecar_config_check_can_fail(pair, tmp_path):
         manifests.load_sidecar_settings(text, pair.sidecar_env, tmp_path, tmp_path)
 
 
+def test_admin_api_and_metrics_are_on_where_the_tools_look(pair, sidecar_settings):
+    # drain.py/prewarm.py and `tfscache models|drain` reach the admin API, Prometheus and
+    # `tfscache status` the metrics port, with the CLIs' defaults inside the sidecar.
+    assert checks.check_ops_ports(sidecar_settings, pair.sidecar_env) == []
+    assert sidecar_settings.server.admin_port == int(manifests.cli_defaults()["TFSCACHE_ADMIN_ADDRESS"].split(":")[1])
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"admin_port": -1}, "server.admin_port is -1"),
+    ({"admin_port": 9502}, "tfscache models/drain in the sidecar call"),
+    ({"admin_bind_address": "0.0.0.0", "admin_token": "t"}, "keep the admin API on 127.0.0.1"),
+    ({"metrics_port": -1}, "server.metrics_port is -1"),
+    ({"metrics_port": 9503}, "tfscache status in the sidecar reads"),
+    ({"bind_address": "127.0.0.1"}, "reachable by Prometheus"),
+    ({"metrics_port": 8500}, "must differ"),
+])
+def test_ops_ports_check_can_fail(pair, sidecar_settings, change, why):
+    broken = dataclasses.replace(sidecar_settings, server=dataclasses.replace(sidecar_settings.server, **change))
+    problems = checks.check_ops_ports(broken, pair.sidecar_env)
+    assert any(why in p for p in problems), problems
+
+
+def test_status_address_env_is_checked(pair, sidecar_settings):
+    env = {**pair.sidecar_env, "TFSCACHE_STATUS_ADDRESS": "127.0.0.1:8502"}  # the admin port: wrong
+    assert any("tfscache status" in p for p in checks.check_ops_ports(sidecar_settings, env))
+
+
 def test_env_name_check_can_fail(pair):
     assert checks.check_env_names({**pair.sidecar_env, "TFSCACHE_RING_SELFNAME": "x"})
 
