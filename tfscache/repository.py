@@ -9,10 +9,16 @@ Listing a model's versions is a blocking ``os.scandir``; the newest version of e
 model is remembered for ``rescan_s`` seconds, so a hit on ``Latest(NAME)`` costs a
 dictionary lookup and a new version on disk is seen within ``rescan_s`` (TF Serving
 itself sees one at its next file-system poll).
+
+Version labels live next to the versions, in an optional ``ROOT/NAME/labels.json``
+holding one JSON object of label -> version number (``{"stable": 123, "canary": 124}``).
+It is read when a request names a label, never at start-up, and remembered for
+``rescan_s`` like the newest version (docs/labels.md).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -24,6 +30,7 @@ from tfscache import errors
 log = logging.getLogger("tfscache.repository")
 
 MAX_NAME_BYTES = 255
+LABELS_FILE = "labels.json"
 
 
 def check_name(name: str) -> None:
@@ -66,6 +73,18 @@ def parse_version(dirname: str) -> int | None:
     return value if value < 2**63 else None
 
 
+def _labels_problem(data: object) -> str | None:
+    """Why a parsed labels.json is not an object of label -> version number, or None."""
+    if not isinstance(data, dict):
+        return "expected a JSON object of label -> version number"
+    for label, version in data.items():
+        if not label:
+            return "a label must not be empty"
+        if isinstance(version, bool) or not isinstance(version, int) or not 0 <= version < 2**63:
+            return f"label {label!r}: version must be a non-negative integer, got {json.dumps(version)}"
+    return None
+
+
 @dataclass(frozen=True)
 class ModelVersion:
     """One version directory of one model."""
@@ -82,6 +101,7 @@ class ModelRepository:
         self.root = Path(os.path.abspath(root))
         self.rescan_s = rescan_s
         self._latest: dict[str, tuple[float, int | None]] = {}
+        self._labels: dict[str, tuple[float, dict[str, int] | errors.TfscacheError]] = {}
 
     def base_path(self, name: str) -> Path:
         """The absolute directory of model ``name`` (which need not exist)."""
@@ -138,6 +158,46 @@ class ModelRepository:
         if path is None:
             raise not_found(name, version)
         return ModelVersion(name, version, path)
+
+    def label_version(self, name: str, label: str) -> int:
+        """The version ``label`` names in the model's labels.json, as TF Serving resolves a label.
+
+        Raises ``InvalidArgument`` with TF Serving's "Unrecognized servable version label: L"
+        for a label the file does not define (or a model with no file), and ``InvalidArgument``
+        naming the file when it is not a JSON object of label -> version number. Whether the
+        version exists is not checked here: loading it gives TF's ``Specific(NAME, V)`` NOT_FOUND.
+        """
+        check_name(name)
+        now = time.monotonic()
+        cached = self._labels.get(name)
+        if cached is None or now - cached[0] >= self.rescan_s:
+            cached = self._labels[name] = (now, self._read_labels(name))
+            if len(self._labels) > 100_000:
+                self._labels.clear()
+        labels = cached[1]
+        if isinstance(labels, errors.TfscacheError):
+            raise labels
+        version = labels.get(label)
+        if version is None:
+            raise errors.InvalidArgument(f"Unrecognized servable version label: {label}")
+        return version
+
+    def _read_labels(self, name: str) -> dict[str, int] | errors.TfscacheError:
+        path = self.root / name / LABELS_FILE
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError):
+            return {}
+        except (OSError, UnicodeDecodeError) as exc:
+            return errors.InvalidArgument(f"Cannot read version labels file {path}: {exc}")
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            return errors.InvalidArgument(f"Malformed version labels file {path}: {exc}")
+        problem = _labels_problem(data)
+        if problem:
+            return errors.InvalidArgument(f"Malformed version labels file {path}: {problem}")
+        return data
 
     def version_path(self, name: str, version: int) -> Path | None:
         """The directory of one version, or None when it is not on disk."""

@@ -95,6 +95,7 @@ class ServeApp:
                                            auto_decompress=False, skip_auto_headers=("User-Agent",))
         try:
             self.router = await (self._start_sidecar() if s.sidecar else self._start_embedded())
+            self.router.repository = self.repository  # version labels (labels.json)
             self._grpc = GrpcFrontend(self.router, bind_address=s.server.bind_address, port=s.server.grpc_port,
                                       max_send_bytes=s.server.max_send_message_bytes,
                                       max_receive_bytes=s.server.max_receive_message_bytes,
@@ -224,7 +225,8 @@ class ServeApp:
     async def _attach(self, backend: NodeBackend, grpc_address: str, rest_address: str | None,
                       node_pid: int | None) -> None:
         upstream = self._upstream(grpc_address, rest_address)
-        client = NodeClient(grpc_address, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
+        # The cache names its node as metrics and status do (node0), not by address.
+        client = NodeClient(backend.name, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
                             channel=upstream.channel)
         state_file = self.state_dir / f"{backend.name}.cache.json"
         cache = CacheManager(client, self.repository, cache_settings(self.settings, state_file),
@@ -310,4 +312,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tfscache serve: {exc}", file=sys.stderr)
         return 2
     logs.setup(args.log_level, json_lines=settings.log_json)
+    if settings.log_json:  # embedded `tfscache node` children inherit it
+        os.environ["TFSCACHE_LOG_JSON"] = "1"
     return asyncio.run(_run(settings, args.config))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 
 import grpc
@@ -119,7 +118,7 @@ async def test_a_node_drain_cut_short_by_the_node_dying_reports_it_and_can_be_re
             async for progress in stream:
                 pass
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert re.fullmatch(r"cache manager for node 127\.0\.0\.1:\d+ stopped", info.value.details())
+        assert info.value.details() == "cache manager for node node1 stopped"
         lease.release()
         await until(lambda: app.backends["node1"].cache not in (None, old) and app.backends["node1"].healthy)
         progress = [p async for p in drain(admin_pb2.DrainRequest(node="node1"))]  # again: completes

@@ -5,22 +5,34 @@ and the node's response bytes come back unchanged. Errors are mapped here, in on
 place for every method: a TfscacheError keeps its code and message (a node's error
 arrives as one, with the node's code and TF Serving's text); anything else is
 INTERNAL and logged.
+
+Each request binds its log context here (model, request id; the router adds the
+node): the id is the caller's ``x-request-id`` metadata, else a generated one, which
+is then sent on to the node or peer so a forwarded request keeps it.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 
 import grpc
 
-from tfscache import errors
+from tfscache import errors, logs
 from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.frontend.methods import METHODS, RELOAD_PATH, RELOAD_REFUSED, Method
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import forwardable_metadata
 
 log = logging.getLogger("tfscache.frontend.grpc_server")
+
+REQUEST_ID_KEY = "x-request-id"
+
+
+def new_request_id() -> str:
+    """A short id for a request that came without one."""
+    return secrets.token_hex(6)
 
 
 class _Handlers(grpc.GenericRpcHandler):
@@ -38,14 +50,21 @@ class _Handlers(grpc.GenericRpcHandler):
         router, metrics, name = self._router, self._metrics, method.path.rsplit("/", 1)[-1]
 
         async def behavior(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            metadata = context.invocation_metadata() or ()
+            request_id = next((v for k, v in metadata if k == REQUEST_ID_KEY), None)
+            logs.bind(model=None, node=None, request_id=request_id or new_request_id())
             try:
                 key = method.route_key(request)
-                metadata = context.invocation_metadata() or ()
+                logs.bind(model=key.name if key is not None else None)
+                key, request = method.with_versions(request, key, router.label_version)
                 forwarded = any(k == FORWARDED_KEY for k, _ in metadata)
                 timeout = context.time_remaining()
                 deadline = None if timeout is None else time.monotonic() + timeout
-                response = await router.grpc(method.path, key, request, forwardable_metadata(metadata),
-                                             deadline, forwarded)
+                outgoing = forwardable_metadata(metadata)
+                if request_id is None:
+                    outgoing = (*outgoing, (REQUEST_ID_KEY, logs.request_id.get()))
+                response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded)
+                log.debug("%s: OK", name, extra={"version": key.version} if key is not None else None)
                 if metrics is not None:
                     metrics.request("grpc", name, "OK")
                 return response
@@ -54,6 +73,7 @@ class _Handlers(grpc.GenericRpcHandler):
             except Exception:  # noqa: BLE001 - the one place unknown errors become INTERNAL
                 log.exception("%s failed", method.path)
                 code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache front end"
+            log.debug("%s: %s: %s", name, code.name, message)
             if metrics is not None:
                 metrics.request("grpc", name, code.name)
             await context.abort(code, message)

@@ -4,7 +4,10 @@ Only the ModelSpec is decoded, through tfscache.wire's minimal messages: field 1
 ``model_spec`` in PredictRequest, ClassificationRequest, RegressionRequest,
 GetModelMetadataRequest and GetModelStatusRequest (``SpecHead``), and
 MultiInferenceRequest's handle comes from ``tasks[0].model_spec``. The request
-bytes themselves are forwarded unchanged.
+bytes themselves are forwarded unchanged, except for a request naming a version
+label: ``with_versions`` re-serialises it with the label replaced by the version it
+resolves to (the node knows no labels; every other field passes through as an
+unknown field of the minimal message, so nothing else changes in meaning).
 """
 
 from __future__ import annotations
@@ -102,13 +105,45 @@ def _multi(request: bytes) -> RouteKey | None:
     return _spec_key(serving_pb2.InferenceTask.FromString(found[0]).model_spec)
 
 
+LabelResolver = Callable[[str, str], int]  # (model name, label) -> version; raises TfscacheError
+
+
+def _pin(spec: serving_pb2.ModelSpec, resolve: LabelResolver) -> None:
+    version = resolve(spec.name, spec.version_label)
+    spec.version.value = version  # setting the oneof's other member clears version_label
+
+
+def _head_with_versions(request: bytes, resolve: LabelResolver) -> bytes:
+    head = serving_pb2.SpecHead.FromString(request)
+    _pin(head.model_spec, resolve)
+    return head.SerializeToString()
+
+
+def _multi_with_versions(request: bytes, resolve: LabelResolver) -> bytes:
+    """Every task's label becomes its version. The first task's must resolve (its spec is the
+    handle); TF Serving never reads a later task's version, so a later label that does not
+    resolve is left for the node, which ignores it as TF Serving does."""
+    head = serving_pb2.MultiInferenceHead.FromString(request)
+    for index, task in enumerate(head.tasks):
+        if task.model_spec.WhichOneof("version_choice") != "version_label":
+            continue
+        try:
+            _pin(task.model_spec, resolve)
+        except errors.TfscacheError:
+            if index == 0:
+                raise
+    return head.SerializeToString()
+
+
 @dataclass(frozen=True)
 class Method:
-    """One RPC: its full path and the function reading its routing key from request bytes."""
+    """One RPC: its full path and the functions reading its routing key from request bytes
+    and replacing its version labels by versions."""
 
     path: str
     request_type: str
     read_key: Callable[[bytes], RouteKey | None]
+    rewrite: Callable[[bytes, LabelResolver], bytes] | None = None  # None: labels are ignored
 
     def route_key(self, request: bytes) -> RouteKey | None:
         """The request's RouteKey; None when it names no model (the node then reports TF's error)."""
@@ -117,19 +152,34 @@ class Method:
         except DecodeError as exc:
             raise errors.InvalidArgument(f"Failed to parse request as {self.request_type}") from exc
 
+    def with_versions(self, request: bytes, key: RouteKey, resolve: LabelResolver) -> tuple[RouteKey, bytes]:
+        """For a request naming a version label: its key and bytes with the label's version instead.
 
-def _method(service: str, name: str, request_type: str, read_key) -> Method:
-    return Method(f"/{service}/{name}", f"tensorflow.serving.{request_type}", read_key)
+        Any other request (and GetModelStatus, which ignores labels as TF Serving does)
+        comes back as it is, its bytes untouched.
+        """
+        if key is None or key.label is None or self.rewrite is None:
+            return key, request
+        version = resolve(key.name, key.label)
+        try:
+            request = self.rewrite(request, resolve)
+        except DecodeError as exc:
+            raise errors.InvalidArgument(f"Failed to parse request as {self.request_type}") from exc
+        return RouteKey(key.name, version=version), request
+
+
+def _method(service: str, name: str, request_type: str, read_key, rewrite=None) -> Method:
+    return Method(f"/{service}/{name}", f"tensorflow.serving.{request_type}", read_key, rewrite)
 
 
 METHODS: dict[str, Method] = {
     m.path: m for m in (
-        _method(PREDICTION_SERVICE, "Predict", "PredictRequest", _head),
-        _method(PREDICTION_SERVICE, "Classify", "ClassificationRequest", _head),
-        _method(PREDICTION_SERVICE, "Regress", "RegressionRequest", _head),
-        _method(PREDICTION_SERVICE, "MultiInference", "MultiInferenceRequest", _multi),
-        _method(PREDICTION_SERVICE, "GetModelMetadata", "GetModelMetadataRequest", _head),
-        _method(MODEL_SERVICE, "GetModelStatus", "GetModelStatusRequest", _head),
+        _method(PREDICTION_SERVICE, "Predict", "PredictRequest", _head, _head_with_versions),
+        _method(PREDICTION_SERVICE, "Classify", "ClassificationRequest", _head, _head_with_versions),
+        _method(PREDICTION_SERVICE, "Regress", "RegressionRequest", _head, _head_with_versions),
+        _method(PREDICTION_SERVICE, "MultiInference", "MultiInferenceRequest", _multi, _multi_with_versions),
+        _method(PREDICTION_SERVICE, "GetModelMetadata", "GetModelMetadataRequest", _head, _head_with_versions),
+        _method(MODEL_SERVICE, "GetModelStatus", "GetModelStatusRequest", _head),  # labels ignored (§2)
     )
 }
 

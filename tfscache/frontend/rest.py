@@ -5,6 +5,12 @@ find the model name and version for routing; the body is not parsed, and the nod
 reply (status, body, content type) is returned unchanged. Errors raised here are
 mapped in one place to ``{"error": "<message>"}`` with the error's HTTP status, as
 TF Serving does; other paths get a plain 404 as from TF Serving's HTTP server.
+
+A URL naming a version label (``/labels/L``) goes to the node as ``/versions/V``, the
+version the label resolves to; a status request keeps its label, which TF Serving
+ignores. Each request binds its log context here (model, request id from the
+``X-Request-Id`` header or generated, sent on to the node or peer; the router adds
+the node).
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from tfscache import errors
+from tfscache import errors, logs
 from tfscache.frontend.backends import FORWARDED_KEY
+from tfscache.frontend.grpc_server import new_request_id
 from tfscache.frontend.methods import RouteKey
 from tfscache.frontend.router import Router
 
@@ -28,6 +35,7 @@ _V1 = re.compile(r"(?i)/v1/.*")
 _POST = re.compile(r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)")
 _GET = re.compile(r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?")
 _FORWARD_HEADERS = ("Content-Type", "Accept")
+REQUEST_ID_HEADER = "X-Request-Id"
 # REST verbs counted under the name of the gRPC method they stand for.
 _METHOD_NAMES = {"predict": "Predict", "classify": "Classify", "regress": "Regress",
                  "status": "GetModelStatus", "metadata": "GetModelMetadata"}
@@ -39,6 +47,14 @@ class RestRoute:
 
     key: RouteKey
     verb: str  # predict, classify, regress, status, metadata
+    label_span: tuple[int, int] | None = None  # where "/labels/L" is in the path
+
+    def with_version(self, path: str, version: int) -> tuple[RouteKey, str]:
+        """The key and path with the label replaced by ``version`` (status keeps its label)."""
+        if self.label_span is None or self.verb == "status":
+            return self.key, path
+        start, end = self.label_span
+        return RouteKey(self.key.name, version=version), f"{path[:start]}/versions/{version}{path[end:]}"
 
 
 def parse_url(method: str, path: str) -> RestRoute:
@@ -66,7 +82,10 @@ def parse_url(method: str, path: str) -> RestRoute:
         if number >= 2**63:
             raise errors.InvalidArgument(f"Failed to convert version: {version} to numeric.")
         return RestRoute(RouteKey(unquote(name), version=number), verb)
-    return RestRoute(RouteKey(unquote(name), label=unquote(label) if label is not None else None), verb)
+    if label is None:
+        return RestRoute(RouteKey(unquote(name)), verb)
+    span = (match.start(3) - len("/labels/"), match.end(3))
+    return RestRoute(RouteKey(unquote(name), label=unquote(label)), verb, span)
 
 
 def error_response(exc: errors.TfscacheError) -> web.Response:
@@ -101,27 +120,38 @@ class RestFrontend:
 
     async def _respond(self, request: web.Request) -> tuple[web.StreamResponse, str]:
         """The response, and the method to count it under ("unknown" when the URL names none)."""
-        path = request.raw_path.split("?", 1)[0]
+        path, sep, query = request.raw_path.partition("?")
         method = "unknown"
         if not _V1.fullmatch(path):
             return web.Response(status=404, text="Not Found"), method
+        request_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
+        logs.bind(model=None, node=None, request_id=request_id)
         try:
             route = parse_url(request.method, path)
             method = _METHOD_NAMES[route.verb]
+            logs.bind(model=route.key.name)
+            key, path_qs = route.key, request.raw_path
+            if route.label_span is not None and route.verb != "status":
+                key, node_path = route.with_version(path, self._router.label_version(key.name, key.label))
+                path_qs = node_path + sep + query
             try:
                 body = await request.read()
             except web.HTTPRequestEntityTooLarge as exc:
                 raise errors.ResourceExhausted(
                     f"request body larger than the limit of {self._max_receive} bytes") from exc
             headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
-            reply = await self._router.rest(route.key, request.method, request.raw_path, body, headers,
+            headers[REQUEST_ID_HEADER] = request_id
+            reply = await self._router.rest(key, request.method, path_qs, body, headers,
                                             self._timeout_s, forwarded=FORWARDED_KEY in request.headers,
                                             status=route.verb == "status")
         except errors.TfscacheError as exc:
+            log.debug("%s %s: %s", request.method, path, exc.http_status)
             return error_response(exc), method
         except Exception:  # noqa: BLE001 - the one place unknown errors become 500
             log.exception("%s %s failed", request.method, path)
             return error_response(errors.Internal("internal error in tfscache front end")), method
+        log.debug("%s %s: %s", request.method, path, reply.status,
+                  extra={"version": key.version})
         return web.Response(status=reply.status, body=reply.body,
                             headers={"Content-Type": reply.content_type}), method
 

@@ -5,13 +5,17 @@ a healthy one that already holds the model goes first, then the others in ring
 order. If the chosen one answers UNAVAILABLE (node down, connection lost), the next
 one is tried, once. A request forwarded by a peer sidecar is served locally and
 never routed again, so a request makes at most one extra hop and cannot loop.
+
+A version label is resolved to its version (``label_version``) before routing, as
+TF Serving resolves it to ``Specific(NAME, V)``; the transports rewrite the request.
+The backend a request goes to is bound to the log context (``node``).
 """
 
 from __future__ import annotations
 
 import logging
 
-from tfscache import errors
+from tfscache import errors, logs
 from tfscache.frontend.methods import STATUS_PATH, RouteKey, status_not_found
 from tfscache.frontend.upstream import RestReply
 from tfscache.ring import Ring
@@ -22,10 +26,17 @@ log = logging.getLogger("tfscache.frontend.router")
 class Router:
     """Picks backends for a RouteKey over the ring and forwards to them."""
 
-    def __init__(self, ring: Ring, backends: dict, local: str | None = None) -> None:
+    def __init__(self, ring: Ring, backends: dict, local: str | None = None, repository=None) -> None:
         self.ring = ring
         self.backends = backends  # ring node name -> NodeBackend | PeerBackend
         self.local = local  # sidecar mode: the name of this sidecar's own node
+        self.repository = repository  # tfscache.repository.ModelRepository: version labels
+
+    def label_version(self, name: str, label: str) -> int:
+        """The version a label names (the repository's labels.json); TF Serving's errors."""
+        if self.repository is None:
+            raise errors.InvalidArgument(f"Unrecognized servable version label: {label}")
+        return self.repository.label_version(name, label)
 
     def candidates(self, key: RouteKey | None, forwarded: bool = False) -> list:
         """Backends to try, best first (at most two are ever tried)."""
@@ -54,6 +65,7 @@ class Router:
 
     async def _grpc(self, path, key, request, metadata, deadline, forwarded) -> bytes:
         candidates = self.candidates(key, forwarded)
+        logs.bind(node=candidates[0].name)
         try:
             return await candidates[0].grpc(key, path, request, metadata, deadline)
         except errors.Unavailable as exc:
@@ -61,6 +73,7 @@ class Router:
                 raise
             log.warning("%s unavailable for %s (%s); trying %s", candidates[0].name, key, exc.message,
                         candidates[1].name)
+        logs.bind(node=candidates[1].name)
         return await candidates[1].grpc(key, path, request, metadata, deadline)
 
     async def rest(self, key: RouteKey, method: str, path_qs: str, body: bytes, headers: dict[str, str],
@@ -75,6 +88,7 @@ class Router:
 
     async def _rest(self, key, method, path_qs, body, headers, timeout, forwarded) -> RestReply:
         candidates = self.candidates(key, forwarded)
+        logs.bind(node=candidates[0].name)
         try:
             reply = await candidates[0].rest(key, method, path_qs, body, headers, timeout)
             if reply.status != 503 or len(candidates) < 2:
@@ -85,6 +99,7 @@ class Router:
                 raise
             reason = exc.message
         log.warning("%s unavailable for %s (%s); trying %s", candidates[0].name, key, reason, candidates[1].name)
+        logs.bind(node=candidates[1].name)
         return await candidates[1].rest(key, method, path_qs, body, headers, timeout)
 
     async def close(self) -> None:

@@ -151,8 +151,13 @@ def main(argv: list[str]) -> int:
     if any(arg in ("-h", "--help", "-help") for arg in argv):
         print(usage())
         return 0
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    if os.environ.get("TFSCACHE_LOG_JSON") == "1":  # set by `tfscache serve --log-json`
+        from tfscache import logs
+
+        logs.setup("INFO", json_lines=True)
+    else:
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                            format="%(levelname)s %(name)s: %(message)s")
     try:
         flags = parse_flags(argv)
     except FlagError as exc:
