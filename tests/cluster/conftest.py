@@ -245,7 +245,8 @@ class Cluster:
         wait_until(lambda: ports_file.exists() or sidecar.process.poll() is not None, 60,
                    f"sidecar {sidecar.name} to serve")
         if sidecar.process.poll() is not None:
-            raise AssertionError(f"sidecar {sidecar.name} exited {sidecar.process.returncode}:\n{sidecar.log()[-4000:]}")
+            raise AssertionError(f"sidecar {sidecar.name} exited {sidecar.process.returncode}:\n"
+                                 f"{sidecar.log()[-4000:]}")
         sidecar.ports = json.loads(ports_file.read_text())
 
     def set_static_peers(self, names: list[str]) -> None:

@@ -125,6 +125,7 @@ def test_resize_with_the_tools_then_drain_one_sidecar(cluster, tmp_path):
                                                f"({len(gaining)} models)\n"), run.stderr
     assert d.resident() == set(gaining)
     # 4. Switch, under traffic.
+    old_misses = sum(s.counts()[1] for s in (a, b, c))
     with Traffic([s.grpc_target for s in (a, b, c)]) as traffic:
         traffic.wait_sent(20)
         if registry.name == "static":
@@ -148,6 +149,8 @@ def test_resize_with_the_tools_then_drain_one_sidecar(cluster, tmp_path):
             client.close()
         assert d.counts()[1] == misses_before
         assert d.resident() == set(gaining)
+        # Nor anywhere else: every model's new replicas held it before the switch.
+        assert sum(s.counts()[1] for s in (a, b, c)) == old_misses
         # 5. Drain b with the tool while the traffic goes on (clients first stop calling b).
         traffic.remove(b.grpc_target)
         run = script("drain.py", b.admin_target, "--no-progress")
@@ -170,6 +173,17 @@ def test_a_killed_sidecar_leaves_the_ring_and_its_models_load_elsewhere(cluster)
         c.process.send_signal(signal.SIGKILL)  # no deregistration: the TTL check must fail
         c.node.kill()
         c.process.wait(10)
+        # While c is still on a's ring, a request through a for a model whose first replica is c
+        # (a not among its replicas) is refused by the dead c and retried on the next replica.
+        probe = next(m for m in MODELS if replicas("acd", m)[0] == "c" and "a" not in replicas("acd", m))
+        retries = a.log().count("c unavailable for")
+        probe_client = Client()
+        try:
+            probe_client.check(a.grpc_target, probe, 7.0)
+        finally:
+            probe_client.close()
+        if registry.name == "static" or "c" in a.ring():  # static: c stays until the file changes
+            assert a.log().count("c unavailable for") > retries, "the request did not take the retry path"
         if registry.name == "static":  # no health check: the file is edited and SIGHUP sent
             cluster.set_static_peers(["a", "d"])
         # Consul TTL 1.5 s, etcd lease 2 s: gone from both rings within a few TTLs.
