@@ -34,12 +34,12 @@ _logged: set[tuple[str, int]] = set()
 def is_local_host(host: str) -> bool:
     """Whether ``host`` names this machine (loopback, ``localhost``, this hostname, an own address)."""
     host = host.strip("[]")
-    if host in ("localhost", "", socket.gethostname(), socket.getfqdn()):
-        return True
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        try:
+        if host in ("localhost", "") or host == socket.gethostname():
+            return True
+        try:  # a name: resolved once, at start-up (the usual node_address is 127.0.0.1: no lookup)
             address = ipaddress.ip_address(socket.gethostbyname(host))
         except (OSError, ValueError):
             return False

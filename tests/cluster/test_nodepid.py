@@ -79,3 +79,13 @@ async def test_a_sidecar_measures_its_nodes_memory(node, cluster_repo, tmp_path)
         assert loaded.measured  # the node's RSS growth across the load, not the estimate
     finally:
         await app.stop(grace=0)
+
+
+def test_which_hosts_are_this_host():
+    import socket
+
+    own = {a.address for addrs in psutil.net_if_addrs().values() for a in addrs if a.family == socket.AF_INET}
+    for host in ("127.0.0.1", "localhost", "::1", "[::1]", socket.gethostname(), *own):
+        assert nodepid.is_local_host(host), host
+    for host in ("192.0.2.1", "no-such-host.invalid"):  # TEST-NET-1; a name that never resolves
+        assert not nodepid.is_local_host(host), host
