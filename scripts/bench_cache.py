@@ -14,7 +14,7 @@
 3. Acquire/release on a hit, in microseconds (median of 5 batches).
 
 This process never imports tensorflow: the models are built by scripts/make_models.py
-in a child process. Prints Markdown (docs/benchmarks/cache.md holds a run); --json F
+in a child process. Prints Markdown (docs/BENCHMARKS.md holds a run); --json F
 writes the figures.
 """
 

@@ -11,7 +11,7 @@
    log, and the node's RSS (psutil) before, after the load and after the unload.
    Medians over --repeats rounds.
 
-Prints a Markdown table (docs/benchmarks/node.md holds a run) and writes JSON with --json.
+Prints a Markdown table (docs/BENCHMARKS.md holds a run) and writes JSON with --json.
 """
 
 from __future__ import annotations
