@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import time
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,7 +51,7 @@ async def until(condition: Callable[[], bool], timeout: float = WAIT_S, what: st
         await asyncio.sleep(0.02)
 
 
-class Harness:
+class Harness(ABC):
     """Makes Discovery objects for one backend; ``ttl_s`` is the TTL its dynamic backends use."""
 
     name = ""
@@ -64,8 +65,9 @@ class Harness:
         self.made.append(discovery)
         return discovery
 
+    @abstractmethod
     def _make(self, **options) -> Discovery:
-        raise NotImplementedError
+        """A new, unstarted Discovery of this harness's backend."""
 
     async def close(self) -> None:
         for discovery in self.made:
