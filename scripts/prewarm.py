@@ -21,6 +21,11 @@ loaded and AVAILABLE) on each new owner's own node, ``--parallel`` at a time, wi
 progress bar on stderr. A model that fails is reported and the rest go on; exit status
 1 if any failed, 2 on bad arguments. Node names are the sidecars' ring names; their admin
 addresses come from ``--address NAME=HOST:PORT`` or ``--address-template``.
+
+``--join``: once every preload succeeded, call ``tfscache.admin.Admin/Join`` on the new
+sidecars (with ``--plan``: the nodes of ``"new"`` not in ``"current"``; with ``--models``:
+the target), which were started with ``--no-join``: they register with discovery and go on
+the ring. After a failed preload nothing joins (exit status 1).
 """
 
 from __future__ import annotations
@@ -71,6 +76,27 @@ def read_plan(path: str) -> list[tuple[str, list[str], list[str]]]:
         return [(m["name"], list(m["from"]), [n for n in m["to"] if n not in m["from"]]) for m in moved]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PrewarmError(f"cannot read plan {path!r} (plan_resize.py --json): {exc}") from exc
+
+
+def added_nodes(path: str) -> list[str]:
+    """The plan's new sidecars: in ``"new"``, not in ``"current"``."""
+    try:
+        plan = json.loads(Path(path).read_text())
+        return [n for n in plan["new"] if n not in plan["current"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PrewarmError(f"cannot read plan {path!r} (plan_resize.py --json): {exc}") from exc
+
+
+def join(nodes: list[str], address_of, token: str) -> list[str]:
+    """Call Join on each node; the failures as text."""
+    failures = []
+    for node in nodes:
+        try:
+            with AdminClient(address_of(node), token=token, timeout_s=60) as client:
+                print(f"joined {node}: {client.join().message}")
+        except AdminError as exc:
+            failures.append(f"join {node}: {exc.code.name}: {exc.message}")
+    return failures
 
 
 def resident_last_use(nodes: set[str], address_of, token: str) -> dict[str, float]:
@@ -151,6 +177,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=0, help="at most this many models (0: no limit)")
     parser.add_argument("--parallel", type=int, default=2, help="preloads at once (default %(default)s)")
     parser.add_argument("--timeout", type=float, default=0.0, help="longest wait for one load, s")
+    parser.add_argument("--join", action="store_true",
+                        help="then call Join on the new sidecars (started with --no-join): they go on the ring")
     bar = parser.add_mutually_exclusive_group()
     bar.add_argument("--progress", action="store_true", default=None, help="always show the progress bar")
     bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show it")
@@ -166,13 +194,17 @@ def main(argv: list[str] | None = None) -> int:
             names = list(dict.fromkeys(n.strip() for n in args.models.split(",") if n.strip()))
             chosen = [(name, ["target"]) for name in names]
             address_of = _addresses([f"target={args.target}"], "")
+            joining = ["target"] if args.join else []
         else:
             address_of = _addresses(args.address, args.address_template)
             chosen = choose(read_plan(args.plan), args.hot, address_of, args.token)
+            joining = added_nodes(args.plan) if args.join else []
+            if args.join and not joining:
+                raise PrewarmError("--join: the plan adds no node (every node of \"new\" is in \"current\")")
         if args.limit > 0:
             chosen = chosen[:args.limit]
         jobs = [(name, node) for name, nodes in chosen for node in nodes]
-        for _, node in jobs:
+        for node in [node for _, node in jobs] + joining:
             address_of(node)  # every address known before the first load
     except PrewarmError as exc:
         print(f"prewarm.py: {exc}", file=sys.stderr)
@@ -182,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prewarm.py: failed: {failure}", file=sys.stderr)
     print(f"prewarmed {len(jobs) - len(failures)} of {len(jobs)} model copies "
           f"({len({n for n, _ in jobs})} models)")
+    if joining and failures:
+        print(f"prewarm.py: not joining {', '.join(joining)}: a preload failed", file=sys.stderr)
+    elif joining:
+        failures = join(joining, address_of, args.token)
+        for failure in failures:
+            print(f"prewarm.py: failed: {failure}", file=sys.stderr)
     return 1 if failures else 0
 
 

@@ -107,3 +107,12 @@ def test_sidecar_peers(tmp_path, repo):
     env = {"TFSCACHE_RING_PEERS": "a=h1:1/h1:2,b=h2:1", "TFSCACHE_RING_SELF_NAME": "a"}
     settings = _from_cli(["--model-repository", repo, "--node-address", "h:1"], env)
     assert [(p.name, p.grpc, p.rest) for p in settings.ring.peers] == [("a", "h1:1", "h1:2"), ("b", "h2:1", "")]
+
+
+def test_no_join_is_a_switch_that_turns_discovery_join_off(repo, tmp_path):
+    assert _from_cli(["--model-repository", repo]).discovery.join is True
+    assert _from_cli(["--model-repository", repo, "--no-join"]).discovery.join is False
+    assert _from_cli(["--model-repository", repo], {"TFSCACHE_DISCOVERY_JOIN": "false"}).discovery.join is False
+    config = tmp_path / "t.toml"
+    config.write_text("[discovery]\njoin = false\n")
+    assert _from_cli(["--config", str(config), "--model-repository", repo]).discovery.join is False

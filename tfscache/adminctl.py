@@ -1,9 +1,10 @@
-"""``tfscache models|pin|unpin|preload|evict|drain``: the admin API from the command line.
+"""``tfscache models|pin|unpin|preload|evict|drain|join``: the admin API from the command line.
 
     tfscache models --address 127.0.0.1:8502
     tfscache pin addk_1 --version 1 --node node0
     tfscache evict addk_1
     tfscache drain --node node1             # embedded: one node; without --node the whole process
+    tfscache join                           # a sidecar started with --no-join: register, go on the ring
 
 Every subcommand takes ``--address`` (default 127.0.0.1:8502, or TFSCACHE_ADMIN_ADDRESS)
 and ``--token`` (or TFSCACHE_ADMIN_TOKEN). Exit status: 0 on success, 1 when the
@@ -27,6 +28,8 @@ def _parser(command: str) -> argparse.ArgumentParser:
                         help="the admin API, HOST:PORT (default %(default)s)")
     parser.add_argument("--token", default=os.environ.get("TFSCACHE_ADMIN_TOKEN", ""),
                         help="admin token (server.admin_token), sent as 'authorization: Bearer TOKEN'")
+    if command == "join":
+        return parser
     parser.add_argument("--node", default="", help="one node of that tfscache (default: see the command)")
     if command == "models":
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -50,6 +53,7 @@ _HELP = {
     "preload": "load a model and wait until it is AVAILABLE",
     "evict": "unload an idle model now",
     "drain": "drain one node, or the whole tfscache (it exits 0 when done)",
+    "join": "register a sidecar started with --no-join with discovery: it goes on the ring",
 }
 
 
@@ -92,6 +96,8 @@ def main_for(command: str, argv: list[str]) -> int:
                         print(f"{p.phase}: {p.models_left} of {p.models_total} models left, "
                               f"{p.leases} leases", flush=True)
                 print(f"drained {args.node or args.address}")
+            elif command == "join":
+                print(client.join().message)
             else:
                 method = getattr(client, command)
                 kwargs = {"timeout_s": args.timeout or None} if command in ("pin", "preload") else {}
@@ -113,3 +119,4 @@ unpin_main = _command("unpin")
 preload_main = _command("preload")
 evict_main = _command("evict")
 drain_main = _command("drain")
+join_main = _command("join")

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "preload": ("tfscache.adminctl:preload_main", "load a model and wait until it is AVAILABLE"),
     "evict": ("tfscache.adminctl:evict_main", "unload an idle model now"),
     "drain": ("tfscache.adminctl:drain_main", "drain one node, or a whole tfscache (it exits 0 when drained)"),
+    "join": ("tfscache.adminctl:join_main", "put a sidecar started with --no-join on the ring (registers it)"),
 }
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import aiohttp
 
-from tfscache import logs
+from tfscache import errors, logs
 from tfscache import settings as settings_mod
 from tfscache.admin.lifecycle import Operations
 from tfscache.cache import CacheManager, CacheSettings
@@ -78,6 +78,11 @@ class ServeApp:
         self._rest: RestFrontend | None = None
         self.router: Router | None = None
         self.own_name: str | None = None
+        # Sidecar mode: whether this sidecar is on its own ring and registered (or will register at
+        # start-up). discovery.join = false keeps it out until join(); static discovery ignores it.
+        self.in_ring = settings.discovery.join or settings.discovery.backend == "static"
+        self.joined = False  # registered with discovery
+        self._join_lock = asyncio.Lock()
         self.ops: Operations | None = None  # health on the gRPC port, admin server, drains
         self.admin_port: int | None = None
         self.metrics = Metrics(per_model=settings.server.metrics_per_model)
@@ -118,12 +123,15 @@ class ServeApp:
         except BaseException:
             await self.stop(grace=0)
             raise
-        if self.discovery is not None:
+        if self.discovery is not None and self.in_ring:
             try:
-                await self.discovery.register(advertise_peer(s, self.grpc_port, self.rest_port))
+                await self.join()
             except BaseException:
                 await self.stop(grace=0)
                 raise
+        elif self.discovery is not None:
+            log.info("discovery.join = false: following the %s membership but not registering; "
+                     "`tfscache join` puts this sidecar on the ring", s.discovery.backend)
         if s.server.ports_file:
             _write_json_atomically(Path(s.server.ports_file),
                                    {"grpc": self.grpc_port, "rest": self.rest_port,
@@ -132,6 +140,34 @@ class ServeApp:
         log.info("tfscache serve ready: gRPC port %s, REST port %s, %d backend(s)", self.grpc_port,
                  self.rest_port, len(self.backends))
         return self.grpc_port, self.rest_port
+
+    async def join(self) -> tuple[bool, str]:
+        """Sidecar mode: register with discovery now and go on the own ring (idempotent).
+
+        Returns (registered by this call, what happened). With static discovery there is
+        nothing to register: membership is the peers files (add this sidecar to each, SIGHUP).
+        FailedPrecondition when this is no sidecar or it is stopping.
+        """
+        if self.own_name is None:
+            raise errors.FailedPrecondition("join: this tfscache is not in sidecar mode (no node.node_address); "
+                                            "it has no discovery to join")
+        async with self._join_lock:
+            if self.discovery is None:
+                raise errors.FailedPrecondition("join: this sidecar is stopping; it has left discovery")
+            static = self.discovery.name == "static"
+            if not self.joined:
+                await self.discovery.register(advertise_peer(self.settings, self.grpc_port, self.rest_port))
+                self.joined = True
+            elif not static:
+                return False, f"{self.own_name} is already registered with {self.discovery.name} discovery"
+            if static:
+                return False, ("static discovery: nothing to register; this sidecar is on the others' rings once "
+                               "their peers files list it (edit them, then SIGHUP)")
+            if not self.in_ring:
+                self.in_ring = True
+                await self.set_peers(self.discovery.members())
+            log.info("joined: registered %s with %s discovery", self.own_name, self.discovery.name)
+            return True, f"{self.own_name} registered with {self.discovery.name} discovery"
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (``grace`` s), then stop caches and nodes."""
@@ -198,7 +234,7 @@ class ServeApp:
         s = self.settings
         own = self.own_name
         previous = {name: b for name, b in self.backends.items() if name != own}
-        backends = {own: self.backends[own]}
+        backends = {own: self.backends[own]}  # its own node, always: admin preloads and forwarded requests
         for peer in peers:
             if peer.name == own:
                 continue
@@ -207,7 +243,10 @@ class ServeApp:
                     peer.grpc, peer.rest or None):
                 backend = PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None), own)
             backends[peer.name] = backend
-        ring = Ring(backends, replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes)
+        # Not joined yet (discovery.join = false): the cluster's ring, without this sidecar, so requests
+        # through it go where every other sidecar sends them; itself only while nobody else is known.
+        on_ring = list(backends) if self.in_ring or len(backends) == 1 else [n for n in backends if n != own]
+        ring = Ring(on_ring, replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes)
         # Swapped together, with no await in between: a request sees the old or the new ring.
         self.backends, self.router.backends, self.router.ring = backends, backends, ring
         for name, backend in previous.items():

@@ -216,6 +216,8 @@ class DiscoverySection:
                                                          check=_at_least(60))
     etcd_endpoints: list = _setting(["http://127.0.0.1:2379"], "etcd client URLs, one per member")
     etcd_prefix: str = _setting("/tfscache", "etcd key prefix: keys are PREFIX/SERVICE/NAME")
+    join: bool = _setting(True, "register with discovery at start-up; false: start serving but stay out of "
+                          "the ring until `tfscache join` (consul, etcd; static ignores it)", flag="--no-join")
 
 
 @dataclass
@@ -362,7 +364,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--config", metavar="FILE", help="TOML settings file")
     for dotted, f in iter_fields():
         flag = f.metadata.get("flag")
-        if flag:
+        if flag and flag.startswith("--no-"):  # a switch that turns a boolean setting off
+            parser.add_argument(flag, dest=dotted, action="store_const", const=False, default=None,
+                                help=f"{f.metadata['doc']} (sets {dotted} = false)")
+        elif flag:
             parser.add_argument(flag, dest=dotted, default=None, metavar=dotted.rsplit(".", 1)[-1].upper(),
                                 help=f.metadata["doc"])
     parser.add_argument("--set", dest="set_", action="append", default=[], metavar="FIELD=VALUE",

@@ -202,3 +202,24 @@ def test_cli_subcommands_end_to_end(serve, admin):
     assert (run.returncode, run.stderr) == (1, "tfscache drain: FAILED_PRECONDITION: node node0 is the last node on "
                                                "the ring; drain the whole process instead\n")
     assert health_check(serve.grpc_target) == health_pb2.HealthCheckResponse.SERVING
+
+
+# -- join -----------------------------------------------------------------------------------
+
+
+NOT_SIDECAR = ("join: this tfscache is not in sidecar mode (no node.node_address); it has no discovery to join")
+
+
+def test_join_needs_the_token_and_sidecar_mode(serve, admin):
+    with AdminClient(serve.admin_target) as anonymous:
+        expect(grpc.StatusCode.UNAUTHENTICATED,
+               "admin token required: send metadata 'authorization: Bearer <token>'", anonymous.join)
+    with AdminClient(serve.admin_target, token="wrong") as wrong:
+        expect(grpc.StatusCode.UNAUTHENTICATED, "invalid admin token", wrong.join)
+    expect(grpc.StatusCode.FAILED_PRECONDITION, NOT_SIDECAR, admin.join)  # embedded: nothing to join
+    run = tfscache(serve, "join")
+    assert (run.returncode, run.stdout, run.stderr) == (1, "", f"tfscache join: FAILED_PRECONDITION: {NOT_SIDECAR}\n")
+    run = tfscache(serve, "join", token="")
+    assert (run.returncode, run.stderr) == (
+        1, "tfscache join: UNAUTHENTICATED: admin token required: send metadata 'authorization: Bearer <token>'\n")
+    assert health_check(serve.grpc_target) == health_pb2.HealthCheckResponse.SERVING

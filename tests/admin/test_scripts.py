@@ -76,3 +76,14 @@ def test_drain_script_follows_a_process_drain_until_it_exits(admin_repo, tmp_pat
         run = script("drain.py", "not-an-address")
         assert (run.returncode, run.stderr) == (2, "drain.py: 'not-an-address' is not HOST:PORT "
                                                    "(give --address-template for ring names)\n")
+
+
+def test_prewarm_joins_only_after_every_preload_succeeded(cluster):
+    run = script("prewarm.py", "--models", "addk_5,nope", "--target", cluster["b"], "--join", "--no-progress")
+    assert run.returncode == 1
+    assert run.stderr.endswith("prewarm.py: not joining target: a preload failed\n")
+    # b is no sidecar (embedded nodes): the Join it is sent is refused, and said so.
+    run = script("prewarm.py", "--models", "addk_5", "--target", cluster["b"], "--join", "--no-progress")
+    assert (run.returncode, run.stdout) == (1, "prewarmed 1 of 1 model copies (1 models)\n")
+    assert run.stderr == ("prewarm.py: failed: join target: FAILED_PRECONDITION: join: this tfscache is not in "
+                          "sidecar mode (no node.node_address); it has no discovery to join\n")

@@ -60,6 +60,13 @@ async def test_a_draining_sidecar_forwards_its_requests_and_finishes_those_in_fl
         assert a.ops.health.status("") == health_pb2.HealthCheckResponse.NOT_SERVING
         assert b.ops.health.status("") == health_pb2.HealthCheckResponse.SERVING
         assert a.router.ring.nodes == ["b"]  # a left its own ring
+        join = channel.unary_unary("/tfscache.admin.Admin/Join", request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=admin_pb2.JoinResponse.FromString)
+        with pytest.raises(grpc.aio.AioRpcError) as info:  # a draining sidecar does not join again
+            await join(admin_pb2.JoinRequest())
+        assert (info.value.code(), info.value.details()) == (grpc.StatusCode.FAILED_PRECONDITION,
+                                                             "join: this tfscache is draining")
+        assert a.router.ring.nodes == ["b"]
         # Requests still reaching a are served by b's node, for a cold model and for a's leased one.
         for name, k in (("addk_3", 3), ("addk_1", 1)):
             response = await predict(a, name, 1.0)
@@ -73,3 +80,14 @@ async def test_a_draining_sidecar_forwards_its_requests_and_finishes_those_in_fl
         assert (last.done, last.models_left) == (True, 0)
     await a.ops.drained.wait()
     assert not node_holds(nodes["a"], "addk_1") and not node_holds(nodes["a"], "addk_2")
+
+
+async def test_join_with_static_discovery_registers_nothing_and_says_so(sidecars):
+    b = sidecars["b"]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{b.ops.admin_port}") as channel:
+        join = channel.unary_unary("/tfscache.admin.Admin/Join", request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=admin_pb2.JoinResponse.FromString)
+        response = await join(admin_pb2.JoinRequest())
+    assert not response.registered
+    assert response.message.startswith("static discovery: nothing to register; ")
+    assert b.router.ring.nodes == ["a", "b"]

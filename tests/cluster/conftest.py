@@ -66,7 +66,7 @@ class Static:
     name = "static"
     ttl_s = 0.0
 
-    def options(self, service: str = "tfscache") -> dict:
+    def options(self) -> dict:
         return {"backend": "static"}
 
     def close(self) -> None:
@@ -99,8 +99,8 @@ class Consul:
     def start(self) -> None:
         self._call(self.fake.start())
 
-    def options(self, service: str = "tfscache") -> dict:
-        return {"backend": "consul", "consul_address": self.fake.url, "ttl_s": self.ttl_s, "service_name": service,
+    def options(self) -> dict:
+        return {"backend": "consul", "consul_address": self.fake.url, "ttl_s": self.ttl_s,
                 "consul_wait_s": 5.0}
 
     def close(self) -> None:
@@ -118,9 +118,8 @@ class Etcd:
     def __init__(self, directory: Path) -> None:
         self.cluster = EtcdCluster(directory, size=3).start()
 
-    def options(self, service: str = "tfscache") -> dict:
-        return {"backend": "etcd", "etcd_endpoints": self.cluster.endpoints, "ttl_s": self.ttl_s,
-                "service_name": service}
+    def options(self) -> dict:
+        return {"backend": "etcd", "etcd_endpoints": self.cluster.endpoints, "ttl_s": self.ttl_s}
 
     def close(self) -> None:
         self.cluster.close()
@@ -206,20 +205,20 @@ class Cluster:
     def live(self) -> list[Sidecar]:
         return [s for s in self.sidecars.values() if s.alive]
 
-    def add(self, name: str, service: str = "tfscache", peers: list[dict] | None = None) -> Sidecar:
-        """A new node and its sidecar; ``service``: the discovery service it registers under."""
+    def add(self, name: str, join: bool = True, peers: list[dict] | None = None) -> Sidecar:
+        """A new node and its sidecar; ``join=False``: started with ``--no-join`` (off the ring until Join)."""
         directory = self.directory / name
         directory.mkdir(parents=True)
         node = start_node(directory, config=EMPTY, flags=NODE_FLAGS)
         sidecar = Sidecar(name, node, directory, directory / "tfscache.toml")
         self.sidecars[name] = sidecar
-        self.start(sidecar, service, peers)
+        self.start(sidecar, join, peers)
         return sidecar
 
-    def start(self, sidecar: Sidecar, service: str = "tfscache", peers: list[dict] | None = None) -> None:
+    def start(self, sidecar: Sidecar, join: bool = True, peers: list[dict] | None = None) -> None:
         """Start (or restart) ``sidecar``'s ``tfscache serve``; its state dir is kept across restarts."""
         node = sidecar.node
-        discovery = self.registry.options(service)
+        discovery = self.registry.options()
         discovery.update(retry_max_s=0.5, start_timeout_s=20.0)
         if discovery["backend"] == "static":
             # The sidecar must be in its own list; its own address is never used (set_peers skips it).
@@ -239,7 +238,8 @@ class Cluster:
         ports_file.unlink(missing_ok=True)
         with open(sidecar.directory / "serve.log", "ab") as log:
             sidecar.process = subprocess.Popen(
-                [PYTHON, "-m", "tfscache", "serve", "--config", str(sidecar.config)], stdout=log,
+                [PYTHON, "-m", "tfscache", "serve", "--config", str(sidecar.config), *([] if join else ["--no-join"])],
+                stdout=log,
                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
         wait_until(lambda: ports_file.exists() or sidecar.process.poll() is not None, 60,

@@ -3,7 +3,7 @@
 Every process is real: ``tfscache node`` (x3, a 4th for the resize) and one ``tfscache
 serve --node-address`` sidecar per node, through static peers (config file + SIGHUP),
 the fake Consul, or a real 3-member etcd. The module's tests share one cluster per
-backend and run in order: form -> discovery outage -> resize (add d, prewarm, switch)
+backend and run in order: form -> discovery outage -> resize (add d with --no-join, prewarm, join)
 and drain b -> kill c.
 
 What the design promises (docs/discovery.md, tfscache/frontend/router.py) and what is
@@ -19,6 +19,8 @@ asserted, with ``ring.replicas_per_model = 2``:
   killed or drained, as a Service drops a pod whose readiness probe fails.
 * Static discovery has no health check: a dead or drained sidecar leaves the rings only
   when the peers file is edited and the sidecars get SIGHUP.
+* A sidecar started with ``--no-join`` (Consul/etcd) stays off every ring, its own included,
+  until ``tfscache join``: it can be prewarmed first.
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ from .conftest import MODELS, REPLICAS, Client, Traffic, wait_until
 def script(name: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, str(REPO / "scripts" / name), *args], cwd=REPO, capture_output=True, text=True,
                           timeout=180)
+
+
+def tfscache(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "tfscache", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
 
 
 def replicas(names, model) -> list[str]:
@@ -104,11 +110,16 @@ def _wait_seconds(seconds: float) -> None:
 def test_resize_with_the_tools_then_drain_one_sidecar(cluster, tmp_path):
     registry = cluster.registry
     a, b, c = (cluster.sidecars[n] for n in "abc")
-    # 1. The new sidecar d runs outside the cluster: with Consul/etcd under another service
-    #    name (a sidecar joins the ring when it registers, so it could not be prewarmed before
-    #    the switch otherwise); with static peers, nobody lists it yet.
-    d = cluster.add("d", service="tfscache-staging")
-    assert a.ring() == ["a", "b", "c"] and d.ring() == ["d"]
+    # 1. The new sidecar d starts with --no-join: with Consul/etcd it follows the membership (its
+    #    ring is the cluster's, without itself) but does not register, so nobody routes to it yet;
+    #    with static peers (which ignore --no-join), nobody lists it yet.
+    d = cluster.add("d", join=False)
+    if registry.name == "static":
+        assert d.ring() == ["d"]
+    else:
+        cluster.wait_rings(["a", "b", "c"], among=[d])
+        assert "not registering" in d.log()
+    assert all(s.ring() == ["a", "b", "c"] for s in (a, b, c))
     # 2. Plan.
     run = script("plan_resize.py", "--current", "a,b,c", "--new", "a,b,c,d", "--replicas", str(REPLICAS),
                  "--model-repository", str(cluster.repository), "--json", "--no-progress")
@@ -128,16 +139,18 @@ def test_resize_with_the_tools_then_drain_one_sidecar(cluster, tmp_path):
     old_misses = sum(s.counts()[1] for s in (a, b, c))
     with Traffic([s.grpc_target for s in (a, b, c)]) as traffic:
         traffic.wait_sent(20)
-        if registry.name == "static":
-            misses_before = d.counts()[1]  # what the preloads counted
+        misses_before = d.counts()[1]  # what the preloads counted
+        run = tfscache("join", "--address", d.admin_target)
+        if registry.name == "static":  # nothing to register: the peers files are the membership
+            assert run.returncode == 0 and run.stdout.startswith("static discovery: nothing to register"), run.stderr
             cluster.set_static_peers(["a", "b", "c", "d"])
-        else:  # restart d into the cluster's service; its state file re-adopts the prewarmed models
-            d.process.send_signal(signal.SIGTERM)
-            assert d.process.wait(30) == 0
-            cluster.start(d)
-            misses_before = 0  # a new process counts from zero
-            assert d.resident() == set(gaining)
+        else:
+            assert (run.returncode, run.stdout) == (0, f"d registered with {registry.name} discovery\n"), run.stderr
         cluster.wait_rings(["a", "b", "c", "d"])
+        if registry.name != "static":  # Join is idempotent
+            run = tfscache("join", "--address", d.admin_target)
+            assert (run.returncode, run.stdout) == (
+                0, f"d is already registered with {registry.name} discovery\n"), run.stderr
         traffic.add(d.grpc_target)
         traffic.wait_sent(40)
         # The moved models are served by their new owner, without a cold load there.

@@ -4,6 +4,7 @@
         for node in admin.list_models().nodes: ...
         admin.preload("addk_1")
         for progress in admin.drain(): ...
+        admin.join()                    # a sidecar started with --no-join: register now
 
 Errors come back as the server sent them: ``AdminError`` with the gRPC code and message.
 """
@@ -74,6 +75,10 @@ class AdminClient:
 
     def evict(self, name: str, version: int | None = None, node: str = ""):
         return self._model("Evict", name, version, node, None)
+
+    def join(self) -> admin_pb2.JoinResponse:
+        """A sidecar started with --no-join registers with discovery now (idempotent)."""
+        return self._call("Join", admin_pb2.JoinRequest(), admin_pb2.JoinResponse)
 
     def drain(self, node: str = "", grace_s: float = 0.0) -> Iterator[admin_pb2.DrainProgress]:
         """Start (or follow) a drain and yield its progress until done.

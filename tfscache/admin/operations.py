@@ -132,6 +132,19 @@ class Admin:
         await asyncio.gather(*(c.evict(name, version) for c in caches.values()))
         return before
 
+    async def join(self) -> tuple[bool, str]:
+        """Sidecar mode: register with discovery now (``ServeApp.join``); FailedPrecondition otherwise."""
+        join = getattr(self.app, "join", None)
+        if join is None or getattr(self.app, "own_name", None) is None:
+            raise errors.FailedPrecondition("join: this tfscache is not in sidecar mode (no node.node_address); "
+                                            "it has no discovery to join")
+        from tfscache.discovery import DiscoveryError
+
+        try:
+            return await join()
+        except DiscoveryError as exc:  # the registry did not take the registration: try again later
+            raise errors.Unavailable(f"join: {exc}") from exc
+
     def _optional_cache(self, target: str, node: str) -> CacheManager | None:
         if node:
             return self.cache(node)

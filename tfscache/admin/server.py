@@ -111,6 +111,14 @@ class AdminService:
             await asyncio.sleep(_PROGRESS_POLL_S)  # a progress display's refresh, not a wait for a state
 
 
+    async def Join(self, request: admin_pb2.JoinRequest) -> admin_pb2.JoinResponse:
+        """Register a sidecar started with discovery.join = false; refused while the process drains."""
+        if self.drainer.draining:
+            raise errors.FailedPrecondition("join: this tfscache is draining")
+        registered, message = await self.admin.join()
+        return admin_pb2.JoinResponse(registered=registered, message=message)
+
+
 def _version(request: admin_pb2.ModelRequest) -> int | None:
     if request.version < 0:
         raise errors.InvalidArgument(f"version must be >= 0 (0 = latest), got {request.version}")
@@ -124,6 +132,7 @@ _METHODS = {  # name -> (request type, streaming response)
     "Preload": (admin_pb2.ModelRequest, False),
     "Evict": (admin_pb2.ModelRequest, False),
     "Drain": (admin_pb2.DrainRequest, True),
+    "Join": (admin_pb2.JoinRequest, False),
 }
 
 

@@ -101,3 +101,15 @@ class DrainProgress(_message.Message):
     leases: int
     done: bool
     def __init__(self, phase: _Optional[str] = ..., models_left: _Optional[int] = ..., models_total: _Optional[int] = ..., leases: _Optional[int] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class JoinResponse(_message.Message):
+    __slots__ = ("registered", "message")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    registered: bool
+    message: str
+    def __init__(self, registered: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
