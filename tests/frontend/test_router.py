@@ -154,6 +154,13 @@ async def test_unavailable_tries_the_next_replica_once(world):
     assert not world["servers"][third].calls  # never more than one retry, never outside the replicas
 
 
+async def test_a_call_the_node_cancelled_tries_the_next_replica_once(world):
+    first, second = replicas(world, "m7")
+    world["servers"][first].reply = lambda r: errors.Cancelled("server shutting down")
+    assert await world["predict"](request_for("m7"), timeout=10) == f"from-{second}".encode()
+    assert len(world["servers"][first].calls) == 1 and len(world["servers"][second].calls) == 1
+
+
 async def test_other_node_errors_pass_through_without_retry(world):
     first, second = replicas(world, "m5")
     world["servers"][first].reply = lambda r: errors.FailedPrecondition('Serving signature key "s" not found.')

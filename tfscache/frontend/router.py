@@ -2,8 +2,9 @@
 
 The ring maps a model name to ``replicas_per_model`` distinct backends. Among them
 a healthy one that already holds the model goes first, then the others in ring
-order. If the chosen one answers UNAVAILABLE (node down, connection lost), the next
-one is tried, once. A request forwarded by a peer sidecar is served locally and
+order. If the chosen one answers UNAVAILABLE (node down, connection lost) or
+CANCELLED (a peer that cancelled the call while shutting down or draining; our own
+caller cancelling cancels this task instead), the next one is tried, once. A request forwarded by a peer sidecar is served locally and
 never routed again, so a request makes at most one extra hop and cannot loop.
 
 A version label is resolved to its version (``label_version``) before routing, as
@@ -68,7 +69,7 @@ class Router:
         logs.bind(node=candidates[0].name)
         try:
             return await candidates[0].grpc(key, path, request, metadata, deadline)
-        except errors.Unavailable as exc:
+        except (errors.Unavailable, errors.Cancelled) as exc:
             if len(candidates) < 2:
                 raise
             log.warning("%s unavailable for %s (%s); trying %s", candidates[0].name, key, exc.message,
