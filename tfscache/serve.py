@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -84,6 +85,7 @@ class ServeApp:
         self.joined = False  # registered with discovery
         self._join_lock = asyncio.Lock()
         self.ops: Operations | None = None  # health on the gRPC port, admin server, drains
+        self._retiring: dict[asyncio.Task, PeerBackend] = {}  # peers off the ring, closing once idle
         self.admin_port: int | None = None
         self.metrics = Metrics(per_model=settings.server.metrics_per_model)
         watch(self.metrics, self)
@@ -187,6 +189,11 @@ class ServeApp:
             await self.supervisor.stop(grace=max(grace, 1.0))
         if self.router is not None:
             await self.router.close()
+        for task, backend in list(self._retiring.items()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await backend.close()
         if self._http is not None:
             await self._http.close()
         if self.ops is not None and self.ops.admin is not None:
@@ -250,8 +257,11 @@ class ServeApp:
         # Swapped together, with no await in between: a request sees the old or the new ring.
         self.backends, self.router.backends, self.router.ring = backends, backends, ring
         for name, backend in previous.items():
-            if backends.get(name) is not backend:
-                await backend.close()
+            if backends.get(name) is not backend:  # requests already sent there finish first
+                task = asyncio.create_task(backend.retire(self.settings.cache.load_timeout_s),
+                                           name=f"tfscache-retire-{name}")
+                self._retiring[task] = backend
+                task.add_done_callback(lambda t: self._retiring.pop(t, None))
         log.info("ring: %s", ", ".join(sorted(backends)))
 
     def _upstream(self, grpc_address: str, rest_address: str | None) -> Upstream:

@@ -320,7 +320,7 @@ class Traffic:
         self.models = models
         self.client = Client()
         self.sent = 0
-        self.failures: list[tuple[str, str, str]] = []
+        self.failures: list[tuple[str, str, str]] = []  # (target, model, what happened, with the time)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="traffic", daemon=True)
@@ -344,12 +344,13 @@ class Traffic:
                 target = self.targets[i % len(self.targets)]
             name = self.models[(i // len(self.targets) + i) % len(self.models)]
             x = float(i % 100)
+            started = time.strftime("%H:%M:%S")
             try:
                 got = self.client.predict(target, name, x)
                 if got != [x + int(name.split("_")[1])]:
-                    self.failures.append((target, name, f"wrong answer {got}"))
+                    self.failures.append((target, name, f"wrong answer {got} (sent {started})"))
             except grpc.RpcError as exc:
-                self.failures.append((target, name, f"{exc.code().name}: {exc.details()}"))
+                self.failures.append((target, name, f"{exc.code().name}: {exc.details()} (sent {started})"))
             with self._lock:
                 self.sent += 1
             i += 1

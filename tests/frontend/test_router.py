@@ -32,6 +32,9 @@ class RecordingServer:
     def __init__(self, name: str) -> None:
         self.name = name
         self.calls: list[dict] = []
+        self.gate: asyncio.Event | None = None  # set: each call waits for it before answering
+        self.arrived = asyncio.Event()  # a call has reached the server
+        self.cancelled = asyncio.Event()  # a call was cancelled while it waited at the gate
         self.reply = lambda request: b"from-" + name.encode()
         self.server = grpc.aio.server()
         handler = grpc.unary_unary_rpc_method_handler(self._handle)
@@ -49,6 +52,13 @@ class RecordingServer:
         self.calls.append({"method": self._method, "request": request,
                            "metadata": dict(context.invocation_metadata()),
                            "time_remaining": context.time_remaining()})
+        self.arrived.set()
+        if self.gate is not None:
+            try:
+                await self.gate.wait()
+            except asyncio.CancelledError:
+                self.cancelled.set()
+                raise
         result = self.reply(request)
         if isinstance(result, errors.TfscacheError):
             await context.abort(result.grpc_code, result.message)
@@ -212,3 +222,81 @@ async def test_expired_deadline_while_loading(world):
         await world["predict"](request_for("m7"), timeout=0.5)
     assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert not world["servers"][first].calls
+
+
+# -- calls in flight when a channel closes or the ring changes ------------------------------------
+# A closed grpc.aio channel ends its calls with asyncio.CancelledError; escaping the front end's
+# handler, that left the client waiting for its whole deadline (the cluster drain test's rare
+# 60 s DEADLINE_EXCEEDED). The clients below would time out after 10 s if it happened again.
+
+
+async def test_a_channel_closed_under_a_call_tries_the_next_replica(world):
+    first, second = replicas(world, "c1")
+    held = world["servers"][first]
+    held.gate = asyncio.Event()
+    call = asyncio.ensure_future(world["predict"](request_for("c1"), timeout=10))
+    await held.arrived.wait()
+    await world["backends"][first].upstream.close()  # as a node exiting or a peer leaving the ring used to
+    assert await call == f"from-{second}".encode()
+    with pytest.raises(errors.NodeUnavailable, match="is closed"):  # and a call made after the close
+        await world["backends"][first].upstream.unary(PREDICT, request_for("c1"), timeout=10)
+    held.gate.set()
+
+
+async def test_the_retry_goes_to_the_ring_as_it_is_after_the_first_try(world):
+    first, second = replicas(world, "c2")
+    third = next(n for n in world["servers"] if n not in (first, second))
+    held = world["servers"][first]
+    held.gate = asyncio.Event()
+    held.reply = lambda r: errors.Unavailable("going away")
+    call = asyncio.ensure_future(world["predict"](request_for("c2"), timeout=10))
+    await held.arrived.wait()
+    world["router"].ring = Ring([first, third], replicas=2)  # second left the ring meanwhile
+    held.gate.set()
+    assert await call == f"from-{third}".encode()
+    assert not world["servers"][second].calls
+
+
+async def test_retire_lets_the_calls_in_flight_finish_then_closes_the_channel(world):
+    first, second = replicas(world, "c3")
+    held = world["servers"][first]
+    held.gate = asyncio.Event()
+    call = asyncio.ensure_future(world["predict"](request_for("c3"), timeout=10))
+    await held.arrived.wait()
+    upstream = world["backends"][first].upstream
+    retiring = asyncio.ensure_future(upstream.retire(30))
+    held.gate.set()
+    assert await call == f"from-{first}".encode()  # answered by the retiring upstream, not retried
+    await asyncio.wait_for(retiring, 10)
+    assert not world["servers"][second].calls
+    with pytest.raises(errors.NodeUnavailable, match="is closed"):
+        await upstream.unary(PREDICT, request_for("c3"), timeout=10)
+
+
+async def test_a_cancellation_from_inside_is_unavailable_not_a_hang(world):
+    first, _ = replicas(world, "c4")
+
+    async def cancelled(name, version=None, timeout=None):
+        raise asyncio.CancelledError()  # no caller cancelled: a bug or a library's doing
+
+    world["backends"][first].cache.acquire = cancelled
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await world["predict"](request_for("c4"), timeout=10)
+    assert (info.value.code(), info.value.details()) == (
+        grpc.StatusCode.UNAVAILABLE, "request cancelled inside tfscache; retry it")
+    del world["backends"][first].cache.acquire
+    assert await world["predict"](request_for("c4"), timeout=10) == f"from-{first}".encode()
+
+
+async def test_a_client_cancelling_cancels_the_upstream_call_without_a_retry(world):
+    first, second = replicas(world, "c5")
+    held = world["servers"][first]
+    held.gate = asyncio.Event()
+    call = world["predict"](request_for("c5"), timeout=10)
+    waiting = asyncio.ensure_future(call)
+    await held.arrived.wait()
+    call.cancel()
+    await asyncio.wait_for(held.cancelled.wait(), 10)
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert not world["servers"][second].calls

@@ -6,11 +6,14 @@ other's port-0 address after both started, as discovery will do.
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import grpc
 import pytest
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
 
+from cache.cache_support import Gate
 from frontend.test_embedded import predict_request
 from support.node import start_node
 from tfscache import settings as settings_mod
@@ -26,8 +29,12 @@ NODE_FLAGS = ["--max_num_load_retries=0", "--num_load_threads=2"]
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
     directory = tmp_path_factory.mktemp("sidecar-nodes")
-    with start_node(directory, config=EMPTY, flags=NODE_FLAGS) as a, \
-            start_node(directory, config=EMPTY, flags=NODE_FLAGS) as b:
+    gates = {name: Gate(directory / f"gate-{name}") for name in "ab"}  # hold a node's loads open
+    for gate in gates.values():
+        gate.dir.mkdir()
+    with start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['a'].dir}"]) as a, \
+            start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['b'].dir}"]) as b:
+        a.gate, b.gate = gates["a"], gates["b"]
         yield {"a": a, "b": b}
 
 
@@ -116,3 +123,26 @@ async def test_sidecars_that_disagree_about_owners_make_one_hop_not_a_loop(nodes
     finally:
         for app in apps.values():
             await app.stop(grace=1)
+
+
+async def test_a_peer_leaving_the_ring_lets_the_request_in_flight_to_it_finish(sidecars, nodes):
+    # Discovery reports b gone (drained, deregistered) while a's request to b is still running:
+    # a drops b from its ring, but the request already on b's channel gets its answer (closing
+    # that channel at once used to leave the client waiting for its whole deadline).
+    name = "addk_1"
+    assert Ring(["a", "b"]).owner(name) == "b"
+    a, gate = sidecars["a"], nodes["b"].gate
+    gate.hold(name)
+    try:
+        call = asyncio.ensure_future(predict(a, name, 1.0))  # a -> b's sidecar -> b's node, held there
+        await gate.wait_until_waiting(name)
+        await a.set_peers([Peer("a", f"127.0.0.1:{a.grpc_port}", f"127.0.0.1:{a.rest_port}")])
+        assert a.router.ring.nodes == ["a"]
+        gate.release(name)
+        response = await asyncio.wait_for(call, 30)
+    finally:
+        gate.release(name)
+    assert (response.model_spec.name, list(response.outputs["y"].float_val)) == (name, [2.0])
+    assert node_holds(nodes["b"], name) and not node_holds(nodes["a"], name)
+    response = await predict(a, name, 3.0)  # a's ring is a alone now: its own node loads it
+    assert list(response.outputs["y"].float_val) == [4.0] and node_holds(nodes["a"], name)

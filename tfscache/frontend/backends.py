@@ -116,5 +116,9 @@ class PeerBackend:
         return await self.upstream.rest(method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]},
                                         timeout=timeout)
 
+    async def retire(self, grace: float) -> None:
+        """Off the ring: close the channel once the requests already sent here have finished."""
+        await self.upstream.retire(grace)
+
     async def close(self) -> None:
         await self.upstream.close()

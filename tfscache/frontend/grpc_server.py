@@ -13,6 +13,7 @@ is then sent on to the node or peer so a forwarded request keeps it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -70,6 +71,13 @@ class _Handlers(grpc.GenericRpcHandler):
                 return response
             except errors.TfscacheError as exc:
                 code, message = exc.grpc_code, exc.message
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # the client cancelled, its deadline passed, or the server is stopping
+                # Not ours: re-raised, gRPC would send the client nothing until its deadline.
+                log.error("%s: cancelled inside tfscache, not by its client", method.path)
+                code, message = grpc.StatusCode.UNAVAILABLE, "request cancelled inside tfscache; retry it"
             except Exception:  # noqa: BLE001 - the one place unknown errors become INTERNAL
                 log.exception("%s failed", method.path)
                 code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache front end"

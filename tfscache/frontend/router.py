@@ -2,9 +2,10 @@
 
 The ring maps a model name to ``replicas_per_model`` distinct backends. Among them
 a healthy one that already holds the model goes first, then the others in ring
-order. If the chosen one answers UNAVAILABLE (node down, connection lost) or
-CANCELLED (a peer that cancelled the call while shutting down or draining; our own
-caller cancelling cancels this task instead), the next one is tried, once. A request forwarded by a peer sidecar is served locally and
+order. If the chosen one answers UNAVAILABLE (node down, connection lost, its channel
+closed because it left the ring) or CANCELLED (a peer that cancelled the call while
+shutting down or draining; our own caller cancelling cancels this task instead), the
+best other replica on the ring as it is then is tried, once. A request forwarded by a peer sidecar is served locally and
 never routed again, so a request makes at most one extra hop and cannot loop.
 
 A version label is resolved to its version (``label_version``) before routing, as
@@ -65,17 +66,24 @@ class Router:
             raise
 
     async def _grpc(self, path, key, request, metadata, deadline, forwarded) -> bytes:
-        candidates = self.candidates(key, forwarded)
-        logs.bind(node=candidates[0].name)
+        first = self.candidates(key, forwarded)[0]
+        logs.bind(node=first.name)
         try:
-            return await candidates[0].grpc(key, path, request, metadata, deadline)
+            return await first.grpc(key, path, request, metadata, deadline)
         except (errors.Unavailable, errors.Cancelled) as exc:
-            if len(candidates) < 2:
+            second = self._retry_on(key, forwarded, first)
+            if second is None:
                 raise
-            log.warning("%s unavailable for %s (%s); trying %s", candidates[0].name, key, exc.message,
-                        candidates[1].name)
-        logs.bind(node=candidates[1].name)
-        return await candidates[1].grpc(key, path, request, metadata, deadline)
+            log.warning("%s unavailable for %s (%s); trying %s", first.name, key, exc.message, second.name)
+        logs.bind(node=second.name)
+        return await second.grpc(key, path, request, metadata, deadline)
+
+    def _retry_on(self, key: RouteKey | None, forwarded: bool, tried):
+        """The backend for the one retry: the best replica on the ring as it is now (it may have
+        changed while the first try ran, e.g. the replica tried has left it), other than ``tried``."""
+        if forwarded or key is None:
+            return None
+        return next((b for b in self.candidates(key) if b.name != tried.name), None)
 
     async def rest(self, key: RouteKey, method: str, path_qs: str, body: bytes, headers: dict[str, str],
                    timeout: float, forwarded: bool = False, status: bool = False) -> RestReply:
@@ -88,20 +96,24 @@ class Router:
             raise
 
     async def _rest(self, key, method, path_qs, body, headers, timeout, forwarded) -> RestReply:
-        candidates = self.candidates(key, forwarded)
-        logs.bind(node=candidates[0].name)
+        first = self.candidates(key, forwarded)[0]
+        logs.bind(node=first.name)
         try:
-            reply = await candidates[0].rest(key, method, path_qs, body, headers, timeout)
-            if reply.status != 503 or len(candidates) < 2:
+            reply = await first.rest(key, method, path_qs, body, headers, timeout)
+            if reply.status != 503:
+                return reply
+            second = self._retry_on(key, forwarded, first)
+            if second is None:
                 return reply
             reason = reply.body[:200]
         except errors.Unavailable as exc:
-            if len(candidates) < 2:
+            second = self._retry_on(key, forwarded, first)
+            if second is None:
                 raise
             reason = exc.message
-        log.warning("%s unavailable for %s (%s); trying %s", candidates[0].name, key, reason, candidates[1].name)
-        logs.bind(node=candidates[1].name)
-        return await candidates[1].rest(key, method, path_qs, body, headers, timeout)
+        log.warning("%s unavailable for %s (%s); trying %s", first.name, key, reason, second.name)
+        logs.bind(node=second.name)
+        return await second.rest(key, method, path_qs, body, headers, timeout)
 
     async def close(self) -> None:
         for backend in self.backends.values():

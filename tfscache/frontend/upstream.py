@@ -4,10 +4,18 @@ Requests and responses stay bytes: the channel has no (de)serializers, so what t
 client sent is what the node reads, and what the node answered is what the client
 reads. A gRPC error from upstream becomes the TfscacheError of the same code with
 the same message, so it reaches the client unchanged.
+
+Closing a channel ends the calls in flight on it with ``asyncio.CancelledError`` (not an
+``AioRpcError``), and a call made on it afterwards raises ``grpc.aio.UsageError``. Both
+become ``NodeUnavailable`` here, so the router retries the next replica: a stray
+CancelledError escaping a front end's handler would leave its client waiting for its
+whole deadline. A server dropped from the ring is ``retire``d: its channel closes once
+the calls already on it have finished.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
 
@@ -54,19 +62,39 @@ class Upstream:
             ("grpc.enable_retries", 0),
         ])
         self._calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
+        self._in_flight = 0
+        self._idle = asyncio.Event()  # set while no gRPC call is in flight
+        self._idle.set()
+        self._closed = False
 
     def __repr__(self) -> str:
         return f"Upstream(grpc={self.grpc_address}, rest={self.rest_address})"
 
     async def unary(self, path: str, request: bytes, *, metadata=(), timeout: float | None = None) -> bytes:
         """Send ``request`` bytes to method ``path``; the response bytes, or the upstream's error."""
+        if self._closed:
+            raise errors.NodeUnavailable(f"the channel to {self.grpc_address} is closed")
         call = self._calls.get(path)
         if call is None:
             call = self._calls[path] = self.channel.unary_unary(path)
+        self._in_flight += 1
+        self._idle.clear()
         try:
             return await call(request, timeout=timeout, metadata=metadata or None)
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, self.grpc_address) from exc
+        except grpc.aio.UsageError as exc:  # the channel was closed before the call started
+            raise errors.NodeUnavailable(f"the channel to {self.grpc_address} is closed") from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our own caller cancelled: let the cancellation through
+            raise errors.NodeUnavailable(f"the call to {self.grpc_address} ended: its channel was closed "
+                                         "(the server left the ring or stopped)") from None
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
 
     async def rest(self, method: str, path_qs: str, body: bytes, headers: dict[str, str], *,
                    timeout: float) -> RestReply:
@@ -85,8 +113,19 @@ class Upstream:
         except aiohttp.ClientError as exc:
             raise errors.NodeUnavailable(f"REST request to {self.rest_address} failed: {exc}") from exc
 
+    async def retire(self, grace: float) -> None:
+        """Close once the calls in flight have finished (at most ``grace`` s); calls may still start until then."""
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace)
+        except TimeoutError:
+            log.info("closing the channel to %s with %d call(s) still in flight after %.0f s", self.grpc_address,
+                     self._in_flight, grace)
+        await self.close()
+
     async def close(self) -> None:
-        await self.channel.close()
+        if not self._closed:
+            self._closed = True
+            await self.channel.close()
 
 
 def _translate(exc: grpc.aio.AioRpcError, address: str) -> errors.TfscacheError:
