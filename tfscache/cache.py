@@ -28,12 +28,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tfscache import errors
 from tfscache.cachestate import CacheState, SavedModel, learned_key, load_state, save_state
 from tfscache.nodeclient import NodeClient
+from tfscache.nodepid import NodeMemory
 from tfscache.policy import EvictionPolicy, make_policy
 from tfscache.repository import ModelRepository, check_name
 from tfscache.wire import serving_pb2 as pb
@@ -195,7 +197,8 @@ class CacheManager:
 
     def __init__(self, node: NodeClient, repository: ModelRepository, settings: CacheSettings,
                  policy: EvictionPolicy | None = None, node_pid: int | None = None,
-                 state_file: Path | None = None, events: CacheEvents | None = None) -> None:
+                 state_file: Path | None = None, events: CacheEvents | None = None,
+                 find_node_pid: Callable[[], int | None] | None = None) -> None:
         self.node = node
         self.events = events or CacheEvents()
         self.repository = repository
@@ -203,7 +206,7 @@ class CacheManager:
         self.policy = policy or make_policy(settings.policy)
         self.policy.set_caps(settings.max_models, settings.memory_bytes)
         self.state_file = state_file if state_file is not None else settings.state_file
-        self._process = _process(node_pid)
+        self._memory = NodeMemory(node_pid, find_node_pid)  # find_node_pid: again when the node is replaced
         self._entries: dict[Key, _Entry] = {}
         self._pending: dict[Key, _Pending] = {}
         self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
@@ -450,12 +453,7 @@ class CacheManager:
         return config
 
     def _rss(self) -> int | None:
-        if self._process is None:
-            return None
-        try:
-            return self._process.memory_info().rss
-        except Exception:  # the process went away: no measurement
-            return None
+        return self._memory.rss()
 
     def _save(self) -> None:
         models = [SavedModel(e.key[0], e.key[1], e.bytes, e.measured, e.last_use)
@@ -475,18 +473,6 @@ class CacheManager:
         self._unload_waiters.clear()
         _fail(self._drained, error)
         self._drained = []
-
-
-def _process(pid: int | None):
-    if pid is None:
-        return None
-    import psutil
-
-    try:
-        return psutil.Process(pid)
-    except psutil.Error:
-        log.warning("node process %s is not visible; model sizes stay estimates", pid)
-        return None
 
 
 def _version(version: int | None) -> str:

@@ -14,6 +14,10 @@ the RSS growth across a load instead of estimates). ``find_node_pid(host, port)`
 
 None when nothing is found; the reason is logged once per address (WARNING), the
 find itself at INFO. Needs only psutil (a base dependency); no tensorflow.
+
+``NodeMemory`` is what the cache manager reads: the node process's RSS, and, given
+a way to find the PID, the process found again when the node was replaced (TF
+Serving restarted in its container) instead of falling back to estimates for good.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import ipaddress
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 
 import psutil
 
@@ -115,3 +121,64 @@ def _once(key: tuple[str, int], message: str, *args) -> None:
     if key not in _logged:
         _logged.add(key)
         log.warning(message, *args)
+
+
+class NodeMemory:
+    """The resident memory of a node's process; re-found through ``find`` once that process is gone.
+
+    ``find`` (sidecar mode: ``find_node_pid`` of the node's address) runs when the process
+    known is gone or none is known, at most every ``retry_s`` seconds while it finds nothing.
+    """
+
+    def __init__(self, pid: int | None, find: Callable[[], int | None] | None = None,
+                 retry_s: float = 30.0) -> None:
+        self._find = find
+        self._retry_s = retry_s
+        self._next_find = 0.0
+        self._process = _process(pid)
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def rss(self) -> int | None:
+        """Bytes resident in the node's process now; None when it cannot be measured."""
+        process = self._current()
+        if process is None:
+            return None
+        try:
+            return process.memory_info().rss
+        except psutil.Error:  # gone between the check and the read
+            return None
+
+    def _current(self) -> psutil.Process | None:
+        process = self._process
+        if process is not None and _alive(process):
+            return process
+        if self._find is None or time.monotonic() < self._next_find:
+            return None
+        old = process.pid if process is not None else None
+        self._process = _process(self._find())
+        if self._process is None:
+            self._next_find = time.monotonic() + self._retry_s
+        elif old is not None and self._process.pid != old:
+            log.info("node process %s is gone; measuring its replacement, process %s", old, self._process.pid)
+        return self._process
+
+
+def _alive(process: psutil.Process) -> bool:
+    """Running (the same process: psutil checks its start time) and not a zombie nobody reaped yet."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _process(pid: int | None) -> psutil.Process | None:
+    if pid is None:
+        return None
+    try:
+        return psutil.Process(pid)
+    except psutil.Error:
+        log.warning("node process %s is not visible; model sizes stay estimates", pid)
+        return None

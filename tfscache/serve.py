@@ -41,7 +41,7 @@ from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
 from tfscache.metrics import Metrics
 from tfscache.nodeclient import NodeClient
-from tfscache.nodepid import find_node_pid
+from tfscache.nodepid import find_node_pid, is_local_host
 from tfscache.observe import ObserveServer, watch
 from tfscache.repository import ModelRepository
 from tfscache.ring import Ring
@@ -223,8 +223,12 @@ class ServeApp:
         self.backends = {own: backend}
         # The node is no child of ours: find its process (same host, PID namespace shared) so the
         # cache can measure its memory; None (sizes stay estimates) when it is not visible here.
-        node_pid = find_node_pid(host, int(host_port.rsplit(":", 1)[1]))
-        await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None, node_pid=node_pid)
+        # Found again whenever that process is gone (TF Serving restarted in its container).
+        port = int(host_port.rsplit(":", 1)[1])
+        node_pid = find_node_pid(host, port)
+        find = (lambda: find_node_pid(host, port)) if is_local_host(host) else None
+        await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None, node_pid=node_pid,
+                           find_node_pid=find)
         self.router = Router(Ring([own], replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes),
                              self.backends, local=own)
         self.discovery = from_settings(s, self.config_file)
@@ -272,7 +276,7 @@ class ServeApp:
                         max_receive_bytes=server.max_send_message_bytes)
 
     async def _attach(self, backend: NodeBackend, grpc_address: str, rest_address: str | None,
-                      node_pid: int | None) -> None:
+                      node_pid: int | None, find_node_pid=None) -> None:
         upstream = self._upstream(grpc_address, rest_address)
         # The cache names its node as metrics and status do (node0), not by address.
         client = NodeClient(backend.name, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
@@ -280,7 +284,7 @@ class ServeApp:
         state_file = self.state_dir / f"{backend.name}.cache.json"
         cache = CacheManager(client, self.repository, cache_settings(self.settings, state_file),
                              node_pid=node_pid, state_file=state_file,
-                             events=self.metrics.cache_events(backend.name))
+                             events=self.metrics.cache_events(backend.name), find_node_pid=find_node_pid)
         try:
             await cache.start()
         except BaseException:

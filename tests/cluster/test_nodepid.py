@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import psutil
@@ -79,6 +80,40 @@ async def test_a_sidecar_measures_its_nodes_memory(node, cluster_repo, tmp_path)
         assert loaded.measured  # the node's RSS growth across the load, not the estimate
     finally:
         await app.stop(grace=0)
+
+
+async def test_a_sidecar_measures_the_node_that_replaced_its_node(cluster_repo, tmp_path):
+    # TF Serving restarted in its container: same ports, a new process. The sidecar finds it
+    # again instead of measuring nothing (estimates) until the sidecar itself restarts.
+    grpc_port, rest_port = free_ports(2)
+    flags = [*NODE_FLAGS, f"--port={grpc_port}", f"--rest_api_port={rest_port}"]
+    first = await asyncio.to_thread(start_node, tmp_path / "first", config=EMPTY, flags=flags)
+    second = None
+    app = ServeApp(settings_mod.load(env={}, overrides={
+        "model_repository": str(cluster_repo), "node.node_address": f"127.0.0.1:{grpc_port},{rest_port}",
+        "ring.self_name": "a", "server.bind_address": "127.0.0.1", "server.grpc_port": 0, "server.rest_port": -1,
+        "node.state_dir": str(tmp_path / "state")}))
+    try:
+        await app.start()
+        cache = app.backends["a"].cache
+        assert (await cache.preload("addk_1")).measured and cache._memory.pid == first.pid
+        await asyncio.to_thread(first.stop)
+        second = await asyncio.to_thread(start_node, tmp_path / "second", config=EMPTY, flags=flags)
+        loaded = await cache.preload("addk_2")
+        assert loaded.measured and cache._memory.pid == second.pid != first.pid
+    finally:
+        await app.stop(grace=0)
+        first.stop()
+        if second is not None:
+            second.stop()
+
+
+def test_node_memory_without_a_process_or_a_way_to_find_one():
+    assert nodepid.NodeMemory(None).rss() is None
+    finds = []
+    memory = nodepid.NodeMemory(None, find=lambda: finds.append(1), retry_s=3600)
+    assert memory.rss() is None and memory.rss() is None
+    assert finds == [1]  # nothing found: not looked for again within retry_s
 
 
 def test_which_hosts_are_this_host():
