@@ -216,7 +216,8 @@ class CacheManager:
         self._healthy = False
         self._unhealthy_reason = "not started"
         self._closed = False
-        self._pinned: set[Key] = set()
+        self._pinned: set[Key] = set()  # kept in the state file
+        self._repins: set[asyncio.Task] = set()
         self._evict_queue: list[Key] = []  # evicted by ``evict``, for the reloader's next step
         self._unload_waiters: dict[Key, list[asyncio.Future]] = {}
         self._draining = False
@@ -232,15 +233,18 @@ class CacheManager:
         """Re-adopt what the state file says the node serves and the node confirms; clear the rest."""
         from tfscache import cacheloop  # the reloader's steps; it imports this module
 
-        await cacheloop.adopt(self, load_state(self.state_file))
+        lost_pins = await cacheloop.adopt(self, load_state(self.state_file))
         self._healthy = True
         self._task = asyncio.create_task(cacheloop.run(self), name=f"tfscache-cache-{self.node.target}")
+        self._repins = {asyncio.create_task(cacheloop.repin(self, key)) for key in lost_pins}  # the node lost them
 
     async def stop(self) -> None:
         """Stop loading; waiters get UNAVAILABLE. The node keeps serving; the NodeClient stays open."""
         self._closed = True
         self._healthy = False
         self._unhealthy_reason = "its cache manager stopped"
+        for task in self._repins:
+            task.cancel()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -316,6 +320,7 @@ class CacheManager:
         lease = await self.acquire(name, version, timeout)
         self._pinned.add((lease.name, lease.version))
         lease.release()
+        self._save()
         return self._resident((lease.name, lease.version))
 
     def unpin(self, name: str, version: int | None = None) -> list[Key]:
@@ -324,6 +329,7 @@ class CacheManager:
         if not keys:
             raise errors.NotFound(f"model {name}{_version(version)} is not pinned on node {self.node.target}")
         self._pinned.difference_update(keys)
+        self._save()
         self._wake.set()  # a load may have been waiting for the room the pin held
         return keys
 
@@ -456,7 +462,7 @@ class CacheManager:
         return self._memory.rss()
 
     def _save(self) -> None:
-        models = [SavedModel(e.key[0], e.key[1], e.bytes, e.measured, e.last_use)
+        models = [SavedModel(e.key[0], e.key[1], e.bytes, e.measured, e.last_use, e.key in self._pinned)
                   for e in self._entries.values() if e.state == READY]
         learned = {learned_key(*k): v for k, v in self._learned.items()}
         save_state(self.state_file, CacheState(self.node.target, models, learned))

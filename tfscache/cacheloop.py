@@ -398,13 +398,17 @@ async def _recover(cache: CacheManager) -> None:
     cache._wake.set()
 
 
-async def adopt(cache: CacheManager, state: CacheState) -> None:
-    """At start: keep the saved models the node still serves; the config sent clears the rest."""
+async def adopt(cache: CacheManager, state: CacheState) -> list[Key]:
+    """At start: keep the saved models the node still serves; the config sent clears the rest.
+
+    Returns the pinned versions the node no longer serves (still on disk), to load and pin again.
+    """
     s = cache.settings
     for text, size in state.learned.items():
         version, _, name = text.partition(":")
         cache._learned[(name, int(version))] = size
     now = time.monotonic()
+    lost_pins = []
     for saved in sorted(state.models, key=lambda m: m.last_use):
         key = (saved.name, saved.version)
         try:
@@ -416,11 +420,29 @@ async def adopt(cache: CacheManager, state: CacheState) -> None:
         if any(st.version == saved.version and st.state == AVAILABLE for st in statuses):
             cache._entries[key] = _Entry(key, READY, saved.bytes, saved.measured, saved.last_use)
             cache.policy.record_load(key, saved.bytes, 0.0, now)
+            if saved.pinned:
+                cache._pinned.add(key)
+        elif saved.pinned:
+            lost_pins.append(key)
     await cache.node.reload(cache._config(), deadline_s=s.reload_deadline_s)
-    log.info("node %s: adopted %d models from %s", cache.node.target, len(cache._entries), cache.state_file)
+    log.info("node %s: adopted %d models (%d pinned) from %s", cache.node.target, len(cache._entries),
+             len(cache._pinned), cache.state_file)
     cache._save()
     if not _fits(cache, len(cache._entries), sum(e.bytes for e in cache._entries.values())):
         cache._wake.set()  # the caps shrank since: evict down to them
+    return lost_pins
+
+
+async def repin(cache: CacheManager, key: Key) -> None:
+    """Load and pin again a version that was pinned when the state was saved but the node lost."""
+    try:
+        await cache.pin(*key)
+    except errors.TfscacheError as e:
+        log.warning("node %s: model %s version %s was pinned but the node lost it; loading it again failed "
+                    "(%s: %s): pin it again", cache.node.target, key[0], key[1], e.grpc_code.name, e.message)
+    else:
+        log.info("node %s: model %s version %s loaded and pinned again (the node had lost it)",
+                 cache.node.target, key[0], key[1])
 
 
 def _names(keys: list[Key]) -> str:

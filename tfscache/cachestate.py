@@ -26,6 +26,7 @@ class SavedModel:
     bytes: int
     measured: bool
     last_use: float  # wall-clock seconds
+    pinned: bool = False  # an admin pin: adopted pinned, or loaded and pinned again after a restart
 
 
 @dataclass
@@ -50,7 +51,8 @@ def load_state(path: Path | None) -> CacheState:
         return CacheState(
             node=str(data.get("node", "")),
             models=[SavedModel(str(m["name"]), int(m["version"]), int(m["bytes"]),
-                               bool(m["measured"]), float(m["last_use"])) for m in data["models"]],
+                               bool(m["measured"]), float(m["last_use"]), bool(m.get("pinned", False)))
+                    for m in data["models"]],
             learned={str(k): int(v) for k, v in data.get("learned", {}).items()},
         )
     except FileNotFoundError:

@@ -408,3 +408,28 @@ async def test_restart_adopts_only_what_the_node_still_serves(make_cache, tmp_pa
     second = await make_cache(state_file=state)
     assert [(m.name, m.state) for m in second.snapshot()] == [("addk_1", "available")]
     assert second.node.reloads == [{"addk_1": (1,)}]
+
+
+async def test_pins_survive_a_restart(make_cache, tmp_path, anode):
+    state = tmp_path / "node.cache.json"
+    first = await make_cache(state_file=state, max_models=2)
+    await first.pin("addk_1")
+    await first.pin("addk_2")
+    first.unpin("addk_2")
+    await first.stop()
+    assert {m["name"]: m["pinned"] for m in json.loads(state.read_text())["models"]} == {
+        "addk_1": True, "addk_2": False}
+    second = await make_cache(state_file=state, max_models=2)
+    assert {(m.name, m.pinned) for m in second.snapshot()} == {("addk_1", True), ("addk_2", False)}
+    for name in ("addk_3", "addk_4"):  # room comes from addk_2 and then addk_3, never the pinned addk_1
+        (await second.acquire(name)).release()
+    assert sorted(resident(second)) == ["addk_1", "addk_4"]
+    await second.stop()
+
+    # The node lost the pinned model meanwhile (restarted empty): the next start loads and pins it again.
+    await second.node.reload(pb.ModelServerConfig(model_config_list={"config": []}))
+    await wait_until(lambda: _is_end(anode, "addk_1"), what="addk_1 to unload")
+    third = await make_cache(state_file=state, max_models=2)
+    await wait_for_condition(lambda: [(m.name, m.state, m.pinned) for m in third.snapshot()] == [
+        ("addk_1", "available", True)], 30, "addk_1 to be loaded and pinned again")
+    assert await anode.add("addk_1", 1, 1.0) == 2.0
