@@ -205,6 +205,15 @@ def test_rest_errors(serve):
     # A node's own error passes through: JSON checks run on the node.
     reply = requests.post(f"{url}/v1/models/half_plus_two:predict", data=b"{", timeout=60)
     assert reply.status_code == 400 and reply.json()["error"].startswith("JSON Parse error")
+    # As in TF Serving the body is parsed before the model is looked up: bad JSON is 400 for an
+    # unknown model or version too, and JSON that names no inputs is still NOT_FOUND.
+    for path in ("nope:predict", "nope:classify", "half_plus_two/versions/999:regress"):
+        reply = requests.post(f"{url}/v1/models/{path}", data=b"", timeout=60)
+        assert (reply.status_code, reply.json()) == (400, {"error": "JSON Parse error: The document is empty"}), path
+    reply = requests.post(f"{url}/v1/models/nope:predict", data=b"[1", timeout=60)
+    assert reply.status_code == 400 and reply.json()["error"].startswith("JSON Parse error: "), reply.text
+    reply = requests.post(f"{url}/v1/models/nope:predict", data=b"{}", timeout=60)
+    assert (reply.status_code, reply.json()) == (404, {"error": "Servable not found for request: Latest(nope)"})
     assert requests.get(f"{url}/healthz", timeout=60).status_code == 404
 
 

@@ -141,9 +141,14 @@ class RestFrontend:
                     f"request body larger than the limit of {self._max_receive} bytes") from exc
             headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
             headers[REQUEST_ID_HEADER] = request_id
-            reply = await self._router.rest(key, request.method, path_qs, body, headers,
-                                            self._timeout_s, forwarded=FORWARDED_KEY in request.headers,
-                                            status=route.verb == "status")
+            forwarded = FORWARDED_KEY in request.headers
+            try:
+                reply = await self._router.rest(key, request.method, path_qs, body, headers, self._timeout_s,
+                                                forwarded=forwarded, status=route.verb == "status")
+            except errors.ModelNotFound as missing:
+                if route.verb in ("status", "metadata"):
+                    raise
+                reply = await self._unknown_model(missing, request.method, path_qs, body, headers, forwarded)
         except errors.TfscacheError as exc:
             log.debug("%s %s: %s", request.method, path, exc.http_status)
             return error_response(exc), method
@@ -154,6 +159,17 @@ class RestFrontend:
                   extra={"version": key.version})
         return web.Response(status=reply.status, body=reply.body,
                             headers={"Content-Type": reply.content_type}), method
+
+    async def _unknown_model(self, missing: errors.ModelNotFound, method: str, path_qs: str, body: bytes,
+                             headers: dict[str, str], forwarded: bool):
+        """TF Serving parses a predict/classify/regress body before it looks the model up, so bad
+        JSON is 400 even for an unknown model: a node answers as it would (its JSON error, else
+        the same 404; the cache, its config's only writer, never gave it that model)."""
+        try:
+            return await self._router.rest(None, method, path_qs, body, headers, self._timeout_s, forwarded=forwarded)
+        except errors.TfscacheError as exc:
+            log.debug("no node to check the body of a request for an unknown model: %s", exc.message)
+            raise missing from None
 
     async def start(self) -> int:
         self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
