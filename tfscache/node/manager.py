@@ -11,7 +11,8 @@ The pieces and the C++ they stand for:
   one action per model per tick (100 ms or sooner when something changed), loads with
   retries, failed versions stay managed while aspired (sticky), unaspired ones unload.
 * Versions publish START/LOADING/AVAILABLE/UNLOADING/END into a monitor that is never
-  pruned; each reload waits on a fresh monitor (``_Waiter``).
+  pruned; each reload waits on a fresh monitor (``_Waiter``). The states, the managed
+  versions and the loading of one (retries, the load gate) are loader_harness.py's.
 * ``servable()`` hands out reference-counted handles; an unload removes the version from
   the serving map, then waits for the last handle before unloading.
 """
@@ -21,25 +22,19 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import copy
-import ctypes
-import enum
-import gc
 import logging
 import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
-import psutil
 from tensorflow_serving.apis import get_model_status_pb2, model_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
 from tfscache.errors import (
     DeadlineExceeded,
     FailedPrecondition,
-    Internal,
     InvalidArgument,
     NotFound,
     TfscacheError,
@@ -48,70 +43,25 @@ from tfscache.errors import (
     code_name,
 )
 from tfscache.node import config as node_config
-from tfscache.node.source import FileSystemSource, aspired_versions  # noqa: F401 (re-exported)
+from tfscache.node.loader_harness import (
+    ServableState,
+    State,
+    _Harness,
+    _rss,
+    _saved_model_loader,
+    _Version,
+    _Waiter,
+    gated_load,
+    load_with_retries,
+    release_memory,
+)
+from tfscache.node.source import FileSystemSource
 
 log = logging.getLogger("tfscache.node.manager")
 
 TICK_S = 0.1  # AspiredVersionsManager's manage-state period
 ModelServerConfig = model_server_config_pb2.ModelServerConfig
 _STATUS = get_model_status_pb2.ModelVersionStatus
-
-
-class State(enum.IntEnum):
-    """Published servable states, numbered as ModelVersionStatus.State."""
-
-    START = 10
-    LOADING = 20
-    AVAILABLE = 30
-    UNLOADING = 40
-    END = 50
-
-
-class _Harness(enum.Enum):
-    """LoaderHarness states (the internal ones, not the published ones)."""
-
-    NEW = "new"
-    LOADING = "loading"
-    READY = "ready"
-    UNLOADING = "unloading"
-    DISABLED = "disabled"
-    ERROR = "error"
-
-
-@dataclass
-class ServableState:
-    state: State
-    error: TfscacheError | None = None
-
-
-@dataclass(eq=False)
-class _Version:
-    """One managed version: a LoaderHarness plus its handle count."""
-
-    name: str
-    version: int
-    path: str
-    harness: _Harness = _Harness.NEW
-    aspired: bool = True
-    servable: object | None = None
-    refs: int = 0
-    cancel_retry: threading.Event = field(default_factory=threading.Event)
-
-
-@dataclass(eq=False)
-class _Waiter:
-    """A fresh ServableStateMonitor that records, per awaited model, the first settled version."""
-
-    names: set[str]
-    settled: dict[str, tuple[int, ServableState]] = field(default_factory=dict)
-
-    def observe(self, name: str, version: int, state: ServableState) -> None:
-        if name in self.names and name not in self.settled and state.state in (State.AVAILABLE, State.END):
-            self.settled[name] = (version, state)
-
-    @property
-    def done(self) -> bool:
-        return self.names <= self.settled.keys()
 
 
 @dataclass(frozen=True)
@@ -129,33 +79,6 @@ class ManagerOptions:
     saved_model_tags: tuple[str, ...] = ("serve",)
     # ServerCore's servable_state_waiter_timeout: None = infinite, as in TF Serving.
     servable_state_waiter_timeout_s: float | None = None
-
-
-def _saved_model_loader(tags: tuple[str, ...]) -> Callable[[str, int, str], object]:
-    def load(name: str, version: int, path: str):
-        from tfscache.node.servable import load_servable
-
-        return load_servable(name, version, path, tags=tags)
-
-    return load
-
-
-_libc_malloc_trim: Callable[[int], int] | None = None
-try:
-    _libc_malloc_trim = ctypes.CDLL("libc.so.6").malloc_trim
-except (OSError, AttributeError):  # not glibc
-    pass
-
-
-def release_memory() -> None:
-    """Give freed heap back to the OS where the allocator allows (glibc malloc_trim)."""
-    gc.collect()
-    if _libc_malloc_trim is not None:
-        _libc_malloc_trim(0)
-
-
-def _rss() -> int:
-    return psutil.Process().memory_info().rss
 
 
 def request_text(name: str, version: int | None) -> str:
@@ -395,27 +318,9 @@ class ServingCore:
             entry.harness = _Harness.LOADING
             self._publish(entry.name, entry.version, ServableState(State.LOADING))
         started = time.monotonic()
-        error: TfscacheError | None = None
-        attempts = self.options.max_num_load_retries + 1
-        for attempt in range(attempts):
-            try:
-                servable = self._load_once(entry)
-                error = None
-                break
-            except TfscacheError as exc:
-                error = exc
-            except Exception as exc:  # a loader bug or a TF error not mapped by servable.py
-                log.exception("loading %s version %s failed", entry.name, entry.version)
-                error = Internal(str(exc) or type(exc).__name__)
-            log.error("Loading servable: {name: %s version: %s} failed: %s: %s",
-                      entry.name, entry.version, code_name(error.grpc_code), error.message)
-            if attempt + 1 == attempts or entry.cancel_retry.is_set():
-                break
-            interval = self.options.load_retry_interval_micros / 1e6
-            log.info("Retrying load of %s version %s (attempt %d of %d)",
-                     entry.name, entry.version, attempt + 2, attempts)
-            if interval > 0 and (entry.cancel_retry.wait(interval) or self._stopped.is_set()):
-                break
+        servable, error = load_with_retries(
+            entry, self._load_once, self.options.max_num_load_retries + 1,
+            self.options.load_retry_interval_micros / 1e6, self._stopped)
         with self._lock:
             self._busy.discard(key)
             if error is None:
@@ -430,16 +335,7 @@ class ServingCore:
                      entry.name, entry.version, time.monotonic() - started, _rss())
 
     def _load_once(self, entry: _Version):
-        gate = self.options.load_gate_dir
-        if gate:
-            hold = Path(gate, f"{entry.name}.hold")
-            if hold.exists():
-                Path(gate, f"{entry.name}.{entry.version}.waiting").touch()
-                while hold.exists() and not self._stopped.is_set():
-                    time.sleep(0.01)
-            if Path(gate, f"{entry.name}.fail").exists():
-                raise Internal(f"injected load failure for {entry.name}")
-        return self._loader(entry.name, entry.version, entry.path)
+        return gated_load(entry, self._loader, self.options.load_gate_dir, self._stopped)
 
     def _unload(self, entry: _Version) -> None:
         started = time.monotonic()

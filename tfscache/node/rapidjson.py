@@ -7,7 +7,8 @@
   texts and byte offsets, which ``_ParseError`` carries.
 
 No TF Serving errors here: json_tensor.py turns these into its own. The underscored
-names are json_tensor.py's internals, which it imports (and tests reach through it).
+names are the internals of json_tensor.py (the parser) and json_response.py (the
+writer), which import them (and tests reach the parser through json_tensor).
 """
 
 from __future__ import annotations

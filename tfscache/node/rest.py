@@ -2,10 +2,10 @@
 
 A thin adapter, like ms/http_rest_api_handler.cc: the URL is matched with TF
 Serving's own regexes, the body converted by json_tensor, the work done by
-inference.py, and every error mapped in one place (``_respond``) to
-``{"error": "<message>"}`` with the error class's HTTP status. A request runs
-in a thread of its own pool, so JSON conversion and Session.run never block
-the event loop that also serves gRPC.
+inference.py, the response written by json_response, and every error mapped in
+one place (``_respond``) to ``{"error": "<message>"}`` with the error class's
+HTTP status. A request runs in a thread of its own pool, so JSON conversion and
+Session.run never block the event loop that also serves gRPC.
 
 Order of work for Predict, as TF Serving's: the URL, then the JSON, then the
 model lookup (for the signature's inputs), then Predict itself. So over REST a
@@ -33,7 +33,7 @@ from tensorflow_serving.apis import (
 )
 
 from tfscache.errors import InvalidArgument, TfscacheError
-from tfscache.node import inference, json_tensor
+from tfscache.node import inference, json_response, json_tensor
 
 log = logging.getLogger("tfscache.node.rest")
 
@@ -131,7 +131,7 @@ class RestHandler:
         for name, tensor in tensors.items():
             request.inputs[name].CopyFrom(tensor)
         response = inference.predict(self.core, request, self.timeout_s)
-        return json_tensor.predict_json(response.outputs, fmt)
+        return json_response.predict_json(response.outputs, fmt)
 
     def _signature_inputs(self, model_spec: model_pb2.ModelSpec):
         """GetInfoMap: the signature's inputs, through a handle on the servable."""
@@ -146,26 +146,26 @@ class RestHandler:
         request = classification_pb2.ClassificationRequest(model_spec=target.model_spec())
         json_tensor.fill_example_request(json_tensor.parse_json(body), request)
         response = inference.classify(self.core, request, self.timeout_s)
-        return json_tensor.classification_json(response.result)
+        return json_response.classification_json(response.result)
 
     def regress(self, target: _Target, body: bytes) -> str:
         request = regression_pb2.RegressionRequest(model_spec=target.model_spec())
         json_tensor.fill_example_request(json_tensor.parse_json(body), request)
         response = inference.regress(self.core, request, self.timeout_s)
-        return json_tensor.regression_json(response.result)
+        return json_response.regression_json(response.result)
 
     def status(self, target: _Target) -> str:
         if not target.name:
             raise InvalidArgument("Missing model name in request.")
         request = get_model_status_pb2.GetModelStatusRequest(model_spec=target.model_spec())
-        return json_tensor.status_json(self.core.status(request))
+        return json_response.status_json(self.core.status(request))
 
     def metadata(self, target: _Target) -> str:
         if not target.name:
             raise InvalidArgument("Missing model name in request.")
         request = get_model_metadata_pb2.GetModelMetadataRequest(
             model_spec=target.model_spec(), metadata_field=[inference.SIGNATURE_DEF_FIELD])
-        return json_tensor.metadata_json(inference.get_model_metadata(self.core, request))
+        return json_response.metadata_json(inference.get_model_metadata(self.core, request))
 
 
 def _respond(handler: RestHandler, http_method: str, path: str, body: bytes) -> tuple[int, str]:
@@ -174,10 +174,10 @@ def _respond(handler: RestHandler, http_method: str, path: str, body: bytes) -> 
         return 200, handler.process(http_method, path, body)
     except TfscacheError as exc:
         log.debug("REST %s %s failed: %r", http_method, path, exc)
-        return exc.http_status, json_tensor.error_json(exc.message)
+        return exc.http_status, json_response.error_json(exc.message)
     except Exception:
         log.exception("REST %s %s failed with an unexpected error", http_method, path)
-        return 500, json_tensor.error_json(INTERNAL_ERROR_MESSAGE)
+        return 500, json_response.error_json(INTERNAL_ERROR_MESSAGE)
 
 
 def _json_response(status: int, text: str) -> web.Response:
