@@ -61,7 +61,6 @@ log = logging.getLogger("tfscache.node.manager")
 
 TICK_S = 0.1  # AspiredVersionsManager's manage-state period
 ModelServerConfig = model_server_config_pb2.ModelServerConfig
-_STATUS = get_model_status_pb2.ModelVersionStatus
 
 
 @dataclass(frozen=True)
