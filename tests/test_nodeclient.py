@@ -5,23 +5,14 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from support.node import start_node
+from support import fixtures
 from tfscache import errors
 from tfscache.nodeclient import AVAILABLE, END, NodeClient
 from tfscache.wire import serving_pb2 as pb
 
 
-@pytest.fixture(scope="module")
-def gate_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("gate")
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, gate_dir):
-    with start_node(tmp_path_factory.mktemp("node"), config="model_config_list {}\n",
-                    flags=["--max_num_load_retries=0", "--num_load_threads=2",
-                           f"--load_gate_dir={gate_dir}"]) as process:
-        yield process
+gate_dir = fixtures.gate_dir
+node = fixtures.gated_node
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import grpc
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from frontend.serving import ServeProcess, start_serve
-from frontend.test_embedded import predict_request
+from support.requests import predict_request
 from tfscache.wire import health_pb2
 
 

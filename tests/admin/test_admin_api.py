@@ -11,10 +11,10 @@ import subprocess
 
 import grpc
 import pytest
-from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 from admin.serving import health_check, predict, start_admin_serve
-from support.node import PYTHON, REPO
+from support import fixtures
+from support.node import PYTHON, REPO, version_status_at
 from tfscache.admin.client import AdminClient, AdminError
 from tfscache.wire import health_pb2
 
@@ -29,10 +29,7 @@ def serve(admin_repo, tmp_path_factory):
         yield process
 
 
-@pytest.fixture(scope="module")
-def channel(serve):
-    with grpc.insecure_channel(serve.grpc_target) as channel:
-        yield channel
+channel = fixtures.channel_to("serve")
 
 
 @pytest.fixture
@@ -58,15 +55,8 @@ def resident(client: AdminClient) -> list[tuple[str, int, str, bool]]:
 
 def node_state(serve, name: str) -> int | None:
     """The node's own GetModelStatus state of version 1 (None: unknown to the node)."""
-    with grpc.insecure_channel(f"127.0.0.1:{serve.node_ports('node0')['grpc']}") as channel:
-        request = get_model_status_pb2.GetModelStatusRequest()
-        request.model_spec.name = name
-        try:
-            response = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=30)
-        except grpc.RpcError as exc:
-            assert exc.code() == grpc.StatusCode.NOT_FOUND
-            return None
-        return next((s.state for s in response.model_version_status if s.version == 1), None)
+    statuses = version_status_at(f"127.0.0.1:{serve.node_ports('node0')['grpc']}", name)
+    return next((s.state for s in statuses if s.version == 1), None)
 
 
 def expect(code: grpc.StatusCode, message: str, call, *args, **kwargs) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from frontend.test_sidecar import EMPTY, NODE_FLAGS, node_holds, predict
+from frontend.test_sidecar import node_holds, predict
 from support.node import start_node
+from support.sidecars import EMPTY, NODE_FLAGS
 from tfscache import settings as settings_mod
 from tfscache.serve import ServeApp
 from tfscache.settings import Peer

@@ -9,8 +9,8 @@ import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from frontend.serving import serve_command, start_serve
-from frontend.test_embedded import predict_request
 from support.node import PYTHON, REPO
+from support.requests import predict_request
 
 
 @pytest.mark.parametrize("args, message", [

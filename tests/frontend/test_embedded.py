@@ -13,42 +13,17 @@ import grpc
 import psutil
 import pytest
 import requests
-from tensorflow.core.example import example_pb2
-from tensorflow.core.framework import tensor_pb2, types_pb2
-from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                     inference_pb2, model_management_pb2, model_service_pb2_grpc, predict_pb2,
-                                     prediction_service_pb2_grpc, regression_pb2)
+from tensorflow.core.framework import types_pb2
+from tensorflow_serving.apis import (classification_pb2, get_model_status_pb2, model_management_pb2,
+                                     model_service_pb2_grpc, predict_pb2, regression_pb2)
 
 from frontend.serving import start_serve
+from support import fixtures
+from support.requests import (example_request, float_tensor, metadata_request, predict_request,
+                              regress_and_classify_request)
 from tfscache.ring import Ring
 
 MAX_RECEIVE = 4 << 20  # a small limit so the over-size case sends only a few MiB
-
-
-def float_tensor(values, shape=None) -> tensor_pb2.TensorProto:
-    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=values)
-    for size in shape if shape is not None else [len(values)]:
-        tensor.tensor_shape.dim.add(size=size)
-    return tensor
-
-
-def predict_request(name, x=2.0, *, version=None, label=None, signature="", output_filter=()):
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    if version is not None:
-        request.model_spec.version.value = version
-    if label is not None:
-        request.model_spec.version_label = label
-    request.model_spec.signature_name = signature
-    request.inputs["x"].CopyFrom(float_tensor([x]))
-    request.output_filter.extend(output_filter)
-    return request
-
-
-def example_input(target, x=2.0):
-    example = example_pb2.Example()
-    example.features.feature["x"].float_list.value.append(x)
-    target.example_list.examples.append(example)
 
 
 @pytest.fixture(scope="module")
@@ -58,20 +33,9 @@ def serve(frontend_repo, tmp_path_factory):
         yield process
 
 
-@pytest.fixture(scope="module")
-def channel(serve):
-    with grpc.insecure_channel(serve.grpc_target) as channel:
-        yield channel
-
-
-@pytest.fixture(scope="module")
-def stub(channel):
-    return prediction_service_pb2_grpc.PredictionServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def model_stub(channel):
-    return model_service_pb2_grpc.ModelServiceStub(channel)
+channel = fixtures.channel_to("serve")
+stub = fixtures.prediction_stub
+model_stub = fixtures.model_stub
 
 
 def assert_spec(spec, name, signature, version):
@@ -113,19 +77,13 @@ def test_get_model_status(model_stub):
 
 
 def test_get_model_metadata(stub):
-    request = get_model_metadata_pb2.GetModelMetadataRequest()
-    request.model_spec.name = "half_plus_two"
-    request.metadata_field.append("signature_def")
-    response = stub.GetModelMetadata(request, timeout=60)
+    response = stub.GetModelMetadata(metadata_request("half_plus_two"), timeout=60)
     assert (response.model_spec.name, response.model_spec.version.value) == ("half_plus_two", 124)
     assert list(response.metadata) == ["signature_def"]
 
 
 def test_classify(stub):
-    request = classification_pb2.ClassificationRequest()
-    request.model_spec.name = "half_plus_two"
-    request.model_spec.signature_name = "classify_x_to_y"
-    example_input(request.input)
+    request = example_request(classification_pb2.ClassificationRequest, "half_plus_two", "classify_x_to_y")
     response = stub.Classify(request, timeout=60)
     assert len(response.result.classifications) == 1
     assert [c.score for c in response.result.classifications[0].classes] == [3.0]
@@ -133,24 +91,14 @@ def test_classify(stub):
 
 
 def test_regress(stub):
-    request = regression_pb2.RegressionRequest()
-    request.model_spec.name = "half_plus_two"
-    request.model_spec.signature_name = "regress_x_to_y"
-    example_input(request.input)
+    request = example_request(regression_pb2.RegressionRequest, "half_plus_two", "regress_x_to_y")
     response = stub.Regress(request, timeout=60)
     assert [r.value for r in response.result.regressions] == [3.0]
     assert_spec(response.model_spec, "half_plus_two", "regress_x_to_y", 124)
 
 
 def test_multi_inference(stub):
-    request = inference_pb2.MultiInferenceRequest()
-    for signature, method in (("regress_x_to_y", "tensorflow/serving/regress"),
-                              ("classify_x_to_y", "tensorflow/serving/classify")):
-        task = request.tasks.add(method_name=method)
-        task.model_spec.name = "half_plus_two"
-        task.model_spec.signature_name = signature
-    example_input(request.input)
-    response = stub.MultiInference(request, timeout=60)
+    response = stub.MultiInference(regress_and_classify_request("half_plus_two"), timeout=60)
     assert len(response.results) == 2
     assert [r.value for r in response.results[0].regression_result.regressions] == [3.0]
     assert response.results[1].classification_result.classifications[0].classes[0].score == 3.0

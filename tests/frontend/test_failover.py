@@ -13,7 +13,7 @@ import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from frontend.serving import start_serve
-from frontend.test_embedded import predict_request
+from support.requests import predict_request
 from tfscache.ring import Ring
 
 MODELS = [f"addk_{k}" for k in range(1, 7)]

@@ -15,12 +15,13 @@ import shutil
 import grpc
 import pytest
 import requests
-from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2, get_model_status_pb2,
-                                     inference_pb2, model_service_pb2_grpc, predict_pb2,
-                                     prediction_service_pb2_grpc, regression_pb2)
+from tensorflow_serving.apis import (classification_pb2, get_model_status_pb2, model_service_pb2_grpc, predict_pb2,
+                                     regression_pb2)
 
 from frontend.serving import start_serve
-from frontend.test_embedded import assert_spec, example_input, predict_request
+from frontend.test_embedded import assert_spec
+from support import fixtures
+from support.requests import example_request, metadata_request, predict_request, regress_and_classify_request
 
 LABELS = {"stable": 123, "canary": 124, "gone": 125}
 
@@ -49,15 +50,8 @@ def serve(repo, tmp_path_factory):
         yield process
 
 
-@pytest.fixture(scope="module")
-def channel(serve):
-    with grpc.insecure_channel(serve.grpc_target) as channel:
-        yield channel
-
-
-@pytest.fixture(scope="module")
-def stub(channel):
-    return prediction_service_pb2_grpc.PredictionServiceStub(channel)
+channel = fixtures.channel_to("serve")
+stub = fixtures.prediction_stub
 
 
 def error_of(call, request):
@@ -88,44 +82,25 @@ def test_the_labelled_version_is_the_one_that_runs(stub, label, version):
 
 
 def test_classify_and_regress_by_label(stub):
-    request = classification_pb2.ClassificationRequest()
-    request.model_spec.name = "half_plus_two"
-    request.model_spec.version_label = "stable"
-    request.model_spec.signature_name = "classify_x_to_y"
-    example_input(request.input)
+    request = example_request(classification_pb2.ClassificationRequest, "half_plus_two", "classify_x_to_y",
+                              label="stable")
     response = stub.Classify(request, timeout=60)
     assert [c.score for c in response.result.classifications[0].classes] == [3.0]
     assert_spec(response.model_spec, "half_plus_two", "classify_x_to_y", 123)
-    request = regression_pb2.RegressionRequest()
-    request.model_spec.name = "half_plus_two"
-    request.model_spec.version_label = "stable"
-    request.model_spec.signature_name = "regress_x_to_y"
-    example_input(request.input)
+    request = example_request(regression_pb2.RegressionRequest, "half_plus_two", "regress_x_to_y", label="stable")
     response = stub.Regress(request, timeout=60)
     assert [r.value for r in response.result.regressions] == [3.0]
     assert_spec(response.model_spec, "half_plus_two", "regress_x_to_y", 123)
 
 
 def test_get_model_metadata_by_label(stub):
-    request = get_model_metadata_pb2.GetModelMetadataRequest()
-    request.model_spec.name = "half_plus_two"
-    request.model_spec.version_label = "stable"
-    request.metadata_field.append("signature_def")
-    response = stub.GetModelMetadata(request, timeout=60)
+    response = stub.GetModelMetadata(metadata_request("half_plus_two", label="stable"), timeout=60)
     assert (response.model_spec.name, response.model_spec.version.value) == ("half_plus_two", 123)
     assert list(response.metadata) == ["signature_def"]
 
 
 def test_multi_inference_by_label_rewrites_every_task(stub):
-    request = inference_pb2.MultiInferenceRequest()
-    for signature, method in (("regress_x_to_y", "tensorflow/serving/regress"),
-                              ("classify_x_to_y", "tensorflow/serving/classify")):
-        task = request.tasks.add(method_name=method)
-        task.model_spec.name = "half_plus_two"
-        task.model_spec.version_label = "stable"
-        task.model_spec.signature_name = signature
-    example_input(request.input)
-    response = stub.MultiInference(request, timeout=60)
+    response = stub.MultiInference(regress_and_classify_request("half_plus_two", label="stable"), timeout=60)
     assert [r.value for r in response.results[0].regression_result.regressions] == [3.0]
     assert response.results[1].classification_result.classifications[0].classes[0].score == 3.0
     assert_spec(response.results[0].model_spec, "half_plus_two", "regress_x_to_y", 123)

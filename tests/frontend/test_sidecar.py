@@ -11,63 +11,25 @@ import asyncio
 import aiohttp
 import grpc
 import pytest
-from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
+from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from cache.cache_support import Gate
-from frontend.test_embedded import predict_request
-from support.node import start_node
-from tfscache import settings as settings_mod
+from support.node import version_status_at
+from support.requests import predict_request
+from support.sidecars import running_sidecars, sidecar_settings
 from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.ring import Ring
 from tfscache.serve import ServeApp
 from tfscache.settings import Peer
 
-EMPTY = "model_config_list {\n}\n"
-NODE_FLAGS = ["--max_num_load_retries=0", "--num_load_threads=2"]
-
-
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("sidecar-nodes")
-    gates = {name: Gate(directory / f"gate-{name}") for name in "ab"}  # hold a node's loads open
-    for gate in gates.values():
-        gate.dir.mkdir()
-    with start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['a'].dir}"]) as a, \
-            start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['b'].dir}"]) as b:
-        a.gate, b.gate = gates["a"], gates["b"]
-        yield {"a": a, "b": b}
-
-
-def sidecar_settings(name, node, repo, state_dir):
-    return settings_mod.load(env={}, overrides={
-        "model_repository": str(repo), "node.node_address": f"127.0.0.1:{node.grpc_port},{node.rest_port}",
-        "ring.self_name": name, "server.bind_address": "127.0.0.1", "server.grpc_port": 0,
-        "server.rest_port": 0, "node.state_dir": str(state_dir / name)})
-
-
 @pytest.fixture
 async def sidecars(nodes, frontend_repo, tmp_path):
-    apps = {name: ServeApp(sidecar_settings(name, node, frontend_repo, tmp_path)) for name, node in nodes.items()}
-    for app in apps.values():
-        await app.start()
-    peers = [Peer(name, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for name, app in apps.items()]
-    for app in apps.values():
-        await app.set_peers(peers)
-    yield apps
-    for app in apps.values():
-        await app.stop(grace=1)
+    async with running_sidecars(nodes, frontend_repo, tmp_path) as apps:
+        yield apps
 
 
 def node_holds(node, name) -> bool:
-    with grpc.insecure_channel(node.grpc_target) as channel:
-        request = get_model_status_pb2.GetModelStatusRequest()
-        request.model_spec.name = name
-        try:
-            response = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(request, timeout=30)
-        except grpc.RpcError as exc:
-            assert exc.code() == grpc.StatusCode.NOT_FOUND
-            return False
-        return any(s.state == 30 for s in response.model_version_status)
+    """Whether ``node`` itself has a version of ``name`` AVAILABLE (state 30)."""
+    return any(s.state == 30 for s in version_status_at(node.grpc_target, name))
 
 
 async def predict(app, name, x, metadata=None):

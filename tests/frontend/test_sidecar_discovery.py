@@ -10,8 +10,9 @@ import asyncio
 import pytest
 
 from fakes.consul import FakeConsul
-from frontend.test_sidecar import nodes, predict, sidecar_settings  # noqa: F401 - fixture
+from frontend.test_sidecar import predict
 from support.etcd import EtcdCluster
+from support.sidecars import sidecar_settings
 from tfscache import settings as settings_mod
 from tfscache.serve import ServeApp
 
@@ -31,7 +32,7 @@ async def _until(condition, timeout=20.0):
 
 
 @pytest.mark.parametrize("backend", ["consul", "etcd"])
-async def test_sidecars_form_and_survive_a_discovery_outage(backend, nodes, frontend_repo, tmp_path):  # noqa: F811
+async def test_sidecars_form_and_survive_a_discovery_outage(backend, nodes, frontend_repo, tmp_path):
     if backend == "consul":
         consul = FakeConsul()
         await consul.start()

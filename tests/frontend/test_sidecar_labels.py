@@ -11,11 +11,9 @@ import grpc
 import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.test_embedded import predict_request
-from frontend.test_sidecar import nodes, sidecar_settings  # noqa: F401 - the nodes fixture
+from support.requests import predict_request
+from support.sidecars import running_sidecars
 from tfscache.ring import Ring
-from tfscache.serve import ServeApp
-from tfscache.settings import Peer
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +25,9 @@ def labelled_repo(test_models, tmp_path_factory):
 
 
 @pytest.fixture
-async def sidecars(nodes, labelled_repo, tmp_path):  # noqa: F811
-    apps = {name: ServeApp(sidecar_settings(name, node, labelled_repo, tmp_path)) for name, node in nodes.items()}
-    for app in apps.values():
-        await app.start()
-    peers = [Peer(name, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for name, app in apps.items()]
-    for app in apps.values():
-        await app.set_peers(peers)
-    yield apps
-    for app in apps.values():
-        await app.stop(grace=1)
+async def sidecars(nodes, labelled_repo, tmp_path):
+    async with running_sidecars(nodes, labelled_repo, tmp_path) as apps:
+        yield apps
 
 
 @pytest.mark.parametrize(("label", "version"), [("stable", 123), ("canary", 124)])

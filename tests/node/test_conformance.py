@@ -17,7 +17,9 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from support.node import model_config, reload_request, start_node, wait_for_states
+from support import fixtures
+from support.node import model_config, start_node, wait_for_states
+from support.requests import predict_request, reload_request
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -58,16 +60,8 @@ def config_node(tmp_path_factory, test_models):
         yield node
 
 
-@pytest.fixture(scope="module")
-def default(default_node):
-    with grpc.insecure_channel(default_node.grpc_target) as channel:
-        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
-
-
-@pytest.fixture(scope="module")
-def configured(config_node):
-    with grpc.insecure_channel(config_node.grpc_target) as channel:
-        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+default = fixtures.stub_on("default_node")
+configured = fixtures.stub_on("config_node")
 
 
 def example(x: float) -> tf.train.Example:
@@ -290,20 +284,9 @@ def test_concurrent_predicts(configured):
 # -- the error texts clients match on, over the network -------------------------------------
 
 
-def predict_request(model="half_plus_two", signature="", inputs=None, output_filter=()):
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = model
-    request.model_spec.signature_name = signature
-    inputs = {"x": tf.make_tensor_proto([2.0], dtype=tf.float32, shape=[1])} if inputs is None else inputs
-    for alias, proto in inputs.items():
-        request.inputs[alias].CopyFrom(proto)
-    request.output_filter.extend(output_filter)
-    return request
-
-
 @pytest.mark.parametrize("make_request, code, details", [
     (lambda: predict_pb2.PredictRequest(), grpc.StatusCode.INVALID_ARGUMENT, "Missing ModelSpec"),
-    (lambda: predict_request(model="nope"), grpc.StatusCode.NOT_FOUND,
+    (lambda: predict_request("nope"), grpc.StatusCode.NOT_FOUND,
      "Servable not found for request: Latest(nope)"),
     (lambda: predict_request(signature="nope"), grpc.StatusCode.FAILED_PRECONDITION,
      'Serving signature key "nope" not found.'),

@@ -6,7 +6,8 @@ import concurrent.futures
 
 import grpc
 import pytest
-from support.node import reload_request, start_node, status_request, wait_for_states
+from support.node import start_node, wait_for_states
+from support.requests import reload_request, status_request
 from tensorflow_serving.apis import (
     model_management_pb2,
     model_service_pb2_grpc,

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 from google.protobuf import text_format
+from support.requests import predict_request
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
     classification_pb2,
@@ -171,21 +172,6 @@ def spec_tuple(model_spec):
 
 
 # -- Predict -----------------------------------------------------------------------------
-
-
-def predict_request(name="half_plus_two", signature="", inputs=None, output_filter=(), version=None,
-                    label=None):
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    request.model_spec.signature_name = signature
-    if version is not None:
-        request.model_spec.version.value = version
-    if label is not None:
-        request.model_spec.version_label = label
-    for alias, proto in (inputs if inputs is not None else {"x": float_tensor([2.0], [1])}).items():
-        request.inputs[alias].CopyFrom(proto)
-    request.output_filter.extend(output_filter)
-    return request
 
 
 def test_predict_half_plus_two(core):

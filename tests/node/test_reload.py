@@ -15,8 +15,10 @@ import time
 
 import grpc
 import pytest
-from support.node import model_config, reload_request, start_node, status_request, version_states, wait_for_states
-from tensorflow_serving.apis import model_service_pb2_grpc, predict_pb2, prediction_service_pb2_grpc
+from support import fixtures
+from support.node import model_config, start_node, version_states, wait_for_states
+from support.requests import predict_request, reload_request, status_request
+from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
 from tfscache.errors import DeadlineExceeded, Internal, InvalidArgument, NotFound, Unavailable, code_name
 
@@ -33,15 +35,8 @@ def node(tmp_path_factory, gate):
         yield node
 
 
-@pytest.fixture(scope="module")
-def channel(node):
-    with grpc.insecure_channel(node.grpc_target) as channel:
-        yield channel
-
-
-@pytest.fixture(scope="module")
-def stub(channel):
-    return model_service_pb2_grpc.ModelServiceStub(channel)
+channel = fixtures.channel_to("node")
+stub = fixtures.model_stub
 
 
 @pytest.fixture
@@ -61,15 +56,7 @@ def reload_error(stub, models, timeout=60, **per_model):
 
 
 def predict(channel, name, *, version=None, label=None, x=2.0):
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    if version is not None:
-        request.model_spec.version.value = version
-    if label is not None:
-        request.model_spec.version_label = label
-    request.inputs["x"].dtype = 1
-    request.inputs["x"].float_val.append(x)
-    request.inputs["x"].tensor_shape.dim.add(size=1)
+    request = predict_request(name, x, version=version, label=label)
     response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, timeout=30)
     return response.model_spec.version.value, list(response.outputs["y"].float_val)
 

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 import grpc
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from support.node import model_config, reload_request, start_node, wait_for_states
+from support.node import model_config, start_node, wait_for_states
+from support.requests import reload_request
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 from tfscache.node.rest import INTERNAL_ERROR_MESSAGE, RestHandler, make_rest_app

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from support.node import model_config, start_node, status_request, wait_for_states
+from support.node import model_config, start_node, wait_for_states
+from support.requests import status_request
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
 State = get_model_status_pb2.ModelVersionStatus.State

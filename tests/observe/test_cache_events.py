@@ -14,7 +14,7 @@ import time
 import pytest
 from prometheus_client import generate_latest
 
-from support.node import start_node
+from support import fixtures
 from tfscache import errors
 from tfscache.cache import CacheManager, CacheSettings
 from tfscache.metrics import Metrics, NodeEvents, NodeView
@@ -66,17 +66,8 @@ class Recording(NodeEvents):
         return stream
 
 
-@pytest.fixture(scope="module")
-def gate_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("gate")
-
-
-@pytest.fixture(scope="module")
-def node(tmp_path_factory, gate_dir):
-    with start_node(tmp_path_factory.mktemp("node"), config="model_config_list {}\n",
-                    flags=["--file_system_poll_wait_seconds=0.1", "--max_num_load_retries=0",
-                           "--num_load_threads=2", f"--load_gate_dir={gate_dir}"]) as process:
-        yield process
+gate_dir = fixtures.gate_dir
+node = fixtures.gated_node
 
 
 @pytest.fixture

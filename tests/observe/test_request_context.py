@@ -10,10 +10,10 @@ import re
 import grpc
 import pytest
 import requests
-from tensorflow.core.framework import tensor_pb2, types_pb2
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from frontend.serving import link_repository, start_serve
+from support import fixtures
+from support.requests import predict_request
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +24,7 @@ def serve(synthetic_models, tmp_path_factory):
         yield process
 
 
-@pytest.fixture(scope="module")
-def stub(serve):
-    with grpc.insecure_channel(serve.grpc_target) as channel:
-        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
-
-
-def predict_request(name: str) -> predict_pb2.PredictRequest:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    request.inputs["x"].CopyFrom(tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[1.0]))
-    return request
+stub = fixtures.stub_on("serve")
 
 
 def json_lines(serve) -> list[dict]:
@@ -47,7 +37,7 @@ def lines_of(serve, request_id: str) -> list[dict]:
 
 
 def test_grpc_request_lines_carry_model_node_and_the_callers_request_id(stub, serve):
-    response = stub.Predict(predict_request("addk_1"), metadata=[("x-request-id", "req-grpc-1")], timeout=60)
+    response = stub.Predict(predict_request("addk_1", 1.0), metadata=[("x-request-id", "req-grpc-1")], timeout=60)
     assert list(response.outputs["y"].float_val) == [2.0]
     found = lines_of(serve, "req-grpc-1")
     assert found

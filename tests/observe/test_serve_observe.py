@@ -14,11 +14,11 @@ import subprocess
 import grpc
 import pytest
 import requests
-from tensorflow.core.framework import tensor_pb2, types_pb2
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from frontend.serving import link_repository, start_serve
+from support import fixtures
 from support.node import PYTHON, REPO
+from support.requests import predict_request
 
 from .promtext import Scrape
 
@@ -43,10 +43,7 @@ def serve(repo, tmp_path_factory):
         yield process
 
 
-@pytest.fixture(scope="module")
-def stub(serve):
-    with grpc.insecure_channel(serve.grpc_target) as channel:
-        yield prediction_service_pb2_grpc.PredictionServiceStub(channel)
+stub = fixtures.stub_on("serve")
 
 
 def scrape(serve) -> Scrape:
@@ -56,12 +53,7 @@ def scrape(serve) -> Scrape:
 
 
 def predict(stub, name: str, x: float = 1.0) -> float:
-    request = predict_pb2.PredictRequest()
-    request.model_spec.name = name
-    tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[x])
-    tensor.tensor_shape.dim.add(size=1)
-    request.inputs["x"].CopyFrom(tensor)
-    response = stub.Predict(request, timeout=120)
+    response = stub.Predict(predict_request(name, x), timeout=120)
     return response.outputs["y"].float_val[0]
 
 

@@ -107,42 +107,36 @@ def model_config(models: dict[str, str | Path], **per_model: str) -> str:
 # -- gRPC helpers (import tensorflow_serving lazily: tests may import it, the sidecar not) --
 
 
-def reload_request(config_text: str):
-    """A ReloadConfigRequest from text-format ModelServerConfig."""
-    from google.protobuf import text_format
-    from tensorflow_serving.apis import model_management_pb2
+def version_status(stub, name: str, timeout: float = 10.0) -> list:
+    """GetModelStatus's model_version_status entries for ``name``; [] if NOT_FOUND."""
+    import grpc
 
-    request = model_management_pb2.ReloadConfigRequest()
-    text_format.Parse(config_text, request.config)
-    return request
+    from support.requests import status_request
+
+    try:
+        return list(stub.GetModelStatus(status_request(name), timeout=timeout).model_version_status)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.NOT_FOUND:
+            return []
+        raise
 
 
-def status_request(name: str, version: int | None = None, label: str | None = None):
-    from tensorflow_serving.apis import get_model_status_pb2
+def version_status_at(target: str, name: str, timeout: float = 30.0) -> list:
+    """``version_status`` from the server at ``target`` ("host:port"), over a channel of its own."""
+    import grpc
+    from tensorflow_serving.apis import model_service_pb2_grpc
 
-    request = get_model_status_pb2.GetModelStatusRequest()
-    request.model_spec.name = name
-    if version is not None:
-        request.model_spec.version.value = version
-    if label is not None:
-        request.model_spec.version_label = label
-    return request
+    with grpc.insecure_channel(target) as channel:
+        return version_status(model_service_pb2_grpc.ModelServiceStub(channel), name, timeout)
 
 
 def version_states(stub, name: str) -> dict[int, tuple[str, int, str]]:
     """{version: (state name, error_code, error_message)} from GetModelStatus; {} if NOT_FOUND."""
-    import grpc
     from tensorflow_serving.apis import get_model_status_pb2
 
-    try:
-        response = stub.GetModelStatus(status_request(name), timeout=10)
-    except grpc.RpcError as exc:
-        if exc.code() == grpc.StatusCode.NOT_FOUND:
-            return {}
-        raise
     names = get_model_status_pb2.ModelVersionStatus.State.Name
     return {s.version: (names(s.state), s.status.error_code, s.status.error_message)
-            for s in response.model_version_status}
+            for s in version_status(stub, name)}
 
 
 def wait_for_states(stub, name: str, expected: dict[int, str], timeout: float = 30.0) -> dict:

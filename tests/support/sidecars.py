@@ -1,0 +1,45 @@
+"""In-process sidecars (ServeApp) over real nodes, as the sidecar tests run them.
+
+    async with running_sidecars({"a": node_a, "b": node_b}, repo, tmp_path) as apps:
+        apps["a"].grpc_port ...
+
+Each sidecar binds port 0 on 127.0.0.1 and is told every sidecar's address once all
+started, as discovery would do. The nodes are started with ``EMPTY`` and ``NODE_FLAGS``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from tfscache import settings as settings_mod
+from tfscache.serve import ServeApp
+from tfscache.settings import Peer
+
+EMPTY = "model_config_list {\n}\n"
+NODE_FLAGS = ["--max_num_load_retries=0", "--num_load_threads=2"]
+
+
+def sidecar_settings(name: str, node, repo: Path, state_dir: Path):
+    """Settings of sidecar ``name`` in front of ``node``, with its state in ``state_dir / name``."""
+    return settings_mod.load(env={}, overrides={
+        "model_repository": str(repo), "node.node_address": f"127.0.0.1:{node.grpc_port},{node.rest_port}",
+        "ring.self_name": name, "server.bind_address": "127.0.0.1", "server.grpc_port": 0,
+        "server.rest_port": 0, "node.state_dir": str(state_dir / name)})
+
+
+@contextlib.asynccontextmanager
+async def running_sidecars(nodes: dict, repo: Path, state_dir: Path) -> AsyncIterator[dict[str, ServeApp]]:
+    """Start a sidecar per {name: node}, each a peer of all; {name: ServeApp}, stopped on exit."""
+    apps = {name: ServeApp(sidecar_settings(name, node, repo, state_dir)) for name, node in nodes.items()}
+    for app in apps.values():
+        await app.start()
+    peers = [Peer(name, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for name, app in apps.items()]
+    for app in apps.values():
+        await app.set_peers(peers)
+    try:
+        yield apps
+    finally:
+        for app in apps.values():
+            await app.stop(grace=1)
