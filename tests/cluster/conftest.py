@@ -33,7 +33,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from fakes.consul import FakeConsul
 from frontend.serving import link_repository
-from frontend.test_embedded import predict_request
+from support.requests import predict_request
 from support.etcd import EtcdCluster
 from support.node import PYTHON, REPO, NodeProcess, start_node
 from tfscache.admin.client import AdminClient
