@@ -167,12 +167,8 @@ class _Handlers(grpc.GenericRpcHandler):
             try:
                 self._authenticate(context)
                 return await method(request)
-            except errors.TfscacheError as exc:
-                code, message = exc.grpc_code, exc.message
-            except Exception:  # noqa: BLE001 - the one place unknown errors become INTERNAL
-                log.exception("admin %s failed", name)
-                code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache admin service"
-            await context.abort(code, message)
+            except Exception as exc:  # noqa: BLE001 - mapped in _status, the one place
+                await context.abort(*_status(name, exc))
 
         return behavior
 
@@ -182,15 +178,18 @@ class _Handlers(grpc.GenericRpcHandler):
                 self._authenticate(context)
                 async for message in method(request):
                     yield message
-                return
-            except errors.TfscacheError as exc:
-                code, message = exc.grpc_code, exc.message
-            except Exception:  # noqa: BLE001 - the one place unknown errors become INTERNAL
-                log.exception("admin %s failed", name)
-                code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache admin service"
-            await context.abort(code, message)
+            except Exception as exc:  # noqa: BLE001 - mapped in _status, the one place
+                await context.abort(*_status(name, exc))
 
         return behavior
+
+
+def _status(name: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
+    """The admin service's one error mapping: our errors keep their code and text; others are INTERNAL."""
+    if isinstance(exc, errors.TfscacheError):
+        return exc.grpc_code, exc.message
+    log.error("admin %s failed", name, exc_info=exc)
+    return grpc.StatusCode.INTERNAL, "internal error in tfscache admin service"
 
 
 class AdminServer:
