@@ -230,43 +230,46 @@ async def test_expired_deadline_while_loading(world):
 # 60 s DEADLINE_EXCEEDED). The clients below would time out after 10 s if it happened again.
 
 
-async def test_a_channel_closed_under_a_call_tries_the_next_replica(world):
-    first, second = replicas(world, "c1")
+async def held_call(world, name: str, reply=None):
+    """A Predict for ``name`` held at its first replica's gate: (the call, a future of its answer,
+    that server, the replicas).
+
+    ``reply``: what the held server answers once its gate opens (default: its name)."""
+    first, second = replicas(world, name)
     held = world["servers"][first]
     held.gate = asyncio.Event()
-    call = asyncio.ensure_future(world["predict"](request_for("c1"), timeout=10))
+    if reply is not None:
+        held.reply = reply
+    call = world["predict"](request_for(name), timeout=10)
+    waiting = asyncio.ensure_future(call)
     await held.arrived.wait()
+    return call, waiting, held, (first, second)
+
+
+async def test_a_channel_closed_under_a_call_tries_the_next_replica(world):
+    _, answer, held, (first, second) = await held_call(world, "c1")
     await world["backends"][first].upstream.close()  # as a node exiting or a peer leaving the ring used to
-    assert await call == f"from-{second}".encode()
+    assert await answer == f"from-{second}".encode()
     with pytest.raises(errors.NodeUnavailable, match="is closed"):  # and a call made after the close
         await world["backends"][first].upstream.unary(PREDICT, request_for("c1"), timeout=10)
     held.gate.set()
 
 
 async def test_the_retry_goes_to_the_ring_as_it_is_after_the_first_try(world):
-    first, second = replicas(world, "c2")
+    _, answer, held, (first, second) = await held_call(world, "c2", reply=lambda r: errors.Unavailable("going away"))
     third = next(n for n in world["servers"] if n not in (first, second))
-    held = world["servers"][first]
-    held.gate = asyncio.Event()
-    held.reply = lambda r: errors.Unavailable("going away")
-    call = asyncio.ensure_future(world["predict"](request_for("c2"), timeout=10))
-    await held.arrived.wait()
     world["router"].ring = Ring([first, third], replicas=2)  # second left the ring meanwhile
     held.gate.set()
-    assert await call == f"from-{third}".encode()
+    assert await answer == f"from-{third}".encode()
     assert not world["servers"][second].calls
 
 
 async def test_retire_lets_the_calls_in_flight_finish_then_closes_the_channel(world):
-    first, second = replicas(world, "c3")
-    held = world["servers"][first]
-    held.gate = asyncio.Event()
-    call = asyncio.ensure_future(world["predict"](request_for("c3"), timeout=10))
-    await held.arrived.wait()
+    _, answer, held, (first, second) = await held_call(world, "c3")
     upstream = world["backends"][first].upstream
     retiring = asyncio.ensure_future(upstream.retire(30))
     held.gate.set()
-    assert await call == f"from-{first}".encode()  # answered by the retiring upstream, not retried
+    assert await answer == f"from-{first}".encode()  # answered by the retiring upstream, not retried
     await asyncio.wait_for(retiring, 10)
     assert not world["servers"][second].calls
     with pytest.raises(errors.NodeUnavailable, match="is closed"):
@@ -289,12 +292,7 @@ async def test_a_cancellation_from_inside_is_unavailable_not_a_hang(world):
 
 
 async def test_a_client_cancelling_cancels_the_upstream_call_without_a_retry(world):
-    first, second = replicas(world, "c5")
-    held = world["servers"][first]
-    held.gate = asyncio.Event()
-    call = world["predict"](request_for("c5"), timeout=10)
-    waiting = asyncio.ensure_future(call)
-    await held.arrived.wait()
+    call, waiting, held, (_, second) = await held_call(world, "c5")
     call.cancel()
     await asyncio.wait_for(held.cancelled.wait(), 10)
     with pytest.raises(asyncio.CancelledError):
