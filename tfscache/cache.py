@@ -220,7 +220,7 @@ class CacheManager:
         self._repins: set[asyncio.Task] = set()
         self._evict_queue: list[Key] = []  # evicted by ``evict``, for the reloader's next step
         self._unload_waiters: dict[Key, list[asyncio.Future]] = {}
-        self._draining = False
+        self._draining = self._over_cap = False  # over_cap: over a cap with nothing idle to unload
         self._drained: list[asyncio.Future] = []
 
     # -- public API --------------------------------------------------------------------
@@ -387,8 +387,8 @@ class CacheManager:
         if entry is None:
             return
         entry.leases -= 1
-        if entry.leases == 0 and (self._pending or self._draining):
-            self._wake.set()  # a load may be waiting for room
+        if entry.leases == 0 and (self._pending or self._draining or self._over_cap):
+            self._wake.set()  # a load may be waiting for room, or the caps for a victim
 
     async def _enqueue(self, key: Key) -> asyncio.Future:
         """A future for a lease on cold ``key``, joined to its load (one load per key)."""

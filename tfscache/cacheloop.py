@@ -90,6 +90,7 @@ def plan(cache: CacheManager, now: float) -> tuple[list[Key], list[_Entry]]:
     while not _fits(cache, count, used) and pos < len(order):  # over a cap already
         victims.append(order[pos])
         count, used, pos = count - 1, used - entries[order[pos]].bytes, pos + 1
+    cache._over_cap = not _fits(cache, count, used)  # still: the next release wakes the reloader
     queue = sorted((p for p in cache._pending.values() if p.key not in entries),
                    key=lambda p: (-len(p.live()), p.first_seen))
     batch: list[_Entry] = []

@@ -433,3 +433,29 @@ async def test_pins_survive_a_restart(make_cache, tmp_path, anode):
     await wait_for_condition(lambda: [(m.name, m.state, m.pinned) for m in third.snapshot()] == [
         ("addk_1", "available", True)], 30, "addk_1 to be loaded and pinned again")
     assert await anode.add("addk_1", 1, 1.0) == 2.0
+
+
+class ScriptedMemory:
+    """The node's RSS as the cache reads it around each load, from a script (then unmeasured)."""
+
+    def __init__(self, readings: list[int]) -> None:
+        self.readings = readings
+
+    def rss(self) -> int | None:
+        return self.readings.pop(0) if self.readings else None
+
+
+async def test_over_the_memory_cap_after_a_load_it_evicts_once_a_lease_ends(make_cache, repository):
+    # A load measured far above its estimate puts the accounting over the cap while every model is
+    # leased; nothing can go then. When a lease ends the idle model must go, with nothing pending
+    # (the race test's rare end state: over the cap until the next request came).
+    disk = repository.disk_bytes("addk_1", 1)
+    cache = await make_cache(memory_bytes=int(disk * 1.2 * 3))
+    cache._memory = ScriptedMemory([0, disk, 0, 3 * disk])  # addk_1 grows RSS by its size, addk_2 by 3x
+    first = await cache.acquire("addk_1")
+    second = await cache.acquire("addk_2")
+    sizes = {m.name: m.bytes for m in cache.snapshot()}
+    assert sizes == {"addk_1": disk, "addk_2": 3 * disk} and sum(sizes.values()) > cache.settings.memory_bytes
+    first.release()
+    await wait_for_condition(lambda: resident(cache) == {"addk_2": "available"}, 30, "addk_1 to be evicted")
+    second.release()
