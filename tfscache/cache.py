@@ -298,9 +298,7 @@ class CacheManager:
                 for p in self._pending.values()]
 
     def snapshot(self) -> list[ResidentModel]:
-        return [ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state,
-                              e.key in self._pinned)
-                for e in self._entries.values()]
+        return [self._describe(e) for e in self._entries.values()]
 
     # -- admin operations (tfscache.admin) ---------------------------------------------
 
@@ -371,8 +369,11 @@ class CacheManager:
         entry = self._entries.get(key)
         if entry is None:  # evicted between the lease and now: only possible under extreme churn
             raise errors.Aborted(f"model {key[0]} version {key[1]} was unloaded again before it could be reported")
-        return ResidentModel(key[0], key[1], entry.bytes, entry.measured, entry.leases, entry.last_use,
-                             entry.state, key in self._pinned)
+        return self._describe(entry)
+
+    def _describe(self, e: _Entry) -> ResidentModel:
+        return ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state,
+                             e.key in self._pinned)
 
     # -- acquire / release -------------------------------------------------------------
 
@@ -457,9 +458,6 @@ class CacheManager:
                 name=name, base_path=str(self.repository.base_path(name)), model_platform="tensorflow")
             model.model_version_policy.specific.versions.extend(sorted(versions[name]))
         return config
-
-    def _rss(self) -> int | None:
-        return self._memory.rss()
 
     def _save(self) -> None:
         models = [SavedModel(e.key[0], e.key[1], e.bytes, e.measured, e.last_use, e.key in self._pinned)

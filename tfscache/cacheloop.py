@@ -255,7 +255,7 @@ async def _load(cache: CacheManager, batch: list[_Entry]) -> None:
     if not batch:
         return
     names = _names([e.key for e in batch])
-    rss_before = cache._rss()
+    rss_before = cache._memory.rss()
     started = time.monotonic()
     s = cache.settings
     try:
@@ -272,7 +272,7 @@ async def _load(cache: CacheManager, batch: list[_Entry]) -> None:
                                    return_exceptions=True)
     load_s = time.monotonic() - started
     loaded = [e for e, r in zip(batch, results) if r is None]
-    _measure(cache, loaded, rss_before, cache._rss())
+    _measure(cache, loaded, rss_before, cache._memory.rss())
     now = time.monotonic()
     for entry in loaded:
         entry.state = READY

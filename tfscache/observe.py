@@ -27,6 +27,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tfscache.metrics import Metrics, NodeView
+from tfscache.webserver import WebServer
 
 log = logging.getLogger("tfscache.observe")
 
@@ -71,15 +72,15 @@ def status_document(metrics: Metrics, app) -> dict[str, Any]:
             "nodes": nodes}
 
 
-class ObserveServer:
+class ObserveServer(WebServer):
     """``/metrics`` and ``/status`` on their own port; ``start()`` returns the bound port."""
 
+    what = "metrics and status"
+
     def __init__(self, metrics: Metrics, app, *, bind_address: str, port: int) -> None:
+        super().__init__(bind_address, port)
         self.metrics = metrics
         self._app = app
-        self._bind = (bind_address, port)
-        self._runner: web.AppRunner | None = None
-        self.port: int | None = None
 
     def web_app(self) -> web.Application:
         app = web.Application()
@@ -93,17 +94,3 @@ class ObserveServer:
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(status_document(self.metrics, self._app))
-
-    async def start(self) -> int:
-        self._runner = web.AppRunner(self.web_app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._bind[0], self._bind[1], reuse_port=False)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
-        log.info("metrics and status serving on %s:%s", self._bind[0], self.port)
-        return self.port
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None

@@ -85,18 +85,19 @@ class Admin:
     async def preload(self, name: str, version: int | None, node: str = "",
                       timeout_s: float | None = None) -> dict[str, list[ResidentModel]]:
         """Load on each target node and wait until AVAILABLE there (all at once)."""
-        timeout = timeout_s or self.default_timeout_s
-        targets = self._load_targets(name, node)
-        caches = [self.cache(t) for t in targets]
-        results = await asyncio.gather(*(c.preload(name, version, timeout) for c in caches))
-        return {t: [r] for t, r in zip(targets, results)}
+        return await self._on_load_targets("preload", name, version, node, timeout_s)
 
     async def pin(self, name: str, version: int | None, node: str = "",
                   timeout_s: float | None = None) -> dict[str, list[ResidentModel]]:
+        """Load on each target node if needed and keep it resident there."""
+        return await self._on_load_targets("pin", name, version, node, timeout_s)
+
+    async def _on_load_targets(self, operation: str, name: str, version: int | None, node: str,
+                               timeout_s: float | None) -> dict[str, list[ResidentModel]]:
+        """Run the cache's ``operation`` (preload or pin) on every target node at once."""
         timeout = timeout_s or self.default_timeout_s
         targets = self._load_targets(name, node)
-        caches = [self.cache(t) for t in targets]
-        results = await asyncio.gather(*(c.pin(name, version, timeout) for c in caches))
+        results = await asyncio.gather(*(getattr(self.cache(t), operation)(name, version, timeout) for t in targets))
         return {t: [r] for t, r in zip(targets, results)}
 
     def unpin(self, name: str, version: int | None, node: str = "") -> dict[str, list[ResidentModel]]:

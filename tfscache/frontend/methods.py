@@ -161,8 +161,12 @@ class Method:
         if key is None or key.label is None or self.rewrite is None:
             return key, request
         version = resolve(key.name, key.label)
+
+        def resolve_once(name: str, label: str) -> int:  # the bytes name the version the key routes to
+            return version if (name, label) == (key.name, key.label) else resolve(name, label)
+
         try:
-            request = self.rewrite(request, resolve)
+            request = self.rewrite(request, resolve_once)
         except DecodeError as exc:
             raise errors.InvalidArgument(f"Failed to parse request as {self.request_type}") from exc
         return RouteKey(key.name, version=version), request

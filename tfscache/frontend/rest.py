@@ -28,6 +28,7 @@ from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.frontend.grpc_server import new_request_id
 from tfscache.frontend.methods import RouteKey
 from tfscache.frontend.router import Router
+from tfscache.webserver import WebServer
 
 log = logging.getLogger("tfscache.frontend.rest")
 
@@ -94,20 +95,20 @@ def error_response(exc: errors.TfscacheError) -> web.Response:
     return web.Response(status=exc.http_status, text=body, content_type="application/json")
 
 
-class RestFrontend:
+class RestFrontend(WebServer):
     """The aiohttp server; ``start()`` returns once serving with the bound port."""
+
+    what = "REST front end"
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_receive_bytes: int,
                  timeout_s: float, metrics=None) -> None:
+        super().__init__(bind_address, port)
         self._router = router
         self._metrics = metrics  # tfscache.metrics.Metrics: requests counted by method and status
         self._timeout_s = timeout_s
-        self._bind = (bind_address, port)
         self._max_receive = max_receive_bytes
-        self._runner: web.AppRunner | None = None
-        self.port: int | None = None
 
-    def app(self) -> web.Application:
+    def web_app(self) -> web.Application:
         app = web.Application(client_max_size=self._max_receive)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         return app
@@ -170,16 +171,3 @@ class RestFrontend:
         except errors.TfscacheError as exc:
             log.debug("no node to check the body of a request for an unknown model: %s", exc.message)
             raise missing from None
-
-    async def start(self) -> int:
-        self._runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self._bind[0], self._bind[1], reuse_port=False)
-        await site.start()
-        self.port = self._runner.addresses[0][1]
-        log.info("REST front end serving on %s:%s", self._bind[0], self.port)
-        return self.port
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
