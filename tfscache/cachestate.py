@@ -1,14 +1,26 @@
 """The cache manager's state file: what its node's config holds, so a restart can re-adopt it.
 
-JSON, written atomically (PATH.tmp, then rename) after every change to the node's
-config. A missing or unreadable file reads as empty: the manager then clears the node.
+JSON (``{"format": 1, "node": ..., "models": [...], "learned": {...}}``), rewritten after
+every change to the node's config. ``save_state`` is atomic and durable: it writes a
+unique temporary file in the same directory, fsyncs it, renames it over the file and
+fsyncs the directory, so a reader, or the next start after a SIGKILL or power loss at any
+moment, sees either the old file or the new one, never part of one. (A SIGKILL in the
+middle of a write can leave a ``.NAME.*.tmp`` file behind; it is never read.)
+
+``save_state`` blocks for the fsyncs; on the event loop use a ``StateWriter``: ``schedule``
+returns at once, and writes are coalesced and done in a worker thread.
+
+A missing or unreadable file reads as empty (logged): the manager then clears the node.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -63,16 +75,112 @@ def load_state(path: Path | None) -> CacheState:
 
 
 def save_state(path: Path | None, state: CacheState) -> None:
-    """Write ``state`` atomically. A small synchronous write, on purpose: it is a few KB."""
+    """Write ``state`` atomically and durably (see the module docstring); errors are logged."""
     if path is None:
         return
     path = Path(path)
     data = {"format": FORMAT, "node": state.node,
             "models": [asdict(m) for m in state.models], "learned": state.learned}
-    tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(data, separators=(",", ":")))
-        os.replace(tmp, path)
+        _replace_durably(path, json.dumps(data, separators=(",", ":")).encode())
     except OSError as e:
         log.error("cannot write cache state file %s: %s", path, e)
+
+
+def _replace_durably(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # the data is on disk before the name points at it
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(directory)  # and the rename itself survives a power loss
+    finally:
+        os.close(directory)
+
+
+class StateWriter:
+    """Writes one state file off the event loop, coalescing: at most one write in flight.
+
+    ``schedule(state_fn)`` returns at once. If no write is in flight one starts; if one is,
+    exactly one more follows it, however many schedules came meanwhile. ``state_fn`` is
+    called on the event loop when that write starts (so it sees the state of that moment,
+    not a stale copy); the write itself runs in a worker thread. ``await flush()`` returns
+    once everything scheduled before it was written; ``await close()`` flushes, after which
+    ``schedule`` raises. A write that fails is logged (as by ``save_state``) and counts as
+    done: flush does not wait forever on a full disk. Event-loop thread only.
+    """
+
+    def __init__(self, path: Path | None,
+                 write: Callable[[Path | None, CacheState], None] = save_state) -> None:
+        self.path = path
+        self._write = write
+        self._state_fn: Callable[[], CacheState] | None = None
+        self._scheduled = 0  # schedules so far
+        self._written = 0  # the schedules that the last finished write covered
+        self._task: asyncio.Task | None = None
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._closed = False
+
+    def schedule(self, state_fn: Callable[[], CacheState]) -> None:
+        """Ask for a write of ``state_fn()``; the latest ``state_fn`` given wins."""
+        if self._closed:
+            raise RuntimeError(f"StateWriter for {self.path} is closed")
+        if self.path is None:
+            return
+        self._state_fn = state_fn
+        self._scheduled += 1
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"state writer {self.path}")
+
+    @property
+    def pending(self) -> bool:
+        """True while something scheduled is not written yet."""
+        return self._written < self._scheduled
+
+    async def flush(self) -> None:
+        """Wait until everything scheduled before this call is written."""
+        if not self.pending:
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._waiters.append((self._scheduled, future))
+        await future
+
+    async def close(self) -> None:
+        """Flush, then refuse further schedules."""
+        self._closed = True
+        await self.flush()
+
+    async def _run(self) -> None:
+        try:
+            while self.pending:
+                covers = self._scheduled
+                try:
+                    state = self._state_fn()
+                    await asyncio.to_thread(self._write, self.path, state)
+                except Exception:
+                    log.exception("cannot write cache state file %s", self.path)
+                self._written = covers
+                self._wake_flushes()
+        finally:
+            self._task = None
+            for _, future in self._waiters:  # any left: this task was cancelled mid-write
+                future.cancel()
+            self._waiters = []
+
+    def _wake_flushes(self) -> None:
+        done = [future for upto, future in self._waiters if upto <= self._written]
+        self._waiters = [(upto, future) for upto, future in self._waiters if upto > self._written]
+        for future in done:
+            if not future.done():
+                future.set_result(None)
