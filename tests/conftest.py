@@ -8,6 +8,9 @@
   size: ``synthetic_models([1, 2], size_bytes=1_000_000) -> [Path, Path]`` (base paths
   named ``addk_<k>``; built once per (k, size, versions) per session).
 * ``support.node.start_node`` starts real nodes (see tests/support/node.py).
+* ``_private_state_home`` (session, autouse): ``XDG_STATE_HOME`` points at a directory of
+  the session's own, in ``os.environ`` so subprocesses inherit it: no test writes to the
+  real user's state directory (``tfscache.statedir``'s default).
 
 The builders use explicit ``tf.Graph``s and ``tf.saved_model.save``, so they work in a
 test process that has already imported tensorflow (the tensorflow_serving stubs do).
@@ -15,10 +18,23 @@ test process that has already imported tensorflow (the tensorflow_serving stubs 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import os
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    home = tmp_path_factory.mktemp("xdg_state_home")
+    saved = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(home)
+    yield home
+    if saved is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = saved
 
 
 @pytest.fixture(scope="session")

@@ -152,7 +152,8 @@ class NodeSection:
     extra_args: list = _setting([], "more flags for each node process, as a list of strings")
     start_timeout_s: float = _setting(120.0, "longest wait for a node to start serving",
                                       check=_at_least(0.1))
-    state_dir: str = _setting("", "where node config and cache state files go (default: a temp dir)")
+    state_dir: str = _setting("", "where node config and cache state files go (default: a persistent "
+                              "per-instance directory, $XDG_STATE_HOME/tfscache/<instance>; see docs)")
 
 
 @dataclass
