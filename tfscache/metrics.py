@@ -20,10 +20,15 @@ tfscache_evictions_total              models taken off a node, by reason: capaci
                                       node no longer served it after an outage), admin
                                       (CacheManager.evict) and drain (CacheManager.drain)
 tfscache_unloads_total                unloads the node confirmed (END)
-tfscache_resident_models              model versions in a node's config (loading, available and
-                                      unloading: each counts against the caps)
-tfscache_resident_bytes               their bytes, kind="measured" (RSS growth at load) or
-                                      kind="estimated" (not measured yet: size on disk x factor)
+tfscache_resident_models              model versions in a node's config, by state: loading,
+                                      available, unloading (all three series for every node,
+                                      0 included; the sum over states is the old, unlabelled value)
+tfscache_resident_bytes               their bytes, by state and kind: "measured" (RSS growth at
+                                      load) or "estimated" (not measured yet: size on disk x factor)
+tfscache_max_models                   a node's cap on model versions (cache.max_models_per_node;
+                                      0 = none)
+tfscache_memory_cap_bytes             a node's cap on their bytes (cache.memory_per_node;
+                                      0 = none)
 tfscache_leases_in_flight             requests holding a model on a node right now
 tfscache_load_queue_depth             cold model versions waiting for their load
 tfscache_node_healthy                 1 while a node's cache can load, else 0
@@ -32,6 +37,18 @@ tfscache_ring_nodes                   nodes (or sidecars) on the ring
 
 With ``per_model=True`` the per-event cache counters also carry a ``model`` label;
 off by default, since thousands of models make thousands of series.
+
+Reading the caps: a load is admitted only when it fits, and the victims that make room
+for it turn ``unloading`` at that moment and stop counting. So the caps bound
+``loading`` + ``available``; ``unloading`` versions are still in the node's memory, but on
+their way out. The count cap holds while::
+
+    sum without (state) (tfscache_resident_models{state!="unloading"}) <= tfscache_max_models
+
+and the memory cap likewise with ``tfscache_resident_bytes`` (summed over ``kind`` too)
+and ``tfscache_memory_cap_bytes``. The memory cap can be exceeded for a while when a load
+measures above its estimate while every model is leased (docs/real-tfserving.md); the release
+that leaves a model idle then unloads it.
 """
 
 from __future__ import annotations
@@ -43,10 +60,28 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
+from tfscache.cache import LOADING, READY, UNLOADING
+
 Key = tuple[str, int]
 
 LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 ROOM_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+STATES = (LOADING, READY, UNLOADING)  # ResidentModel.state: "loading", "available", "unloading"
+
+
+def by_state(resident: Iterable[Any]) -> dict[str, list[Any]]:
+    """``snapshot()`` entries grouped by state: every state in STATES is a key, empty or not."""
+    groups: dict[str, list[Any]] = {state: [] for state in STATES}
+    for model in resident:
+        groups.setdefault(model.state, []).append(model)
+    return groups
+
+
+def caps(cache: Any) -> tuple[int, int]:
+    """A CacheManager's (max_models, memory_bytes); 0 = no cap."""
+    return cache.settings.max_models, cache.settings.memory_bytes
 
 
 @dataclass(frozen=True)
@@ -155,10 +190,15 @@ class _StateCollector:
         return []  # computed at collect time; nothing to check at registration
 
     def collect(self):
-        models = GaugeMetricFamily("tfscache_resident_models", "Model versions in a node's config.",
-                                   labels=["node"])
-        size = GaugeMetricFamily("tfscache_resident_bytes", "Bytes of the models in a node's config.",
-                                 labels=["node", "kind"])
+        models = GaugeMetricFamily("tfscache_resident_models",
+                                   "Model versions in a node's config, by state (loading, available, unloading).",
+                                   labels=["node", "state"])
+        size = GaugeMetricFamily("tfscache_resident_bytes", "Bytes of the models in a node's config, by state.",
+                                 labels=["node", "state", "kind"])
+        max_models = GaugeMetricFamily("tfscache_max_models", "A node's cap on model versions (0 = none).",
+                                       labels=["node"])
+        memory_cap = GaugeMetricFamily("tfscache_memory_cap_bytes", "A node's cap on model bytes (0 = none).",
+                                       labels=["node"])
         leases = GaugeMetricFamily("tfscache_leases_in_flight", "Requests holding a model on a node.",
                                    labels=["node"])
         queue = GaugeMetricFamily("tfscache_load_queue_depth", "Cold model versions waiting to load.",
@@ -168,12 +208,17 @@ class _StateCollector:
         for view in self._metrics.nodes():
             resident = list(view.cache.snapshot()) if view.cache is not None else []
             waiting = list(view.cache.queue()) if view.cache is not None else []
-            models.add_metric([view.name], len(resident))
-            size.add_metric([view.name, "measured"], sum(m.bytes for m in resident if m.measured))
-            size.add_metric([view.name, "estimated"], sum(m.bytes for m in resident if not m.measured))
+            for state, group in by_state(resident).items():
+                models.add_metric([view.name, state], len(group))
+                size.add_metric([view.name, state, "measured"], sum(m.bytes for m in group if m.measured))
+                size.add_metric([view.name, state, "estimated"], sum(m.bytes for m in group if not m.measured))
+            if view.cache is not None:  # a node that is down has no cache, and no caps to report
+                count_cap, bytes_cap = caps(view.cache)
+                max_models.add_metric([view.name], count_cap)
+                memory_cap.add_metric([view.name], bytes_cap)
             leases.add_metric([view.name], sum(m.leases for m in resident))
             queue.add_metric([view.name], len(waiting))
             healthy.add_metric([view.name], 1 if view.healthy else 0)
         ring = GaugeMetricFamily("tfscache_ring_nodes", "Nodes (or sidecars) on the ring.",
                                  value=self._metrics.ring_nodes())
-        return [models, size, leases, queue, healthy, ring]
+        return [models, size, max_models, memory_cap, leases, queue, healthy, ring]

@@ -11,9 +11,23 @@ backends (local nodes with their CacheManager, peer sidecars) and its ring.
      "ring": {"nodes": ["node0", "node1"], "replicas": 1},
      "nodes": [{"name": "node0", "kind": "node", "address": "127.0.0.1:40123", "healthy": true,
                 "resident_models": 1, "resident_bytes": 240000, "leases": 0, "queue": [],
+                "model_states": {"loading": {"models": 0, "bytes": 0},
+                                 "available": {"models": 1, "bytes": 240000},
+                                 "unloading": {"models": 0, "bytes": 0}},
+                "caps": {"max_models": 2, "memory_bytes": 0},
                 "models": [{"name": "a", "version": 1, "bytes": 240000, "measured": true,
-                            "leases": 0, "last_use": 1767225599.5, "state": "available"}]},
+                            "leases": 0, "last_use": 1767225599.5, "state": "available",
+                            "pinned": false}]},
                {"name": "b", "kind": "peer", "address": "10.0.0.2:8500", "healthy": true}]}
+
+Per local node: ``resident_models`` and ``resident_bytes`` count the *available* versions
+only (before issue 10 they counted loading and unloading ones too, so a node capped at 3
+could show 5); ``model_states`` has every state apart, each key always present; ``models``
+lists every version in the node's config with its ``state``. ``caps`` are the cache's caps
+(0 = none; ``null`` while the node is down). The caps bound loading + available versions
+(victims stop counting when they turn unloading; see tfscache.metrics), so the count cap
+holds while ``loading.models + available.models <= max_models``, and the memory cap
+likewise with the bytes.
 """
 
 from __future__ import annotations
@@ -26,7 +40,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from tfscache.metrics import Metrics, NodeView
+from tfscache.metrics import Metrics, NodeView, by_state, caps
 from tfscache.webserver import WebServer
 
 log = logging.getLogger("tfscache.observe")
@@ -58,18 +72,30 @@ def status_document(metrics: Metrics, app) -> dict[str, Any]:
                                 "address": upstream.grpc_address if upstream is not None else None,
                                 "healthy": bool(backend.healthy)}
         if node["kind"] == "node":
-            cache = backend.cache
-            models = [dataclasses.asdict(m) for m in cache.snapshot()] if cache is not None else []
-            node.update(resident_models=len(models), resident_bytes=sum(m["bytes"] for m in models),
-                        leases=sum(m["leases"] for m in models),
-                        queue=[dataclasses.asdict(q) for q in cache.queue()] if cache is not None else [],
-                        models=sorted(models, key=lambda m: (m["name"], m["version"])))
+            node.update(_local_node(backend.cache))
         nodes.append(node)
     return {"time": time.time(), "hits": hits, "misses": misses,
             "hit_ratio": hits / (hits + misses) if hits + misses else None,
             "ring": {"nodes": ring.nodes if ring is not None else [],
                      "replicas": ring.replicas if ring is not None else 0},
             "nodes": nodes}
+
+
+def _local_node(cache) -> dict[str, Any]:
+    """The keys of a local node's entry: its models by state, caps, leases and queue."""
+    resident = list(cache.snapshot()) if cache is not None else []
+    states = {state: {"models": len(group), "bytes": sum(m.bytes for m in group)}
+              for state, group in by_state(resident).items()}
+    limits = None  # unknown while the node is down
+    if cache is not None:
+        count_cap, bytes_cap = caps(cache)
+        limits = {"max_models": count_cap, "memory_bytes": bytes_cap}
+    models = [dataclasses.asdict(m) for m in resident]
+    return {"resident_models": states["available"]["models"], "resident_bytes": states["available"]["bytes"],
+            "leases": sum(m.leases for m in resident),
+            "queue": [dataclasses.asdict(q) for q in cache.queue()] if cache is not None else [],
+            "model_states": states, "caps": limits,
+            "models": sorted(models, key=lambda m: (m["name"], m["version"]))}
 
 
 class ObserveServer(WebServer):

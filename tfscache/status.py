@@ -3,9 +3,16 @@
     tfscache status --address 127.0.0.1:8503          # tables
     tfscache status --address 127.0.0.1:8503 --json   # the /status document, for scripts
 
-Prints the nodes (health, models, bytes, leases, queued loads), every resident model
-with its size, last use and leases, and the hit ratio. Exit status 1 when the
-server cannot be read. Only the standard library: no tensorflow, no aiohttp.
+Prints the nodes, every model version in a node's config with its state, size, last use
+and leases, and the hit ratio. Exit status 1 when the server cannot be read. Only the
+standard library: no tensorflow, no aiohttp.
+
+A node's row counts its versions by state apart: AVAILABLE (serving; BYTES is theirs),
+LOADING and UNLOADING. CAP reads "in use/cap" for each cap the node has, where in use is
+loading + available (the versions that count against the caps; a victim stops counting
+when it turns unloading): ``3/3`` for max_models=3, ``1.5 GiB/2.0 GiB`` for a memory cap,
+``none`` without caps, and ``over`` after it while a cap is exceeded. So a node capped at
+3 models that is swapping one in reads AVAILABLE 2, LOADING 1, UNLOADING 1, CAP 3/3.
 """
 
 from __future__ import annotations
@@ -49,6 +56,32 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return ["  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
 
 
+def _state_counts(node: dict[str, Any]) -> list[str]:
+    states = node.get("model_states")
+    if states is None:  # a serve from before the states were apart: its count included them all
+        return [str(node["resident_models"]), "?", "?"]
+    return [str(states[state]["models"]) for state in ("available", "loading", "unloading")]
+
+
+def cap_text(node: dict[str, Any]) -> str:
+    """A local node's CAP cell: "in use/cap" per cap (in use = loading + available), "over" if exceeded."""
+    states, caps = node.get("model_states"), node.get("caps")
+    if states is None or caps is None:
+        return "-"  # the node is down (or the serve is older): caps unknown
+    count = states["loading"]["models"] + states["available"]["models"]
+    size = states["loading"]["bytes"] + states["available"]["bytes"]
+    parts, over = [], False
+    if caps["max_models"]:
+        parts.append(f"{count}/{caps['max_models']}")
+        over = count > caps["max_models"]
+    if caps["memory_bytes"]:
+        parts.append(f"{human_bytes(size)}/{human_bytes(caps['memory_bytes'])}")
+        over = over or size > caps["memory_bytes"]
+    if not parts:
+        return "none"
+    return " ".join(parts) + (" over" if over else "")
+
+
 def render(doc: dict[str, Any]) -> str:
     """The document as the tables `tfscache status` prints."""
     ring = doc.get("ring", {})
@@ -56,19 +89,20 @@ def render(doc: dict[str, Any]) -> str:
     rows = []
     for node in doc["nodes"]:
         local = node["kind"] == "node"
+        counts = _state_counts(node) if local else ["-", "-", "-"]
         rows.append([node["name"], node["kind"], node.get("address") or "-",
-                     "yes" if node["healthy"] else "NO",
-                     str(node["resident_models"]) if local else "-",
+                     "yes" if node["healthy"] else "NO", *counts, cap_text(node) if local else "-",
                      human_bytes(node["resident_bytes"]) if local else "-",
                      str(node["leases"]) if local else "-", str(len(node["queue"])) if local else "-"])
-    lines += _table(["NODE", "KIND", "ADDRESS", "HEALTHY", "MODELS", "BYTES", "LEASES", "QUEUED"], rows)
+    lines += _table(["NODE", "KIND", "ADDRESS", "HEALTHY", "AVAILABLE", "LOADING", "UNLOADING", "CAP", "BYTES",
+                     "LEASES", "QUEUED"], rows)
     rows = []
     for node in doc["nodes"]:
         for m in node.get("models", []):
             size = human_bytes(m["bytes"]) + ("" if m["measured"] else " (estimated)")
             rows.append([node["name"], m["name"], str(m["version"]), m["state"], size,
                          ago(doc["time"] - m["last_use"]), str(m["leases"])])
-    lines += ["", f"resident models ({len(rows)})"]
+    lines += ["", f"model versions ({len(rows)})"]
     lines += _table(["NODE", "MODEL", "VERSION", "STATE", "SIZE", "LAST USE", "LEASES"], rows) if rows else ["  none"]
     hits, misses, ratio = doc["hits"], doc["misses"], doc["hit_ratio"]
     shown = "n/a (no requests yet)" if ratio is None else f"{100 * ratio:.1f}%"

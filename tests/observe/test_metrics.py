@@ -8,8 +8,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from tfscache import errors
-from tfscache.cache import CacheEvents
-from tfscache.metrics import Metrics, NodeEvents, NodeView
+from tfscache.cache import CacheEvents, CacheSettings
+from tfscache.metrics import STATES, Metrics, NodeEvents, NodeView
 
 from .promtext import Scrape
 
@@ -25,11 +25,15 @@ class Resident:
     bytes: int
     measured: bool
     leases: int
+    state: str = "available"
 
 
 class FakeCache:
-    def __init__(self, resident, queued=0) -> None:
+    """What the gauges read of a CacheManager: snapshot(), queue() and settings (its caps)."""
+
+    def __init__(self, resident, queued=0, max_models=0, memory_bytes=0) -> None:
         self.resident, self.queued = resident, queued
+        self.settings = CacheSettings(max_models=max_models, memory_bytes=memory_bytes)
 
     def snapshot(self):
         return list(self.resident)
@@ -113,6 +117,35 @@ def test_gauges_read_the_caches_and_ring_at_scrape_time():
     assert s.value("tfscache_ring_nodes") == 3
 
 
+def test_resident_models_by_state_with_every_state_always_present():
+    """A node capped at 3 swapping models: the states apart show the cap held."""
+    metrics = Metrics()
+    cache = FakeCache([Resident("a", 1, 100, True, 1), Resident("b", 1, 200, True, 0),
+                       Resident("c", 1, 400, False, 0, "loading"),
+                       Resident("d", 1, 800, True, 0, "unloading"), Resident("e", 1, 1600, True, 0, "unloading")],
+                      max_models=3, memory_bytes=5000)
+    metrics.watch(lambda: [NodeView("node0", cache, True), NodeView("node1", FakeCache([]), True),
+                           NodeView("node2", None, False)], lambda: 3)
+    s = scrape(metrics)
+    assert [(labels["state"], s.value("tfscache_resident_models", **labels))
+            for labels in s.labelsets("tfscache_resident_models") if labels["node"] == "node0"] == [
+        ("loading", 1), ("available", 2), ("unloading", 2)]
+    assert s.value("tfscache_resident_models", node="node0") == 5  # the old, unlabelled total
+    in_cap = sum(s.value("tfscache_resident_models", node="node0", state=st) for st in ("loading", "available"))
+    assert in_cap <= s.value("tfscache_max_models", node="node0") == 3
+    assert s.value("tfscache_memory_cap_bytes", node="node0") == 5000
+    assert s.value("tfscache_resident_bytes", node="node0", state="available", kind="measured") == 300
+    assert s.value("tfscache_resident_bytes", node="node0", state="loading", kind="estimated") == 400
+    assert s.value("tfscache_resident_bytes", node="node0", state="unloading") == 2400
+    for node in ("node1", "node2"):  # no models, or down: still all three series, at 0
+        labelsets = [ls for ls in s.labelsets("tfscache_resident_models") if ls["node"] == node]
+        assert sorted(ls["state"] for ls in labelsets) == sorted(STATES)
+        assert s.value("tfscache_resident_models", node=node) == 0
+        assert len([ls for ls in s.labelsets("tfscache_resident_bytes") if ls["node"] == node]) == 6
+    assert s.value("tfscache_max_models", node="node1") == 0  # no cap
+    assert {ls["node"] for ls in s.labelsets("tfscache_max_models")} == {"node0", "node1"}  # node2: unknown
+
+
 def test_each_metrics_object_has_its_own_registry():
     first, second = Metrics(), Metrics()
     first.request("grpc", "Predict", "OK")
@@ -135,5 +168,5 @@ def test_names_follow_prometheus_conventions():
     assert {n for n, t in types.items() if t == "histogram"} == {
         "tfscache_load_duration_seconds", "tfscache_room_wait_seconds"}
     assert {n for n, t in types.items() if t == "gauge"} == {
-        "tfscache_resident_models", "tfscache_resident_bytes", "tfscache_leases_in_flight",
-        "tfscache_load_queue_depth", "tfscache_node_healthy", "tfscache_ring_nodes"}
+        "tfscache_resident_models", "tfscache_resident_bytes", "tfscache_max_models", "tfscache_memory_cap_bytes",
+        "tfscache_leases_in_flight", "tfscache_load_queue_depth", "tfscache_node_healthy", "tfscache_ring_nodes"}

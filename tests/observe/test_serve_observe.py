@@ -152,6 +152,11 @@ def test_status_json_matches_the_cache_and_the_metrics(serve, stub):
     models = {m["name"]: m for m in node["models"]}
     assert set(models) == {"addk_1", "addk_3"}
     assert node["resident_models"] == CAP == s.value("tfscache_resident_models", node="node0")
+    assert node["model_states"]["available"]["models"] == CAP == s.value("tfscache_resident_models", node="node0",
+                                                                          state="available")
+    assert node["model_states"]["loading"]["models"] == node["model_states"]["unloading"]["models"] == 0
+    assert node["caps"] == {"max_models": CAP, "memory_bytes": 0}
+    assert s.value("tfscache_max_models", node="node0") == CAP
     assert node["resident_bytes"] == sum(m["bytes"] for m in models.values()) > 0
     assert all(m["state"] == "available" and m["leases"] == 0 and m["version"] == 1 for m in models.values())
     assert models["addk_1"]["last_use"] > models["addk_3"]["last_use"]
@@ -168,7 +173,7 @@ def test_status_table(serve):
     lines = done.stdout.splitlines()
     node_row = next(line.split() for line in lines if line.strip().startswith("node0 "))
     assert node_row[:4] == ["node0", "node", doc["nodes"][0]["address"], "yes"]
-    assert node_row[4] == "2"
+    assert node_row[4:8] == ["2", "0", "0", f"2/{CAP}"]  # available, loading, unloading, cap
     rows = {line.split()[1]: line.split() for line in lines if line.strip().startswith("node0  addk_")}
     assert set(rows) == {"addk_1", "addk_3"}
     assert rows["addk_1"][2:4] == ["1", "available"] and "ago" in " ".join(rows["addk_1"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from support.node import PYTHON, REPO
 from tfscache import cli, status
 
@@ -12,8 +14,12 @@ DOC = {
     "time": 1000.0, "hits": 3, "misses": 1, "hit_ratio": 0.75,
     "ring": {"nodes": ["a", "b"], "replicas": 1},
     "nodes": [
-        {"name": "a", "kind": "node", "address": "127.0.0.1:9000", "healthy": True, "resident_models": 2,
-         "resident_bytes": 3 * 1024 * 1024, "leases": 1, "queue": [{"name": "z", "version": 1}],
+        {"name": "a", "kind": "node", "address": "127.0.0.1:9000", "healthy": True, "resident_models": 1,
+         "resident_bytes": 2 * 1024 * 1024, "leases": 1, "queue": [{"name": "z", "version": 1}],
+         "model_states": {"loading": {"models": 1, "bytes": 1024 * 1024},
+                          "available": {"models": 1, "bytes": 2 * 1024 * 1024},
+                          "unloading": {"models": 0, "bytes": 0}},
+         "caps": {"max_models": 3, "memory_bytes": 0},
          "models": [
              {"name": "m", "version": 2, "bytes": 2 * 1024 * 1024, "measured": True, "leases": 1,
               "last_use": 990.0, "state": "available"},
@@ -28,10 +34,12 @@ def test_render_lists_nodes_models_and_the_hit_ratio():
     text = status.render(DOC)
     lines = text.splitlines()
     assert lines[0] == "nodes (ring: 2 node(s), 1 replica(s) per model)"
-    assert lines[2].split() == ["a", "node", "127.0.0.1:9000", "yes", "2", "3.0", "MiB", "1", "1"]
-    assert lines[3].split() == ["b", "peer", "10.0.0.2:8500", "NO", "-", "-", "-", "-"]
-    assert "resident models (2)" in lines
-    model_rows = [line.split() for line in lines[lines.index("resident models (2)"):] if line.startswith("  a  ")]
+    assert lines[1].split() == ["NODE", "KIND", "ADDRESS", "HEALTHY", "AVAILABLE", "LOADING", "UNLOADING", "CAP",
+                                "BYTES", "LEASES", "QUEUED"]
+    assert lines[2].split() == ["a", "node", "127.0.0.1:9000", "yes", "1", "1", "0", "2/3", "2.0", "MiB", "1", "1"]
+    assert lines[3].split() == ["b", "peer", "10.0.0.2:8500", "NO", "-", "-", "-", "-", "-", "-", "-"]
+    assert "model versions (2)" in lines
+    model_rows = [line.split() for line in lines[lines.index("model versions (2)"):] if line.startswith("  a  ")]
     assert model_rows == [["a", "m", "2", "available", "2.0", "MiB", "10.0", "s", "ago", "1"],
                           ["a", "n", "7", "loading", "1.0", "MiB", "(estimated)", "10", "min", "ago", "0"]]
     assert lines[-1] == "hit ratio: 75.0% (3 hits, 1 miss)"
@@ -40,10 +48,47 @@ def test_render_lists_nodes_models_and_the_hit_ratio():
 def test_render_before_any_request():
     doc = {**DOC, "hits": 0, "misses": 0, "hit_ratio": None,
            "nodes": [{**DOC["nodes"][0], "models": [], "resident_models": 0, "resident_bytes": 0,
-                      "leases": 0, "queue": []}]}
+                      "leases": 0, "queue": [], "model_states": EMPTY}]}
     text = status.render(doc)
-    assert "resident models (0)\n  none" in text
+    assert "model versions (0)\n  none" in text
     assert text.endswith("hit ratio: n/a (no requests yet) (0 hits, 0 misses)")
+
+
+EMPTY = {state: {"models": 0, "bytes": 0} for state in ("loading", "available", "unloading")}
+MiB = 1024 * 1024
+
+
+def states(loading=0, available=0, unloading=0, mib=1):
+    return {"loading": {"models": loading, "bytes": loading * mib * MiB},
+            "available": {"models": available, "bytes": available * mib * MiB},
+            "unloading": {"models": unloading, "bytes": unloading * mib * MiB}}
+
+
+@pytest.mark.parametrize("model_states, caps, cell", [
+    (states(1, 2, 2), {"max_models": 3, "memory_bytes": 0}, "3/3"),  # capped at 3, 5 in the config: held
+    (states(1, 3, 0), {"max_models": 3, "memory_bytes": 0}, "4/3 over"),
+    (states(0, 2, 1), {"max_models": 0, "memory_bytes": 4 * MiB}, "2.0 MiB/4.0 MiB"),
+    (states(1, 2, 0, mib=2), {"max_models": 4, "memory_bytes": 4 * MiB}, "3/4 6.0 MiB/4.0 MiB over"),
+    (states(0, 7, 0), {"max_models": 0, "memory_bytes": 0}, "none"),
+    (states(0, 0, 0), None, "-"),  # the node is down
+])
+def test_cap_counts_loading_and_available(model_states, caps, cell):
+    assert status.cap_text({"model_states": model_states, "caps": caps}) == cell
+
+
+def test_a_node_capped_at_three_reads_its_states_apart():
+    node = {**DOC["nodes"][0], "model_states": states(1, 2, 2), "resident_models": 2}
+    row = next(line.split() for line in status.render({**DOC, "nodes": [node]}).splitlines()
+               if line.startswith("  a "))
+    assert row[4:8] == ["2", "1", "2", "3/3"]
+
+
+def test_render_a_document_from_an_older_serve():
+    """Without model_states and caps (before issue 10), resident_models counted every state."""
+    old = {k: v for k, v in DOC["nodes"][0].items() if k not in ("model_states", "caps")}
+    row = next(line.split() for line in status.render({**DOC, "nodes": [old]}).splitlines()
+               if line.startswith("  a "))
+    assert row[4:8] == ["1", "?", "?", "-"]
 
 
 def test_status_is_a_tfscache_command():

@@ -1,0 +1,80 @@
+"""tfscache.observe.status_document alone: a node's models by state and its caps (issue 10)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from tfscache.cache import CacheSettings, QueuedLoad, ResidentModel
+from tfscache.metrics import Metrics
+from tfscache.observe import status_document
+
+
+class FakeCache:
+    """What /status reads of a CacheManager: snapshot(), queue() and settings (its caps)."""
+
+    def __init__(self, resident: list[ResidentModel], max_models: int = 0, memory_bytes: int = 0) -> None:
+        self.resident = resident
+        self.settings = CacheSettings(max_models=max_models, memory_bytes=memory_bytes)
+
+    def snapshot(self) -> list[ResidentModel]:
+        return list(self.resident)
+
+    def queue(self) -> list[QueuedLoad]:
+        return []
+
+
+@dataclass
+class FakeUpstream:
+    grpc_address: str
+
+
+@dataclass
+class FakeBackend:
+    name: str
+    cache: FakeCache | None
+    healthy: bool = True
+    kind: str = "node"
+    upstream: FakeUpstream | None = None
+
+
+class FakeApp:
+    router = None
+
+    def __init__(self, *backends: FakeBackend) -> None:
+        self.backends = {b.name: b for b in backends}
+
+
+def model(name: str, state: str, size: int = 100, leases: int = 0) -> ResidentModel:
+    return ResidentModel(name, 1, size, True, leases, 1000.0, state)
+
+
+def test_a_node_capped_at_three_with_five_in_its_config():
+    cache = FakeCache([model("a", "available", 100, leases=2), model("b", "available", 200),
+                       model("c", "loading", 400), model("d", "unloading", 800), model("e", "unloading", 1600)],
+                      max_models=3, memory_bytes=10_000)
+    doc = status_document(Metrics(), FakeApp(FakeBackend("node0", cache, upstream=FakeUpstream("127.0.0.1:1"))))
+    (node,) = doc["nodes"]
+    assert node["model_states"] == {"loading": {"models": 1, "bytes": 400},
+                                    "available": {"models": 2, "bytes": 300},
+                                    "unloading": {"models": 2, "bytes": 2400}}
+    assert (node["resident_models"], node["resident_bytes"]) == (2, 300)  # available only
+    assert node["caps"] == {"max_models": 3, "memory_bytes": 10_000}
+    assert node["models"][0] == {"name": "a", "version": 1, "bytes": 100, "measured": True, "leases": 2,
+                                 "last_use": 1000.0, "state": "available", "pinned": False}
+    assert [m["state"] for m in node["models"]] == ["available", "available", "loading", "unloading", "unloading"]
+    assert node["leases"] == 2
+    states = node["model_states"]
+    assert states["loading"]["models"] + states["available"]["models"] <= node["caps"]["max_models"]
+    json.dumps(doc)  # served as JSON
+
+
+def test_every_state_is_present_and_a_down_node_has_no_caps():
+    doc = status_document(Metrics(), FakeApp(FakeBackend("node0", FakeCache([])),
+                                             FakeBackend("node1", None, healthy=False),
+                                             FakeBackend("peer", None, kind="peer")))
+    empty = {state: {"models": 0, "bytes": 0} for state in ("loading", "available", "unloading")}
+    node0, node1, peer = doc["nodes"]
+    assert node0["model_states"] == empty and node0["caps"] == {"max_models": 0, "memory_bytes": 0}
+    assert node1["model_states"] == empty and node1["caps"] is None and node1["resident_models"] == 0
+    assert "model_states" not in peer and "caps" not in peer
