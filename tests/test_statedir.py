@@ -56,6 +56,12 @@ def test_root_without_a_writable_home_uses_var_lib(env, tmp_path, home):
     assert default_state_dir("sidecar-h-1") == Path("/var/lib/tfscache/sidecar-h-1")
 
 
+def test_no_home_and_not_root_has_no_default(env):
+    env.setenv("HOME", "/")
+    with pytest.raises(OSError, match="set node.state_dir"):
+        default_state_dir("sidecar-h-1")
+
+
 def test_root_with_xdg_state_home_uses_it(env, tmp_path):
     env.setattr(statedir.os, "geteuid", lambda: 0)
     env.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))

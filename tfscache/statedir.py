@@ -37,7 +37,12 @@ _PLAIN_ADDRESS = re.compile(r"[A-Za-z0-9.-]+:[0-9]+")
 
 
 def default_state_dir(instance: str) -> Path:
-    """The persistent directory of ``instance`` (a slug from ``instance_name``); not created here."""
+    """The persistent directory of ``instance`` (a slug from ``instance_name``); not created here.
+
+    Raises ValueError for a name that is not a slug, and OSError when there is no place at
+    all (not root, no home, no ``XDG_STATE_HOME``); ``claim`` raises OSError when the place
+    cannot be made.
+    """
     if not instance or instance != _slug(instance) or instance in (".", ".."):
         raise ValueError(f"not a file-system-safe instance name: {instance!r}")
     return state_home() / APP / instance
@@ -53,8 +58,8 @@ def state_home() -> Path:
         return home / ".local" / "state"
     if os.geteuid() == 0:
         return SYSTEM_STATE_ROOT
-    # No home at all and not root: nothing better exists; creating it will fail and say so.
-    return Path("~/.local/state").expanduser()
+    raise OSError(errno.ENOENT, "no home directory and no XDG_STATE_HOME for the default state directory; "
+                                "set node.state_dir")
 
 
 def instance_name(*, node_address: str | None = None, model_repository: str | os.PathLike | None = None) -> str:
