@@ -215,6 +215,11 @@ class CacheManager:
         self._task: asyncio.Task | None = None
         self._healthy = False
         self._unhealthy_reason = "not started"
+        self._ready = asyncio.Event()  # set while healthy: requests that found the node down wait on it
+        self._resync: list[asyncio.Future] = []  # ``recheck`` callers, for the reloader's next step
+        self._config_stale = False  # the node's config may differ from the entries: send it next step
+        self._starting = True  # until the saved models are re-adopted (acquire waits for that)
+        self._synced = asyncio.Event()  # set once the node got this cache's config after start-up
         self._closed = False
         self._pinned: set[Key] = set()  # kept in the state file
         self._repins: set[asyncio.Task] = set()
@@ -230,19 +235,61 @@ class CacheManager:
         return self._healthy
 
     async def start(self) -> None:
-        """Re-adopt what the state file says the node serves and the node confirms; clear the rest."""
+        """Start the reloader; it re-adopts what the state file says the node serves, in the background.
+
+        Returns at once. Until the node answered and the saved models were re-adopted the
+        cache is not healthy (``wait_ready``): requests wait for it, and a node that is not
+        listening yet (a pod whose containers start together) or is busy with a long load
+        (this process restarted under it) delays nothing else. The config that clears what
+        the node serves beyond the adopted models is sent by the reloader's first step.
+        """
         from tfscache import cacheloop  # the reloader's steps; it imports this module
 
-        lost_pins = await cacheloop.adopt(self, load_state(self.state_file))
-        self._healthy = True
-        self._task = asyncio.create_task(cacheloop.run(self), name=f"tfscache-cache-{self.node.target}")
-        self._repins = {asyncio.create_task(cacheloop.repin(self, key)) for key in lost_pins}  # the node lost them
+        state = await asyncio.to_thread(load_state, self.state_file)
+        self._unhealthy_reason = f"starting: waiting for node {self.node.target} to answer"
+        self._task = asyncio.create_task(cacheloop.run(self, state), name=f"tfscache-cache-{self.node.target}")
+
+    async def wait_ready(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` s (None: no limit) until the cache is healthy; whether it is."""
+        if self._closed:
+            return False
+        try:
+            async with asyncio.timeout(timeout):
+                await self._ready.wait()
+        except TimeoutError:
+            pass
+        return self._healthy and not self._closed
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait until the node has been sent this cache's config since start-up (it cleared the rest)."""
+        async with asyncio.timeout(timeout):
+            await self._synced.wait()
+
+    async def recheck(self) -> None:
+        """The node answered NOT_FOUND for a model held as AVAILABLE: it may have lost its config
+        (TF Serving restarted behind a sidecar). The reloader checks each resident model's status
+        and, if the node lost any, sends the config again and waits for them; this returns once
+        that is done. Concurrent callers share one check, so a restart costs one reload."""
+        fut = asyncio.get_running_loop().create_future()
+        self._resync.append(fut)
+        self._wake.set()
+        await fut
+
+    def state_of(self, name: str, version: int) -> str | None:
+        """``LOADING``, ``READY`` or ``UNLOADING`` for a version in the node's config, else None."""
+        entry = self._entries.get((name, version))
+        return entry.state if entry is not None else None
+
+    def failure(self, name: str, version: int) -> errors.TfscacheError | None:
+        """The error of the version's last load while requests still get it (``failure_backoff_s``)."""
+        failed = self._failed.get((name, version))
+        return failed[1] if failed is not None and time.monotonic() < failed[0] else None
 
     async def stop(self) -> None:
         """Stop loading; waiters get UNAVAILABLE. The node keeps serving; the NodeClient stays open."""
         self._closed = True
-        self._healthy = False
-        self._unhealthy_reason = "its cache manager stopped"
+        self._set_health(False, "its cache manager stopped")
+        self._ready.set()  # wake ``wait_ready`` callers: they see it closed
         for task in self._repins:
             task.cancel()
         if self._task is not None:
@@ -257,6 +304,8 @@ class CacheManager:
 
     async def acquire(self, name: str, version: int | None = None, timeout: float | None = None) -> Lease:
         """A lease on ``name`` at ``version`` (None: the highest on disk), loading it if needed."""
+        if self._starting:  # re-adopting what the node serves: its first answer comes within seconds
+            await self.wait_ready(timeout)
         # A hit: no file-system access beyond the remembered latest version, no await.
         latest = version if version is not None else self.repository.latest_version(name)
         entry = self._entries.get((name, latest))
@@ -477,6 +526,16 @@ class CacheManager:
         self._unload_waiters.clear()
         _fail(self._drained, error)
         self._drained = []
+        _fail(self._resync, error)
+        self._resync = []
+
+    def _set_health(self, healthy: bool, reason: str = "") -> None:
+        self._healthy = healthy
+        self._unhealthy_reason = reason
+        if healthy:
+            self._ready.set()
+        else:
+            self._ready.clear()
 
 
 def _version(version: int | None) -> str:

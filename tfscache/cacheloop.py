@@ -24,11 +24,13 @@ _MAX_POLL_S = 0.05
 _MAX_HOLDERS_NAMED = 20
 
 
-async def run(cache: CacheManager) -> None:
+async def run(cache: CacheManager, state: CacheState) -> None:
     logs.bind(node=cache.node.target)  # this task's log lines name the node
+    await _startup(cache, state)
+    failures = 0
     while True:
         if not cache._healthy:
-            await _recover(cache)
+            failures = 0 if await _recover(cache, failures) else failures + 1
             continue
         timeout = _next_room_deadline(cache)
         if not cache._wake.is_set():
@@ -52,6 +54,12 @@ async def step(cache: CacheManager) -> None:
     for key, pending in list(cache._pending.items()):
         if not pending.live():
             del cache._pending[key]  # every caller gave up
+    if cache._config_stale and not await _send(cache, cache.settings.reload_deadline_s, "re-adopting"):
+        return
+    cache._config_stale = False
+    cache._synced.set()
+    if cache._resync and not await _resync(cache):
+        return
     leaving = _drop_vanished(cache) + _take_evictions(cache)
     victims, batch = plan(cache, now)
     _expire_room_waits(cache, now)
@@ -365,15 +373,76 @@ async def _send(cache: CacheManager, deadline_s: float, why: str, *, loading: bo
 
 def _mark_unhealthy(cache: CacheManager, reason: str) -> None:
     log.error("node %s is unhealthy: %s", cache.node.target, reason)
-    cache._healthy = False
-    cache._unhealthy_reason = reason
+    cache._set_health(False, reason)
     cache._fail_all(errors.NodeUnavailable(f"node {cache.node.target} is unhealthy: {reason}"))
 
 
-async def _recover(cache: CacheManager) -> None:
-    """Retry the node; keep what it still serves, drop what it does not."""
-    await asyncio.sleep(cache.settings.health_retry_s)  # a retry interval, not a wait for a state
+async def _resync(cache: CacheManager) -> bool:
+    """Answer ``recheck``: if the node lost resident models (it restarted), send the config again.
+
+    One status call per resident model decides; the reload happens only when one was
+    lost, so callers that arrive after the restore cost no second reload. False (and the
+    node unhealthy) when the node cannot be reached.
+    """
+    waiters, cache._resync = cache._resync, []
     s = cache.settings
+    try:
+        lost = [key for key, entry in list(cache._entries.items()) if entry.state == READY
+                and not await _available(cache, key)]
+        if lost:
+            log.warning("node %s lost %s (it restarted?); sending its config again", cache.node.target,
+                        _names(lost))
+            await cache.node.reload(cache._config(), deadline_s=s.reload_deadline_s)
+            deadline = time.monotonic() + s.reload_deadline_s
+            results = await asyncio.gather(*(_await_state(cache, k, deadline, want_end=False) for k in lost),
+                                           return_exceptions=True)
+            for key, result in zip(lost, results):
+                if result is not None and key in cache._entries:
+                    _evicted(cache, key, "node_lost")
+                    del cache._entries[key]
+                    cache.policy.forget(key)
+            cache._save()
+    except errors.TfscacheError as e:
+        _mark_unhealthy(cache, f"restoring its config: {e.grpc_code.name}: {e.message}")
+        _fail(waiters, errors.NodeUnavailable(f"node {cache.node.target} is unhealthy: {e.message}"))
+        return False
+    for fut in waiters:
+        if not fut.done():
+            fut.set_result(None)
+    return True
+
+
+async def _available(cache: CacheManager, key: Key) -> bool:
+    statuses = await cache.node.status(*key, deadline_s=cache.settings.rpc_deadline_s)
+    return any(st.version == key[1] and st.state == AVAILABLE for st in statuses)
+
+
+async def _startup(cache: CacheManager, state: CacheState) -> None:
+    """Wait for the node to answer, then re-adopt the saved models it still serves; healthy then."""
+    failures = 0
+    while True:
+        try:
+            lost_pins = await adopt(cache, state)
+            break
+        except errors.TfscacheError as e:
+            if failures == 0 or failures % 10 == 0:
+                log.warning("node %s not answering yet (%s: %s); waiting for it", cache.node.target,
+                            e.grpc_code.name, e.message)
+            failures += 1
+            if await cache.node.wait_ready(cache.settings.health_retry_s):
+                await asyncio.sleep(min(cache.settings.health_retry_s, 0.05 * 2**failures))  # answers, but fails
+    cache._starting = False
+    cache._set_health(True)
+    cache._repins = {asyncio.create_task(repin(cache, key)) for key in lost_pins}  # the node lost them
+
+
+async def _recover(cache: CacheManager, failures: int) -> bool:
+    """Retry the node; keep what it still serves, drop what it does not. Whether it is healthy again."""
+    s = cache.settings
+    if failures:  # it answered but failed: back off, up to health_retry_s
+        await asyncio.sleep(min(s.health_retry_s, 0.05 * 2**failures))
+    if not await cache.node.wait_ready(s.health_retry_s):
+        return False
     for key, entry in list(cache._entries.items()):
         if entry.state == LOADING:  # its outcome is unknown: leave it out of the config
             del cache._entries[key]
@@ -392,17 +461,22 @@ async def _recover(cache: CacheManager) -> None:
                 cache.policy.forget(key)
     except errors.TfscacheError as e:
         log.warning("node %s still unhealthy: %s: %s", cache.node.target, e.grpc_code.name, e.message)
-        return
+        return False
     log.info("node %s is healthy again; %d models resident", cache.node.target, len(cache._entries))
-    cache._healthy = True
+    cache._config_stale = False
+    cache._synced.set()
+    cache._set_health(True)
     cache._save()
     cache._wake.set()
+    return True
 
 
 async def adopt(cache: CacheManager, state: CacheState) -> list[Key]:
-    """At start: keep the saved models the node still serves; the config sent clears the rest.
+    """At start: keep the saved models the node still serves; the first step's config clears the rest.
 
     Returns the pinned versions the node no longer serves (still on disk), to load and pin again.
+    The node's config is sent by the reloader's first step, not here: a node busy with a long
+    load (this process restarted under it) answers status calls but queues the reload.
     """
     s = cache.settings
     for text, size in state.learned.items():
@@ -410,6 +484,8 @@ async def adopt(cache: CacheManager, state: CacheState) -> list[Key]:
         cache._learned[(name, int(version))] = size
     now = time.monotonic()
     lost_pins = []
+    cache._entries.clear()  # a retry after the node stopped answering midway starts over
+    cache._pinned.clear()
     for saved in sorted(state.models, key=lambda m: m.last_use):
         key = (saved.name, saved.version)
         try:
@@ -425,12 +501,11 @@ async def adopt(cache: CacheManager, state: CacheState) -> list[Key]:
                 cache._pinned.add(key)
         elif saved.pinned:
             lost_pins.append(key)
-    await cache.node.reload(cache._config(), deadline_s=s.reload_deadline_s)
     log.info("node %s: adopted %d models (%d pinned) from %s", cache.node.target, len(cache._entries),
              len(cache._pinned), cache.state_file)
+    cache._config_stale = True
+    cache._wake.set()  # the first step sends the config (and evicts down to the caps, if they shrank)
     cache._save()
-    if not _fits(cache, len(cache._entries), sum(e.bytes for e in cache._entries.values())):
-        cache._wake.set()  # the caps shrank since: evict down to them
     return lost_pins
 
 

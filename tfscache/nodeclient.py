@@ -7,6 +7,7 @@ here, once, into the ``tfscache.errors`` tree, keeping TF Serving's message.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -25,6 +26,21 @@ END = pb.ModelVersionStatus.END
 
 MAX_MESSAGE_BYTES = 2**31 - 1  # TF Serving's own limit, both ways
 
+# A node or peer that restarts is back within seconds: reconnect within a second of it
+# listening again, not after gRPC's default backoff (up to 120 s).
+RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
+                     ("grpc.max_reconnect_backoff_ms", 1000))
+
+
+async def channel_ready(channel: grpc.aio.Channel, timeout: float) -> bool:
+    """Wait up to ``timeout`` s for ``channel`` to connect, reconnecting now; whether it did."""
+    try:
+        async with asyncio.timeout(timeout):
+            await channel.channel_ready()
+        return True
+    except TimeoutError:
+        return False
+
 
 class NodeClient:
     """ModelService calls to the node at ``target`` ("host:port")."""
@@ -36,6 +52,7 @@ class NodeClient:
         self._channel = channel or grpc.aio.insecure_channel(target, options=[
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            *RECONNECT_OPTIONS,
         ])
         self._reload = self._channel.unary_unary(
             RELOAD_METHOD,
@@ -73,6 +90,14 @@ class NodeClient:
         except errors.NotFound:
             return []
         return list(response.model_version_status)
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the channel to connect to the node; whether it did.
+
+        Not an RPC: it waits for a TCP and HTTP/2 connection (the node listening again
+        after a restart), and asks the channel to reconnect now rather than after its backoff.
+        """
+        return await channel_ready(self._channel, timeout)
 
     async def close(self) -> None:
         await self._channel.close()

@@ -91,6 +91,9 @@ class ServeApp:
         watch(self.metrics, self)
         self.metrics_port: int | None = None
         self._observe: ObserveServer | None = None
+        self.failed = asyncio.Event()  # set when the process cannot go on (its node never came up)
+        self.failure = ""
+        self._watchdog: asyncio.Task | None = None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -174,6 +177,8 @@ class ServeApp:
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (``grace`` s), then stop caches and nodes."""
         grace = self.settings.server.grace_s if grace is None else grace
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         if self.discovery is not None:  # leave the ring first, then drain
             await self.discovery.deregister()
             await self.discovery.stop()
@@ -212,7 +217,7 @@ class ServeApp:
         self.backends = {node.name: NodeBackend(node.name) for node in self.supervisor.nodes}
         await self.supervisor.start()
         ring = Ring(self.backends, replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes)
-        return Router(ring, self.backends)
+        return Router(ring, self.backends, wait_s=s.cache.load_timeout_s)
 
     async def _start_sidecar(self) -> Router:
         s = self.settings
@@ -229,13 +234,29 @@ class ServeApp:
         find = (lambda: find_node_pid(host, port)) if is_local_host(host) else None
         await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None, node_pid=node_pid,
                            find_node_pid=find)
+        # The front end serves at once; health stays NOT_SERVING until the node answers (in a pod,
+        # both containers start together) and the cache re-adopted what it serves.
+        self._watchdog = asyncio.create_task(self._await_node(backend, host_port), name="tfscache-await-node")
         self.router = Router(Ring([own], replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes),
-                             self.backends, local=own)
+                             self.backends, local=own, wait_s=s.cache.load_timeout_s)
         self.discovery = from_settings(s, self.config_file)
         await self.discovery.start()
         await self.set_peers(self.discovery.members())
         self.discovery.subscribe(self.set_peers)
         return self.router
+
+    async def _await_node(self, backend: NodeBackend, address: str) -> None:
+        """Sidecar mode: fail the process if its node does not answer within ``node.start_timeout_s``."""
+        timeout = self.settings.node.start_timeout_s
+        cache = backend.cache
+        if cache is not None and not await cache.wait_ready(timeout) and not cache.draining:
+            self.fail(f"node {address} did not answer within node.start_timeout_s = {timeout} s")
+
+    def fail(self, reason: str) -> None:
+        """The process cannot serve: log why, and let ``tfscache serve`` exit 1."""
+        log.error("tfscache serve cannot go on: %s", reason)
+        self.failure = reason
+        self.failed.set()
 
     async def set_peers(self, peers: list[Peer]) -> None:
         """Sidecar mode: the sidecars on the ring (this one included), replacing the previous list.
@@ -351,7 +372,12 @@ async def _run(settings: Settings, config_file: str | None = None) -> int:
         return 1
     # SIGTERM: health NOT_SERVING, out of discovery, then requests in flight finish;
     # an admin Drain of the whole process ends here too, once every model is unloaded.
-    return await app.ops.run_until(stop)
+    # A node that never came up (app.fail) stops it the same way, with exit status 1.
+    failed = loop.create_task(app.failed.wait())
+    failed.add_done_callback(lambda _: stop.set())
+    rc = await app.ops.run_until(stop)
+    failed.cancel()
+    return 1 if app.failed.is_set() else rc
 
 
 def main(argv: list[str] | None = None) -> int:

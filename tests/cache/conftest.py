@@ -62,6 +62,7 @@ async def make_cache(node, repository, gate):
                              state_file=state_file)
         made.append((cache, client))
         await cache.start()
+        await cache.wait_synced(60)  # the node holds this cache's (empty) config, not a previous test's
         return cache
 
     yield make

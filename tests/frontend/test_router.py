@@ -78,8 +78,13 @@ class FakeCache:
         self.resident: set[str] = set()
         self.acquired: list[tuple[str, int | None, float | None]] = []
 
+    draining = False
+
     def is_resident(self, name, version=None):
         return name in self.resident
+
+    async def wait_ready(self, timeout):
+        return True
 
     async def acquire(self, name, version=None, timeout=None):
         self.acquired.append((name, version, timeout))
@@ -151,7 +156,7 @@ async def test_deadline_and_metadata_propagate(world):
     assert 3.0 < world["backends"][first].cache.acquired[0][2] <= 5.05  # the load waits no longer either
 
 
-async def test_unavailable_tries_the_next_replica_once(world):
+async def test_unavailable_tries_the_next_replica_then_retries_a_few_rounds(world):
     first, second = replicas(world, "m4")
     world["servers"][first].reply = lambda r: errors.Unavailable("node going away")
     assert await world["predict"](request_for("m4"), timeout=10) == f"from-{second}".encode()
@@ -159,9 +164,10 @@ async def test_unavailable_tries_the_next_replica_once(world):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await world["predict"](request_for("m4"), timeout=10)
     assert (info.value.code(), info.value.details()) == (grpc.StatusCode.UNAVAILABLE, "second one down too")
-    assert len(world["servers"][first].calls) == 2 and len(world["servers"][second].calls) == 2
+    # Both answer UNAVAILABLE while connected: each is tried again in 3 more rounds, with a backoff.
+    assert len(world["servers"][first].calls) == 2 + 3 and len(world["servers"][second].calls) == 1 + 4
     third = next(n for n in world["servers"] if n not in (first, second))
-    assert not world["servers"][third].calls  # never more than one retry, never outside the replicas
+    assert not world["servers"][third].calls  # never outside the replicas
 
 
 async def test_a_call_the_node_cancelled_tries_the_next_replica_once(world):

@@ -91,6 +91,7 @@ async def cache_of(node, repo_root, gate_dir):
         metrics.watch(lambda: [NodeView("n0", cache, cache.healthy)], lambda: 1)
         made.append((cache, client))
         await cache.start()
+        await cache.wait_synced(60)
         return cache, events, metrics
 
     yield make

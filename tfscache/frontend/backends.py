@@ -4,18 +4,39 @@ A ``NodeBackend`` holds a lease from the node's cache for the length of each cal
 the model stays loaded while the request runs. A ``PeerBackend`` is another tfscache
 sidecar that owns the model: requests go to its front end marked as forwarded, and it
 serves them from its own node without routing again (at most one extra hop).
+
+A node that answers NOT_FOUND "Servable not found for request" for the model a lease
+is held on has lost its config (TF Serving restarted behind a sidecar, at the same
+address): the cache rechecks and restores it, and the request is sent once more.
+``GetModelStatus`` takes no lease and loads nothing (``tfscache.frontend.probe``).
+Both kinds say when they can serve again (``wait_serving``), for the router to wait
+on a node that restarts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable, Callable
 
 from tfscache import errors
-from tfscache.frontend.methods import RouteKey
+from tfscache.frontend import probe
+from tfscache.frontend.methods import STATUS_PATH, RouteKey
 from tfscache.frontend.upstream import RestReply, Upstream
 
 FORWARDED_KEY = "x-tfscache-forwarded"  # gRPC metadata key / HTTP header on a forwarded request
+
+
+_LOST = "Servable not found for request"  # TF Serving's NOT_FOUND text for a model not in its config
+
+
+class _LostReply(errors.NotFound):
+    """A REST 404 with TF Serving's "Servable not found" body, raised to be rechecked like gRPC's."""
+
+    def __init__(self, reply: RestReply) -> None:
+        super().__init__(_LOST)
+        self.reply = reply
 
 
 def remaining(deadline: float | None) -> float | None:
@@ -39,6 +60,9 @@ class NodeBackend:
         self.upstream = upstream
         self.cache = cache
         self.load_timeout_s = load_timeout_s
+        self._attached = asyncio.Event()  # set while a node process and its cache are attached
+        if upstream is not None and cache is not None:
+            self._attached.set()
 
     def __repr__(self) -> str:
         return f"NodeBackend({self.name}, {self.upstream})"
@@ -48,9 +72,32 @@ class NodeBackend:
         self.upstream, self.cache = upstream, cache
         if load_timeout_s is not None:
             self.load_timeout_s = load_timeout_s
+        self._attached.set()
 
     def detach(self) -> None:
         self.upstream = self.cache = None
+        self._attached.clear()
+
+    async def wait_serving(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until the node can serve: (re)started, its cache healthy, connected.
+
+        False if it did not in time; ``NodeUnavailable`` at once when it will not (its cache
+        drains, or stopped with no node process replacing it: this process is stopping).
+        """
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    await self._attached.wait()
+                    cache, upstream = self.cache, self.upstream
+                    if cache.draining:
+                        raise errors.NodeUnavailable(f"node {self.name} is draining")
+                    if await cache.wait_ready(None):
+                        return await upstream.wait_ready(timeout)
+                    if self.cache is cache:
+                        raise errors.NodeUnavailable(f"node {self.name} stopped")
+                    # its process exited and the cache with it: wait for the restarted one
+        except TimeoutError:
+            return False
 
     @property
     def healthy(self) -> bool:
@@ -74,15 +121,65 @@ class NodeBackend:
         async with lease:
             yield upstream
 
-    async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline) -> bytes:
+    async def _forward(self, key: RouteKey | None, deadline: float | None,
+                       send: Callable[[Upstream], Awaitable]):
+        """``send(upstream)`` under a lease; if the node lost the leased model, recheck and send again."""
         async with self._leased(key, deadline) as upstream:
-            return await upstream.unary(path, request, metadata=metadata, timeout=remaining(deadline))
+            try:
+                return await send(upstream)
+            except errors.NotFound as exc:
+                if key is None or not exc.message.startswith(_LOST):
+                    raise
+        cache = self.cache
+        if cache is None:
+            raise errors.NodeUnavailable(f"node {self.name} is not running")
+        left = remaining(deadline)
+        try:
+            async with asyncio.timeout(self.load_timeout_s if left is None else left):
+                await cache.recheck()
+        except TimeoutError:
+            raise errors.DeadlineExceeded(f"Timed out waiting for node {self.name} to restore its models") from None
+        async with self._leased(key, deadline) as upstream:
+            return await send(upstream)
+
+    def _probe(self, key: RouteKey) -> probe.ProbeAnswer | None:
+        """A status request for a version not on the node, answered without loading it; else None."""
+        cache = self.cache
+        if cache is None:
+            raise errors.NodeUnavailable(f"node {self.name} is not running")
+        found = cache.repository.resolve(key.name, key.version)
+        if cache.state_of(found.name, found.version) in ("loading", "available"):
+            return None  # the node's own answer
+        return probe.ProbeAnswer(found.version, cache.failure(found.name, found.version))
+
+    async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline) -> bytes:
+        if key is not None and path == STATUS_PATH:
+            answer = self._probe(key)
+            if answer is not None:
+                return answer.grpc()
+            return await self.upstream.unary(path, request, metadata=metadata, timeout=remaining(deadline))
+        return await self._forward(key, deadline, lambda upstream: upstream.unary(
+            path, request, metadata=metadata, timeout=remaining(deadline)))
 
     async def rest(self, key: RouteKey | None, method: str, path_qs: str, body: bytes,
-                   headers: dict[str, str], timeout: float) -> RestReply:
+                   headers: dict[str, str], timeout: float, *, status: bool = False) -> RestReply:
         deadline = time.monotonic() + timeout
-        async with self._leased(key, deadline) as upstream:
-            return await upstream.rest(method, path_qs, body, headers, timeout=remaining(deadline))
+        if key is not None and status:
+            answer = self._probe(key)
+            if answer is not None:
+                return answer.rest()
+            return await self.upstream.rest(method, path_qs, body, headers, timeout=timeout)
+
+        async def send(upstream: Upstream) -> RestReply:
+            reply = await upstream.rest(method, path_qs, body, headers, timeout=remaining(deadline))
+            if reply.status == 404 and _LOST.encode() in reply.body[:200]:
+                raise _LostReply(reply)
+            return reply
+
+        try:
+            return await self._forward(key, deadline, send)
+        except _LostReply as lost:  # the node still has not got it: its answer, as it came
+            return lost.reply
 
     async def close(self) -> None:
         if self.upstream is not None:
@@ -107,12 +204,16 @@ class PeerBackend:
     def holds(self, key: RouteKey) -> bool:
         return False
 
+    async def wait_serving(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the peer to accept connections again."""
+        return await self.upstream.wait_ready(timeout)
+
     async def grpc(self, key, path: str, request: bytes, metadata, deadline) -> bytes:
         return await self.upstream.unary(path, request, metadata=(*metadata, self._marker),
                                          timeout=remaining(deadline))
 
     async def rest(self, key, method: str, path_qs: str, body: bytes, headers: dict[str, str],
-                   timeout: float) -> RestReply:
+                   timeout: float, *, status: bool = False) -> RestReply:
         return await self.upstream.rest(method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]},
                                         timeout=timeout)
 

@@ -1,11 +1,17 @@
-"""Routing: which backend serves a request, and one retry on UNAVAILABLE.
+"""Routing: which backend serves a request, and retries while nodes restart.
 
 The ring maps a model name to ``replicas_per_model`` distinct backends. Among them
 a healthy one that already holds the model goes first, then the others in ring
 order. If the chosen one answers UNAVAILABLE (node down, connection lost, its channel
 closed because it left the ring) or CANCELLED (a peer that cancelled the call while
 shutting down or draining; our own caller cancelling cancels this task instead), the
-best other replica on the ring as it is then is tried, once. A request forwarded by a peer sidecar is served locally and
+best other replica on the ring as it is then is tried at once. When every replica
+failed, the request waits for one to serve again (a node restarting, a sidecar's node
+coming up) and is tried again, for as long as its deadline allows (no deadline:
+``wait_s``, the cache's ``load_timeout_s``). The last error is returned when no replica
+will come back (their caches drain), or when replicas that said they could serve
+failed again ``_READY_RETRIES`` times (a node that itself answers UNAVAILABLE), with
+a backoff between those rounds. A request forwarded by a peer sidecar is served locally and
 never routed again, so a request makes at most one extra hop and cannot loop.
 
 A version label is resolved to its version (``label_version``) before routing, as
@@ -15,7 +21,11 @@ The backend a request goes to is bound to the log context (``node``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
+import time
+from collections.abc import Awaitable, Callable
 
 from tfscache import errors, logs
 from tfscache.frontend.methods import STATUS_PATH, RouteKey, status_not_found
@@ -24,15 +34,29 @@ from tfscache.ring import Ring
 
 log = logging.getLogger("tfscache.frontend.router")
 
+_WAIT_SLICE_S = 2.0  # wait this long for a replica, then look at the ring again (it may have changed)
+_MAX_BACKOFF_S = 1.0
+_READY_RETRIES = 3  # rounds in which a replica said it could serve and then failed again; then give up
+
+
+class _Unavailable503(errors.NodeUnavailable):
+    """A REST reply of 503 from a backend: retried like UNAVAILABLE; returned as it came if it stays."""
+
+    def __init__(self, reply: RestReply) -> None:
+        super().__init__(reply.body[:200].decode("utf-8", "replace"))
+        self.reply = reply
+
 
 class Router:
     """Picks backends for a RouteKey over the ring and forwards to them."""
 
-    def __init__(self, ring: Ring, backends: dict, local: str | None = None, repository=None) -> None:
+    def __init__(self, ring: Ring, backends: dict, local: str | None = None, repository=None,
+                 wait_s: float = 600.0) -> None:
         self.ring = ring
         self.backends = backends  # ring node name -> NodeBackend | PeerBackend
         self.local = local  # sidecar mode: the name of this sidecar's own node
         self.repository = repository  # tfscache.repository.ModelRepository: version labels
+        self.wait_s = wait_s  # how long a request without a deadline waits for a node to come back
 
     def label_version(self, name: str, label: str) -> int:
         """The version a label names (the repository's labels.json); TF Serving's errors."""
@@ -66,55 +90,93 @@ class Router:
             raise
 
     async def _grpc(self, path, key, request, metadata, deadline, forwarded) -> bytes:
-        first = self.candidates(key, forwarded)[0]
-        logs.bind(node=first.name)
-        try:
-            return await first.grpc(key, path, request, metadata, deadline)
-        except (errors.Unavailable, errors.Cancelled) as exc:
-            second = self._retry_on(key, forwarded, first)
-            if second is None:
-                raise
-            log.warning("%s unavailable for %s (%s); trying %s", first.name, key, exc.message, second.name)
-        logs.bind(node=second.name)
-        return await second.grpc(key, path, request, metadata, deadline)
+        return await self._call(key, forwarded, deadline,
+                                lambda backend: backend.grpc(key, path, request, metadata, deadline))
 
-    def _retry_on(self, key: RouteKey | None, forwarded: bool, tried):
-        """The backend for the one retry: the best replica on the ring as it is now (it may have
-        changed while the first try ran, e.g. the replica tried has left it), other than ``tried``."""
-        if forwarded or key is None:
+    async def _call(self, key: RouteKey | None, forwarded: bool, deadline: float | None,
+                    send: Callable[[object], Awaitable]):
+        """``send(backend)`` to the best replica; on UNAVAILABLE the next, then wait for one to return.
+
+        Candidates are taken from the ring as it is at each try: a replica may leave it
+        (drained, gone from discovery) while a request waits.
+        """
+        tried: set[str] = set()
+        rounds = 0
+        limit = time.monotonic() + (self.wait_s if deadline is None else max(0.0, deadline - time.monotonic()))
+        while True:
+            candidates = self.candidates(key, forwarded)
+            backend = next((b for b in candidates if b.name not in tried), None)
+            if backend is None:
+                if key is None or rounds >= _READY_RETRIES:
+                    raise last
+                ready = await self._wait_for(candidates, limit, rounds)
+                if ready is None:
+                    raise last
+                tried.clear()
+                rounds += ready
+                continue
+            logs.bind(node=backend.name)
+            try:
+                return await send(backend)
+            except (errors.Unavailable, errors.Cancelled) as exc:
+                last = exc
+                tried.add(backend.name)
+                log.warning("%s unavailable for %s: %s", backend.name, key, exc.message[:200])
+
+    async def _wait_for(self, candidates: list, limit: float, rounds: int) -> bool | None:
+        """Wait until one of ``candidates`` may serve again: True; False when none did within a
+        slice but time is left (the ring may have changed); None when none will before ``limit``."""
+        left = limit - time.monotonic()
+        if left <= 0:
             return None
-        return next((b for b in self.candidates(key) if b.name != tried.name), None)
+        if rounds:  # it said it could serve and failed again: back off
+            await asyncio.sleep(min(left, _MAX_BACKOFF_S, 0.1 * 2 ** (rounds - 1)))
+        waits = [asyncio.ensure_future(b.wait_serving(min(max(0.0, limit - time.monotonic()), _WAIT_SLICE_S)))
+                 for b in candidates]
+        try:
+            for done in asyncio.as_completed(waits):
+                with contextlib.suppress(errors.Unavailable):  # that one will not come back
+                    if await done:
+                        return True
+        finally:
+            for w in waits:
+                w.cancel()
+        # Nobody ready within the slice: look at the ring again while time is left, unless every
+        # candidate said it will not come back (a draining cache says so at once).
+        if time.monotonic() >= limit or all(_gave_up(w) for w in waits):
+            return None
+        return False
 
     async def rest(self, key: RouteKey, method: str, path_qs: str, body: bytes, headers: dict[str, str],
                    timeout: float, forwarded: bool = False, status: bool = False) -> RestReply:
         """Forward a REST request; the serving node's reply, unchanged."""
         try:
-            return await self._rest(key, method, path_qs, body, headers, timeout, forwarded)
+            return await self._rest(key, method, path_qs, body, headers, timeout, forwarded, status)
         except errors.ModelNotFound as exc:
             if status:  # GET /v1/models/NAME[/versions/V]: GetModelStatus's texts
                 raise status_not_found(key) from exc
             raise
 
-    async def _rest(self, key, method, path_qs, body, headers, timeout, forwarded) -> RestReply:
-        first = self.candidates(key, forwarded)[0]
-        logs.bind(node=first.name)
+    async def _rest(self, key, method, path_qs, body, headers, timeout, forwarded, status) -> RestReply:
+        deadline = time.monotonic() + timeout
+
+        async def send(backend) -> RestReply:
+            reply = await backend.rest(key, method, path_qs, body, headers, max(0.001, deadline - time.monotonic()),
+                                       status=status)
+            if reply.status == 503:
+                raise _Unavailable503(reply)
+            return reply
+
         try:
-            reply = await first.rest(key, method, path_qs, body, headers, timeout)
-            if reply.status != 503:
-                return reply
-            second = self._retry_on(key, forwarded, first)
-            if second is None:
-                return reply
-            reason = reply.body[:200]
-        except errors.Unavailable as exc:
-            second = self._retry_on(key, forwarded, first)
-            if second is None:
-                raise
-            reason = exc.message
-        log.warning("%s unavailable for %s (%s); trying %s", first.name, key, reason, second.name)
-        logs.bind(node=second.name)
-        return await second.rest(key, method, path_qs, body, headers, timeout)
+            return await self._call(key, forwarded, deadline, send)
+        except _Unavailable503 as exc:
+            return exc.reply
 
     async def close(self) -> None:
         for backend in self.backends.values():
             await backend.close()
+
+
+def _gave_up(wait: asyncio.Future) -> bool:
+    """A ``wait_serving`` that said its backend will not serve again."""
+    return wait.done() and not wait.cancelled() and isinstance(wait.exception(), errors.Unavailable)

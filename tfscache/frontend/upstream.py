@@ -23,6 +23,7 @@ import aiohttp
 import grpc
 
 from tfscache import errors
+from tfscache.nodeclient import RECONNECT_OPTIONS, channel_ready
 
 log = logging.getLogger("tfscache.frontend.upstream")
 
@@ -60,6 +61,7 @@ class Upstream:
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.enable_retries", 0),
+            *RECONNECT_OPTIONS,
         ])
         self._calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
         self._in_flight = 0
@@ -112,6 +114,10 @@ class Upstream:
             raise errors.DeadlineExceeded(f"REST request to {self.rest_address} timed out after {timeout} s") from exc
         except aiohttp.ClientError as exc:
             raise errors.NodeUnavailable(f"REST request to {self.rest_address} failed: {exc}") from exc
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the gRPC channel to connect (the server listening again)."""
+        return not self._closed and await channel_ready(self.channel, timeout)
 
     async def retire(self, grace: float) -> None:
         """Close once the calls in flight have finished (at most ``grace`` s); calls may still start until then."""
