@@ -31,7 +31,7 @@ def test_unsafe_names_are_invalid_argument(repo, name):
         repo.resolve(name)
     assert info.value.grpc_code == grpc.StatusCode.INVALID_ARGUMENT
     assert info.value.http_status == 400
-    assert info.value.message.startswith(f"Invalid model name {name!r}: ")
+    assert info.value.message.startswith(f"Invalid model name {errors.shorten(name)!r}: ")  # cut at 200
 
 
 def test_unsafe_name_messages():

@@ -172,3 +172,11 @@ def code_name(code: grpc.StatusCode | int) -> str:
     if isinstance(code, int):
         code = _BY_NUMBER.get(code, grpc.StatusCode.UNKNOWN)
     return code.name
+
+
+SHOWN_CHARS = 200  # how much of a client's string (a model name) an error message echoes
+
+
+def shorten(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text`` as an error message may echo it: the first ``limit`` characters, then "..."."""
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -36,8 +36,18 @@ LABELS_FILE = "labels.json"
 def check_name(name: str) -> None:
     """Raise ``UnsafeModelName`` unless ``name`` is one safe path segment."""
     problem = _name_problem(name)
-    if problem:
-        raise errors.UnsafeModelName(f"Invalid model name {name!r}: {problem}")
+    if problem:  # the name cut short: a 16 KB name must not make a 16 KB message
+        shown = repr(errors.shorten(name)) if isinstance(name, str) else repr(name)
+        raise errors.UnsafeModelName(f"Invalid model name {shown}: {problem}")
+
+
+def check_name_length(name: str) -> None:
+    """INVALID_ARGUMENT for a name longer than a file name can be (the node's check)."""
+    size = len(name.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise errors.InvalidArgument(
+            f"Invalid model name {errors.shorten(name)!r}: a model name must be at most "
+            f"{MAX_NAME_BYTES} bytes, got {size}")
 
 
 def _name_problem(name: str) -> str | None:

@@ -29,6 +29,20 @@ from tfscache.frontend.upstream import forwardable_metadata
 log = logging.getLogger("tfscache.frontend.grpc_server")
 
 REQUEST_ID_KEY = "x-request-id"
+# gRPC sends the message in a header, percent-encoded beyond printable ASCII: one over
+# the client's metadata limit (8 KB by default) reaches it as RESOURCE_EXHAUSTED, its
+# own error hidden. So a message is cut to this many bytes on the wire.
+MAX_ERROR_BYTES = 4096
+
+
+def grpc_message(message: str) -> str:
+    """The message as sent: cut to MAX_ERROR_BYTES once encoded, marked as TF Serving marks cuts."""
+    size = 0
+    for index, char in enumerate(message):
+        size += 1 if " " <= char <= "~" and char != "%" else 3 * len(char.encode("utf-8", "replace"))
+        if size > MAX_ERROR_BYTES:
+            return message[:index] + "...TRUNCATED"
+    return message
 
 
 def new_request_id() -> str:
@@ -84,7 +98,7 @@ class _Handlers(grpc.GenericRpcHandler):
             log.debug("%s: %s: %s", name, code.name, message)
             if metrics is not None:
                 metrics.request("grpc", name, code.name)
-            await context.abort(code, message)
+            await context.abort(code, grpc_message(message))
 
         return behavior
 

@@ -56,6 +56,7 @@ from tfscache.node.loader_harness import (
     release_memory,
 )
 from tfscache.node.source import FileSystemSource
+from tfscache.repository import check_name_length
 
 log = logging.getLogger("tfscache.node.manager")
 
@@ -374,6 +375,7 @@ class ServingCore:
         """ServableRequestFromModelSpec: (name, version or None for Latest)."""
         if not model_spec.name:
             raise InvalidArgument("ModelSpec has no name specified.")
+        check_name_length(model_spec.name)  # not NOT_FOUND echoing a 16 KB name
         choice = model_spec.WhichOneof("version_choice")
         if choice == "version":
             return model_spec.name, model_spec.version.value
@@ -419,6 +421,7 @@ class ServingCore:
         if not request.HasField("model_spec"):
             raise InvalidArgument("Missing ModelSpec")
         spec = request.model_spec
+        check_name_length(spec.name)
         with self._lock:
             states = dict(self._monitor.get(spec.name, {}))
         if spec.HasField("version"):
