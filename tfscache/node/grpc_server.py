@@ -126,14 +126,17 @@ class ModelService:
         return response
 
 
-def _prediction_methods(core: ServingCore, executor) -> dict[str, _Method]:
+def _prediction_methods(core: ServingCore, executor, max_tensor_bytes: int | None) -> dict[str, _Method]:
     from tfscache.node import inference
 
     def bind(fn):
         return lambda request, timeout_s: fn(core, request, timeout_s)
 
+    def predict(request, timeout_s):
+        return inference.predict(core, request, timeout_s, max_tensor_bytes)
+
     return {
-        "Predict": _Method(predict_pb2.PredictRequest, bind(inference.predict), executor),
+        "Predict": _Method(predict_pb2.PredictRequest, predict, executor),
         "Classify": _Method(classification_pb2.ClassificationRequest, bind(inference.classify), executor),
         "Regress": _Method(regression_pb2.RegressionRequest, bind(inference.regress), executor),
         "MultiInference": _Method(inference_pb2.MultiInferenceRequest,
@@ -152,14 +155,17 @@ def _handler(service: str, methods: dict[str, _Method]) -> grpc.GenericRpcHandle
 
 
 def build_server(core: ServingCore, executor: concurrent.futures.Executor,
-                 channel_arguments: list[tuple[str, object]] = ()) -> grpc.aio.Server:
-    """A grpc.aio server with both services registered (ports not yet bound)."""
+                 channel_arguments: list[tuple[str, object]] = (),
+                 max_tensor_bytes: int | None = None) -> grpc.aio.Server:
+    """A grpc.aio server with both services registered (ports not yet bound).
+
+    ``max_tensor_bytes``: --max_request_tensor_bytes (None or 0: no bound)."""
     options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), *channel_arguments]
     server = grpc.aio.server(options=options)
     models = ModelService(core)
     server.add_generic_rpc_handlers((
-        _handler("tensorflow.serving.PredictionService", _prediction_methods(core, executor)),
+        _handler("tensorflow.serving.PredictionService", _prediction_methods(core, executor, max_tensor_bytes)),
         _handler("tensorflow.serving.ModelService", {
             "GetModelStatus": _Method(get_model_status_pb2.GetModelStatusRequest,
                                       models.get_model_status, executor),

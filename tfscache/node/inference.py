@@ -26,6 +26,7 @@ from tensorflow_serving.apis import (
 )
 
 from tfscache import errors
+from tfscache.node import tensor_limits
 from tfscache.node.servable import dtype_of, from_proto, shape_string, to_proto_field
 
 log = logging.getLogger("tfscache.node.inference")
@@ -39,8 +40,9 @@ SIGNATURE_DEF_FIELD = "signature_def"
 # -- Predict -----------------------------------------------------------------------------
 
 
-def predict(core, request: predict_pb2.PredictRequest, timeout_s: float | None = None
-            ) -> predict_pb2.PredictResponse:
+def predict(core, request: predict_pb2.PredictRequest, timeout_s: float | None = None,
+            max_tensor_bytes: int | None = None) -> predict_pb2.PredictResponse:
+    """``max_tensor_bytes``: the bound on the inputs' decoded size (None: no bound)."""
     if not request.HasField("model_spec"):
         raise errors.InvalidArgument("Missing ModelSpec")
     spec = request.model_spec
@@ -52,6 +54,7 @@ def predict(core, request: predict_pb2.PredictRequest, timeout_s: float | None =
         response = predict_pb2.PredictResponse()
         _model_spec(response.model_spec, spec.name, signature_name, servable.version)
         _check_input_size(signature, request)
+        tensor_limits.check_inputs(request.inputs, max_tensor_bytes)  # before any decoding
         feeds = _input_values(signature, request.inputs)
         names, aliases = _output_targets(signature, request.output_filter)
         outputs = servable.run(feeds, names, timeout_s)

@@ -35,6 +35,7 @@ from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from tfscache.errors import InvalidArgument, TfscacheError, Unimplemented
+from tfscache.node import tensor_limits
 from tfscache.node.rapidjson import _ParseError, _Parser, _json_type, debug_string
 
 _INT32 = (-(2**31), 2**31)
@@ -341,12 +342,32 @@ def _columnar_inputs(value: Any, inputs: Mapping[str, Any]) -> dict[str, tensor_
     return tensors
 
 
+def _check_claimed_shapes(value: Any, inputs: Mapping[str, Any], fmt: JsonFormat,
+                          max_bytes: int | None) -> None:
+    """tensor_limits' checks on the shapes the JSON claims (its first elements), before
+    any value is converted: too many dimensions, and the decoded-size bound."""
+    total = 0
+    for name in sorted(inputs):
+        if fmt is JsonFormat.ROW:
+            first = value[0]
+            item = first.get(name) if _is_element_object(first) else first
+            dims = [len(value)] + _dense_shape(item)
+        else:
+            item = value.get(name) if isinstance(value, dict) and not _is_b64(value) else value
+            dims = _dense_shape(item)
+        tensor_limits.check_shape(name, dims)
+        total += tensor_limits.decoded_bytes(inputs[name].dtype, dims)
+    tensor_limits.check_total(total, max_bytes)
+
+
 def predict_inputs(doc: dict, inputs: Mapping[str, Any], signature: str = "",
+                   max_bytes: int | None = None,
                    ) -> tuple[dict[str, tensor_pb2.TensorProto], JsonFormat]:
     """FillPredictRequestFromJson after the signature lookup.
 
     ``inputs`` is the signature's input map (alias -> TensorInfo, anything with a
-    ``dtype``); ``signature`` is the requested name, for the empty-map message.
+    ``dtype``); ``signature`` is the requested name, for the empty-map message;
+    ``max_bytes`` bounds the tensors' decoded size (tensor_limits).
     """
     if not inputs:
         raise InvalidArgument(
@@ -362,8 +383,10 @@ def predict_inputs(doc: dict, inputs: Mapping[str, Any], signature: str = "",
                 f"JSON Value: {debug_string(doc)} Expecting 'instances' to be an list/array")
         if not instances:
             raise InvalidArgument(f"JSON Value: {debug_string(doc)} No values in 'instances' array")
+        _check_claimed_shapes(instances, inputs, JsonFormat.ROW, max_bytes)
         return _row_inputs(instances, inputs), JsonFormat.ROW
     if "inputs" in doc:
+        _check_claimed_shapes(doc["inputs"], inputs, JsonFormat.COLUMNAR, max_bytes)
         return _columnar_inputs(doc["inputs"], inputs), JsonFormat.COLUMNAR
     raise InvalidArgument("Missing 'inputs' or 'instances' key")
 

@@ -2,7 +2,8 @@
 
 Flags are tensorflow_model_server's, with its defaults (tfserving-behavior.md §5), plus
 the tfscache extensions of docs/DESIGN.md (--bind_address, --ports_file,
---load_gate_dir; --file_system_poll_wait_seconds takes a float). Start-up follows
+--load_gate_dir, --max_request_tensor_bytes; --file_system_poll_wait_seconds takes a
+float). Start-up follows
 ``ms/server.cc``: build the config, load it (waiting for every model), then serve
 gRPC and, on its own port, REST on one asyncio loop. SIGTERM/SIGINT stop serving and
 exit 0.
@@ -71,6 +72,8 @@ FLAGS: dict[str, Flag] = {
     "bind_address": Flag("0.0.0.0", "address both servers bind to"),
     "ports_file": Flag("", "write {grpc, rest, pid} JSON here once serving; port 0 = free port"),
     "load_gate_dir": Flag("", "fault injection for tests (see docs/DESIGN.md)"),
+    "max_request_tensor_bytes": Flag(2**30, "bound on a request's decoded tensors, in bytes "
+                                            "(RESOURCE_EXHAUSTED above it; 0: no bound)"),
 }
 
 
@@ -160,6 +163,9 @@ def main(argv: list[str]) -> int:
                             format="%(levelname)s %(name)s: %(message)s")
     try:
         flags = parse_flags(argv)
+        if int(flags["max_request_tensor_bytes"]) < 0:
+            raise FlagError("Illegal value for flag --max_request_tensor_bytes: "
+                            f"{flags['max_request_tensor_bytes']} (must be >= 0)")
     except FlagError as exc:
         print(f"{exc}\n\n{usage()}", file=sys.stderr)
         return 1
@@ -225,7 +231,8 @@ async def _run_servers(node: _Node) -> int:
     executor = concurrent.futures.ThreadPoolExecutor(
         max(4, 4 * (os.cpu_count() or 1)), thread_name_prefix="tfscache-rpc")
     channel_arguments = node_config.parse_channel_arguments(str(flags["grpc_channel_arguments"]))
-    server = build_server(node.core, executor, channel_arguments)
+    server = build_server(node.core, executor, channel_arguments,
+                          int(flags["max_request_tensor_bytes"]) or None)
     grpc_port = server.add_insecure_port(f"{_host(bind)}:{flags['port']}")
     if grpc_port == 0:
         log.error("Failed to bind the gRPC server to %s:%s", bind, flags["port"])
@@ -265,14 +272,17 @@ async def _start_rest(node: _Node, grpc_port: int):
         return None, 0
     from aiohttp import web
 
+    from tfscache.webserver import app_runner
+
     try:
         from tfscache.node.rest import make_rest_app  # imported only when REST is on
     except ImportError:
         log.exception("REST API unavailable: tfscache.node.rest cannot be imported")
         return None, 0
 
-    app = make_rest_app(node.core, timeout_ms=int(flags["rest_api_timeout_in_ms"]))
-    runner = web.AppRunner(app, access_log=None)
+    app = make_rest_app(node.core, timeout_ms=int(flags["rest_api_timeout_in_ms"]),
+                        max_tensor_bytes=int(flags["max_request_tensor_bytes"]) or None)
+    runner = app_runner(app, "REST API")  # unparsable requests refused quietly (414/431/400)
     await runner.setup()
     site = web.TCPSite(runner, str(flags["bind_address"]), port)
     await site.start()

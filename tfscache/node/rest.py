@@ -103,8 +103,9 @@ def _parse_path(http_method: str, path: str) -> _Target | None:
 class RestHandler:
     """HttpRestApiHandler: one blocking ``process`` per request (run in a thread)."""
 
-    def __init__(self, core, timeout_ms: int = 30000) -> None:
+    def __init__(self, core, timeout_ms: int = 30000, max_tensor_bytes: int | None = None) -> None:
         self.core = core
+        self.max_tensor_bytes = max_tensor_bytes  # --max_request_tensor_bytes (tensor_limits)
         # --rest_api_timeout_in_ms: RunOptions.timeout_in_ms when positive.
         self.timeout_s = timeout_ms / 1000 if timeout_ms > 0 else None
 
@@ -127,10 +128,11 @@ class RestHandler:
         doc = json_tensor.parse_json(body)
         request.model_spec.signature_name = json_tensor.signature_name(doc)
         inputs = self._signature_inputs(request.model_spec)
-        tensors, fmt = json_tensor.predict_inputs(doc, inputs, request.model_spec.signature_name)
+        tensors, fmt = json_tensor.predict_inputs(doc, inputs, request.model_spec.signature_name,
+                                                  self.max_tensor_bytes)
         for name, tensor in tensors.items():
             request.inputs[name].CopyFrom(tensor)
-        response = inference.predict(self.core, request, self.timeout_s)
+        response = inference.predict(self.core, request, self.timeout_s, self.max_tensor_bytes)
         return json_response.predict_json(response.outputs, fmt)
 
     def _signature_inputs(self, model_spec: model_pb2.ModelSpec):
@@ -189,10 +191,10 @@ def _json_response(status: int, text: str) -> web.Response:
                         headers=_JSON_HEADERS)
 
 
-def make_rest_app(core, *, timeout_ms: int = 30000, threads: int | None = None
-                  ) -> web.Application:
+def make_rest_app(core, *, timeout_ms: int = 30000, threads: int | None = None,
+                  max_tensor_bytes: int | None = None) -> web.Application:
     """The REST API of a node: TF Serving's URLs, bodies, errors and HTTP codes."""
-    handler = RestHandler(core, timeout_ms)
+    handler = RestHandler(core, timeout_ms, max_tensor_bytes)
     pool = concurrent.futures.ThreadPoolExecutor(
         threads or max(4, 4 * (os.cpu_count() or 1)), thread_name_prefix="tfscache-rest")
 

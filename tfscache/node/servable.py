@@ -34,6 +34,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2
 from tensorflow.python.client import pywrap_tf_session as tf_session
 
 from tfscache import errors
+from tfscache.node.tensor_limits import element_count, shape_problem
 
 log = logging.getLogger("tfscache.node.servable")
 
@@ -199,7 +200,15 @@ def from_proto(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
     if proto.tensor_shape.unknown_rank or any(d.size < 0 for d in proto.tensor_shape.dim):
         return None
     shape = tuple(d.size for d in proto.tensor_shape.dim)
-    count = int(np.prod(shape, dtype=np.int64))
+    if shape_problem(list(shape)) is not None:
+        return None  # too many dimensions, or too many elements (tensor_limits)
+    try:
+        return _from_proto(proto, shape, element_count(shape))
+    except (MemoryError, ValueError):  # TF's failed allocation: a parse error too
+        return None
+
+
+def _from_proto(proto: tensor_pb2.TensorProto, shape: tuple[int, ...], count: int) -> np.ndarray | None:
     entry = _FIELDS.get(proto.dtype)
     if entry is None or (proto.tensor_content and proto.dtype == types_pb2.DT_STRING):
         try:
