@@ -33,7 +33,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tfscache import errors
-from tfscache.cachestate import CacheState, SavedModel, learned_key, load_state, save_state
+from tfscache.cachestate import CacheState, SavedModel, StateWriter, learned_key, load_state
 from tfscache.nodeclient import NodeClient
 from tfscache.nodepid import NodeMemory
 from tfscache.policy import EvictionPolicy, make_policy
@@ -206,6 +206,7 @@ class CacheManager:
         self.policy = policy or make_policy(settings.policy)
         self.policy.set_caps(settings.max_models, settings.memory_bytes)
         self.state_file = state_file if state_file is not None else settings.state_file
+        self._writer: StateWriter | None = StateWriter(self.state_file)  # coalesced, in a worker thread
         self._memory = NodeMemory(node_pid, find_node_pid)  # find_node_pid: again when the node is replaced
         self._entries: dict[Key, _Entry] = {}
         self._pending: dict[Key, _Pending] = {}
@@ -301,6 +302,14 @@ class CacheManager:
             self._task = None
         self._fail_all(errors.NodeUnavailable(f"cache manager for node {self.node.target} stopped"))
         self._save()
+        writer, self._writer = self._writer, None  # nothing is saved after the last write
+        if writer is not None:
+            await writer.close()
+
+    async def flush_state(self) -> None:
+        """Wait until the state file holds every change made so far."""
+        if self._writer is not None:
+            await self._writer.flush()
 
     async def acquire(self, name: str, version: int | None = None, timeout: float | None = None) -> Lease:
         """A lease on ``name`` at ``version`` (None: the highest on disk), loading it if needed."""
@@ -509,10 +518,15 @@ class CacheManager:
         return config
 
     def _save(self) -> None:
+        """Have the state file written soon (many changes in a row make one write, off the loop)."""
+        if self._writer is not None:
+            self._writer.schedule(self._state)
+
+    def _state(self) -> CacheState:
         models = [SavedModel(e.key[0], e.key[1], e.bytes, e.measured, e.last_use, e.key in self._pinned)
                   for e in self._entries.values() if e.state == READY]
         learned = {learned_key(*k): v for k, v in self._learned.items()}
-        save_state(self.state_file, CacheState(self.node.target, models, learned))
+        return CacheState(self.node.target, models, learned)
 
     def _fail_all(self, error: errors.TfscacheError) -> None:
         for pending in self._pending.values():

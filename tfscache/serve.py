@@ -46,6 +46,7 @@ from tfscache.observe import ObserveServer, watch
 from tfscache.repository import ModelRepository
 from tfscache.ring import Ring
 from tfscache.settings import Peer, Settings
+from tfscache.statedir import StateDirLock, claim, default_state_dir, instance_name
 from tfscache.supervisor import NodeProcess, Supervisor
 
 log = logging.getLogger("tfscache.serve")
@@ -72,8 +73,9 @@ class ServeApp:
         self.rest_port: int | None = None
         self.supervisor: Supervisor | None = None
         self.backends: dict[str, NodeBackend | PeerBackend] = {}
-        self._own_state_dir = not settings.node.state_dir
-        self.state_dir = Path(settings.node.state_dir or tempfile.mkdtemp(prefix="tfscache-serve-"))
+        self._own_state_dir = False  # a temporary one, removed at stop (the default was taken)
+        self._state_lock: StateDirLock | None = None
+        self.state_dir = Path(settings.node.state_dir) if settings.node.state_dir else None
         self._http: aiohttp.ClientSession | None = None
         self._grpc: GrpcFrontend | None = None
         self._rest: RestFrontend | None = None
@@ -100,7 +102,7 @@ class ServeApp:
     async def start(self) -> tuple[int, int | None]:
         """Start nodes (embedded), caches and both front ends; returns (grpc_port, rest_port)."""
         s = self.settings
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._claim_state_dir()
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
                                            auto_decompress=False, skip_auto_headers=("User-Agent",))
         try:
@@ -145,6 +147,38 @@ class ServeApp:
         log.info("tfscache serve ready: gRPC port %s, REST port %s, %d backend(s)", self.grpc_port,
                  self.rest_port, len(self.backends))
         return self.grpc_port, self.rest_port
+
+    def _claim_state_dir(self) -> None:
+        """``node.state_dir``, else the instance's persistent default (tfscache.statedir), locked.
+
+        Another process holding the default gets this one a temporary directory (its pins then
+        do not survive a restart), with a warning; an explicit one held elsewhere is a warning.
+        """
+        s = self.settings
+        explicit = self.state_dir is not None
+        if not explicit:
+            instance = (instance_name(node_address=s.node.node_address) if s.sidecar
+                        else instance_name(model_repository=s.model_repository))
+            try:
+                self.state_dir = default_state_dir(instance)
+            except OSError as exc:
+                log.warning("no persistent state directory (%s); using a temporary one", exc)
+        if self.state_dir is not None:
+            try:
+                self._state_lock = claim(self.state_dir)
+            except OSError as exc:
+                log.warning("cannot use state directory %s: %s", self.state_dir, exc)
+            if self._state_lock is None and not explicit:
+                log.warning("state directory %s is in use by another tfscache; using a temporary one: "
+                            "pins will not survive a restart (set node.state_dir)", self.state_dir)
+                self.state_dir = None
+            elif self._state_lock is None:
+                log.warning("state directory %s is in use by another tfscache", self.state_dir)
+        if self.state_dir is None:
+            self.state_dir = Path(tempfile.mkdtemp(prefix="tfscache-serve-"))
+            self._own_state_dir = True
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        log.info("state directory: %s", self.state_dir)
 
     async def join(self) -> tuple[bool, str]:
         """Sidecar mode: register with discovery now and go on the own ring (idempotent).
@@ -207,6 +241,8 @@ class ServeApp:
             await self._observe.stop()
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
+        if self._state_lock is not None:
+            self._state_lock.release()
 
     # -- topologies --------------------------------------------------------------------
 
