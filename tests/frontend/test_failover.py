@@ -41,6 +41,7 @@ def test_node_killed_during_traffic_loses_no_request(serve):
     old_pid = serve.node_ports(victim)["pid"]
     stop = threading.Event()
     results: list[tuple[str, float, object]] = []
+    times: list[tuple[float, float]] = []  # (start, end) of each result
     lock = threading.Lock()
     counts = {"ok": 0}
 
@@ -51,12 +52,14 @@ def test_node_killed_during_traffic_loses_no_request(serve):
             while not stop.is_set():
                 name, x = MODELS[(worker + i) % len(MODELS)], float(i)
                 i += 1
+                start = time.monotonic()
                 try:
                     y = list(stub.Predict(predict_request(name, x), timeout=60).outputs["y"].float_val)
                 except grpc.RpcError as exc:
                     y = exc
                 with lock:
                     results.append((name, x, y))
+                    times.append((start, time.monotonic()))
                     counts["ok"] += not isinstance(y, grpc.RpcError)
 
     threads = [threading.Thread(target=client, args=(w,)) for w in range(4)]
@@ -65,9 +68,10 @@ def test_node_killed_during_traffic_loses_no_request(serve):
     try:
         wait_for(lambda: counts["ok"] >= 40, what="warm traffic")
         os.kill(old_pid, signal.SIGKILL)
-        killed_at = len(results)
+        killed_at, killed_time = len(results), time.monotonic()
         # The supervisor restarts the node (a new pid in its ports file), traffic goes on.
         wait_for(lambda: serve.node_ports(victim).get("pid", old_pid) != old_pid, what="the node's restart")
+        restarted_time = time.monotonic()
         wait_for(lambda: len(results) >= killed_at + 80, what="traffic after the restart")
     finally:
         stop.set()
@@ -78,6 +82,13 @@ def test_node_killed_during_traffic_loses_no_request(serve):
     for name, x, y in results:
         assert y == [x + int(name.split("_")[1])]
     assert len(results) > killed_at
+    # No request waited for the restart: the other replica served the victim's models meanwhile.
+    # Requests sent in the first half of the node's absence (it lasts seconds: TensorFlow's start)
+    # were all answered before it was back.
+    half = killed_time + (restarted_time - killed_time) / 2
+    sent = [(name, end) for (name, _, _), (start, end) in zip(results, times) if killed_time < start < half]
+    assert {name for name, _ in sent} & set(homed), "the victim's models were requested while it was down"
+    assert all(end < restarted_time for _, end in sent), [end - restarted_time for _, end in sent]
     serve.wait_for_log(r"node0 \(pid \d+\) exited with -9; restarting it")
 
 

@@ -121,7 +121,7 @@ class Router:
             except (errors.Unavailable, errors.Cancelled) as exc:
                 last = exc
                 tried.add(backend.name)
-                log.warning("%s unavailable for %s: %s", backend.name, key, exc.message[:200])
+                log.info("%s unavailable for %s: %s", backend.name, key, exc.message[:200])
 
     async def _wait_for(self, candidates: list, limit: float, rounds: int) -> bool | None:
         """Wait until one of ``candidates`` may serve again: True; False when none did within a

@@ -1,0 +1,186 @@
+"""Processes that restart under traffic lose no request (issue 10, items 1-3).
+
+* TF Serving (here `tfscache node`) killed and restarted behind a sidecar, on the same
+  address, with an empty config: the sidecar notices the lost models (NOT_FOUND for a
+  model it holds as AVAILABLE), sends its config again once, and the requests that hit
+  the gap wait for it.
+* A sidecar killed while its node is in a load that never ends: the new sidecar serves
+  its front end and the models already resident at once; the load goes on meanwhile.
+* An embedded node killed with one replica per model: requests wait for its restart.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+import requests
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from frontend.serving import start_serve
+from support.node import start_node
+from support.requests import predict_request
+from support.sidecars import EMPTY, NODE_FLAGS
+
+MODELS = [f"addk_{k}" for k in range(1, 5)]
+
+
+def wait_for(condition, timeout=120.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)  # polling a condition with a deadline
+
+
+class Traffic:
+    """Client threads sending Predict (gRPC, official stubs) and REST predicts in a loop until stopped."""
+
+    def __init__(self, grpc_target: str, rest_url: str, models: list[str], clients: int = 16,
+                 timeout: float = 30.0) -> None:
+        self.grpc_target, self.rest_url, self.models, self.timeout = grpc_target, rest_url, models, timeout
+        self.results: list[tuple[str, float, object, float, float]] = []  # name, x, y or error, start, end
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(w,)) for w in range(clients)]
+
+    def __enter__(self) -> Traffic:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(120)
+
+    def ok(self) -> int:
+        with self._lock:
+            return sum(not isinstance(r[2], Exception) for r in self.results)
+
+    def _client(self, worker: int) -> None:
+        rest = worker % 4 == 3  # a quarter of the clients use REST
+        with grpc.insecure_channel(self.grpc_target) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            i = 0
+            while not self._stop.is_set():
+                name, x = self.models[(worker + i) % len(self.models)], float(worker * 1000 + i)
+                i += 1
+                start = time.monotonic()
+                try:
+                    if rest:
+                        reply = requests.post(f"{self.rest_url}/v1/models/{name}:predict",
+                                              json={"instances": [x]}, timeout=self.timeout)
+                        y = reply.json()["predictions"] if reply.status_code == 200 else \
+                            RuntimeError(f"{reply.status_code} {reply.text}")
+                    else:
+                        y = list(stub.Predict(predict_request(name, x), timeout=self.timeout).outputs["y"].float_val)
+                except (grpc.RpcError, requests.RequestException) as exc:
+                    y = exc
+                with self._lock:
+                    self.results.append((name, x, y, start, time.monotonic()))
+
+    def check(self) -> None:
+        """No failed request, and every answer right (y = x + k)."""
+        failures = [(name, y) for name, _, y, _, _ in self.results if isinstance(y, Exception)]
+        assert not failures, f"{len(failures)} failed of {len(self.results)}: {failures[:5]}"
+        for name, x, y, _, _ in self.results:
+            assert y == [x + int(name.split("_")[1])], (name, x, y)
+
+
+def rest_url(serve) -> str:
+    return f"http://127.0.0.1:{serve.rest_port}"
+
+
+def test_tf_serving_restarting_behind_a_sidecar_fails_no_request(frontend_repo, tmp_path):
+    node = start_node(tmp_path / "node", config=EMPTY, flags=NODE_FLAGS)
+    address = f"127.0.0.1:{node.grpc_port},{node.rest_port}"
+    restarted = None
+    try:
+        with start_serve(tmp_path, frontend_repo, "--node-address", address) as serve, \
+                Traffic(serve.grpc_target, rest_url(serve), MODELS) as traffic:
+            wait_for(lambda: traffic.ok() >= 100, what="warm traffic")
+            node.process.send_signal(signal.SIGKILL)
+            node.process.wait()
+            killed_at = len(traffic.results)
+            # The same address, the node's own (empty) config: every resident model is gone from it.
+            restarted = start_node(tmp_path / "node", config=EMPTY,
+                                   flags=[*NODE_FLAGS, f"--port={node.grpc_port}", f"--rest_api_port={node.rest_port}"])
+            wait_for(lambda: len(traffic.results) >= killed_at + 200, what="traffic after the restart")
+        traffic.check()
+        log = restarted.log_path.read_text().split("Running gRPC ModelServer", 1)[1]  # after its start-up
+        assert log.count("Adding/updating models.") == 1, log[-3000:]  # one reload restored them all
+        assert all(f"loaded {name} version 1" in log for name in MODELS), log[-3000:]
+        assert "lost" in serve.log_path.read_text()  # the sidecar said what it did
+    finally:
+        for process in (node, restarted):
+            if process is not None:
+                process.stop()
+
+
+def test_a_sidecar_restarted_during_a_never_ending_load_serves_the_rest(frontend_repo, tmp_path):
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    state = tmp_path / "sidecar-state"
+    held = threading.Event()
+    with start_node(tmp_path / "node", config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gate}"]) as node:
+        args = ("--node-address", f"127.0.0.1:{node.grpc_port},{node.rest_port}",
+                "--set", f"node.state_dir={state}")
+        first = start_serve(tmp_path, frontend_repo, *args)
+        try:
+            with grpc.insecure_channel(first.grpc_target) as channel:
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+                assert list(stub.Predict(predict_request("addk_1", 1.0), timeout=60).outputs["y"].float_val) == [2.0]
+                (gate / "addk_2.hold").touch()  # addk_2's load never ends while this file exists
+
+                def load_forever():
+                    held.set()
+                    with pytest.raises(grpc.RpcError):  # its sidecar is killed under it
+                        stub.Predict(predict_request("addk_2", 1.0), timeout=120)
+
+                thread = threading.Thread(target=load_forever)
+                thread.start()
+                wait_for(lambda: (gate / "addk_2.1.waiting").exists(), what="the node to start loading addk_2")
+                first.process.send_signal(signal.SIGKILL)
+                first.process.wait()
+                thread.join(60)
+        finally:
+            first.stop()
+        # The node is still inside that load. The new sidecar comes up and serves addk_1 from it.
+        second = start_serve(tmp_path, frontend_repo, *args, timeout=30)
+        try:
+            with grpc.insecure_channel(second.grpc_target) as channel:
+                stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+                response = stub.Predict(predict_request("addk_1", 5.0), timeout=10)
+                assert list(response.outputs["y"].float_val) == [6.0]
+                assert (gate / "addk_2.hold").exists() and (gate / "addk_2.1.waiting").exists()
+                (gate / "addk_2.hold").unlink()  # the load ends; addk_2 is then served too
+                assert list(stub.Predict(predict_request("addk_2", 1.0), timeout=60).outputs["y"].float_val) == [3.0]
+        finally:
+            second.stop()
+
+
+@pytest.fixture(scope="module")
+def one_replica(frontend_repo, tmp_path_factory):
+    with start_serve(tmp_path_factory.mktemp("one-replica"), frontend_repo, "--local-nodes", "1") as serve:
+        yield serve
+
+
+def test_a_node_killed_with_one_replica_fails_no_request(one_replica):
+    serve = one_replica
+    old_pid = serve.node_ports("node0")["pid"]
+    with Traffic(serve.grpc_target, rest_url(serve), MODELS) as traffic:
+        wait_for(lambda: traffic.ok() >= 100, what="warm traffic")
+        os.kill(old_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        wait_for(lambda: serve.node_ports("node0").get("pid", old_pid) != old_pid, what="the node's restart")
+        restarted_at = time.monotonic()
+        count = len(traffic.results)
+        wait_for(lambda: len(traffic.results) >= count + 200, what="traffic after the restart")
+    traffic.check()
+    # Requests sent while the node was down waited for it and were served (check: none failed).
+    assert [r for r in traffic.results if killed_at < r[3] < restarted_at and r[4] > restarted_at]
+
