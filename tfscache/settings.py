@@ -19,12 +19,15 @@ value, and start-up stops there.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
+
+from tfscache.discovery.peer import Peer, parse_peers  # Peer: still imported from here by serve.py (issue 11)
 
 MiB = 1 << 20
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -66,12 +69,6 @@ def _port(v: int) -> str | None:
     return None if 0 <= v <= 65535 else "must be a port number 0..65535"
 
 
-def _address(v: str) -> str | None:
-    if not v:
-        return None
-    return None if re.fullmatch(r"[^\s,]+:\d{1,5}", v) else "must be HOST:PORT"
-
-
 @dataclass
 class CacheSection:
     """Per-node cache (tfscache.cache.CacheSettings): caps, eviction, load timing."""
@@ -93,32 +90,6 @@ class CacheSection:
                                         check=_at_least(0.001))
     estimate_factor: float = _setting(1.2, "a model's memory before its first load: this x its size on disk",
                                       check=_at_least(0))
-
-
-@dataclass
-class Peer:
-    """A tfscache sidecar in the static peer list (sidecar mode)."""
-
-    name: str
-    grpc: str
-    rest: str = ""
-
-
-def parse_peers(value: Any) -> list[Peer]:
-    if isinstance(value, str):  # env / CLI: "a=host:8500/host:8501,b=..."
-        value = [dict(zip(("name", "grpc", "rest"), re.split(r"[=/]", item)))
-                 for item in value.split(",") if item]
-    peers = []
-    for item in value:
-        if not isinstance(item, Mapping) or set(item) - {"name", "grpc", "rest"} or not item.get("name"):
-            raise ValueError("each peer is {name, grpc, rest}")
-        for key in ("grpc", "rest"):
-            if _address(str(item.get(key, ""))):
-                raise ValueError(f"peer {item['name']}: {key} must be HOST:PORT")
-        peers.append(Peer(str(item["name"]), str(item.get("grpc", "")), str(item.get("rest", ""))))
-    if len({p.name for p in peers}) != len(peers):
-        raise ValueError("peer names must be unique")
-    return peers
 
 
 @dataclass
@@ -349,15 +320,29 @@ def _check_whole(s: Settings) -> None:
         raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} "
                             "(not a directory)")
     if s.server.admin_port >= 0:
-        from tfscache.admin.server import check_bind  # grpc only when the admin server is on
-
-        try:
-            check_bind(s.server.admin_bind_address, s.server.admin_token)
-        except ValueError as exc:
-            raise SettingsError(str(exc)) from None
+        check_bind(s.server.admin_bind_address, s.server.admin_token)
     if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
         raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
                             "(must differ from server.grpc_port)")
+
+
+def is_loopback(address: str) -> bool:
+    """``localhost`` or a loopback IP address (brackets around IPv6 allowed)."""
+    host = address.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(bind_address: str, token: str) -> None:
+    """Refuse an admin server reachable from other hosts without a token (SettingsError)."""
+    if not token and not is_loopback(bind_address):
+        raise SettingsError(
+            f"bad value for setting server.admin_token: '' (required when server.admin_bind_address is "
+            f"{bind_address!r}, not a loopback address: anyone who can reach it could evict and drain)")
 
 
 def add_arguments(parser) -> None:

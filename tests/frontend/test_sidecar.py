@@ -16,10 +16,10 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from support.node import version_status_at
 from support.requests import predict_request
 from support.sidecars import running_sidecars, sidecar_settings
+from tfscache.discovery import Peer
 from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.ring import Ring
 from tfscache.serve import ServeApp
-from tfscache.settings import Peer
 
 @pytest.fixture
 async def sidecars(nodes, frontend_repo, tmp_path):

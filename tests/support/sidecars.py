@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from tfscache import settings as settings_mod
+from tfscache.discovery import Peer
 from tfscache.serve import ServeApp
-from tfscache.settings import Peer
 
 EMPTY = "model_config_list {\n}\n"
 NODE_FLAGS = ["--max_num_load_retries=0", "--num_load_threads=2"]

@@ -1,6 +1,6 @@
 """The gRPC service ``tfscache.admin.Admin`` (protos/tfscache/wire/admin.proto) on its own port.
 
-Bound to 127.0.0.1 by default. Bound anywhere else it requires a token: ``check_bind``
+Bound to 127.0.0.1 by default. Bound anywhere else it requires a token: ``settings.check_bind``
 refuses to start without one. With a token set, every call must carry metadata
 ``authorization: Bearer <token>``, else UNAUTHENTICATED. Errors are mapped in one
 place (``_Handlers._unary``/``_stream``): a TfscacheError keeps its code and message;
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import ipaddress
 import logging
 
 import grpc
@@ -24,6 +23,7 @@ from tfscache import errors
 from tfscache.admin.drain import Drainer
 from tfscache.admin.operations import Admin, NodeState
 from tfscache.cache import ResidentModel
+from tfscache.settings import check_bind
 from tfscache.wire import admin_pb2
 
 log = logging.getLogger("tfscache.admin")
@@ -31,28 +31,6 @@ log = logging.getLogger("tfscache.admin")
 SERVICE = "tfscache.admin.Admin"
 DEFAULT_PORT = 8502
 _PROGRESS_POLL_S = 0.1
-
-
-class AdminConfigError(ValueError):
-    """A bind address and token that must not be used together; names the setting."""
-
-
-def is_loopback(address: str) -> bool:
-    host = address.strip("[]")
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def check_bind(bind_address: str, token: str) -> None:
-    """Refuse an admin server reachable from other hosts without a token."""
-    if not token and not is_loopback(bind_address):
-        raise AdminConfigError(
-            f"bad value for setting server.admin_token: '' (required when server.admin_bind_address is "
-            f"{bind_address!r}, not a loopback address: anyone who can reach it could evict and drain)")
 
 
 def resident_pb(m: ResidentModel) -> admin_pb2.ResidentModel:

@@ -39,13 +39,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfscache.settings import Peer
+from tfscache.discovery.peer import Peer, parse_peers
 
 if TYPE_CHECKING:
     import aiohttp
 
 __all__ = ["BACKENDS", "Backoff", "Discovery", "DiscoveryError", "Peer", "advertise_peer", "describe_error",
-           "from_settings", "make_discovery"]
+           "from_settings", "make_discovery", "parse_peers"]
 
 log = logging.getLogger("tfscache.discovery")
 

@@ -14,8 +14,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from tfscache import settings as settings_mod
-from tfscache.discovery import Discovery, DiscoveryError, Peer
+from tfscache.discovery import Discovery, DiscoveryError, Peer, parse_peers
 
 log = logging.getLogger("tfscache.discovery.static")
 
@@ -28,7 +27,7 @@ def peers_from_file(path: str | Path) -> list[Peer]:
     if not isinstance(ring, dict):
         raise ValueError("[ring] must be a table")
     raw = ring.get("peers", [])
-    return settings_mod.parse_peers(raw)  # the same validation as settings.load
+    return parse_peers(raw)  # the same validation as settings.load
 
 
 class StaticDiscovery(Discovery):

@@ -1,0 +1,47 @@
+"""``Peer``: one tfscache sidecar as the others reach it, and the parser of a peer list.
+
+A leaf module (it imports nothing of tfscache), so that ``tfscache.settings`` can parse
+``[ring] peers`` and every discovery backend can build peers without a cycle.
+
+    parse_peers([{"name": "a", "grpc": "10.0.0.1:8500", "rest": "10.0.0.1:8501"}])
+    parse_peers("a=10.0.0.1:8500/10.0.0.1:8501,b=10.0.0.2:8500")   # env / CLI form
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Peer:
+    """A tfscache sidecar on the ring (sidecar mode): its name and its gRPC and REST addresses."""
+
+    name: str
+    grpc: str
+    rest: str = ""
+
+
+def is_address(value: str) -> bool:
+    """``HOST:PORT`` (or empty: not given)."""
+    return not value or re.fullmatch(r"[^\s,]+:\d{1,5}", value) is not None
+
+
+def parse_peers(value: Any) -> list[Peer]:
+    """A list of ``{name, grpc, rest}`` tables, or the ``name=grpc/rest,...`` string; ValueError if bad."""
+    if isinstance(value, str):
+        value = [dict(zip(("name", "grpc", "rest"), re.split(r"[=/]", item)))
+                 for item in value.split(",") if item]
+    peers = []
+    for item in value:
+        if not isinstance(item, Mapping) or set(item) - {"name", "grpc", "rest"} or not item.get("name"):
+            raise ValueError("each peer is {name, grpc, rest}")
+        for key in ("grpc", "rest"):
+            if not is_address(str(item.get(key, ""))):
+                raise ValueError(f"peer {item['name']}: {key} must be HOST:PORT")
+        peers.append(Peer(str(item["name"]), str(item.get("grpc", "")), str(item.get("rest", ""))))
+    if len({p.name for p in peers}) != len(peers):
+        raise ValueError("peer names must be unique")
+    return peers
