@@ -361,8 +361,8 @@ def test_the_simulator_and_policies_never_import_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, tfscache.simulate, tfscache.sim.report, tfscache.policy.fifo, tfscache.policy.lfu, "
-            "tfscache.policy.cost; sys.exit('tensorflow' in sys.modules)")
+    code = ("import sys, tfscache.simulate, tfscache.sim.report, tfscache.cache.policy.fifo, tfscache.cache.policy.lfu, "
+            "tfscache.cache.policy.cost; sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 
 

@@ -146,6 +146,19 @@ class ModelRepository:
             self._latest.clear()
         return latest
 
+    def remembered_latest(self, name: str, *, fresh: bool = True) -> int | None:
+        """The highest version on disk as last listed, with no file access; None if not known.
+
+        ``fresh``: only while remembered (within ``rescan_s``), as ``latest_version`` would
+        answer it. A None sends the cache to list the directory in a worker thread.
+        Raises ``UnsafeModelName`` as ``base_path`` does.
+        """
+        check_name(name)
+        cached = self._latest.get(name)
+        if cached is None or (fresh and time.monotonic() - cached[0] >= self.rescan_s):
+            return None
+        return cached[1]
+
     def resolve(self, name: str, version: int | None = None) -> ModelVersion:
         """The version to serve for ``(name, version)``; None means the highest on disk.
 

@@ -77,7 +77,7 @@ class CacheSection:
                                         check=_at_least(0), flag="--max-models-per-node")
     memory_per_node: int = _setting(0, "most bytes of models on one node, e.g. 4GiB (0 = no cap)",
                                     parse=parse_bytes, flag="--memory-per-node")
-    policy: str = _setting("lru", "eviction policy, by name (tfscache.policy)")
+    policy: str = _setting("lru", "eviction policy, by name (tfscache.cache.policy)")
     load_timeout_s: float = _setting(600.0, "longest a request without a deadline waits for its model to load",
                                      check=_at_least(0.001))
     room_timeout_s: float = _setting(30.0, "how long a load waits for busy models to go idle before "

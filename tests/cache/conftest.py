@@ -20,6 +20,7 @@ import pytest
 from cache_support import MODEL_BYTES, NODE_FLAGS, NUM_MODELS, AsyncNode, Gate, RecordingClient
 from support.node import start_node
 from tfscache.cache import CacheManager, CacheSettings
+from tfscache.cache.tfserving import TFServingAdapter
 from tfscache.nodeclient import NodeClient
 from tfscache.repository import ModelRepository
 
@@ -54,12 +55,16 @@ async def make_cache(node, repository, gate):
     """Factory: ``await make_cache(max_models=3, ...)`` -> a started CacheManager on ``node``."""
     made: list[tuple[CacheManager, NodeClient]] = []
 
-    async def make(state_file: Path | None = None, **settings) -> CacheManager:
+    async def make(state_file: Path | None = None, memory=None, **settings) -> CacheManager:
+        """``memory``: the node's memory as the cache reads it (default: the node process's RSS)."""
         settings.setdefault("room_timeout_s", 30.0)
         settings.setdefault("reload_deadline_s", 60.0)
         client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
+        adapter = None
+        if memory is not None:
+            adapter = TFServingAdapter(client, repository, rpc_deadline_s=10.0, memory=memory)
         cache = CacheManager(client, repository, CacheSettings(**settings), node_pid=node.pid,
-                             state_file=state_file)
+                             state_file=state_file, adapter=adapter)
         made.append((cache, client))
         await cache.start()
         await cache.wait_synced(60)  # the node holds this cache's (empty) config, not a previous test's

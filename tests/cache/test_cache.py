@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from tfscache import errors
-from tfscache.policy import POLICIES
+from tfscache.cache.policy import POLICIES
 from tfscache.wire import serving_pb2 as pb
 
 from cache_support import MODEL_BYTES, wait_for_condition, wait_until
@@ -60,7 +60,7 @@ async def test_cold_load_then_hit(make_cache, anode):
 async def test_config_entries_are_specific_and_inside_the_repository(make_cache, repository):
     cache = await make_cache()
     async with await cache.acquire("addk_2"):
-        config = cache._config()
+        config = cache.adapter.config(cache.wanted())
     [model] = config.model_config_list.config
     assert model.name == "addk_2" and model.model_platform == "tensorflow"
     assert model.base_path == str(repository.root / "addk_2")
@@ -383,7 +383,7 @@ async def test_second_version_of_a_resident_model(make_cache, synthetic_models, 
     # manager confirms version 2 with GetModelStatus.
     async with await cache.acquire("addk_30") as new:
         assert new.version == 2
-        assert cache._config().model_config_list.config[0].model_version_policy.specific.versions == [1, 2]
+        assert cache.adapter.config(cache.wanted()).model_config_list.config[0].model_version_policy.specific.versions == [1, 2]
         assert await anode.state("addk_30", 1) == "AVAILABLE" and await anode.state("addk_30", 2) == "AVAILABLE"
     old.release()
     assert sorted((m.name, m.version) for m in cache.snapshot()) == [("addk_30", 1), ("addk_30", 2)]
@@ -438,6 +438,8 @@ async def test_pins_survive_a_restart(make_cache, tmp_path, anode):
 class ScriptedMemory:
     """The node's RSS as the cache reads it around each load, from a script (then unmeasured)."""
 
+    pid = None
+
     def __init__(self, readings: list[int]) -> None:
         self.readings = readings
 
@@ -450,8 +452,8 @@ async def test_over_the_memory_cap_after_a_load_it_evicts_once_a_lease_ends(make
     # leased; nothing can go then. When a lease ends the idle model must go, with nothing pending
     # (the race test's rare end state: over the cap until the next request came).
     disk = repository.disk_bytes("addk_1", 1)
-    cache = await make_cache(memory_bytes=int(disk * 1.2 * 3))
-    cache._memory = ScriptedMemory([0, disk, 0, 3 * disk])  # addk_1 grows RSS by its size, addk_2 by 3x
+    # addk_1 grows RSS by its size, addk_2 by 3x
+    cache = await make_cache(memory_bytes=int(disk * 1.2 * 3), memory=ScriptedMemory([0, disk, 0, 3 * disk]))
     first = await cache.acquire("addk_1")
     second = await cache.acquire("addk_2")
     sizes = {m.name: m.bytes for m in cache.snapshot()}

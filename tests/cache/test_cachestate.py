@@ -12,21 +12,21 @@ import threading
 
 import pytest
 
-from tfscache import cachestate
-from tfscache.cachestate import CacheState, SavedModel, StateWriter, load_state, save_state
+from tfscache.cache import state as cachestate
+from tfscache.cache.state import CacheState, SavedVersion, StateWriter, load_state, save_state
 
 WAIT_S = 30.0  # a bound on waits that should end at once, never a delay
 
 
 def state(n: int, node: str = "127.0.0.1:1") -> CacheState:
-    return CacheState(node, [SavedModel(f"m{i}", i + 1, 1000 + i, True, 1700000000.5 + i) for i in range(n)],
+    return CacheState(node, [SavedVersion(f"m{i}", i + 1, 1000 + i, True, 1700000000.5 + i) for i in range(n)],
                       {f"{i + 1}:m{i}": 1000 + i for i in range(n)})
 
 
 def test_round_trip(tmp_path):
     path = tmp_path / "sub" / "node.cache.json"
-    saved = CacheState("127.0.0.1:1", [SavedModel("m", 3, 1234, True, 1700000000.5),
-                                       SavedModel("n", 1, 99, False, 1700000001.0, pinned=True)], {"3:m": 1234})
+    saved = CacheState("127.0.0.1:1", [SavedVersion("m", 3, 1234, True, 1700000000.5),
+                                       SavedVersion("n", 1, 99, False, 1700000001.0, pinned=True)], {"3:m": 1234})
     save_state(path, saved)
     assert load_state(path) == saved
     assert [p.name for p in path.parent.iterdir()] == ["node.cache.json"]  # no temporary file left
@@ -39,7 +39,7 @@ def test_the_format_is_unchanged(tmp_path):
                                                  "last_use": 1.5}], "learned": {"2:m": 5}}
     path.write_text(json.dumps(old))
     loaded = load_state(path)
-    assert loaded == CacheState("n", [SavedModel("m", 2, 5, False, 1.5, pinned=False)], {"2:m": 5})
+    assert loaded == CacheState("n", [SavedVersion("m", 2, 5, False, 1.5, pinned=False)], {"2:m": 5})
     save_state(path, loaded)
     assert json.loads(path.read_text()) == {**old, "models": [{**old["models"][0], "pinned": False}]}
 
@@ -104,12 +104,12 @@ def test_a_reader_during_a_write_sees_the_old_file_whole(tmp_path, monkeypatch):
 KILLED_WRITER = """
 import sys
 from pathlib import Path
-from tfscache.cachestate import CacheState, SavedModel, save_state
+from tfscache.cache.state import CacheState, SavedVersion, save_state
 path, i = Path(sys.argv[1]), 0
 while True:
     i += 1
     n = 1 if i % 2 else 400  # alternate small and large files
-    save_state(path, CacheState(str(i), [SavedModel("m" * 50, v, v, True, 1.0) for v in range(n)]))
+    save_state(path, CacheState(str(i), [SavedVersion("m" * 50, v, v, True, 1.0) for v in range(n)]))
     print(i, flush=True)
 """
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tfscache.policy import POLICIES, EvictionPolicy, make_policy
-from tfscache.policy.lru import LRUPolicy
+from tfscache.cache.policy import POLICIES, EvictionPolicy, make_policy
+from tfscache.cache.policy.lru import LRUPolicy
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

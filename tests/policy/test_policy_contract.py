@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tfscache.policy import EvictionPolicy
+from tfscache.cache.policy import EvictionPolicy
 from tfscache.sim import build_policy, policy_names
 from tfscache.sim.engine import replay
 

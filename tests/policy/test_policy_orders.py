@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tfscache.policy.cost import CostAwarePolicy
-from tfscache.policy.fifo import FIFOPolicy
-from tfscache.policy.lfu import LFUPolicy
-from tfscache.policy.lru import LRUPolicy
+from tfscache.cache.policy.cost import CostAwarePolicy
+from tfscache.cache.policy.fifo import FIFOPolicy
+from tfscache.cache.policy.lfu import LFUPolicy
+from tfscache.cache.policy.lru import LRUPolicy
 from tfscache.sim import build_policy
 
 MB = 1_000_000

@@ -6,7 +6,7 @@ caches driven by the very policy classes the cache manager uses.
 
 from __future__ import annotations
 
-from tfscache.policy import POLICIES, EvictionPolicy, make_policy
+from tfscache.cache.policy import POLICIES, EvictionPolicy, make_policy
 
 
 def policy_names() -> list[str]:

@@ -25,7 +25,7 @@ import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
-from tfscache.policy import EvictionPolicy
+from tfscache.cache.policy import EvictionPolicy
 from tfscache.ring import Ring
 from tfscache.sim.trace import Trace
 

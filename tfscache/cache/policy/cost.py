@@ -27,8 +27,8 @@ measurement. A new measurement of a resident model re-prices it at its old age.
 
 from __future__ import annotations
 
-from tfscache.policy import Key
-from tfscache.policy.lfu import LFUPolicy
+from tfscache.cache.policy import Key
+from tfscache.cache.policy.lfu import LFUPolicy
 
 
 class CostAwarePolicy(LFUPolicy):

@@ -24,13 +24,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-log = logging.getLogger("tfscache.cachestate")
+log = logging.getLogger("tfscache.cache.state")
 
 FORMAT = 1
 
 
 @dataclass
-class SavedModel:
+class SavedVersion:
     """One model version in the node's config when the state was saved."""
 
     name: str
@@ -44,13 +44,19 @@ class SavedModel:
 @dataclass
 class CacheState:
     node: str = ""
-    models: list[SavedModel] = field(default_factory=list)
+    models: list[SavedVersion] = field(default_factory=list)
     # (name, version) -> bytes measured on an earlier load, kept across evictions.
     learned: dict[str, int] = field(default_factory=dict)
 
 
 def learned_key(name: str, version: int) -> str:
     return f"{version}:{name}"
+
+
+def parse_learned_key(text: str) -> tuple[str, int]:
+    """The (name, version) of a ``learned_key``."""
+    version, _, name = text.partition(":")
+    return name, int(version)
 
 
 def load_state(path: Path | None) -> CacheState:
@@ -62,7 +68,7 @@ def load_state(path: Path | None) -> CacheState:
             raise ValueError(f"unknown format {data.get('format')!r}")
         return CacheState(
             node=str(data.get("node", "")),
-            models=[SavedModel(str(m["name"]), int(m["version"]), int(m["bytes"]),
+            models=[SavedVersion(str(m["name"]), int(m["version"]), int(m["bytes"]),
                                bool(m["measured"]), float(m["last_use"]), bool(m.get("pinned", False)))
                     for m in data["models"]],
             learned={str(k): int(v) for k, v in data.get("learned", {}).items()},

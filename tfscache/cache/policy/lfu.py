@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
-from tfscache.policy import EvictionPolicy, Key
+from tfscache.cache.policy import EvictionPolicy, Key
 
 _UNKNOWN = (float("-inf"), -1, 0, 0.0)  # sorts before every real priority
 

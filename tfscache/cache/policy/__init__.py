@@ -49,10 +49,10 @@ class EvictionPolicy(ABC):
 
 # name -> "module:Class"; imported only when chosen.
 POLICIES: dict[str, str] = {
-    "lru": "tfscache.policy.lru:LRUPolicy",
-    "fifo": "tfscache.policy.fifo:FIFOPolicy",
-    "lfu": "tfscache.policy.lfu:LFUPolicy",
-    "cost": "tfscache.policy.cost:CostAwarePolicy",
+    "lru": "tfscache.cache.policy.lru:LRUPolicy",
+    "fifo": "tfscache.cache.policy.fifo:FIFOPolicy",
+    "lfu": "tfscache.cache.policy.lfu:LFUPolicy",
+    "cost": "tfscache.cache.policy.cost:CostAwarePolicy",
 }
 
 

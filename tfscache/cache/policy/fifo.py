@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Iterable
 
-from tfscache.policy import EvictionPolicy, Key
+from tfscache.cache.policy import EvictionPolicy, Key
 
 
 class FIFOPolicy(EvictionPolicy):

@@ -1,0 +1,72 @@
+"""The node adapter: how the cache's reloader drives one kind of model server.
+
+The reloader decides which model versions a node should serve; an adapter makes the
+node do it, in the node's own API, and reports what the node did. The reloader never
+sees a config file or an RPC. A node kind is one module with one adapter class,
+registered by name in ``ADAPTERS`` (``tfserving`` today).
+
+Contract (every method may raise ``tfscache.errors.TfscacheError``; ``Unavailable`` and
+``DeadlineExceeded`` mean the node cannot be reached or did not answer in time, and the
+reloader then marks it unhealthy and recovers it):
+
+* ``target``: the node's name in logs and errors.
+* ``await wait_ready(timeout) -> bool``: wait until the node accepts connections.
+* ``await sync(wanted, deadline_s)``: make the node serve exactly ``wanted`` (keys), and
+  nothing else, without waiting for loads (start-up re-adoption, recovery, restore).
+* ``await load(keys, wanted, deadline_s) -> {key: error or None}``: the node serves
+  ``wanted`` (which contains ``keys``); returns once each of ``keys`` is AVAILABLE (None)
+  or failed (its error, as a request would get it). A failed key must not stay wanted on
+  the node (TF Serving keeps a failed version sticky; its adapter removes it).
+* ``await unload(keys, wanted, deadline_s)``: the node serves ``wanted`` (without ``keys``);
+  returns once the node reports each of ``keys`` gone: the caps hold at every instant.
+* ``await available(key, deadline_s) -> bool``: whether the node serves ``key`` now.
+* ``memory() -> int | None``: bytes resident in the node's process tree now (blocking:
+  the reloader calls it in a worker thread); None when it cannot be measured.
+* ``restarted() -> bool``: whether the node's process was replaced since the last call
+  (blocking, as ``memory``); False when the process is not known.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from typing import Protocol
+
+from tfscache.cache.ledger import Key
+
+
+class NodeAdapter(Protocol):
+    """One node of one kind, as the reloader sees it."""
+
+    target: str
+
+    async def wait_ready(self, timeout: float) -> bool: ...
+
+    async def sync(self, wanted: Sequence[Key], deadline_s: float) -> None: ...
+
+    async def load(self, keys: Sequence[Key], wanted: Sequence[Key],
+                   deadline_s: float) -> dict[Key, Exception | None]: ...
+
+    async def unload(self, keys: Sequence[Key], wanted: Sequence[Key], deadline_s: float) -> None: ...
+
+    async def available(self, key: Key, deadline_s: float) -> bool: ...
+
+    def memory(self) -> int | None: ...
+
+    def restarted(self) -> bool: ...
+
+
+# kind -> "module:Class"; imported only when chosen.
+ADAPTERS: dict[str, str] = {
+    "tfserving": "tfscache.cache.tfserving:TFServingAdapter",
+}
+
+
+def adapter_class(kind: str) -> type:
+    """The adapter class of a node kind in ``ADAPTERS``; ValueError names the known ones."""
+    try:
+        target = ADAPTERS[kind]
+    except KeyError:
+        raise ValueError(f"unknown node kind {kind!r}; known: {', '.join(sorted(ADAPTERS))}") from None
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)

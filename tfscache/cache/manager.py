@@ -1,0 +1,383 @@
+"""Per-node cache manager: the façade the front end and admin use; one TF Serving (or other) node each.
+
+``acquire(name, version)`` returns a ``Lease`` once that version is AVAILABLE on the
+node; a model with a lease is never unloaded. A hit takes no lock, awaits nothing and
+touches no file. A cold model joins the ledger's pending set and wakes the reloader,
+which plans (``tfscache.cache.planner``), unloads victims and loads batches through the
+node's adapter (``tfscache.cache.adapter``). The pieces:
+
+* ``ledger``: resident entries, pending loads, leases, pins, failures, learned sizes;
+* ``planner``: the pure ``plan(ledger, caps, policy, now)`` the simulator shares;
+* ``reloader`` and ``recovery``: the only code that talks to the node;
+* ``state``: the state file, written coalesced off the event loop;
+* ``policy``: the eviction policies, by name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from tfscache import errors
+from tfscache.cache.adapter import NodeAdapter
+from tfscache.cache.events import CacheEvents
+from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger, Pending, QueuedLoad, ResidentModel
+from tfscache.cache.planner import Caps
+from tfscache.cache.policy import EvictionPolicy, make_policy
+from tfscache.cache.settings import CacheSettings
+from tfscache.cache.reloader import Reloader
+from tfscache.cache.signals import Signals, copy_error
+from tfscache.cache.state import CacheState, SavedVersion, StateWriter, learned_key, load_state
+from tfscache.cache.tfserving import TFServingAdapter
+from tfscache.nodeclient import NodeClient
+from tfscache.nodepid import NodeMemory
+from tfscache.repository import ModelRepository, check_name
+
+
+class Lease:
+    """A hold on a resident model version; release it when the request is done."""
+
+    __slots__ = ("name", "version", "_release", "_released")
+
+    def __init__(self, release: Callable[[Key], None], key: Key) -> None:
+        self.name, self.version = key
+        self._release = release
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._release((self.name, self.version))
+
+    async def __aenter__(self) -> Lease:
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"Lease({self.name!r}, {self.version})"
+
+
+class CacheManager:
+    """Owns one node's wanted set: loads on demand, evicts idle models under the caps."""
+
+    def __init__(self, node: NodeClient, repository: ModelRepository, settings: CacheSettings,
+                 policy: EvictionPolicy | None = None, node_pid: int | None = None,
+                 state_file: Path | None = None, events: CacheEvents | None = None,
+                 find_node_pid: Callable[[], int | None] | None = None,
+                 adapter: NodeAdapter | None = None) -> None:
+        self.node = node
+        self.target = node.target
+        self.events = events or CacheEvents()
+        self.repository = repository
+        self.settings = settings
+        self.caps = Caps(settings.max_models, settings.memory_bytes)
+        self.policy = policy or make_policy(settings.policy)
+        self.policy.set_caps(settings.max_models, settings.memory_bytes)
+        self.state_file = state_file if state_file is not None else settings.state_file
+        self.ledger = Ledger()
+        self._writer: StateWriter | None = StateWriter(self.state_file)  # coalesced, in a worker thread
+        self._signals = Signals(self._lease, self._save, self.pin)
+        adapter = adapter or TFServingAdapter(node, repository, rpc_deadline_s=settings.rpc_deadline_s,
+                                              memory=NodeMemory(node_pid, find_node_pid))
+        self.adapter = adapter
+        self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository, self._signals,
+                                  settings, self.events)
+        self._task: asyncio.Task | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def healthy(self) -> bool:
+        return self._signals.healthy
+
+    async def start(self) -> None:
+        """Start the reloader; it re-adopts what the state file says the node serves, in the background.
+
+        Returns at once. Until the node answered and the saved models were re-adopted the
+        cache is not healthy (``wait_ready``): requests wait for it, and a node that is not
+        listening yet (a pod whose containers start together) or is busy with a long load
+        (this process restarted under it) delays nothing else. The wanted set that clears
+        what the node serves beyond the adopted models is sent by the reloader's first step.
+        """
+        state = await asyncio.to_thread(load_state, self.state_file)
+        self._signals.reason = f"starting: waiting for node {self.target} to answer"
+        self._task = asyncio.create_task(self._reloader.run(state), name=f"tfscache-cache-{self.target}")
+
+    async def wait_ready(self, timeout: float | None) -> bool:
+        """Wait up to ``timeout`` s (None: no limit) until the cache is healthy; whether it is."""
+        sig = self._signals
+        if sig.closed:
+            return False
+        try:
+            async with asyncio.timeout(timeout):
+                await sig.ready.wait()
+        except TimeoutError:
+            pass
+        return sig.healthy and not sig.closed
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait until the node has been sent this cache's wanted set since start-up (it cleared the rest)."""
+        async with asyncio.timeout(timeout):
+            await self._signals.synced.wait()
+
+    async def stop(self) -> None:
+        """Stop loading; waiters get UNAVAILABLE. The node keeps serving; the NodeClient stays open."""
+        sig = self._signals
+        sig.closed = True
+        sig.set_health(False, "its cache manager stopped")
+        sig.ready.set()  # wake ``wait_ready`` callers: they see it closed
+        for task in sig.repins:
+            task.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+        sig.fail_all(self.ledger, errors.NodeUnavailable(f"cache manager for node {self.target} stopped"))
+        self._save()
+        writer, self._writer = self._writer, None  # nothing is saved after the last write
+        if writer is not None:
+            await writer.close()
+
+    async def flush_state(self) -> None:
+        """Wait until the state file holds every change made so far."""
+        if self._writer is not None:
+            await self._writer.flush()
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def acquire(self, name: str, version: int | None = None, timeout: float | None = None) -> Lease:
+        """A lease on ``name`` at ``version`` (None: the highest on disk), loading it if needed."""
+        if self._signals.starting:  # re-adopting what the node serves: its first answer comes within seconds
+            await self.wait_ready(timeout)
+        # A hit: the remembered latest version, no file-system access, no await.
+        latest = version if version is not None else self.repository.remembered_latest(name)
+        if latest is None and version is None:  # not listed within rescan_s: list it, off the loop
+            latest = await asyncio.to_thread(self.repository.latest_version, name)
+        entry = self.ledger.ready((name, latest)) if latest is not None else None
+        if entry is not None and not self._signals.draining:
+            self.events.hit(entry.key)
+            return self._lease(entry)
+        found = await asyncio.to_thread(self.repository.resolve, name, version)  # lists the model's directory
+        key = (found.name, found.version)
+        self.events.miss(key)
+        fut = await self._enqueue(key)
+        try:
+            async with asyncio.timeout(timeout):
+                return await fut
+        except BaseException as exc:
+            # A lease granted just as the caller gave up goes straight back.
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result().release()
+            fut.cancel()
+            if isinstance(exc, TimeoutError):
+                raise errors.DeadlineExceeded(
+                    f"Timed out after {timeout} s waiting for model {key[0]} version {key[1]} "
+                    f"to load on node {self.target}") from None
+            raise
+
+    async def recheck(self) -> None:
+        """The node answered NOT_FOUND for a model held as AVAILABLE: it may have lost its models
+        (TF Serving restarted behind a sidecar). The reloader checks each resident model and, if
+        the node lost any, sends them again and waits for them; this returns once that is done.
+        Concurrent callers share one check, so a restart costs one reload."""
+        fut = asyncio.get_running_loop().create_future()
+        self._signals.resync.append(fut)
+        self._signals.wake.set()
+        await fut
+
+    def is_resident(self, name: str, version: int | None = None) -> bool:
+        """Whether that version is AVAILABLE here (cheap, no file access; for routing to a replica)."""
+        try:
+            check_name(name)
+        except errors.TfscacheError:
+            return False
+        if version is None:
+            version = self.repository.remembered_latest(name, fresh=False)
+        return version is not None and self.ledger.ready((name, version)) is not None
+
+    def wanted(self) -> list[Key]:
+        """The versions the node should serve now (loading ones included)."""
+        return self._reloader.wanted()
+
+    def state_of(self, name: str, version: int) -> str | None:
+        """``LOADING``, ``READY`` or ``UNLOADING`` for a version in the node's wanted set, else None."""
+        return self.ledger.state_of((name, version))
+
+    def failure(self, name: str, version: int) -> errors.TfscacheError | None:
+        """The error of the version's last load while requests still get it (``failure_backoff_s``)."""
+        return self.ledger.failure((name, version), time.monotonic())
+
+    def queue(self) -> list[QueuedLoad]:
+        """Cold model versions waiting for a reload, with their waiting requests."""
+        return [QueuedLoad(p.key[0], p.key[1], len(p.live()), p.estimate, p.blocked_since is not None)
+                for p in self.ledger.pending.values()]
+
+    def snapshot(self) -> list[ResidentModel]:
+        return [self._describe(e) for e in self.ledger.entries.values()]
+
+    # -- admin operations (tfscache.admin) -----------------------------------------------
+
+    @property
+    def draining(self) -> bool:
+        """True once ``drain`` was called: every new acquire gets UNAVAILABLE."""
+        return self._signals.draining
+
+    async def preload(self, name: str, version: int | None = None, timeout: float | None = None) -> ResidentModel:
+        """Load ``name`` (version None: the highest on disk) unless resident; errors as ``acquire``'s."""
+        lease = await self.acquire(name, version, timeout)
+        lease.release()
+        return self._resident((lease.name, lease.version))
+
+    async def pin(self, name: str, version: int | None = None, timeout: float | None = None) -> ResidentModel:
+        """Load if needed and keep resident: the policy never chooses a pinned version as a victim."""
+        lease = await self.acquire(name, version, timeout)
+        self.ledger.pinned.add((lease.name, lease.version))
+        lease.release()
+        self._save()
+        return self._resident((lease.name, lease.version))
+
+    def unpin(self, name: str, version: int | None = None) -> list[Key]:
+        """Make pinned versions of ``name`` (all when ``version`` is None) evictable again."""
+        keys = sorted(k for k in self.ledger.pinned if k[0] == name and version in (None, k[1]))
+        if not keys:
+            raise errors.NotFound(f"model {name}{_version(version)} is not pinned on node {self.target}")
+        self.ledger.pinned.difference_update(keys)
+        self._save()
+        self._signals.wake.set()  # a load may have been waiting for the room the pin held
+        return keys
+
+    async def evict(self, name: str, version: int | None = None) -> list[Key]:
+        """Unload idle resident versions of ``name`` (all when ``version`` is None) now; wait until gone."""
+        check_name(name)
+        entries = self.ledger.entries
+        keys = [k for k, e in entries.items() if k[0] == name and version in (None, k[1]) and e.state != UNLOADING]
+        if not keys:
+            raise errors.NotFound(f"model {name}{_version(version)} is not resident on node {self.target}")
+        busy = [entries[k] for k in keys if entries[k].state != READY or entries[k].leases
+                or k in self.ledger.pinned]
+        if busy:
+            raise errors.FailedPrecondition(f"not evicting from node {self.target}: " + "; ".join(
+                f"model {e.key[0]} version {e.key[1]} " + (
+                    f"is held by {e.leases} lease{'s' if e.leases != 1 else ''} (requests in flight)"
+                    if e.leases else "is loading" if e.state == LOADING else "is pinned (unpin it first)")
+                for e in busy))
+        futures = []
+        sig = self._signals
+        for key in keys:
+            entries[key].state = UNLOADING
+            self.policy.forget(key)
+            sig.evict_queue.append(key)
+            futures.append(asyncio.get_running_loop().create_future())
+            sig.unload_waiters.setdefault(key, []).append(futures[-1])
+        sig.wake.set()
+        await asyncio.gather(*futures)
+        return sorted(keys)
+
+    async def drain(self) -> None:
+        """Refuse new acquires, let leases and queued loads finish, then unload every model."""
+        sig = self._signals
+        sig.draining = True
+        fut = asyncio.get_running_loop().create_future()
+        sig.drained.append(fut)
+        sig.wake.set()
+        await fut
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _resident(self, key: Key) -> ResidentModel:
+        entry = self.ledger.entries.get(key)
+        if entry is None:  # evicted between the lease and now: only possible under extreme churn
+            raise errors.Aborted(f"model {key[0]} version {key[1]} was unloaded again before it could be reported")
+        return self._describe(entry)
+
+    def _describe(self, e: Entry) -> ResidentModel:
+        return ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state,
+                             e.key in self.ledger.pinned)
+
+    def _lease(self, entry: Entry) -> Lease:
+        entry.leases += 1
+        entry.last_use = time.time()
+        self.policy.record_access(entry.key, time.monotonic())
+        return Lease(self._release, entry.key)
+
+    def _release(self, key: Key) -> None:
+        entry = self.ledger.entries.get(key)
+        if entry is None:
+            return
+        entry.leases -= 1
+        sig = self._signals
+        if entry.leases == 0 and (self.ledger.pending or sig.draining or sig.over_cap):
+            sig.wake.set()  # a load may be waiting for room, or the caps for a victim
+
+    async def _enqueue(self, key: Key) -> asyncio.Future:
+        """A future for a lease on cold ``key``, joined to its load (one load per key)."""
+        self._check_loadable(key)
+        estimate = disk = 0
+        entry = self.ledger.entries.get(key)
+        if key not in self.ledger.pending and (entry is None or entry.state == UNLOADING):
+            estimate, disk = await asyncio.to_thread(self._estimate, key)  # walks the version directory
+            self._check_loadable(key)  # re-check after the await
+        entry = self.ledger.entries.get(key)
+        fut = asyncio.get_running_loop().create_future()
+        if entry is not None and entry.state == READY:
+            fut.set_result(self._lease(entry))
+        elif entry is not None and entry.state == LOADING:
+            entry.waiters.append(fut)
+        else:
+            pending = self.ledger.pending.get(key)
+            if pending is None:
+                pending = self.ledger.pending[key] = Pending(key, estimate, disk, time.monotonic())
+            pending.waiters.append(fut)
+            self._signals.wake.set()
+        return fut
+
+    def _check_loadable(self, key: Key) -> None:
+        sig = self._signals
+        if sig.closed or not sig.healthy:
+            raise errors.NodeUnavailable(f"node {self.target} is unhealthy: {sig.reason}")
+        if sig.draining:
+            raise errors.NodeUnavailable(f"node {self.target} is draining")
+        failure = self.ledger.failure(key, time.monotonic())
+        if failure is not None:
+            raise copy_error(failure)
+
+    def _estimate(self, key: Key) -> tuple[int, int]:
+        """(bytes the version will take, its size on disk): learned on an earlier load, else 1.2 x disk.
+
+        Only the estimate from disk can refuse a model as larger than the memory cap: a
+        learned size carries the noise of RSS sampling, so above the cap it counts as the
+        whole cap (the model then loads alone) rather than failing requests.
+        """
+        disk = self.repository.disk_bytes(*key)
+        estimate = int(disk * self.settings.estimate_factor)
+        cap = self.settings.memory_bytes
+        if cap and estimate > cap:
+            raise errors.CapacityExhausted(
+                f"model {key[0]} version {key[1]} needs {estimate} bytes "
+                f"({self.settings.estimate_factor} x its size on disk), more than "
+                f"memory_bytes={cap} of node {self.target}")
+        size = self.ledger.learned.get(key, estimate)
+        return (min(size, cap) if cap else size), disk
+
+    def _save(self) -> None:
+        """Have the state file written soon (many changes in a row make one write, off the loop)."""
+        if self._writer is not None:
+            self._writer.schedule(self._state)
+
+    def _state(self) -> CacheState:
+        ledger = self.ledger
+        models = [SavedVersion(e.key[0], e.key[1], e.bytes, e.measured, e.last_use, e.key in ledger.pinned)
+                  for e in ledger.entries.values() if e.state == READY]
+        learned = {learned_key(*k): v for k, v in ledger.learned.items()}
+        return CacheState(self.target, models, learned)
+
+
+def _version(version: int | None) -> str:
+    return "" if version is None else f" version {version}"

@@ -1,0 +1,99 @@
+"""The pure planner: which loads start, which idle models are unloaded first, what waits and why.
+
+``plan(ledger, caps, policy, now) -> Plan`` reads the ledger and changes nothing, so it is
+tested in milliseconds with no node, and ``tfscache simulate`` calls the same function as
+the live cache (the simulator and the cache cannot disagree). The rules:
+
+1. already over a cap (the caps shrank, or a load measured above its estimate): idle
+   models go in the policy's order until the node fits again;
+2. pending loads in order of waiting requests (most first, ties: oldest), each admitted
+   while the caps allow, taking idle victims in the policy's order; the first that cannot
+   fit even with every idle model gone blocks itself and every load behind it (it waits
+   for a lease to end, up to ``room_timeout_s``);
+3. only READY models without a lease or a pin are ever victims, and a model's bytes count
+   until the node reports it gone, so the caps hold at every instant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tfscache.cache.ledger import READY, Key, Ledger, Pending
+from tfscache.cache.policy import EvictionPolicy
+
+_MAX_HOLDERS_NAMED = 20
+
+
+@dataclass(frozen=True)
+class Caps:
+    """A node's caps; 0 is no cap."""
+
+    max_models: int = 0
+    memory_bytes: int = 0
+
+    def fit(self, count: int, used: int) -> bool:
+        return (not self.max_models or count <= self.max_models) and (not self.memory_bytes or used <= self.memory_bytes)
+
+
+@dataclass
+class Plan:
+    """What the reloader does next, in this order: unload ``victims``, then load ``admit``."""
+
+    victims: list[Key] = field(default_factory=list)
+    admit: list[Key] = field(default_factory=list)
+    blocked: list[Key] = field(default_factory=list)  # pending loads waiting for room
+    over_cap: bool = False  # still over a cap with nothing idle to unload: the next release matters
+
+
+def plan(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float) -> Plan:
+    """Choose victims and admit pending loads, in priority order, within ``caps``."""
+    entries = ledger.entries
+    count, used = len(entries), ledger.used()
+    idle = ledger.idle()
+    order = list(policy.victims(idle, now)) if idle else []
+    result = Plan()
+    pos = 0
+    while not caps.fit(count, used) and pos < len(order):  # over a cap already
+        result.victims.append(order[pos])
+        count, used, pos = count - 1, used - entries[order[pos]].bytes, pos + 1
+    result.over_cap = not caps.fit(count, used)
+    blocked = False
+    for pending in ledger.queue():
+        if not blocked:
+            take, c, u, q = [], count, used, pos
+            while not caps.fit(c + 1, u + pending.estimate) and q < len(order):
+                take.append(order[q])
+                c, u, q = c - 1, u - entries[order[q]].bytes, q + 1
+            blocked = not caps.fit(c + 1, u + pending.estimate)
+        if blocked:  # it, and everything behind it, waits for room
+            result.blocked.append(pending.key)
+            continue
+        result.victims += take
+        count, used, pos = c + 1, u + pending.estimate, q
+        result.admit.append(pending.key)
+    return result
+
+
+def room_message(ledger: Ledger, caps: Caps, pending: Pending, node: str, timeout_s: float) -> str:
+    """RESOURCE_EXHAUSTED text for a load that waited ``timeout_s`` for room: which cap, what holds it."""
+    entries = ledger.entries
+    used = ledger.used()
+    reached = []
+    if caps.max_models and len(entries) + 1 > caps.max_models:
+        reached.append(f"max_models={caps.max_models} reached")
+    if caps.memory_bytes and used + pending.estimate > caps.memory_bytes:
+        reached.append(f"memory_bytes={caps.memory_bytes} reached ({used} bytes in use, "
+                       f"{pending.estimate} more needed)")
+    holders = [f"{n} version {v} ({_holding(e)})" for (n, v), e in list(entries.items())[:_MAX_HOLDERS_NAMED]]
+    if len(entries) > _MAX_HOLDERS_NAMED:
+        holders.append(f"and {len(entries) - _MAX_HOLDERS_NAMED} more")
+    name, version = pending.key
+    return (f"No room on node {node} to load model {name} version {version} "
+            f"within {timeout_s} s: {' and '.join(reached) or 'a cap was reached'}; "
+            f"held by {', '.join(holders) or 'nothing'}")
+
+
+def _holding(entry) -> str:
+    if entry.state == READY:
+        return f"{entry.leases} lease{'s' if entry.leases != 1 else ''}, {entry.bytes} bytes"
+    return f"{entry.state}, {entry.bytes} bytes"

@@ -1,0 +1,316 @@
+"""The reloader of one node's cache: the only code that talks to the node, through its adapter.
+
+One task per node runs ``Reloader.run``. It waits for the node and re-adopts what the
+state file says it serves (``startup``), then repeats a step: ask the planner
+(``tfscache.cache.planner.plan``) what to do, unload the victims, load the admitted
+batch, and record what the node did in the ledger. Models that arrived while a load was
+in flight share the next batch. When the node fails (unreachable, a deadline passed), the
+cache turns unhealthy, every waiter gets UNAVAILABLE, and ``recover`` brings it back
+(``tfscache.cache.recovery``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from tfscache import errors, logs
+from tfscache.cache.adapter import NodeAdapter
+from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger
+from tfscache.cache.planner import Caps, plan, room_message
+from tfscache.cache.policy import EvictionPolicy
+from tfscache.cache.recovery import recover, startup
+from tfscache.cache.signals import Signals, fail
+from tfscache.cache.state import CacheState
+from tfscache.repository import ModelRepository, not_found
+
+log = logging.getLogger("tfscache.cache")
+
+
+class Reloader:
+    """Carries out the planner's decisions against one node."""
+
+    def __init__(self, adapter: NodeAdapter, ledger: Ledger, policy: EvictionPolicy, caps: Caps,
+                 repository: ModelRepository, signals: Signals, settings, events) -> None:
+        self.adapter = adapter
+        self.node = adapter.target
+        self.ledger = ledger
+        self.policy = policy
+        self.caps = caps
+        self.repository = repository
+        self.signals = signals
+        self.settings = settings
+        self.events = events
+
+    def wanted(self, *, loading: bool = True) -> list[Key]:
+        """What the node should serve: every entry not leaving (nor ``loading`` ones if False)."""
+        return [k for k, e in self.ledger.entries.items() if e.state == READY or (loading and e.state == LOADING)]
+
+    async def step(self) -> None:
+        """Plan once, then unload the victims and load the admitted batch."""
+        sig, ledger = self.signals, self.ledger
+        if sig.config_stale and not await self.send(self.settings.reload_deadline_s, "re-adopting"):
+            return
+        sig.config_stale = False
+        sig.synced.set()
+        if sig.resync and not await self.resync():
+            return
+        if await asyncio.to_thread(self.adapter.restarted):
+            log.warning("node %s: its process was replaced; checking what it still serves", self.node)
+            if not await self.resync():
+                return
+        ledger.drop_abandoned()
+        now = time.monotonic()
+        leaving = await self.drop_vanished() + self.take_evictions()
+        decided = plan(ledger, self.caps, self.policy, now)
+        sig.over_cap = decided.over_cap  # the next release wakes the reloader
+        for key in decided.blocked:
+            pending = ledger.pending[key]
+            if pending.blocked_since is None:
+                pending.blocked_since = now
+        batch = [self.admit(key) for key in decided.admit]
+        for key in decided.victims:  # no await since the plan: no lease was taken on them meanwhile
+            ledger.entries[key].state = UNLOADING
+            self.policy.forget(key)
+            self.evicted(key, "capacity")
+        self.expire_room_waits(now)
+        leaving += decided.victims
+        if leaving and not await self.unload(leaving):
+            return
+        if batch:
+            await self.load(batch)
+        if leaving or batch:
+            sig.wake.set()  # progress was made: whatever still waits may fit now
+        if sig.draining and not ledger.entries and not ledger.pending:
+            drained, sig.drained = sig.drained, []
+            for fut in drained:
+                if not fut.done():
+                    fut.set_result(None)
+
+    def admit(self, key: Key) -> Entry:
+        pending = self.ledger.pending[key]
+        if pending.blocked_since is not None:
+            self.events.room_waited(key, time.monotonic() - pending.blocked_since)
+        return self.ledger.admit(key, time.time())
+
+    def evicted(self, key: Key, reason: str) -> None:
+        """The one log line and event of an eviction (the unload's line follows once the node confirms)."""
+        entry = self.ledger.entries[key]
+        idle_s = max(0.0, time.time() - entry.last_use)
+        log.info("node %s: evicting %s version %s (%s; %d bytes, idle %.1f s)", self.node, key[0], key[1],
+                 reason, entry.bytes, idle_s, extra={"model": key[0], "version": key[1], "node": self.node,
+                                                     "reason": reason, "bytes": entry.bytes,
+                                                     "idle_s": round(idle_s, 3)})
+        self.events.evicted(key, reason, entry.bytes)
+
+    def expire_room_waits(self, now: float) -> None:
+        timeout = self.settings.room_timeout_s
+        for key, pending in list(self.ledger.pending.items()):
+            if pending.blocked_since is not None and now - pending.blocked_since >= timeout:
+                del self.ledger.pending[key]
+                message = room_message(self.ledger, self.caps, pending, self.node, timeout)
+                log.warning("%s", message)
+                self.events.room_waited(key, now - pending.blocked_since)
+                fail(pending.waiters, errors.CapacityExhausted(message))
+
+    def next_room_deadline(self) -> float | None:
+        blocked = [p.blocked_since for p in self.ledger.pending.values() if p.blocked_since is not None]
+        if not blocked:
+            return None
+        return max(0.0, min(blocked) + self.settings.room_timeout_s - time.monotonic())
+
+    def take_evictions(self) -> list[Key]:
+        """Versions ``evict`` marked UNLOADING, and while draining every idle one (pinned or not)."""
+        sig, entries = self.signals, self.ledger.entries
+        keys, sig.evict_queue = sig.evict_queue, []
+        if sig.draining:
+            for key, entry in entries.items():
+                if entry.state == READY and entry.leases == 0:
+                    entry.state = UNLOADING
+                    self.policy.forget(key)
+                    keys.append(key)
+            if keys:
+                log.info("node %s draining: unloading %s", self.node, names(keys))
+        keys = [k for k in keys if k in entries]
+        for key in keys:
+            self.evicted(key, "drain" if sig.draining else "admin")
+        return keys
+
+    async def drop_vanished(self) -> list[Key]:
+        """Entries whose version directory is gone (a stat each, in a worker thread)."""
+        keys = [k for k, e in self.ledger.entries.items() if e.state != UNLOADING]
+        gone_on_disk = await asyncio.to_thread(lambda: [k for k in keys if self.repository.version_path(*k) is None])
+        gone = [k for k in gone_on_disk if k in self.ledger.entries and self.ledger.entries[k].state != UNLOADING]
+        for key in gone:
+            entry = self.ledger.entries[key]
+            log.warning("model %s version %s vanished from the repository; removing it from node %s",
+                        key[0], key[1], self.node)
+            self.evicted(key, "vanished")
+            entry.state = UNLOADING
+            self.policy.forget(key)
+            fail(entry.waiters, not_found(*key))
+            entry.waiters = []
+        return gone
+
+    async def unload(self, leaving: list[Key]) -> bool:
+        """The node without ``leaving``; returns once it reports each gone (the batch waits for that)."""
+        started, sizes = time.monotonic(), {k: self.ledger.entries[k].bytes for k in leaving}
+        try:
+            await self.adapter.unload(leaving, self.wanted(loading=False), self.settings.reload_deadline_s)
+        except errors.TfscacheError as e:
+            self.mark_unhealthy(f"unloading {names(leaving)}: {e.grpc_code.name}: {e.message}")
+            return False
+        finally:
+            for key in leaving:
+                self.ledger.remove(key)
+                for fut in self.signals.unload_waiters.pop(key, []):
+                    if not fut.done():
+                        fut.set_result(None)
+            self.signals.save()
+        seconds = time.monotonic() - started
+        for key in leaving:
+            log.info("node %s: unloaded %s version %s in %.3f s (%d bytes)", self.node, key[0], key[1],
+                     seconds, sizes[key], extra={"model": key[0], "version": key[1], "node": self.node,
+                                                 "duration_s": round(seconds, 6), "bytes": sizes[key]})
+            self.events.unloaded(key, seconds, sizes[key])
+        return True
+
+    async def load(self, batch: list[Entry]) -> None:
+        keys = [e.key for e in batch]
+        rss_before = await asyncio.to_thread(self.adapter.memory)
+        started = time.monotonic()
+        try:
+            results = await self.adapter.load(keys, self.wanted(), self.settings.reload_deadline_s)
+        except errors.TfscacheError as e:
+            self.mark_unhealthy(f"reload loading {names(keys)}: {e.message}")
+            return
+        load_s = time.monotonic() - started
+        loaded = [e for e in batch if results.get(e.key) is None]
+        measure(loaded, rss_before, await asyncio.to_thread(self.adapter.memory), self.caps, self.ledger)
+        now = time.monotonic()
+        for entry in loaded:
+            self.loaded(entry, load_s, now)
+        failed = [(e, results[e.key]) for e in batch if results.get(e.key) is not None]
+        for entry, error in failed:
+            self.load_failed(entry, error, load_s, now)
+        if any(isinstance(error, errors.Unavailable) for _, error in failed):
+            self.mark_unhealthy(f"checking status of {names(keys)}: node unavailable")
+        self.signals.save()
+
+    def loaded(self, entry: Entry, load_s: float, now: float) -> None:
+        entry.state = READY
+        self.policy.record_load(entry.key, entry.bytes, load_s, now)
+        log.info("node %s: loaded %s version %s in %.3f s (%d bytes%s)", self.node, entry.key[0], entry.key[1],
+                 load_s, entry.bytes, "" if entry.measured else ", estimated",
+                 extra={"model": entry.key[0], "version": entry.key[1], "node": self.node,
+                        "duration_s": round(load_s, 6), "bytes": entry.bytes, "measured": entry.measured})
+        self.events.loaded(entry.key, load_s, entry.bytes, entry.measured)
+        waiters, entry.waiters = entry.waiters, []
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(self.signals.lease(entry))
+
+    def load_failed(self, entry: Entry, error: Exception, load_s: float, now: float) -> None:
+        if not isinstance(error, errors.TfscacheError):
+            error = errors.Internal(f"checking load of {entry.key[0]}: {error!r}")
+        log.warning("node %s: loading %s version %s failed after %.3f s: %s: %s", self.node, entry.key[0],
+                    entry.key[1], load_s, error.grpc_code.name, error.message,
+                    extra={"model": entry.key[0], "version": entry.key[1], "node": self.node,
+                           "duration_s": round(load_s, 6), "bytes": entry.bytes})
+        self.events.load_failed(entry.key, load_s, error)
+        self.ledger.entries.pop(entry.key, None)
+        self.ledger.record_failure(entry.key, now + self.settings.failure_backoff_s, error)
+        fail(entry.waiters, error)
+        entry.waiters = []
+
+    async def send(self, deadline_s: float, why: str, *, loading: bool = True) -> bool:
+        """Send what the node should serve; False (and the node unhealthy) if that fails."""
+        try:
+            await self.adapter.sync(self.wanted(loading=loading), deadline_s)
+            return True
+        except errors.TfscacheError as e:
+            self.mark_unhealthy(f"reload {why}: {e.grpc_code.name}: {e.message}")
+            return False
+
+    async def resync(self) -> bool:
+        """Answer ``recheck``: if the node lost resident models (it restarted), send them again.
+
+        One status call per resident model decides; the reload happens only when one was
+        lost, so callers that arrive after the restore cost no second reload. False (and the
+        node unhealthy) when the node cannot be reached.
+        """
+        sig = self.signals
+        waiters, sig.resync = sig.resync, []
+        s = self.settings
+        try:
+            lost = [key for key, entry in list(self.ledger.entries.items()) if entry.state == READY
+                    and not await self.adapter.available(key, s.rpc_deadline_s)]
+            if lost:
+                log.warning("node %s lost %s (it restarted?); sending its config again", self.node, names(lost))
+                results = await self.adapter.load(lost, self.wanted(), s.reload_deadline_s)
+                for key, result in results.items():
+                    if result is not None and key in self.ledger.entries:
+                        self.evicted(key, "node_lost")
+                        self.ledger.remove(key)
+                        self.policy.forget(key)
+                sig.save()
+        except errors.TfscacheError as e:
+            self.mark_unhealthy(f"restoring its config: {e.grpc_code.name}: {e.message}")
+            fail(waiters, errors.NodeUnavailable(f"node {self.node} is unhealthy: {e.message}"))
+            return False
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+        return True
+
+    def mark_unhealthy(self, reason: str) -> None:
+        log.error("node %s is unhealthy: %s", self.node, reason)
+        self.signals.set_health(False, reason)
+        self.signals.fail_all(self.ledger, errors.NodeUnavailable(f"node {self.node} is unhealthy: {reason}"))
+
+    async def run(self, state: CacheState) -> None:
+        logs.bind(node=self.node)  # this task's log lines name the node
+        await startup(self, state)
+        failures = 0
+        sig = self.signals
+        while True:
+            if not sig.healthy:
+                failures = 0 if await recover(self, failures) else failures + 1
+                continue
+            timeout = self.next_room_deadline()
+            if not sig.wake.is_set():
+                try:
+                    await asyncio.wait_for(sig.wake.wait(), timeout)
+                except TimeoutError:
+                    pass
+            sig.wake.clear()
+            try:
+                await self.step()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # a bug here must not leave callers hanging
+                log.exception("cache step for node %s failed", self.node)
+                self.mark_unhealthy(f"internal error: {e!r}")
+
+
+def measure(loaded: list[Entry], before: int | None, after: int | None, caps: Caps, ledger: Ledger) -> None:
+    """Share the node's memory growth across the batch by estimate, never below the size on disk.
+
+    Memory can grow by less than a model takes when the allocator reuses memory an
+    eviction freed; the size on disk is a floor no SavedModel's variables go under.
+    """
+    if before is None or after is None or not loaded:
+        return
+    growth = after - before
+    total = sum(e.bytes for e in loaded) or 1
+    for entry in loaded:
+        entry.bytes = max(int(growth * entry.bytes / total), entry.disk, 1)
+        if caps.memory_bytes:
+            entry.bytes = min(entry.bytes, caps.memory_bytes)  # see CacheManager._estimate
+        entry.measured = True
+        ledger.learned[entry.key] = entry.bytes
+
+
+def names(keys: list[Key]) -> str:
+    return ", ".join(f"{n}:{v}" for n, v in keys)
