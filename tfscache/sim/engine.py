@@ -25,6 +25,8 @@ import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
+from tfscache.cache.ledger import READY, Ledger, Pending
+from tfscache.cache.planner import Caps, plan
 from tfscache.cache.policy import EvictionPolicy
 from tfscache.ring import Ring
 from tfscache.sim.trace import Trace
@@ -115,40 +117,55 @@ def _chunks(requests: list[Request], progress: Callable[[int], None] | None) -> 
             progress(len(chunk))
 
 
+class _Waiting:
+    """The one request waiting for a missed model (replayed requests never overlap)."""
+
+    @staticmethod
+    def done() -> bool:
+        return False
+
+
+_WAITING = _Waiting()
+
+
 def replay(requests: list[Request], policy: EvictionPolicy, max_models: int, memory_bytes: int,
-           progress: Callable[[int], None] | None = None) -> Counts:
-    """One node's cache under ``policy``; ``progress(n)`` after each chunk of n requests."""
-    resident: dict[int, int] = {}
+           progress: Callable[[int], None] | None = None,
+           record: Callable[[str, int], None] | None = None) -> Counts:
+    """One node's cache under ``policy``; ``progress(n)`` after each chunk of n requests.
+
+    Each miss is decided by the live cache's own planner (``tfscache.cache.planner.plan``)
+    over a ledger of this node, so the simulator cannot disagree with the cache: the
+    victims it unloads and the loads it admits are the ones the cache would choose.
+    ``record(what, key)``, if given, hears every "load" and "evict" in order.
+    """
+    ledger = Ledger()
+    caps = Caps(max_models, memory_bytes)
     used = peak = hits = uncacheable = evictions = 0
     load_seconds = 0.0
     access, load, forget = policy.record_access, policy.record_load, policy.forget
-    next_victim = getattr(policy, "next_victim", None)  # O(log n) when the policy offers it
-    cap = max_models or len(requests) + 1
-    memory = memory_bytes or float("inf")
     for chunk in _chunks(requests, progress):
         for key, now, size, cost, _ in chunk:
-            if key in resident:
+            if key in ledger.entries:
                 hits += 1
                 access(key, now)
                 continue
-            if size > memory:
+            if memory_bytes and size > memory_bytes:
                 uncacheable += 1
                 continue
-            if len(resident) >= cap or used + size > memory:
-                order = None
-                while len(resident) >= cap or used + size > memory:
-                    if next_victim is not None:
-                        victim = next_victim(now)
-                    else:  # the general interface: order every resident model once per miss
-                        if order is None:
-                            order = iter(policy.victims(list(resident), now))
-                        victim = next(order, None)
-                    if victim not in resident:
-                        raise RuntimeError(f"policy {policy.name} offered {victim!r}, which is not resident")
-                    forget(victim)
-                    used -= resident.pop(victim)
-                    evictions += 1
-            resident[key] = size
+            pending = ledger.pending[key] = Pending(key, size, size, now)
+            pending.waiters.append(_WAITING)
+            decided = plan(ledger, caps, policy, now)
+            for victim in decided.victims:
+                if record is not None:
+                    record("evict", victim)
+                forget(victim)
+                used -= ledger.remove(victim).bytes
+                evictions += 1
+            if decided.admit != [key]:  # nothing is ever leased here: it always fits once the rest is gone
+                raise RuntimeError(f"planner did not admit {key!r} ({decided})")
+            ledger.admit(key, now).state = READY
+            if record is not None:
+                record("load", key)
             used += size
             if used > peak:
                 peak = used

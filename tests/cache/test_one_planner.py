@@ -1,0 +1,64 @@
+"""The simulator and the live cache share one planner: one trace, the same loads and evictions.
+
+The trace is replayed through ``tfscache simulate``'s engine and, request by request, through
+a CacheManager on a real ``tfscache node``. Each policy whose order depends only on the order
+of requests (not on measured load times or sizes) must give the same sequence in both.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from cache.cache_support import RecordingClient
+from tfscache.cache import CacheEvents, CacheManager, CacheSettings
+from tfscache.cache.policy import make_policy
+from tfscache.sim.engine import replay
+
+MODELS = [f"addk_{k}" for k in range(1, 9)]
+
+
+def trace(seed: int = 7, length: int = 60) -> list[int]:
+    rng = random.Random(seed)
+    weights = [1.0 / (i + 1) for i in range(len(MODELS))]  # Zipf-like: churn, with some models hot
+    return rng.choices(range(len(MODELS)), weights, k=length)
+
+
+class Recording(CacheEvents):
+    def __init__(self) -> None:
+        self.sequence: list[tuple[str, str]] = []
+
+    def loaded(self, key, seconds, size, measured) -> None:
+        self.sequence.append(("load", key[0]))
+
+    def evicted(self, key, reason, size) -> None:
+        self.sequence.append(("evict", key[0]))
+
+
+def simulated(policy: str, requests: list[int], cap: int) -> list[tuple[str, str]]:
+    sequence: list[tuple[str, str]] = []
+    rows = [(k, float(t), 1000, 0.01, 0) for t, k in enumerate(requests)]
+    replay(rows, make_policy(policy), cap, 0, record=lambda what, key: sequence.append((what, MODELS[key])))
+    return sequence
+
+
+@pytest.mark.parametrize("policy", ["lru", "fifo", "lfu"])
+async def test_the_simulator_and_the_cache_load_and_evict_alike(policy, node, repository):
+    requests = trace()
+    events = Recording()
+    client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
+    cache = CacheManager(client, repository, CacheSettings(max_models=3, policy=policy, reload_deadline_s=60.0),
+                         node_pid=node.pid, events=events)
+    await cache.start()
+    await cache.wait_synced(60)
+    try:
+        for k in requests:
+            async with await cache.acquire(MODELS[k]):
+                pass
+    finally:
+        await cache.stop()
+        await client.close()
+    expected = simulated(policy, requests, 3)
+    assert sum(what == "evict" for what, _ in expected) >= 10  # the trace churns
+    assert events.sequence == expected

@@ -1,0 +1,132 @@
+"""The pure planner, with no node and no TensorFlow: every admission and eviction rule, in milliseconds."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Ledger, Pending
+from tfscache.cache.planner import Caps, plan
+from tfscache.cache.policy import make_policy
+
+
+class Waiting:
+    """A request still waiting for its model."""
+
+    @staticmethod
+    def done() -> bool:
+        return False
+
+
+def ledger_with(resident: dict[str, int], *, leased=(), pinned=(), states=None) -> tuple[Ledger, object]:
+    """A ledger holding ``resident`` {name: bytes} (used in that order) and an LRU policy that saw them."""
+    ledger, policy = Ledger(), make_policy("lru")
+    for t, (name, size) in enumerate(resident.items()):
+        key = (name, 1)
+        entry = ledger.entries[key] = Entry(key, (states or {}).get(name, READY), size, True, float(t))
+        policy.record_load(key, size, 1.0, float(t))
+        policy.record_access(key, float(t))
+        entry.leases = 1 if name in leased else 0
+        if name in pinned:
+            ledger.pinned.add(key)
+    return ledger, policy
+
+
+def want(ledger: Ledger, name: str, size: int = 10, waiters: int = 1, first_seen: float = 100.0) -> None:
+    pending = ledger.pending[(name, 1)] = Pending((name, 1), size, size, first_seen)
+    pending.waiters.extend(Waiting() for _ in range(waiters))
+
+
+def names(keys) -> list[str]:
+    return [name for name, _ in keys]
+
+
+def test_a_cold_model_loads_while_under_the_caps():
+    ledger, policy = ledger_with({"a": 10})
+    want(ledger, "b")
+    decided = plan(ledger, Caps(max_models=2), policy, 200.0)
+    assert (names(decided.admit), decided.victims, decided.blocked) == (["b"], [], [])
+
+
+def test_the_least_recently_used_idle_model_makes_room():
+    ledger, policy = ledger_with({"a": 10, "b": 10, "c": 10})
+    policy.record_access(("a", 1), 50.0)  # a was used last: b is the least recent
+    want(ledger, "d")
+    decided = plan(ledger, Caps(max_models=3), policy, 200.0)
+    assert (names(decided.victims), names(decided.admit)) == (["b"], ["d"])
+
+
+@pytest.mark.parametrize("held", ["leased", "pinned"])
+def test_a_leased_or_pinned_model_is_never_a_victim(held):
+    ledger, policy = ledger_with({"a": 10, "b": 10}, **{held: ("a",)})
+    want(ledger, "c")
+    decided = plan(ledger, Caps(max_models=2), policy, 200.0)
+    assert (names(decided.victims), names(decided.admit)) == (["b"], ["c"])
+
+
+def test_with_every_model_held_the_load_waits_and_so_does_everything_behind_it():
+    ledger, policy = ledger_with({"a": 10, "b": 10}, leased=("a",), pinned=("b",))
+    want(ledger, "c", waiters=3)
+    want(ledger, "d", waiters=1)
+    decided = plan(ledger, Caps(max_models=2), policy, 200.0)
+    assert (decided.victims, decided.admit, names(decided.blocked)) == ([], [], ["c", "d"])
+
+
+def test_loads_go_in_order_of_waiting_requests_then_age():
+    ledger, policy = ledger_with({})
+    want(ledger, "old", waiters=1, first_seen=1.0)
+    want(ledger, "busy", waiters=5, first_seen=9.0)
+    want(ledger, "young", waiters=1, first_seen=5.0)
+    decided = plan(ledger, Caps(max_models=2), policy, 200.0)
+    assert (names(decided.admit), names(decided.blocked)) == (["busy", "old"], ["young"])
+
+
+def test_the_memory_cap_counts_estimates_and_takes_as_many_victims_as_needed():
+    ledger, policy = ledger_with({"a": 40, "b": 30, "c": 20})
+    want(ledger, "big", size=60)
+    decided = plan(ledger, Caps(memory_bytes=100), policy, 200.0)
+    assert (names(decided.victims), names(decided.admit)) == (["a", "b"], ["big"])
+    assert 20 + 60 <= 100  # what is left after the plan fits
+
+
+def test_models_still_loading_or_unloading_count_against_the_caps():
+    ledger, policy = ledger_with({"a": 10, "b": 10, "c": 10}, states={"a": LOADING, "b": UNLOADING})
+    want(ledger, "d")
+    decided = plan(ledger, Caps(max_models=3), policy, 200.0)
+    assert (names(decided.victims), names(decided.admit)) == (["c"], ["d"])
+
+
+def test_over_a_shrunk_cap_idle_models_go_and_over_cap_says_when_none_can():
+    ledger, policy = ledger_with({"a": 10, "b": 10, "c": 10})
+    decided = plan(ledger, Caps(max_models=1), policy, 200.0)
+    assert (names(decided.victims), decided.over_cap) == (["a", "b"], False)
+    ledger, policy = ledger_with({"a": 10, "b": 10}, leased=("a", "b"))
+    decided = plan(ledger, Caps(max_models=1), policy, 200.0)
+    assert (decided.victims, decided.over_cap) == ([], True)
+
+
+def test_the_caps_hold_at_every_instant_of_a_plan():
+    ledger, policy = ledger_with({f"m{i}": 10 + i for i in range(6)}, leased=("m2",))
+    for i, name in enumerate(["x", "y", "z"]):
+        want(ledger, name, size=15, waiters=3 - i)
+    caps = Caps(max_models=6, memory_bytes=100)
+    decided = plan(ledger, caps, policy, 200.0)
+    count, used = len(ledger.entries), ledger.used()
+    assert caps.fit(count, used) or decided.victims
+    for victim in decided.victims:  # the victims go first (the reloader waits until they are gone) ...
+        count, used = count - 1, used - ledger.entries[victim].bytes
+    for key in decided.admit:  # ... then the batch loads
+        count, used = count + 1, used + ledger.pending[key].estimate
+        assert caps.fit(count, used), (count, used)
+    assert ("m2", 1) not in decided.victims
+
+
+def test_planning_changes_nothing():
+    ledger, policy = ledger_with({"a": 10, "b": 10})
+    want(ledger, "c")
+    entries, pending = copy.copy(ledger.entries), copy.copy(ledger.pending)
+    states = {k: e.state for k, e in ledger.entries.items()}
+    plan(ledger, Caps(max_models=2), policy, 200.0)
+    assert (ledger.entries, ledger.pending) == (entries, pending)
+    assert {k: e.state for k, e in ledger.entries.items()} == states
