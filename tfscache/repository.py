@@ -18,6 +18,7 @@ It is read when a request names a label, never at start-up, and remembered for
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -182,18 +183,30 @@ class ModelRepository:
             raise not_found(name, version)
         return ModelVersion(name, version, path)
 
-    def label_version(self, name: str, label: str) -> int:
+    async def refresh_labels(self, name: str) -> None:
+        """Read the model's labels.json in a worker thread unless remembered within ``rescan_s``,
+        so that ``label_version`` (with ``max_age``) then answers without touching the disk."""
+        check_name(name)
+        cached = self._labels.get(name)
+        if cached is None or time.monotonic() - cached[0] >= self.rescan_s:
+            labels = await asyncio.to_thread(self._read_labels, name)
+            self._labels[name] = (time.monotonic(), labels)
+            if len(self._labels) > 100_000:
+                self._labels.clear()
+
+    def label_version(self, name: str, label: str, *, max_age: float | None = None) -> int:
         """The version ``label`` names in the model's labels.json, as TF Serving resolves a label.
 
         Raises ``InvalidArgument`` with TF Serving's "Unrecognized servable version label: L"
         for a label the file does not define (or a model with no file), and ``InvalidArgument``
         naming the file when it is not a JSON object of label -> version number. Whether the
         version exists is not checked here: loading it gives TF's ``Specific(NAME, V)`` NOT_FOUND.
+        ``max_age``: how old a remembered reading may be (default ``rescan_s``).
         """
         check_name(name)
         now = time.monotonic()
         cached = self._labels.get(name)
-        if cached is None or now - cached[0] >= self.rescan_s:
+        if cached is None or now - cached[0] >= (self.rescan_s if max_age is None else max_age):
             cached = self._labels[name] = (now, self._read_labels(name))
             if len(self._labels) > 100_000:
                 self._labels.clear()
