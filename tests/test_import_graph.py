@@ -18,28 +18,9 @@ import pytest
 
 # issue 11: being removed. Each entry is a known offender; a new one fails, and an entry
 # that no longer offends fails too (remove it here).
-KNOWN_CYCLES: list[frozenset[str]] = [
-    frozenset({"tfscache.cache", "tfscache.cacheloop"}),
-]
-KNOWN_LONG: set[str] = {"tfscache.cache", "tfscache.cacheloop", "tfscache.serve",
-                        "tfscache.node.inference", "tfscache.node.json_tensor", "tfscache.node.manager",
-                        "tfscache.node.rapidjson"}
-KNOWN_PRIVATE: set[tuple[str, str]] = {
-    ("tfscache.cacheloop", "tfscache.cache._Entry"),
-    ("tfscache.cacheloop", "tfscache.cache._Pending"),
-    ("tfscache.cacheloop", "tfscache.cache._fail"),
-    ("tfscache.node.json_response", "tfscache.node.json_tensor._CONVERSIONS"),
-    ("tfscache.node.json_response", "tfscache.node.rapidjson._PrettyWriter"),
-    ("tfscache.node.json_response", "tfscache.node.rapidjson._quote"),
-    ("tfscache.node.json_tensor", "tfscache.node.rapidjson._ParseError"),
-    ("tfscache.node.json_tensor", "tfscache.node.rapidjson._Parser"),
-    ("tfscache.node.json_tensor", "tfscache.node.rapidjson._json_type"),
-    ("tfscache.node.manager", "tfscache.node.loader_harness._Harness"),
-    ("tfscache.node.manager", "tfscache.node.loader_harness._Version"),
-    ("tfscache.node.manager", "tfscache.node.loader_harness._Waiter"),
-    ("tfscache.node.manager", "tfscache.node.loader_harness._rss"),
-    ("tfscache.node.manager", "tfscache.node.loader_harness._saved_model_loader"),
-}
+KNOWN_CYCLES: list[frozenset[str]] = []
+KNOWN_LONG: set[str] = {"tfscache.serve"}
+KNOWN_PRIVATE: set[tuple[str, str]] = set()
 
 MAX_LINES = 400
 PACKAGE = Path(__file__).resolve().parent.parent / "tfscache"

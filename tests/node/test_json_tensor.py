@@ -18,7 +18,10 @@ from tensorflow_serving.apis import classification_pb2, regression_pb2
 
 from tfscache.errors import InvalidArgument, Unimplemented
 from tfscache.node import json_tensor as jt
+from tfscache.node.json_examples import fill_example_request
 from tfscache.node.json_tensor import JsonFormat
+from tfscache.node.rapidjson_reader import ParseError, Parser
+from tfscache.node.rapidjson_writer import debug_string
 
 
 def infos(**dtypes: int) -> dict[str, meta_graph_pb2.TensorInfo]:
@@ -74,8 +77,8 @@ def test_parse_errors_use_rapidjson_texts_and_offsets(body: bytes, message: str)
 
 def test_rapidjson_parser_rejects_broken_surrogate_pairs() -> None:
     # json.loads (the fast path) accepts lone surrogates; the fallback parser does not.
-    with pytest.raises(jt._ParseError) as caught:
-        jt._Parser(b'{"a": "\\uD800x"}').parse()
+    with pytest.raises(ParseError) as caught:
+        Parser(b'{"a": "\\uD800x"}').parse()
     assert (caught.value.message, caught.value.offset) == (
         "The surrogate pair in string is invalid.", 7)
 
@@ -95,7 +98,7 @@ def test_parse_accepts_what_rapidjson_accepts() -> None:
 def test_integers_too_wide_for_64_bits_are_doubles() -> None:
     doc = jt.parse_json(b'{"a": 18446744073709551616, "b": 18446744073709551615}')
     assert doc == {"a": 18446744073709551616.0, "b": 18446744073709551615}
-    assert isinstance(jt._Parser(b"[18446744073709551616]").parse()[0], float)
+    assert isinstance(Parser(b"[18446744073709551616]").parse()[0], float)
 
 
 def test_signature_name_must_be_a_string() -> None:
@@ -123,14 +126,14 @@ def test_deeply_nested_signature_name_error_is_cut_at_256_bytes() -> None:
     (1.2345e30, "1.2345e30"),
 ])
 def test_debug_strings_write_doubles_like_rapidjson(value: float, text: str) -> None:
-    assert jt.debug_string(value) == text
+    assert debug_string(value) == text
 
 
 def test_debug_string_layout_and_nan() -> None:
-    assert jt.debug_string({"a": [1, "x", None, True], "b": {}}) == (
+    assert debug_string({"a": [1, "x", None, True], "b": {}}) == (
         '{\n    "a": [1, "x", null, true],\n    "b": {}\n}')
     # rapidjson's Writer refuses NaN: the debug string stops after the separator.
-    assert jt.debug_string([1, math.nan, 2]) == "[1, "
+    assert debug_string([1, math.nan, 2]) == "[1, "
 
 
 # -- Predict: row format ---------------------------------------------------------------
@@ -339,7 +342,7 @@ def test_empty_input_map() -> None:
 
 def test_examples_with_typed_features() -> None:
     request = classification_pb2.ClassificationRequest()
-    jt.fill_example_request(jt.parse_json(
+    fill_example_request(jt.parse_json(
         b'{"signature_name": "classify_x_to_y", "examples": [{"x": 2.0, "n": 3, "b": true, '
         b'"s": "text", "bin": {"b64": "aGVsbG8="}, "l": [1.5, 2.5], "big": 18446744073709551616}]}'),
         request)
@@ -357,7 +360,7 @@ def test_examples_with_typed_features() -> None:
 
 def test_examples_with_context() -> None:
     request = regression_pb2.RegressionRequest()
-    jt.fill_example_request({"context": {"c": [1, 2]}, "examples": [{"x": 1.0}, {"x": 2.0}]}, request)
+    fill_example_request({"context": {"c": [1, 2]}, "examples": [{"x": 1.0}, {"x": 2.0}]}, request)
     with_context = request.input.example_list_with_context
     assert list(with_context.context.features.feature["c"].int64_list.value) == [1, 2]
     assert len(with_context.examples) == 2
@@ -387,7 +390,7 @@ def test_examples_with_context() -> None:
                                           regression_pb2.RegressionRequest])
 def test_example_errors(body: str, message: str, request_type) -> None:
     with pytest.raises(InvalidArgument) as caught:
-        jt.fill_example_request(jt.parse_json(body.encode()), request_type())
+        fill_example_request(jt.parse_json(body.encode()), request_type())
     assert caught.value.message == message
 
 
@@ -396,6 +399,6 @@ def test_integer_literals_beyond_a_double_are_too_big() -> None:
     assert fill_error(f'{{"inputs": [{huge}]}}', x=types_pb2.DT_FLOAT) == (
         "JSON Parse error: Number too big to be stored in double.")
     with pytest.raises(InvalidArgument) as caught:
-        jt.fill_example_request(jt.parse_json(f'{{"examples": [{{"x": {huge}}}]}}'.encode()),
+        fill_example_request(jt.parse_json(f'{{"examples": [{{"x": {huge}}}]}}'.encode()),
                                 regression_pb2.RegressionRequest())
     assert caught.value.message == "JSON Parse error: Number too big to be stored in double."

@@ -8,7 +8,7 @@ an error with ``error_json``, and the model status and metadata with
 Every error is a ``TfscacheError`` carrying TF Serving's own text, because clients
 match on it.
 
-TF Serving writes with rapidjson's PrettyWriter. ``_PrettyWriter`` (rapidjson.py)
+TF Serving writes with rapidjson's PrettyWriter. ``PrettyWriter`` (rapidjson_writer.py)
 reproduces its layout byte for byte, including TF Serving's odd
 ``"predictions": [3.0, 3.5, 4.0\\n    ]``; ``_decimal`` writes floats as TF Serving
 does (%g, or full precision where %g does not round-trip). Status and metadata are
@@ -28,8 +28,9 @@ from tensorflow.python.framework import tensor_util
 from tensorflow_serving.apis import get_model_metadata_pb2
 
 from tfscache.errors import Internal, InvalidArgument
-from tfscache.node.json_tensor import _CONVERSIONS, JsonFormat, dtype_string
-from tfscache.node.rapidjson import _PrettyWriter, _quote
+from tfscache.node.json_tensor import JsonFormat
+from tfscache.node.json_values import CONVERSIONS, dtype_string
+from tfscache.node.rapidjson_writer import PrettyWriter, quote
 
 
 def _decimal(value: float, double: bool) -> str:
@@ -69,7 +70,7 @@ def _tokens(tensor: tensor_pb2.TensorProto, name: str) -> list[str] | list[bytes
     A ``*_bytes`` string tensor gives its raw values: each is written as an object.
     """
     dtype = tensor.dtype
-    if dtype not in _CONVERSIONS:
+    if dtype not in CONVERSIONS:
         raise InvalidArgument(f"Failed to write JSON value for tensor type: {dtype_string(dtype)}")
     array = tensor_util.MakeNdarray(tensor).reshape(-1)
     if dtype in (types_pb2.DT_FLOAT, types_pb2.DT_DOUBLE):
@@ -79,11 +80,11 @@ def _tokens(tensor: tensor_pb2.TensorProto, name: str) -> list[str] | list[bytes
     if dtype == types_pb2.DT_STRING:
         if name.endswith("_bytes"):
             return [bytes(v) for v in array.tolist()]
-        return [_quote(bytes(v).decode("utf-8", "surrogateescape")) for v in array.tolist()]
+        return [quote(bytes(v).decode("utf-8", "surrogateescape")) for v in array.tolist()]
     return [str(v) for v in array.tolist()]
 
 
-def _write_tensor(writer: _PrettyWriter, name: str, tensor: tensor_pb2.TensorProto,
+def _write_tensor(writer: PrettyWriter, name: str, tensor: tensor_pb2.TensorProto,
                   tokens: list, first_dim: int) -> None:
     """AddTensorValues over dims[first_dim:], consuming ``tokens`` in order."""
     dims = [d.size for d in tensor.tensor_shape.dim][first_dim:]
@@ -119,7 +120,7 @@ def predict_json(outputs: Mapping[str, tensor_pb2.TensorProto], fmt: JsonFormat)
     if not outputs:
         raise InvalidArgument("Cannot convert empty tensor map to JSON")
     names = sorted(outputs)
-    writer = _PrettyWriter()
+    writer = PrettyWriter()
     writer.start_object()
     if fmt is JsonFormat.COLUMNAR:
         writer.key("outputs")
@@ -137,7 +138,7 @@ def predict_json(outputs: Mapping[str, tensor_pb2.TensorProto], fmt: JsonFormat)
     return writer.text()
 
 
-def _write_rows(writer: _PrettyWriter, outputs: Mapping[str, tensor_pb2.TensorProto],
+def _write_rows(writer: PrettyWriter, outputs: Mapping[str, tensor_pb2.TensorProto],
                 names: list[str]) -> None:
     """MakeRowFormatJsonFromTensors."""
     batch = -1
@@ -172,7 +173,7 @@ def classification_json(result: Any) -> str:
     """MakeJsonFromClassificationResult: {"results": [[["label", score], ...], ...]}."""
     if not result.classifications:
         raise InvalidArgument("Cannot convert empty ClassificationResults to JSON")
-    writer = _PrettyWriter()
+    writer = PrettyWriter()
     writer.start_object()
     writer.key("results")
     writer.start_array()
@@ -195,7 +196,7 @@ def regression_json(result: Any) -> str:
     """MakeJsonFromRegressionResult: {"results": [v1, v2, ...]}."""
     if not result.regressions:
         raise InvalidArgument("Cannot convert empty RegressionResults to JSON")
-    writer = _PrettyWriter()
+    writer = PrettyWriter()
     writer.start_object()
     writer.key("results")
     writer.single_line_arrays = True
@@ -209,7 +210,7 @@ def regression_json(result: Any) -> str:
 
 def error_json(message: str) -> str:
     """MakeJsonFromStatus: {"error": "<message>"} without the code."""
-    writer = _PrettyWriter()
+    writer = PrettyWriter()
     writer.start_object()
     writer.key("error")
     writer.string(message)

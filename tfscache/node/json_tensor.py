@@ -2,13 +2,14 @@
 
 Pure conversion, no transport: the REST adapter (rest.py) parses a body with
 ``parse_json``, reads ``signature_name``, and converts Predict inputs with
-``predict_inputs`` (given the signature's input map) or fills a Classify/Regress
-request with ``fill_example_request``. Responses are rendered by json_response.py.
+``predict_inputs`` (given the signature's input map). Classify/Regress requests are
+json_examples.py's, the rules for single values json_values.py's; responses are
+rendered by json_response.py.
 Every error is a ``TfscacheError`` carrying TF Serving's own text, because clients
 match on it.
 
 TF Serving parses with rapidjson. This module keeps its observable behaviour, with
-the emulation of rapidjson itself in rapidjson.py: ``json.loads`` is the fast
+the emulation of rapidjson itself in rapidjson_reader.py: ``json.loads`` is the fast
 path. When it fails (or a number could overflow a double), a small parser with
 rapidjson's grammar and flags (iterative, NaN/Inf allowed, stop when the root
 value is done) gives the verdict, so errors read "JSON Parse error: Invalid value.
@@ -24,25 +25,25 @@ used, and without the offset.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import enum
 import json
 import re
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from tensorflow.core.example import example_pb2, feature_pb2
 from tensorflow.core.framework import tensor_pb2, types_pb2
 
 from tfscache.errors import InvalidArgument, TfscacheError, Unimplemented
 from tfscache.node import tensor_limits
-from tfscache.node.rapidjson import _ParseError, _Parser, _json_type, debug_string
-
-_INT32 = (-(2**31), 2**31)
-_INT64 = (-(2**63), 2**63)
-_UINT32 = (0, 2**32)
-_UINT64 = (0, 2**64)
-_TOO_BIG_INT = 2**1024  # integers from here on do not fit a double
+from tfscache.node.json_values import (
+    CONVERSIONS,
+    b64decode,
+    dtype_string,
+    is_b64,
+    reject_too_big,
+    utf8_bytes,
+)
+from tfscache.node.rapidjson_reader import ParseError, Parser, json_type
+from tfscache.node.rapidjson_writer import debug_string
 
 
 class JsonFormat(enum.Enum):
@@ -56,7 +57,7 @@ class JsonFormat(enum.Enum):
 # Parsing: json.loads, or rapidjson's verdict where the two differ
 
 # Exponents json.loads reads as inf where rapidjson says "too big". (Integers of 309
-# to 4300 digits, which json.loads takes, are caught where they are used: _too_big.)
+# to 4300 digits, which json.loads takes, are caught where they are used: reject_too_big.)
 _MAYBE_TOO_BIG = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}")
 
 
@@ -72,8 +73,8 @@ def parse_json(body: bytes | str) -> dict:
         doc = json.loads(data)
     except (ValueError, RecursionError):
         try:
-            doc = _Parser(data).parse()
-        except _ParseError as exc:
+            doc = Parser(data).parse()
+        except ParseError as exc:
             raise InvalidArgument(
                 f"JSON Parse error: {exc.message} at offset: {exc.offset}") from None
     if not isinstance(doc, dict):
@@ -95,97 +96,36 @@ def signature_name(doc: dict) -> str:
 # Predict requests
 
 
-def dtype_string(dtype: int) -> str:
-    """tensorflow::DataTypeString: DT_FLOAT -> 'float'."""
-    try:
-        return types_pb2.DataType.Name(dtype)[3:].lower()
-    except ValueError:
-        return f"unknown dtype enum ({dtype})"
-
-
 def _status_string(error: TfscacheError) -> str:
     """absl::Status::ToString(): 'INVALID_ARGUMENT: message'."""
     return f"{error.grpc_code.name}: {error.message}"
 
 
 def _type_error(value: Any, dtype: int) -> InvalidArgument:
-    return InvalidArgument(f"JSON Value: {debug_string(value)} Type: {_json_type(value)} "
+    return InvalidArgument(f"JSON Value: {debug_string(value)} Type: {json_type(value)} "
                            f"is not of expected type: {dtype_string(dtype)}")
 
 
-def _is_integer(value: Any, bounds: tuple[int, int]) -> bool:
-    return (isinstance(value, int) and not isinstance(value, bool)
-            and bounds[0] <= value < bounds[1])
-
-
-def _is_number(value: Any) -> bool:
-    kind = type(value)
-    return kind is float or (kind is int and -_TOO_BIG_INT < value < _TOO_BIG_INT)
-
-
-_SMALL_INTS = (types_pb2.DT_INT32, types_pb2.DT_INT16, types_pb2.DT_INT8, types_pb2.DT_UINT8)
-# dtype -> (TensorProto field, accepts(value))
-_CONVERSIONS: dict[int, tuple[str, Callable[[Any], bool]]] = {
-    types_pb2.DT_FLOAT: ("float_val", _is_number),
-    types_pb2.DT_DOUBLE: ("double_val", _is_number),
-    **{dt: ("int_val", lambda v: _is_integer(v, _INT32)) for dt in _SMALL_INTS},
-    types_pb2.DT_STRING: ("string_val", lambda v: isinstance(v, str)),
-    types_pb2.DT_INT64: ("int64_val", lambda v: _is_integer(v, _INT64)),
-    types_pb2.DT_BOOL: ("bool_val", lambda v: isinstance(v, bool)),
-    types_pb2.DT_UINT32: ("uint32_val", lambda v: _is_integer(v, _UINT32)),
-    types_pb2.DT_UINT64: ("uint64_val", lambda v: _is_integer(v, _UINT64)),
-}
-
-
 # dtype -> accepts(value) for values that go into the tensor unchanged.
-_BULK = {dtype: accepts for dtype, (_, accepts) in _CONVERSIONS.items()
+_BULK = {dtype: accepts for dtype, (_, accepts) in CONVERSIONS.items()
          if dtype != types_pb2.DT_STRING}
-
-
-def _is_b64(value: Any) -> bool:
-    return isinstance(value, dict) and len(value) == 1 and isinstance(value.get("b64"), str)
-
-
-def _b64decode(value: Any) -> bytes:
-    if not _is_b64(value):
-        raise InvalidArgument(
-            f"JSON Value: {debug_string(value)} not formatted correctly for base64 data")
-    text = value["b64"]
-    try:
-        return base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
-    except (binascii.Error, ValueError):
-        raise InvalidArgument("Unable to base64 decode") from None
-
-
-def _utf8(text: str) -> bytes:
-    """The bytes of a parsed string: invalid UTF-8 kept as sent, lone surrogates passed."""
-    try:
-        return text.encode("utf-8", "surrogateescape")
-    except UnicodeEncodeError:
-        return text.encode("utf-8", "surrogatepass")
-
-
-def _too_big(value: Any) -> None:
-    """rapidjson rejects an integer literal beyond a double's range while parsing."""
-    if type(value) is int and not -_TOO_BIG_INT < value < _TOO_BIG_INT:
-        raise InvalidArgument("JSON Parse error: Number too big to be stored in double.")
 
 
 def _leaf(value: Any, dtype: int) -> Any:
     """AddValueToTensor (or the base64 object of a DT_STRING)."""
-    _too_big(value)
+    reject_too_big(value)
     if isinstance(value, dict):
         if dtype == types_pb2.DT_STRING:
-            return _b64decode(value)
+            return b64decode(value)
         raise _type_error(value, dtype)
-    conversion = _CONVERSIONS.get(dtype)
+    conversion = CONVERSIONS.get(dtype)
     if conversion is None:
         raise Unimplemented(f"Conversion of JSON Value: {debug_string(value)} "
                             f"to type: {dtype_string(dtype)}")
     if not conversion[1](value):
         raise _type_error(value, dtype)
     if dtype == types_pb2.DT_STRING:
-        return _utf8(value)
+        return utf8_bytes(value)
     return value
 
 
@@ -245,7 +185,7 @@ def _tensor(dtype: int, dims: list[int], values: list) -> tensor_pb2.TensorProto
     for size in dims:
         tensor.tensor_shape.dim.add(size=size)
     if values:
-        getattr(tensor, _CONVERSIONS[dtype][0]).extend(values)
+        getattr(tensor, CONVERSIONS[dtype][0]).extend(values)
     return tensor
 
 
@@ -276,7 +216,7 @@ class _Batch:
 
 
 def _is_element_object(value: Any) -> bool:
-    return isinstance(value, dict) and not _is_b64(value)
+    return isinstance(value, dict) and not is_b64(value)
 
 
 def _row_inputs(instances: list, inputs: Mapping[str, Any]) -> dict[str, tensor_pb2.TensorProto]:
@@ -327,7 +267,7 @@ def _one_tensor(value: Any, dtype: int) -> tensor_pb2.TensorProto:
 
 def _columnar_inputs(value: Any, inputs: Mapping[str, Any]) -> dict[str, tensor_pb2.TensorProto]:
     """FillTensorMapFromInputsMap."""
-    if not isinstance(value, dict) or _is_b64(value):
+    if not isinstance(value, dict) or is_b64(value):
         if len(inputs) > 1:
             raise InvalidArgument(
                 "inputs is a plain value/list, but expecting an object as multiple input "
@@ -353,7 +293,7 @@ def _check_claimed_shapes(value: Any, inputs: Mapping[str, Any], fmt: JsonFormat
             item = first.get(name) if _is_element_object(first) else first
             dims = [len(value)] + _dense_shape(item)
         else:
-            item = value.get(name) if isinstance(value, dict) and not _is_b64(value) else value
+            item = value.get(name) if isinstance(value, dict) and not is_b64(value) else value
             dims = _dense_shape(item)
         tensor_limits.check_shape(name, dims)
         total += tensor_limits.decoded_bytes(inputs[name].dtype, dims)
@@ -389,81 +329,3 @@ def predict_inputs(doc: dict, inputs: Mapping[str, Any], signature: str = "",
         _check_claimed_shapes(doc["inputs"], inputs, JsonFormat.COLUMNAR, max_bytes)
         return _columnar_inputs(doc["inputs"], inputs), JsonFormat.COLUMNAR
     raise InvalidArgument("Missing 'inputs' or 'instances' key")
-
-
-# ---------------------------------------------------------------------------
-# Classify / Regress requests
-
-
-def _feature_kind_error(name: str, feature: feature_pb2.Feature) -> InvalidArgument:
-    kind = {"bytes_list": "bytes", "float_list": "float", "int64_list": "int64"}.get(
-        feature.WhichOneof("kind"), "UNKNOWN")
-    return InvalidArgument(f"Unexpected element type in feature: {name} expecting type: {kind}")
-
-
-def _add_to_feature(value: Any, name: str, feature: feature_pb2.Feature) -> None:
-    """AddValueToFeature."""
-    kind = feature.WhichOneof("kind")
-
-    def want(wanted: str) -> None:
-        if kind not in (None, wanted):
-            raise _feature_kind_error(name, feature)
-
-    if value is None or isinstance(value, list) or (isinstance(value, dict) and not _is_b64(value)):
-        raise InvalidArgument(
-            f"Feature: {name} has element with unexpected JSON type: {_json_type(value)}")
-    if isinstance(value, bool):
-        want("int64_list")
-        feature.int64_list.value.append(int(value))
-    elif isinstance(value, dict):
-        want("bytes_list")
-        feature.bytes_list.value.append(_b64decode(value))
-    elif isinstance(value, str):
-        want("bytes_list")
-        feature.bytes_list.value.append(_utf8(value))
-    elif isinstance(value, int) and _INT64[0] <= value < _UINT64[1]:
-        want("int64_list")
-        if value >= _INT64[1]:
-            raise InvalidArgument(
-                f"Feature: {name} has uint64_t element. Only int64_t is supported.")
-        feature.int64_list.value.append(value)
-    else:  # a fraction, an exponent, or an integer too wide for 64 bits: a double
-        _too_big(value)
-        want("float_list")
-        feature.float_list.value.append(float(value))
-
-
-def _example(value: Any, example: example_pb2.Example) -> None:
-    """MakeExampleFromJsonObject."""
-    if not isinstance(value, dict):
-        raise InvalidArgument(f"Example must be JSON object but got JSON {_json_type(value)}")
-    for name, content in value.items():
-        feature = feature_pb2.Feature()
-        for item in content if isinstance(content, list) else (content,):
-            _add_to_feature(item, name, feature)
-        example.features.feature[name].CopyFrom(feature)
-
-
-def fill_example_request(doc: dict, request: Any) -> None:
-    """FillClassifyRegressRequestFromJson: signature, context, examples -> request.
-
-    ``request`` is a ClassificationRequest or RegressionRequest. TF Serving says
-    "When method is classify" for Regress too; so does this.
-    """
-    request.model_spec.signature_name = signature_name(doc)
-    has_context = "context" in doc
-    if has_context:
-        _example(doc["context"], request.input.example_list_with_context.context)
-    if "examples" not in doc:
-        raise InvalidArgument(f"JSON Value: {debug_string(doc)} When method is classify, "
-                              "key 'examples' is expected and was not found")
-    examples = doc["examples"]
-    if not isinstance(examples, list):
-        raise InvalidArgument(
-            f"JSON Value: {debug_string(doc)} Expecting 'examples' value to be an list/array")
-    if not examples:
-        raise InvalidArgument(f"JSON Value: {debug_string(doc)} 'examples' value is an empty array")
-    target = (request.input.example_list_with_context.examples if has_context
-              else request.input.example_list.examples)
-    for value in examples:
-        _example(value, target.add())

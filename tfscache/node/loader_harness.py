@@ -4,17 +4,17 @@ What ServingCore (manager.py) keeps per version and does to load one, apart from
 the manager's scheduling:
 
 * ``State`` and ``ServableState`` are the published states (ModelVersionStatus.State,
-  with the error of a failed load); ``_Harness`` is LoaderHarness's internal state and
-  ``_Version`` one managed version: its harness state plus its handle count.
-  ``_Waiter`` is the fresh ServableStateMonitor a reload waits on.
+  with the error of a failed load); ``Harness`` is LoaderHarness's internal state and
+  ``ManagedVersion`` one managed version: its harness state plus its handle count.
 * ``load_with_retries`` is LoaderHarness::Load's retry loop (max_num_load_retries,
   load_retry_interval_micros; retries stop when the version is no longer aspired).
   ``gated_load`` is one attempt: the --load_gate_dir fault injection (docs/DESIGN.md),
-  then the loader, by default servable.load_servable (``_saved_model_loader``).
+  then the loader, by default servable.load_servable (``saved_model_loader``).
 * ``release_memory`` gives the heap of an unloaded servable back to the OS, and
-  ``_rss`` is the resident size logged after each load and unload.
+  ``rss_bytes`` is the resident size logged after each load and unload.
 
-The underscored names are manager.py's internals, which it imports.
+ServingCore owns the ``ManagedVersion`` objects and changes them under its lock; the
+published states go to monitor.py.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class State(enum.IntEnum):
     END = 50
 
 
-class _Harness(enum.Enum):
+class Harness(enum.Enum):
     """LoaderHarness states (the internal ones, not the published ones)."""
 
     NEW = "new"
@@ -66,36 +66,21 @@ class ServableState:
 
 
 @dataclass(eq=False)
-class _Version:
+class ManagedVersion:
     """One managed version: a LoaderHarness plus its handle count."""
 
     name: str
     version: int
     path: str
-    harness: _Harness = _Harness.NEW
+    harness: Harness = Harness.NEW
     aspired: bool = True
     servable: object | None = None
     refs: int = 0
     cancel_retry: threading.Event = field(default_factory=threading.Event)
 
 
-@dataclass(eq=False)
-class _Waiter:
-    """A fresh ServableStateMonitor that records, per awaited model, the first settled version."""
-
-    names: set[str]
-    settled: dict[str, tuple[int, ServableState]] = field(default_factory=dict)
-
-    def observe(self, name: str, version: int, state: ServableState) -> None:
-        if name in self.names and name not in self.settled and state.state in (State.AVAILABLE, State.END):
-            self.settled[name] = (version, state)
-
-    @property
-    def done(self) -> bool:
-        return self.names <= self.settled.keys()
-
-
-def _saved_model_loader(tags: tuple[str, ...]) -> Callable[[str, int, str], object]:
+def saved_model_loader(tags: tuple[str, ...]) -> Callable[[str, int, str], object]:
+    """The default loader: ``load(name, version, path)`` -> servable.load_servable with ``tags``."""
     def load(name: str, version: int, path: str):
         from tfscache.node.servable import load_servable
 
@@ -104,7 +89,7 @@ def _saved_model_loader(tags: tuple[str, ...]) -> Callable[[str, int, str], obje
     return load
 
 
-def load_with_retries(entry: _Version, load: Callable[[_Version], object], attempts: int,
+def load_with_retries(entry: ManagedVersion, load: Callable[[ManagedVersion], object], attempts: int,
                       interval_s: float, stopped: threading.Event,
                       ) -> tuple[object | None, TfscacheError | None]:
     """LoaderHarness::Load: (the servable, None), or (None, the last attempt's error).
@@ -136,7 +121,7 @@ def load_with_retries(entry: _Version, load: Callable[[_Version], object], attem
     return servable, None
 
 
-def gated_load(entry: _Version, loader: Callable[[str, int, str], object],
+def gated_load(entry: ManagedVersion, loader: Callable[[str, int, str], object],
                gate_dir: str | None, stopped: threading.Event) -> object:
     """One load attempt: held while ``NAME.hold`` exists, failed if ``NAME.fail`` does."""
     if gate_dir:
@@ -164,5 +149,6 @@ def release_memory() -> None:
         _libc_malloc_trim(0)
 
 
-def _rss() -> int:
+def rss_bytes() -> int:
+    """This process's resident set size, logged after each load and unload."""
     return psutil.Process().memory_info().rss

@@ -11,8 +11,8 @@ The pieces and the C++ they stand for:
   one action per model per tick (100 ms or sooner when something changed), loads with
   retries, failed versions stay managed while aspired (sticky), unaspired ones unload.
 * Versions publish START/LOADING/AVAILABLE/UNLOADING/END into a monitor that is never
-  pruned; each reload waits on a fresh monitor (``_Waiter``). The states, the managed
-  versions and the loading of one (retries, the load gate) are loader_harness.py's.
+  pruned (monitor.py); each reload waits on a fresh ``StateWaiter``. The states, the
+  managed versions and the loading of one (retries, the load gate) are loader_harness.py's.
 * ``servable()`` hands out reference-counted handles; an unload removes the version from
   the serving map, then waits for the last handle before unloading.
 """
@@ -32,29 +32,20 @@ from dataclasses import dataclass
 from tensorflow_serving.apis import get_model_status_pb2, model_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from tfscache.errors import (
-    DeadlineExceeded,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    TfscacheError,
-    Unavailable,
-    Unknown,
-    code_name,
-)
+from tfscache.errors import FailedPrecondition, InvalidArgument, NotFound, TfscacheError, Unavailable
 from tfscache.node import config as node_config
 from tfscache.node.loader_harness import (
+    Harness,
+    ManagedVersion,
     ServableState,
     State,
-    _Harness,
-    _rss,
-    _saved_model_loader,
-    _Version,
-    _Waiter,
     gated_load,
     load_with_retries,
     release_memory,
+    rss_bytes,
+    saved_model_loader,
 )
+from tfscache.node.monitor import StateMonitor
 from tfscache.node.source import FileSystemSource
 from tfscache.repository import check_name_length
 
@@ -93,16 +84,15 @@ class ServingCore:
                  loader: Callable[[str, int, str], object] | None = None) -> None:
         """``loader(name, version, path)`` defaults to servable.load_servable."""
         self.options = options
-        self._loader = loader or _saved_model_loader(options.saved_model_tags)
+        self._loader = loader or saved_model_loader(options.saved_model_tags)
         self._config_mu = threading.Lock()  # config_mu_: serialises reloads
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
         self._config = ModelServerConfig()
         self._labels: dict[str, dict[str, int]] | None = None
-        self._monitor: dict[str, dict[int, ServableState]] = {}
-        self._waiters: list[_Waiter] = []
-        self._versions: dict[tuple[str, int], _Version] = {}
-        self._by_name: dict[str, dict[int, _Version]] = {}  # the same entries, by model
+        self._monitor = StateMonitor()
+        self._versions: dict[tuple[str, int], ManagedVersion] = {}
+        self._by_name: dict[str, dict[int, ManagedVersion]] = {}  # the same entries, by model
         self._pending_aspired: dict[str, dict[int, str]] = {}
         self._busy: set[tuple[str, int]] = set()  # versions with an action under way
         self._stopped = threading.Event()
@@ -154,7 +144,7 @@ class ServingCore:
         labels: dict[str, dict[str, int]] = {}
         with self._lock:
             for model in self._config.model_config_list.config:
-                states = self._monitor.get(model.name, {})
+                states = self._monitor.states(model.name)
                 for label, version in sorted(model.version_labels.items()):  # TF: map order
                     allow = False
                     if self.options.allow_version_labels_for_unavailable_models:
@@ -177,12 +167,12 @@ class ServingCore:
         if not self._source.started:
             # First list config: start the source and wait for ALL models on the main
             # monitor (ConnectSourcesWithFastInitialLoad). On failure the source is not kept.
-            waiter = self._register_waiter(set(models), seed=True)
+            waiter = self._monitor.watch(set(models), seed=True)
             with self._lock:
                 self._initial_load = True
             self._source.start(models, self.options.file_system_poll_wait_seconds)
             try:
-                self._await(waiter, "servable(s)")
+                self._monitor.wait(waiter, "servable(s)", self.options.servable_state_waiter_timeout_s)
             except TfscacheError:
                 self._source.stop()
                 raise
@@ -190,44 +180,9 @@ class ServingCore:
                 with self._lock:
                     self._initial_load = False
             return
-        waiter = self._register_waiter(set(models) - self._source.names(), seed=False)
+        waiter = self._monitor.watch(set(models) - self._source.names(), seed=False)
         self._source.update(models)  # UpdateConfig un-aspires deleted models at once
-        self._await(waiter, "model(s)")
-
-    def _register_waiter(self, names: set[str], *, seed: bool) -> _Waiter:
-        waiter = _Waiter(names)
-        with self._lock:
-            if seed:
-                for name in names:
-                    for version, state in sorted(self._monitor.get(name, {}).items(), reverse=True):
-                        waiter.observe(name, version, state)
-            self._waiters.append(waiter)
-        return waiter
-
-    def _await(self, waiter: _Waiter, noun: str) -> None:
-        """WaitUntilModelsAvailable / the fast initial load's wait, with TF's message."""
-        timeout = self.options.servable_state_waiter_timeout_s
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            try:
-                while not waiter.done:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        missing = sorted(waiter.names - waiter.settled.keys())
-                        raise DeadlineExceeded(
-                            f"Timed out waiting for {noun} to become available: {missing}")
-                    self._changed.wait(remaining)
-            finally:
-                self._waiters.remove(waiter)
-        failed = [(name, version, state) for name, (version, state) in sorted(waiter.settled.items())
-                  if state.state != State.AVAILABLE]
-        if failed:
-            parts = []
-            for name, version, state in failed:
-                error = f" due to error: {code_name(state.error.grpc_code)}: {state.error.message}" \
-                    if state.error is not None else ""
-                parts.append(f"{{{{name: {name} version: {version}}}{error}}}, ")
-            raise Unknown(f"{len(failed)} {noun} did not become available: {{{''.join(parts)}}}")
+        self._monitor.wait(waiter, "model(s)", self.options.servable_state_waiter_timeout_s)
 
     # ------------------------------------------------------------------ manager
 
@@ -251,7 +206,7 @@ class ServingCore:
                     entry.cancel_retry.set()
             for version, path in versions.items():
                 if version not in managed:
-                    entry = _Version(name, version, path)
+                    entry = ManagedVersion(name, version, path)
                     self._versions[(name, version)] = entry
                     self._by_name.setdefault(name, {})[version] = entry
                     self._publish(name, version, ServableState(State.START))
@@ -261,17 +216,17 @@ class ServingCore:
         for key, entry in list(self._versions.items()):
             if key in self._busy:
                 continue
-            if entry.harness is _Harness.DISABLED or (
-                    not entry.aspired and entry.harness in (_Harness.NEW, _Harness.ERROR)):
+            if entry.harness is Harness.DISABLED or (
+                    not entry.aspired and entry.harness in (Harness.NEW, Harness.ERROR)):
                 del self._versions[key]
                 versions = self._by_name[entry.name]
                 del versions[entry.version]
                 if not versions:
                     del self._by_name[entry.name]
 
-    def _next_actions(self) -> list[tuple[str, _Version]]:
+    def _next_actions(self) -> list[tuple[str, ManagedVersion]]:
         """AvailabilityPreservingPolicy::GetNextAction, once per model."""
-        by_model: dict[str, list[_Version]] = {}
+        by_model: dict[str, list[ManagedVersion]] = {}
         for entry in self._versions.values():
             by_model.setdefault(entry.name, []).append(entry)
         actions = []
@@ -279,12 +234,12 @@ class ServingCore:
             if any((e.name, e.version) in self._busy for e in entries):
                 continue  # one action at a time per model
             has_aspired = any(e.aspired for e in entries)
-            has_aspired_serving = any(e.aspired and e.harness is _Harness.READY for e in entries)
-            unaspired_serving = [e for e in entries if not e.aspired and e.harness is _Harness.READY]
+            has_aspired_serving = any(e.aspired and e.harness is Harness.READY for e in entries)
+            unaspired_serving = [e for e in entries if not e.aspired and e.harness is Harness.READY]
             if unaspired_serving and (not has_aspired or has_aspired_serving or len(unaspired_serving) > 1):
                 actions.append(("unload", min(unaspired_serving, key=lambda e: e.version)))
                 continue
-            new = [e for e in entries if e.aspired and e.harness is _Harness.NEW]
+            new = [e for e in entries if e.aspired and e.harness is Harness.NEW]
             if new:
                 actions.append(("load", max(new, key=lambda e: e.version)))
         return actions
@@ -312,10 +267,10 @@ class ServingCore:
 
     # ------------------------------------------------------------------ load / unload
 
-    def _load(self, entry: _Version) -> None:
+    def _load(self, entry: ManagedVersion) -> None:
         key = (entry.name, entry.version)
         with self._lock:
-            entry.harness = _Harness.LOADING
+            entry.harness = Harness.LOADING
             self._publish(entry.name, entry.version, ServableState(State.LOADING))
         started = time.monotonic()
         servable, error = load_with_retries(
@@ -325,22 +280,22 @@ class ServingCore:
             self._busy.discard(key)
             if error is None:
                 entry.servable = servable
-                entry.harness = _Harness.READY
+                entry.harness = Harness.READY
                 self._publish(entry.name, entry.version, ServableState(State.AVAILABLE))
             else:
-                entry.harness = _Harness.ERROR
+                entry.harness = Harness.ERROR
                 self._publish(entry.name, entry.version, ServableState(State.END, error))
         if error is None:
             log.info("loaded %s version %s in %.3f s; rss=%d",
-                     entry.name, entry.version, time.monotonic() - started, _rss())
+                     entry.name, entry.version, time.monotonic() - started, rss_bytes())
 
-    def _load_once(self, entry: _Version):
+    def _load_once(self, entry: ManagedVersion):
         return gated_load(entry, self._loader, self.options.load_gate_dir, self._stopped)
 
-    def _unload(self, entry: _Version) -> None:
+    def _unload(self, entry: ManagedVersion) -> None:
         started = time.monotonic()
         with self._lock:
-            entry.harness = _Harness.UNLOADING
+            entry.harness = Harness.UNLOADING
             self._publish(entry.name, entry.version, ServableState(State.UNLOADING))
             # Out of the serving map (harness no longer READY); wait for the last handle.
             while entry.refs:
@@ -356,17 +311,15 @@ class ServingCore:
         release_memory()
         with self._lock:
             self._busy.discard((entry.name, entry.version))
-            entry.harness = _Harness.DISABLED
+            entry.harness = Harness.DISABLED
             self._publish(entry.name, entry.version, ServableState(State.END))
         log.info("unloaded %s version %s in %.3f s; rss=%d",
-                 entry.name, entry.version, time.monotonic() - started, _rss())
+                 entry.name, entry.version, time.monotonic() - started, rss_bytes())
 
     def _publish(self, name: str, version: int, state: ServableState) -> None:
         """Send a state event to the monitor and every waiting reload (lock held)."""
-        self._monitor.setdefault(name, {})[version] = state
+        self._monitor.publish(name, version, state)
         self._dirty = True
-        for waiter in self._waiters:
-            waiter.observe(name, version, state)
         self._changed.notify_all()
 
     # ------------------------------------------------------------------ requests
@@ -407,44 +360,22 @@ class ServingCore:
                 if not entry.refs:
                     self._changed.notify_all()
 
-    def _serving_entry(self, name: str, version: int | None) -> _Version | None:
+    def _serving_entry(self, name: str, version: int | None) -> ManagedVersion | None:
         versions = self._by_name.get(name, {})
         if version is not None:
             entry = versions.get(version)
-            return entry if entry is not None and entry.harness is _Harness.READY else None
-        ready = [e for e in versions.values() if e.harness is _Harness.READY]
+            return entry if entry is not None and entry.harness is Harness.READY else None
+        ready = [e for e in versions.values() if e.harness is Harness.READY]
         return max(ready, key=lambda e: e.version, default=None)
 
     def status(self, request: get_model_status_pb2.GetModelStatusRequest
                ) -> get_model_status_pb2.GetModelStatusResponse:
-        """GetModelStatusImpl: every version the monitor has seen, ascending; labels ignored."""
-        if not request.HasField("model_spec"):
-            raise InvalidArgument("Missing ModelSpec")
-        spec = request.model_spec
-        check_name_length(spec.name)
-        with self._lock:
-            states = dict(self._monitor.get(spec.name, {}))
-        if spec.HasField("version"):
-            version = spec.version.value
-            if version not in states:
-                raise NotFound(f"Could not find version {version} of model {spec.name}")
-            states = {version: states[version]}
-        elif not states:
-            raise NotFound(f"Could not find any versions of model {spec.name}")
-        response = get_model_status_pb2.GetModelStatusResponse()
-        for version in sorted(states):
-            state = states[version]
-            entry = response.model_version_status.add(version=version, state=int(state.state))
-            entry.status.SetInParent()  # always present, OK included (util::ConvertStatus)
-            if state.error is not None:
-                entry.status.error_code = state.error.grpc_code.value[0]
-                entry.status.error_message = state.error.message
-        return response
+        """GetModelStatusImpl (monitor.py)."""
+        return self._monitor.status(request)
 
     def states(self, name: str) -> dict[int, ServableState]:
         """The monitor's states of a model's versions (for tests and the REST status)."""
-        with self._lock:
-            return dict(self._monitor.get(name, {}))
+        return self._monitor.states(name)
 
     @property
     def config(self) -> ModelServerConfig:

@@ -33,7 +33,7 @@ from tensorflow_serving.apis import (
 )
 
 from tfscache.errors import InvalidArgument, TfscacheError
-from tfscache.node import inference, json_response, json_tensor
+from tfscache.node import inference, json_examples, json_response, json_tensor
 
 log = logging.getLogger("tfscache.node.rest")
 
@@ -146,13 +146,13 @@ class RestHandler:
 
     def classify(self, target: _Target, body: bytes) -> str:
         request = classification_pb2.ClassificationRequest(model_spec=target.model_spec())
-        json_tensor.fill_example_request(json_tensor.parse_json(body), request)
+        json_examples.fill_example_request(json_tensor.parse_json(body), request)
         response = inference.classify(self.core, request, self.timeout_s)
         return json_response.classification_json(response.result)
 
     def regress(self, target: _Target, body: bytes) -> str:
         request = regression_pb2.RegressionRequest(model_spec=target.model_spec())
-        json_tensor.fill_example_request(json_tensor.parse_json(body), request)
+        json_examples.fill_example_request(json_tensor.parse_json(body), request)
         response = inference.regress(self.core, request, self.timeout_s)
         return json_response.regression_json(response.result)
 

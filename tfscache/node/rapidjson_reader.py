@@ -1,14 +1,10 @@
-"""rapidjson as TF Serving uses it: the PrettyWriter and the parser, reproduced.
+"""rapidjson's Reader as TF Serving uses it: grammar, error texts and byte offsets.
 
-* Writing: ``_PrettyWriter`` is rapidjson's PrettyWriter byte for byte,
-  ``_rapidjson_double`` its Writer::Double, and ``debug_string`` TF Serving's
-  JsonValueToDebugString (single-line arrays, cut after 256 bytes).
-* Parsing: ``_Parser`` has rapidjson's grammar under TF Serving's flags, its error
-  texts and byte offsets, which ``_ParseError`` carries.
-
-No TF Serving errors here: json_tensor.py turns these into its own. The underscored
-names are the internals of json_tensor.py (the parser) and json_response.py (the
-writer), which import them (and tests reach the parser through json_tensor).
+``Parser(data).parse()`` parses with rapidjson's grammar under TF Serving's flags
+(kParseIterativeFlag | kParseNanAndInfFlag | kParseStopWhenDoneFlag) and raises
+``ParseError`` with rapidjson's text and offset. ``json_type`` names a parsed value's
+type as rapidjson does ("Null", "Object", "Number", ...). json_tensor.py turns these
+into TF Serving's errors; the writer is rapidjson_writer.py.
 """
 
 from __future__ import annotations
@@ -17,179 +13,12 @@ import math
 import re
 from typing import Any
 
-_DEBUG_LIMIT = 256  # kMaxJsonDebugStringBytes
 _INT64 = (-(2**63), 2**63)
 _UINT64 = (0, 2**64)
 
 
-# ---------------------------------------------------------------------------
-# Writing: rapidjson::PrettyWriter
-
-
-class _Stop(Exception):
-    """The debug writer hit its size limit or a value rapidjson cannot write."""
-
-
-_ESCAPES = {i: f"\\u{i:04X}" for i in range(0x20)}
-_ESCAPES.update({0x08: "\\b", 0x09: "\\t", 0x0A: "\\n", 0x0C: "\\f", 0x0D: "\\r",
-                 0x22: '\\"', 0x5C: "\\\\"})
-
-
-def _quote(text: str) -> str:
-    return '"' + text.translate(_ESCAPES) + '"'
-
-
-class _PrettyWriter:
-    """rapidjson's PrettyWriter: 4-space indent, optional single-line arrays."""
-
-    def __init__(self, limit: int | None = None) -> None:
-        self.parts: list[str] = []
-        self.size = 0
-        self.levels: list[list] = []  # [in_array, value_count]
-        self.single_line_arrays = False
-        self.limit = limit
-
-    def text(self) -> str:
-        return "".join(self.parts)
-
-    def _put(self, s: str) -> None:
-        self.parts.append(s)
-        self.size += len(s)
-
-    def _check(self) -> None:
-        if self.limit is not None and self.size >= self.limit:
-            raise _Stop
-
-    def _prefix(self) -> None:
-        if not self.levels:
-            return
-        level = self.levels[-1]
-        if level[0]:
-            if level[1] > 0:
-                self._put(", " if self.single_line_arrays else ",")
-            if not self.single_line_arrays:
-                self._put("\n" + "    " * len(self.levels))
-        else:
-            if level[1] > 0:
-                self._put(",\n" if level[1] % 2 == 0 else ": ")
-            else:
-                self._put("\n")
-            if level[1] % 2 == 0:
-                self._put("    " * len(self.levels))
-        level[1] += 1
-
-    def raw(self, token: str) -> None:
-        self._check()
-        self._prefix()
-        self._put(token)
-
-    def string(self, value: str) -> None:
-        self.raw(_quote(value))
-
-    key = string
-
-    def start_object(self) -> None:
-        self.raw("{")
-        self.levels.append([False, 0])
-
-    def end_object(self) -> None:
-        self._check()
-        if self.levels.pop()[1]:
-            self._put("\n" + "    " * len(self.levels))
-        self._put("}")
-
-    def start_array(self) -> None:
-        self.raw("[")
-        self.levels.append([True, 0])
-
-    def end_array(self) -> None:
-        self._check()
-        if self.levels.pop()[1] and not self.single_line_arrays:
-            self._put("\n" + "    " * len(self.levels))
-        self._put("]")
-
-    def scalars(self, tokens: list[str]) -> None:
-        """An array of raw scalar tokens: start_array, raw(t) for each, end_array."""
-        if self.limit is not None or not tokens:
-            self.start_array()
-            for token in tokens:
-                self.raw(token)
-            self.end_array()
-            return
-        self.raw("[")
-        if self.single_line_arrays:
-            self._put(", ".join(tokens))
-            self._put("]")
-        else:
-            indent = "\n" + "    " * (len(self.levels) + 1)
-            self._put(indent + ("," + indent).join(tokens))
-            self._put("\n" + "    " * len(self.levels) + "]")
-
-
-def _rapidjson_double(value: float) -> str:
-    """rapidjson's Writer::Double (Grisu shortest digits, then Prettify)."""
-    if value == 0:
-        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
-    sign = "-" if value < 0 else ""
-    mantissa, _, exp = repr(abs(value)).partition("e")
-    whole, _, frac = mantissa.partition(".")
-    digits = (whole + frac).lstrip("0")
-    k = int(exp or 0) - len(frac)
-    stripped = digits.rstrip("0")
-    k += len(digits) - len(stripped)
-    digits, length = stripped, len(stripped)
-    kk = length + k
-    if 0 <= k and kk <= 21:
-        text = digits + "0" * k + ".0"
-    elif 0 < kk <= 21:
-        text = digits[:kk] + "." + digits[kk:]
-    elif -6 < kk <= 0:
-        text = "0." + "0" * -kk + digits
-    elif length == 1:
-        text = f"{digits}e{kk - 1}"
-    else:
-        text = f"{digits[0]}.{digits[1:]}e{kk - 1}"
-    return sign + text
-
-
-def _write_value(writer: _PrettyWriter, value: Any) -> None:
-    """rapidjson Value::Accept for a parsed document (used for debug strings)."""
-    if isinstance(value, dict):
-        writer.start_object()
-        for name, item in value.items():
-            writer.key(name)
-            _write_value(writer, item)
-        writer.end_object()
-    elif isinstance(value, list):
-        writer.start_array()
-        for item in value:
-            _write_value(writer, item)
-        writer.end_array()
-    elif isinstance(value, str):
-        writer.string(value)
-    elif value is None or isinstance(value, bool):
-        writer.raw({None: "null", True: "true", False: "false"}[value])
-    elif isinstance(value, int) and _INT64[0] <= value < _UINT64[1]:
-        writer.raw(str(value))
-    elif math.isfinite(value):
-        writer.raw(_rapidjson_double(float(value)))
-    else:
-        writer.raw("")  # Writer::Double refuses NaN/Inf after writing the separator
-        raise _Stop
-
-
-def debug_string(value: Any) -> str:
-    """JsonValueToDebugString: single-line arrays, cut after 256 bytes."""
-    writer = _PrettyWriter(limit=_DEBUG_LIMIT)
-    writer.single_line_arrays = True
-    try:
-        _write_value(writer, value)
-    except (_Stop, RecursionError):
-        pass
-    return writer.text()
-
-
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
+    """rapidjson's type name of a parsed value, as TF Serving's messages print it."""
     if value is None:
         return "Null"
     if isinstance(value, bool):
@@ -203,12 +32,9 @@ def _json_type(value: Any) -> str:
     return "Number"
 
 
-# ---------------------------------------------------------------------------
-# Parsing: rapidjson with kParseIterativeFlag | kParseNanAndInfFlag |
-# kParseStopWhenDoneFlag
+class ParseError(Exception):
+    """rapidjson's parse error: its text and the byte offset where parsing stopped."""
 
-
-class _ParseError(Exception):
     def __init__(self, message: str, offset: int) -> None:
         super().__init__(message)
         self.message, self.offset = message, offset
@@ -235,7 +61,7 @@ _SIMPLE_ESCAPES = {ord('"'): '"', ord("\\"): "\\", ord("/"): "/", ord("b"): "\b"
 _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(\.[0-9]*)?([eE][+-]?[0-9]*)?")
 
 
-class _Parser:
+class Parser:
     """Iterative parser with rapidjson's grammar, error texts and byte offsets."""
 
     def __init__(self, data: bytes) -> None:
@@ -252,7 +78,7 @@ class _Parser:
 
     def parse(self) -> Any:
         if self._ws() < 0:
-            raise _ParseError(_EMPTY, self.pos)
+            raise ParseError(_EMPTY, self.pos)
         stack: list[list] = []  # ["a", list] or ["o", dict, pending key]
         while True:
             value, opened = self._value(stack)
@@ -270,7 +96,7 @@ class _Parser:
                         self._ws()
                         break
                     if char != ord("]"):
-                        raise _ParseError(_MISS_SQUARE, self.pos)
+                        raise ParseError(_MISS_SQUARE, self.pos)
                 else:
                     top[1].setdefault(top[2], value)
                     char = self._ws()
@@ -279,16 +105,16 @@ class _Parser:
                         top[2] = self._member_name()
                         break
                     if char != ord("}"):
-                        raise _ParseError(_MISS_CURLY, self.pos)
+                        raise ParseError(_MISS_CURLY, self.pos)
                 self.pos += 1
                 value = stack.pop()[1]
 
     def _member_name(self) -> str:
         if self._ws() != ord('"'):
-            raise _ParseError(_MISS_NAME, self.pos)
+            raise ParseError(_MISS_NAME, self.pos)
         name = self._string()
         if self._ws() != ord(":"):
-            raise _ParseError(_MISS_COLON, self.pos)
+            raise ParseError(_MISS_COLON, self.pos)
         self.pos += 1
         self._ws()
         return name
@@ -318,7 +144,7 @@ class _Parser:
                 self.pos = self._expect(pos, literal)
                 return result, False
         if char < 0:
-            raise _ParseError(_INVALID, pos)
+            raise ParseError(_INVALID, pos)
         return self._number(), False
 
     def _number(self) -> Any:
@@ -328,12 +154,12 @@ class _Parser:
             return self._nan_or_inf(pos, negative=pos > start)
         match = _NUMBER.match(data, start)
         if match is None:
-            raise _ParseError(_INVALID, pos)
+            raise ParseError(_INVALID, pos)
         frac, exp = match.group(1), match.group(2)
         if frac is not None and len(frac) == 1:
-            raise _ParseError(_MISS_FRACTION, match.start(1) + 1)
+            raise ParseError(_MISS_FRACTION, match.start(1) + 1)
         if exp is not None and not exp.lstrip(b"eE+-"):
-            raise _ParseError(_MISS_EXPONENT, match.end(2))
+            raise ParseError(_MISS_EXPONENT, match.end(2))
         self.pos = match.end()
         text = match.group()
         if frac is None and exp is None:
@@ -342,10 +168,10 @@ class _Parser:
                 return number
         if exp is not None and exp[1:2] != b"-":  # rapidjson's bound on the exponent
             if int(exp.lstrip(b"eE+")) > 308 + (len(frac) - 1 if frac else 0):
-                raise _ParseError(_TOO_BIG, start)
+                raise ParseError(_TOO_BIG, start)
         number = float(text)  # rapidjson stores wider integers as doubles too
         if math.isinf(number):
-            raise _ParseError(_TOO_BIG, start)
+            raise ParseError(_TOO_BIG, start)
         return number
 
     def _nan_or_inf(self, pos: int, negative: bool) -> float:
@@ -363,7 +189,7 @@ class _Parser:
         while n < len(word) and self.data[pos + n:pos + n + 1] == word[n:n + 1]:
             n += 1
         if n < len(word):
-            raise _ParseError(_INVALID, pos + n)
+            raise ParseError(_INVALID, pos + n)
         return pos + n
 
     def _string(self) -> str:
@@ -372,14 +198,14 @@ class _Parser:
         run = pos
         while True:
             if pos >= len(data):
-                raise _ParseError(_MISS_QUOTE, pos)
+                raise ParseError(_MISS_QUOTE, pos)
             char = data[pos]
             if char == ord('"'):
                 chunks.append(data[run:pos].decode("utf-8", "surrogateescape"))
                 self.pos = pos + 1
                 return "".join(chunks)
             if char < 0x20:
-                raise _ParseError(_BAD_ENCODING, pos)
+                raise ParseError(_BAD_ENCODING, pos)
             if char != ord("\\"):
                 pos += 1
                 continue
@@ -393,20 +219,20 @@ class _Parser:
                 end = pos + 6
                 if 0xD800 <= code <= 0xDBFF:
                     if data[end:end + 2] != b"\\u":
-                        raise _ParseError(_BAD_SURROGATE, pos)
+                        raise ParseError(_BAD_SURROGATE, pos)
                     low = self._hex4(end + 2, pos)
                     if not 0xDC00 <= low <= 0xDFFF:
-                        raise _ParseError(_BAD_SURROGATE, pos)
+                        raise ParseError(_BAD_SURROGATE, pos)
                     code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00)
                     end += 6
                 chunks.append(chr(code))
                 pos = end
             else:
-                raise _ParseError(_BAD_ESCAPE, pos)
+                raise ParseError(_BAD_ESCAPE, pos)
             run = pos
 
     def _hex4(self, at: int, escape_offset: int) -> int:
         digits = self.data[at:at + 4]
         if len(digits) < 4 or not all(c in b"0123456789abcdefABCDEF" for c in digits):
-            raise _ParseError(_BAD_HEX, escape_offset)
+            raise ParseError(_BAD_HEX, escape_offset)
         return int(digits, 16)
