@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cache_support import MODEL_BYTES, NODE_FLAGS, NUM_MODELS, AsyncNode, Gate, RecordingClient
+from cache.cache_support import MODEL_BYTES, NODE_FLAGS, NUM_MODELS, AsyncNode, Gate, RecordingClient
 from support.node import start_node
 from tfscache.cache import CacheManager, CacheSettings
 from tfscache.cache.tfserving import TFServingAdapter

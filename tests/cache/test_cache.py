@@ -17,7 +17,7 @@ from tfscache import errors
 from tfscache.cache.policy import POLICIES
 from tfscache.wire import serving_pb2 as pb
 
-from cache_support import MODEL_BYTES, wait_for_condition, wait_until
+from cache.cache_support import MODEL_BYTES, wait_for_condition, wait_until
 
 
 async def not_done_within(awaitable_task: asyncio.Task, seconds: float = 0.3) -> None:

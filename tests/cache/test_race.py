@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cache_support import NUM_MODELS, CapSampler, wait_for_condition
+from cache.cache_support import NUM_MODELS, CapSampler, wait_for_condition
 from tfscache.cache.policy import POLICIES
 
 NAMES = [f"addk_{k}" for k in range(1, NUM_MODELS + 1)]
