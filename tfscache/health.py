@@ -1,7 +1,8 @@
 """grpc.health.v1 Health on the front end's gRPC port.
 
-SERVING while the process is not draining, its ring has a node, and its node (sidecar)
-or at least one of its nodes (embedded) is healthy; NOT_SERVING otherwise. Load
+SERVING while the process is not draining and ``serving()`` says so (serve.py passes
+``Topology.serving``: its ring has a node, and its node (sidecar) or at least one of
+its nodes (embedded) is healthy); NOT_SERVING otherwise. Load
 balancers and Kubernetes readiness probes ask service ``""``; clients may ask for
 ``tensorflow.serving.PredictionService`` or ``tensorflow.serving.ModelService``, which
 share that status. Another name gets NOT_FOUND from Check and SERVICE_UNKNOWN from
@@ -37,18 +38,6 @@ Status = health_pb2.HealthCheckResponse.ServingStatus
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 SERVICE_UNKNOWN = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
-
-
-def app_serving(app) -> bool:
-    """Whether a ``tfscache.serve.ServeApp`` can serve: a ring with nodes and a healthy node of its own."""
-    router = getattr(app, "router", None)
-    if router is None or not router.ring.nodes:
-        return False
-    own = getattr(app, "own_name", None)
-    if own is not None:  # sidecar: its one node
-        backend = app.backends.get(own)
-        return backend is not None and bool(backend.healthy)
-    return any(b.healthy for b in app.backends.values() if getattr(b, "kind", "") == "node")
 
 
 class Health:

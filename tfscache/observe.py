@@ -1,8 +1,8 @@
 """The metrics port of ``tfscache serve``: ``/metrics`` (Prometheus) and ``/status`` (JSON).
 
 An aiohttp server on the same event loop as the front ends. Both pages are computed
-when asked, from the ``Metrics`` registry and from what the app holds now: its
-backends (local nodes with their CacheManager, peer sidecars) and its ring.
+when asked, from the ``Metrics`` registry and from what the ``Topology`` holds now:
+its backends (local nodes with their CacheManager, peer sidecars) and its ring.
 
 ``/status`` is the document ``tfscache status`` prints::
 
@@ -40,44 +40,40 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tfscache.frontend.backends import NodeBackend
 from tfscache.metrics import Metrics, NodeView, by_state, caps
+from tfscache.topology import Topology
 from tfscache.webserver import WebServer
 
 log = logging.getLogger("tfscache.observe")
 
 
-def watch(metrics: Metrics, app) -> None:
-    """Point the gauges at ``app``'s backends and ring (read at every scrape; they change)."""
-    metrics.watch(lambda: _node_views(app), lambda: len(_ring(app).nodes) if _ring(app) is not None else 0)
+def watch(metrics: Metrics, topology: Topology) -> None:
+    """Point the gauges at the topology's local nodes and ring (read at every scrape; they change)."""
+    metrics.watch(lambda: _node_views(topology), lambda: len(topology.ring.nodes))
 
 
-def _ring(app):
-    router = getattr(app, "router", None)
-    return router.ring if router is not None else None
+def _node_views(topology: Topology) -> list[NodeView]:
+    return [NodeView(b.name, b.cache, bool(b.healthy)) for b in topology.nodes()]
 
 
-def _node_views(app) -> list[NodeView]:
-    return [NodeView(b.name, b.cache, bool(b.healthy)) for b in list(app.backends.values())
-            if getattr(b, "kind", "") == "node"]
-
-
-def status_document(metrics: Metrics, app) -> dict[str, Any]:
+def status_document(metrics: Metrics, topology: Topology) -> dict[str, Any]:
     """What ``/status`` serves (see the module docstring)."""
     hits, misses = metrics.hit_counts()
-    ring = _ring(app)
+    ring = topology.ring
     nodes = []
-    for backend in list(app.backends.values()):
-        upstream = getattr(backend, "upstream", None)
-        node: dict[str, Any] = {"name": backend.name, "kind": getattr(backend, "kind", "node"),
+    for backend in list(topology.backends.values()):
+        local = isinstance(backend, NodeBackend)
+        upstream = backend.upstream
+        node: dict[str, Any] = {"name": backend.name, "kind": "node" if local else "peer",
                                 "address": upstream.grpc_address if upstream is not None else None,
                                 "healthy": bool(backend.healthy)}
-        if node["kind"] == "node":
+        if local:
             node.update(_local_node(backend.cache))
         nodes.append(node)
     return {"time": time.time(), "hits": hits, "misses": misses,
             "hit_ratio": hits / (hits + misses) if hits + misses else None,
-            "ring": {"nodes": ring.nodes if ring is not None else [],
-                     "replicas": ring.replicas if ring is not None else 0},
+            "ring": {"nodes": ring.nodes, "replicas": ring.replicas},
             "nodes": nodes}
 
 
@@ -103,10 +99,10 @@ class ObserveServer(WebServer):
 
     what = "metrics and status"
 
-    def __init__(self, metrics: Metrics, app, *, bind_address: str, port: int) -> None:
+    def __init__(self, metrics: Metrics, topology: Topology, *, bind_address: str, port: int) -> None:
         super().__init__(bind_address, port)
         self.metrics = metrics
-        self._app = app
+        self._topology = topology
 
     def web_app(self) -> web.Application:
         app = web.Application()
@@ -119,4 +115,4 @@ class ObserveServer(WebServer):
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(status_document(self.metrics, self._app))
+        return web.json_response(status_document(self.metrics, self._topology))

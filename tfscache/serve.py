@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -31,7 +30,8 @@ import aiohttp
 
 from tfscache import errors, logs
 from tfscache import settings as settings_mod
-from tfscache.admin.lifecycle import Operations
+from tfscache.admin.lifecycle import Lifecycle
+from tfscache.admin.operations import AdminOperations
 from tfscache.cache import CacheManager, CacheSettings
 from tfscache.discovery import Discovery, advertise_peer, from_settings
 from tfscache.frontend.backends import NodeBackend, PeerBackend
@@ -44,10 +44,10 @@ from tfscache.nodeclient import NodeClient
 from tfscache.nodepid import find_node_pid, is_local_host
 from tfscache.observe import ObserveServer, watch
 from tfscache.repository import ModelRepository
-from tfscache.ring import Ring
 from tfscache.settings import Peer, Settings
 from tfscache.statedir import StateDirLock, claim, default_state_dir, instance_name
 from tfscache.supervisor import NodeProcess, Supervisor
+from tfscache.topology import Topology
 
 log = logging.getLogger("tfscache.serve")
 
@@ -72,7 +72,6 @@ class ServeApp:
         self.grpc_port: int | None = None
         self.rest_port: int | None = None
         self.supervisor: Supervisor | None = None
-        self.backends: dict[str, NodeBackend | PeerBackend] = {}
         self._own_state_dir = False  # a temporary one, removed at stop (the default was taken)
         self._state_lock: StateDirLock | None = None
         self.state_dir = Path(settings.node.state_dir) if settings.node.state_dir else None
@@ -80,17 +79,19 @@ class ServeApp:
         self._grpc: GrpcFrontend | None = None
         self._rest: RestFrontend | None = None
         self.router: Router | None = None
-        self.own_name: str | None = None
-        # Sidecar mode: whether this sidecar is on its own ring and registered (or will register at
-        # start-up). discovery.join = false keeps it out until join(); static discovery ignores it.
-        self.in_ring = settings.discovery.join or settings.discovery.backend == "static"
+        # Backends, ring, joined and drained nodes; every change goes through it. Sidecar mode: its
+        # own node is on its ring once joined (or joining at start-up); discovery.join = false keeps
+        # it out until join(); static discovery ignores that setting.
+        self.topology = Topology(replicas=settings.ring.replicas_per_model, vnodes=settings.ring.vnodes,
+                                 own=(settings.ring.self_name or "local") if settings.sidecar else None,
+                                 in_ring=settings.discovery.join or settings.discovery.backend == "static",
+                                 make_peer=self._peer_backend, retire_grace_s=settings.cache.load_timeout_s)
         self.joined = False  # registered with discovery
         self._join_lock = asyncio.Lock()
-        self.ops: Operations | None = None  # health on the gRPC port, admin server, drains
-        self._retiring: dict[asyncio.Task, PeerBackend] = {}  # peers off the ring, closing once idle
+        self.lifecycle: Lifecycle | None = None  # health on the gRPC port, admin server, drains
         self.admin_port: int | None = None
         self.metrics = Metrics(per_model=settings.server.metrics_per_model)
-        watch(self.metrics, self)
+        watch(self.metrics, self.topology)
         self.metrics_port: int | None = None
         self._observe: ObserveServer | None = None
         self.failed = asyncio.Event()  # set when the process cannot go on (its node never came up)
@@ -107,7 +108,6 @@ class ServeApp:
                                            auto_decompress=False, skip_auto_headers=("User-Agent",))
         try:
             self.router = await (self._start_sidecar() if s.sidecar else self._start_embedded())
-            self.router.repository = self.repository  # version labels (labels.json)
             self._grpc = GrpcFrontend(self.router, bind_address=s.server.bind_address, port=s.server.grpc_port,
                                       max_send_bytes=s.server.max_send_message_bytes,
                                       max_receive_bytes=s.server.max_receive_message_bytes,
@@ -119,18 +119,22 @@ class ServeApp:
                                           max_receive_bytes=s.server.max_receive_message_bytes,
                                           timeout_s=s.server.rest_timeout_s, metrics=self.metrics)
                 self.rest_port = await self._rest.start()
-            self.ops = await Operations.attach(self, bind_address=s.server.admin_bind_address,
-                                               port=s.server.admin_port if s.server.admin_port >= 0 else None,
-                                               token=s.server.admin_token)
-            self.admin_port = self.ops.admin_port
+            operations = AdminOperations(self.topology, self.repository,
+                                         default_timeout_s=s.cache.load_timeout_s, join=self.join)
+            self.lifecycle = await Lifecycle.attach(
+                self.topology, operations, add_grpc_handlers=self._grpc.add_handlers, stop=self.stop,
+                grace_s=s.server.grace_s, leave_discovery=self._leave_discovery,
+                stop_frontends=self._stop_frontends, bind_address=s.server.admin_bind_address,
+                port=s.server.admin_port if s.server.admin_port >= 0 else None, token=s.server.admin_token)
+            self.admin_port = self.lifecycle.admin_port
             if s.server.metrics_port >= 0:
-                self._observe = ObserveServer(self.metrics, self, bind_address=s.server.bind_address,
+                self._observe = ObserveServer(self.metrics, self.topology, bind_address=s.server.bind_address,
                                               port=s.server.metrics_port)
                 self.metrics_port = await self._observe.start()
         except BaseException:
             await self.stop(grace=0)
             raise
-        if self.discovery is not None and self.in_ring:
+        if self.discovery is not None and self.topology.in_ring:
             try:
                 await self.join()
             except BaseException:
@@ -145,8 +149,13 @@ class ServeApp:
                                     "admin": self.admin_port, "pid": os.getpid(),
                                     "metrics": self.metrics_port})
         log.info("tfscache serve ready: gRPC port %s, REST port %s, %d backend(s)", self.grpc_port,
-                 self.rest_port, len(self.backends))
+                 self.rest_port, len(self.topology.backends))
         return self.grpc_port, self.rest_port
+
+    @property
+    def backends(self):
+        """Every backend by ring name (``Topology.backends``; read-only)."""
+        return self.topology.backends
 
     def _claim_state_dir(self) -> None:
         """``node.state_dir``, else the instance's persistent default (tfscache.statedir), locked.
@@ -187,7 +196,8 @@ class ServeApp:
         nothing to register: membership is the peers files (add this sidecar to each, SIGHUP).
         FailedPrecondition when this is no sidecar or it is stopping.
         """
-        if self.own_name is None:
+        own = self.topology.own
+        if own is None:
             raise errors.FailedPrecondition("join: this tfscache is not in sidecar mode (no node.node_address); "
                                             "it has no discovery to join")
         async with self._join_lock:
@@ -198,15 +208,13 @@ class ServeApp:
                 await self.discovery.register(advertise_peer(self.settings, self.grpc_port, self.rest_port))
                 self.joined = True
             elif not static:
-                return False, f"{self.own_name} is already registered with {self.discovery.name} discovery"
+                return False, f"{own} is already registered with {self.discovery.name} discovery"
             if static:
                 return False, ("static discovery: nothing to register; this sidecar is on the others' rings once "
                                "their peers files list it (edit them, then SIGHUP)")
-            if not self.in_ring:
-                self.in_ring = True
-                await self.set_peers(self.discovery.members())
-            log.info("joined: registered %s with %s discovery", self.own_name, self.discovery.name)
-            return True, f"{self.own_name} registered with {self.discovery.name} discovery"
+            self.topology.join()
+            log.info("joined: registered %s with %s discovery", own, self.discovery.name)
+            return True, f"{own} registered with {self.discovery.name} discovery"
 
     async def stop(self, grace: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish (``grace`` s), then stop caches and nodes."""
@@ -221,22 +229,18 @@ class ServeApp:
             await self._grpc.stop(grace)
         if self._rest is not None:
             await self._rest.stop()
-        for backend in self.backends.values():
-            if isinstance(backend, NodeBackend) and backend.cache is not None:
-                await backend.cache.stop()
+        for node in self.topology.nodes():
+            if node.cache is not None:
+                await node.cache.stop()
         if self.supervisor is not None:
             await self.supervisor.stop(grace=max(grace, 1.0))
         if self.router is not None:
             await self.router.close()
-        for task, backend in list(self._retiring.items()):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            await backend.close()
+        await self.topology.close()
         if self._http is not None:
             await self._http.close()
-        if self.ops is not None and self.ops.admin is not None:
-            await self.ops.admin.stop()
+        if self.lifecycle is not None:
+            await self.lifecycle.close()
         if self._observe is not None:  # last: scrapes still answer while draining
             await self._observe.stop()
         if self._own_state_dir:
@@ -244,24 +248,42 @@ class ServeApp:
         if self._state_lock is not None:
             self._state_lock.release()
 
+    async def _leave_discovery(self) -> None:
+        """Deregister (the drain's first step, and SIGTERM's); stop() then stops discovery."""
+        if self.discovery is not None:
+            await self.discovery.deregister()
+
+    async def _stop_frontends(self, grace: float) -> None:
+        """Stop accepting requests and let those in flight finish (an embedded process drain)."""
+        if self._grpc is not None:
+            await self._grpc.stop(grace)
+        if self._rest is not None:
+            await self._rest.stop()
+
     # -- topologies --------------------------------------------------------------------
+
+    def _router(self) -> Router:
+        """The router, following every change of the topology from now on."""
+        router = Router(self.topology.ring, self.topology.backends, local=self.topology.own,
+                        repository=self.repository, wait_s=self.settings.cache.load_timeout_s)
+        self.topology.bind(router)
+        return router
 
     async def _start_embedded(self) -> Router:
         s = self.settings
         self.supervisor = Supervisor(s.node, self.state_dir, on_start=self._node_started,
                                      on_exit=self._node_exited)
-        self.backends = {node.name: NodeBackend(node.name) for node in self.supervisor.nodes}
+        self.topology.set_nodes(NodeBackend(node.name) for node in self.supervisor.nodes)
         await self.supervisor.start()
-        ring = Ring(self.backends, replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes)
-        return Router(ring, self.backends, wait_s=s.cache.load_timeout_s)
+        return self._router()
 
     async def _start_sidecar(self) -> Router:
         s = self.settings
         host_port, _, rest_port = s.node.node_address.partition(",")
         host = host_port.rsplit(":", 1)[0]
-        own = self.own_name = s.ring.self_name or "local"
+        own = self.topology.own
         backend = NodeBackend(own)
-        self.backends = {own: backend}
+        self.topology.set_nodes([backend])  # its own node, always: admin preloads and forwarded requests
         # The node is no child of ours: find its process (same host, PID namespace shared) so the
         # cache can measure its memory; None (sizes stay estimates) when it is not visible here.
         # Found again whenever that process is gone (TF Serving restarted in its container).
@@ -273,12 +295,12 @@ class ServeApp:
         # The front end serves at once; health stays NOT_SERVING until the node answers (in a pod,
         # both containers start together) and the cache re-adopted what it serves.
         self._watchdog = asyncio.create_task(self._await_node(backend, host_port), name="tfscache-await-node")
-        self.router = Router(Ring([own], replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes),
-                             self.backends, local=own, wait_s=s.cache.load_timeout_s)
+        self.router = self._router()
         self.discovery = from_settings(s, self.config_file)
         await self.discovery.start()
-        await self.set_peers(self.discovery.members())
-        self.discovery.subscribe(self.set_peers)
+        # Membership changes (and SIGHUP's re-read peers file) go to the topology.
+        self.topology.set_peers(self.discovery.members())
+        self.discovery.subscribe(self.topology.set_peers)
         return self.router
 
     async def _await_node(self, backend: NodeBackend, address: str) -> None:
@@ -297,33 +319,13 @@ class ServeApp:
     async def set_peers(self, peers: list[Peer]) -> None:
         """Sidecar mode: the sidecars on the ring (this one included), replacing the previous list.
 
-        The static list comes from the config file; discovery can call this again.
+        ``Topology.set_peers``: discovery and SIGHUP call that directly; tests call this.
         """
-        s = self.settings
-        own = self.own_name
-        previous = {name: b for name, b in self.backends.items() if name != own}
-        backends = {own: self.backends[own]}  # its own node, always: admin preloads and forwarded requests
-        for peer in peers:
-            if peer.name == own:
-                continue
-            backend = previous.get(peer.name)
-            if backend is None or (backend.upstream.grpc_address, backend.upstream.rest_address) != (
-                    peer.grpc, peer.rest or None):
-                backend = PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None), own)
-            backends[peer.name] = backend
-        # Not joined yet (discovery.join = false): the cluster's ring, without this sidecar, so requests
-        # through it go where every other sidecar sends them; itself only while nobody else is known.
-        on_ring = list(backends) if self.in_ring or len(backends) == 1 else [n for n in backends if n != own]
-        ring = Ring(on_ring, replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes)
-        # Swapped together, with no await in between: a request sees the old or the new ring.
-        self.backends, self.router.backends, self.router.ring = backends, backends, ring
-        for name, backend in previous.items():
-            if backends.get(name) is not backend:  # requests already sent there finish first
-                task = asyncio.create_task(backend.retire(self.settings.cache.load_timeout_s),
-                                           name=f"tfscache-retire-{name}")
-                self._retiring[task] = backend
-                task.add_done_callback(lambda t: self._retiring.pop(t, None))
-        log.info("ring: %s", ", ".join(sorted(backends)))
+        self.topology.set_peers(peers)
+
+    def _peer_backend(self, peer: Peer) -> PeerBackend:
+        """A backend for another sidecar's front end (Topology.set_peers makes one per new peer)."""
+        return PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None), self.topology.own)
 
     def _upstream(self, grpc_address: str, rest_address: str | None) -> Upstream:
         server = self.settings.server
@@ -350,10 +352,10 @@ class ServeApp:
         backend.attach(upstream, cache, load_timeout_s=self.settings.cache.load_timeout_s)
 
     async def _node_started(self, node: NodeProcess) -> None:
-        await self._attach(self.backends[node.name], node.grpc_address, node.rest_address, node.pid)
+        await self._attach(self.topology.node(node.name), node.grpc_address, node.rest_address, node.pid)
 
     async def _node_exited(self, node: NodeProcess) -> None:
-        backend = self.backends[node.name]
+        backend = self.topology.node(node.name)
         cache, upstream = backend.cache, backend.upstream
         backend.detach()
         if cache is not None:
@@ -411,7 +413,7 @@ async def _run(settings: Settings, config_file: str | None = None) -> int:
     # A node that never came up (app.fail) stops it the same way, with exit status 1.
     failed = loop.create_task(app.failed.wait())
     failed.add_done_callback(lambda _: stop.set())
-    rc = await app.ops.run_until(stop)
+    rc = await app.lifecycle.run_until(stop)
     failed.cancel()
     return 1 if app.failed.is_set() else rc
 

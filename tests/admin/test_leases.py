@@ -26,9 +26,9 @@ async def app(admin_repo, tmp_path):
         "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "server.admin_port": 0,
         "node.state_dir": str(tmp_path / "state")})
     app = ServeApp(settings)
-    await app.start()  # health and the admin server: app.ops
+    await app.start()  # health and the admin server: app.lifecycle
     yield app
-    await app.ops.shutdown(grace=0)
+    await app.lifecycle.shutdown(grace=0)
 
 
 def rpc(channel, method: str, response_type, streaming: bool = False):
@@ -40,7 +40,7 @@ def rpc(channel, method: str, response_type, streaming: bool = False):
 async def test_evicting_a_leased_model_names_its_leases(app):
     cache = app.backends["node0"].cache
     leases = [await cache.acquire("addk_1"), await cache.acquire("addk_1")]
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ops.admin_port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.lifecycle.admin_port}") as channel:
         evict = rpc(channel, "Evict", admin_pb2.ModelResponse)
         for held in (2, 1):
             with pytest.raises(grpc.aio.AioRpcError) as info:
@@ -59,7 +59,7 @@ async def test_a_process_drain_waits_for_requests_in_flight_then_unloads(app):
     cache = app.backends["node0"].cache
     await cache.preload("addk_2")
     lease = await cache.acquire("addk_1")
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ops.admin_port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.lifecycle.admin_port}") as channel:
         stream = rpc(channel, "Drain", admin_pb2.DrainProgress, streaming=True)(admin_pb2.DrainRequest())
         seen = []
         async for progress in stream:  # until only the leased model is left
@@ -67,17 +67,17 @@ async def test_a_process_drain_waits_for_requests_in_flight_then_unloads(app):
             if progress.models_left == 1 and progress.phase == "unloading":
                 break
         assert (seen[-1].leases, seen[-1].done, seen[0].models_total) == (1, False, 2)
-        assert app.ops.health.status("") == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert app.lifecycle.health.status("") == health_pb2.HealthCheckResponse.NOT_SERVING
         with pytest.raises(errors.NodeUnavailable, match="is draining"):
             await cache.acquire("addk_1")  # even a hit: new requests go elsewhere
         with pytest.raises(TimeoutError):  # the drain is not finished while the request runs
-            await asyncio.wait_for(asyncio.shield(app.ops.drained.wait()), 0.2)
+            await asyncio.wait_for(asyncio.shield(app.lifecycle.drained.wait()), 0.2)
         assert [(m.name, m.leases) for m in cache.snapshot()] == [("addk_1", 1)]
         lease.release()
         async for progress in stream:
             seen.append(progress)
         assert (seen[-1].done, seen[-1].models_left, seen[-1].phase) == (True, 0, "done")
-    await asyncio.wait_for(app.ops.drained.wait(), 30)
+    await asyncio.wait_for(app.lifecycle.drained.wait(), 30)
     assert cache.snapshot() == []
 
 
@@ -90,7 +90,7 @@ async def two_node_app(admin_repo, tmp_path):
     app = ServeApp(settings)
     await app.start()
     yield app
-    await app.ops.shutdown(grace=0)
+    await app.lifecycle.shutdown(grace=0)
 
 
 async def until(predicate, timeout: float = 120.0) -> None:
@@ -106,7 +106,7 @@ async def test_a_node_drain_cut_short_by_the_node_dying_reports_it_and_can_be_re
     await old.preload("addk_1")
     lease = await old.acquire("addk_1")
     [node1] = [n for n in app.supervisor.nodes if n.name == "node1"]
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.ops.admin_port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.lifecycle.admin_port}") as channel:
         drain = rpc(channel, "Drain", admin_pb2.DrainProgress, streaming=True)
         stream = drain(admin_pb2.DrainRequest(node="node1"))
         async for progress in stream:

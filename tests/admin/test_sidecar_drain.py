@@ -37,13 +37,13 @@ async def sidecars(nodes, admin_repo, tmp_path):
             "ring.self_name": name, "ring.replicas_per_model": 2, "server.bind_address": "127.0.0.1",
             "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "server.admin_port": 0,
             "node.state_dir": str(tmp_path / name)}))
-        await apps[name].start()  # with health and the admin server: app.ops
+        await apps[name].start()  # with health and the admin server: app.lifecycle
     peers = [Peer(name, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for name, app in apps.items()]
     for app in apps.values():
         await app.set_peers(peers)
     yield apps
     for app in apps.values():
-        await app.ops.shutdown(grace=0)
+        await app.lifecycle.shutdown(grace=0)
 
 
 async def test_a_draining_sidecar_forwards_its_requests_and_finishes_those_in_flight(sidecars, nodes):
@@ -51,15 +51,15 @@ async def test_a_draining_sidecar_forwards_its_requests_and_finishes_those_in_fl
     cache = a.backends["a"].cache
     await cache.preload("addk_2")
     lease = await cache.acquire("addk_1")  # a request in flight on a's node
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{a.ops.admin_port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{a.lifecycle.admin_port}") as channel:
         drain = channel.unary_stream("/tfscache.admin.Admin/Drain", request_serializer=lambda m: m.SerializeToString(),
                                      response_deserializer=admin_pb2.DrainProgress.FromString)
         stream = drain(admin_pb2.DrainRequest(node="a"))  # a sidecar's own node: the process
         async for progress in stream:
             if progress.phase == "unloading" and progress.models_left == 1:
                 break
-        assert a.ops.health.status("") == health_pb2.HealthCheckResponse.NOT_SERVING
-        assert b.ops.health.status("") == health_pb2.HealthCheckResponse.SERVING
+        assert a.lifecycle.health.status("") == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert b.lifecycle.health.status("") == health_pb2.HealthCheckResponse.SERVING
         assert a.router.ring.nodes == ["b"]  # a left its own ring
         join = channel.unary_unary("/tfscache.admin.Admin/Join", request_serializer=lambda m: m.SerializeToString(),
                                    response_deserializer=admin_pb2.JoinResponse.FromString)
@@ -74,18 +74,18 @@ async def test_a_draining_sidecar_forwards_its_requests_and_finishes_those_in_fl
             assert list(response.outputs["y"].float_val) == [1.0 + k]
         assert node_holds(nodes["b"], "addk_3") and not node_holds(nodes["a"], "addk_3")
         assert [(m.name, m.leases) for m in cache.snapshot()] == [("addk_1", 1)]
-        assert not a.ops.drained.is_set()
+        assert not a.lifecycle.drained.is_set()
         lease.release()  # the request in flight finishes: the drain completes
         async for progress in stream:
             last = progress
         assert (last.done, last.models_left) == (True, 0)
-    await a.ops.drained.wait()
+    await a.lifecycle.drained.wait()
     assert not node_holds(nodes["a"], "addk_1") and not node_holds(nodes["a"], "addk_2")
 
 
 async def test_join_with_static_discovery_registers_nothing_and_says_so(sidecars):
     b = sidecars["b"]
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{b.ops.admin_port}") as channel:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{b.lifecycle.admin_port}") as channel:
         join = channel.unary_unary("/tfscache.admin.Admin/Join", request_serializer=lambda m: m.SerializeToString(),
                                    response_deserializer=admin_pb2.JoinResponse.FromString)
         response = await join(admin_pb2.JoinRequest())

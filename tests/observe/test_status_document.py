@@ -6,12 +6,17 @@ import json
 from dataclasses import dataclass
 
 from tfscache.cache import CacheSettings, QueuedLoad, ResidentModel
+from tfscache.discovery import Peer
+from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.metrics import Metrics
 from tfscache.observe import status_document
+from tfscache.topology import Topology
 
 
 class FakeCache:
     """What /status reads of a CacheManager: snapshot(), queue() and settings (its caps)."""
+
+    healthy = True
 
     def __init__(self, resident: list[ResidentModel], max_models: int = 0, memory_bytes: int = 0) -> None:
         self.resident = resident
@@ -29,20 +34,14 @@ class FakeUpstream:
     grpc_address: str
 
 
-@dataclass
-class FakeBackend:
-    name: str
-    cache: FakeCache | None
-    healthy: bool = True
-    kind: str = "node"
-    upstream: FakeUpstream | None = None
-
-
-class FakeApp:
-    router = None
-
-    def __init__(self, *backends: FakeBackend) -> None:
-        self.backends = {b.name: b for b in backends}
+def topology(nodes: list[NodeBackend], peers: tuple[str, ...] = ()) -> Topology:
+    """Local ``nodes``, and ``peers`` as another sidecar would have them (the first node is this one)."""
+    t = Topology(own=nodes[0].name if peers else None,
+                 make_peer=lambda p: PeerBackend(p.name, FakeUpstream(p.grpc), nodes[0].name))
+    t.set_nodes(nodes)
+    if peers:
+        t.set_peers([Peer(name, f"10.0.0.2:{8500 + i}") for i, name in enumerate(peers)])
+    return t
 
 
 def model(name: str, state: str, size: int = 100, leases: int = 0) -> ResidentModel:
@@ -53,7 +52,7 @@ def test_a_node_capped_at_three_with_five_in_its_config():
     cache = FakeCache([model("a", "available", 100, leases=2), model("b", "available", 200),
                        model("c", "loading", 400), model("d", "unloading", 800), model("e", "unloading", 1600)],
                       max_models=3, memory_bytes=10_000)
-    doc = status_document(Metrics(), FakeApp(FakeBackend("node0", cache, upstream=FakeUpstream("127.0.0.1:1"))))
+    doc = status_document(Metrics(), topology([NodeBackend("node0", FakeUpstream("127.0.0.1:1"), cache)]))
     (node,) = doc["nodes"]
     assert node["model_states"] == {"loading": {"models": 1, "bytes": 400},
                                     "available": {"models": 2, "bytes": 300},
@@ -70,11 +69,13 @@ def test_a_node_capped_at_three_with_five_in_its_config():
 
 
 def test_every_state_is_present_and_a_down_node_has_no_caps():
-    doc = status_document(Metrics(), FakeApp(FakeBackend("node0", FakeCache([])),
-                                             FakeBackend("node1", None, healthy=False),
-                                             FakeBackend("peer", None, kind="peer")))
+    doc = status_document(Metrics(), topology([NodeBackend("node0", FakeUpstream("127.0.0.1:1"), FakeCache([])),
+                                               NodeBackend("node1")], peers=("peer",)))
     empty = {state: {"models": 0, "bytes": 0} for state in ("loading", "available", "unloading")}
     node0, node1, peer = doc["nodes"]
+    assert [(n["name"], n["kind"], n["healthy"]) for n in doc["nodes"]] == [
+        ("node0", "node", True), ("node1", "node", False), ("peer", "peer", True)]
+    assert peer["address"] == "10.0.0.2:8500" and doc["ring"] == {"nodes": ["node0", "node1", "peer"], "replicas": 1}
     assert node0["model_states"] == empty and node0["caps"] == {"max_models": 0, "memory_bytes": 0}
     assert node1["model_states"] == empty and node1["caps"] is None and node1["resident_models"] == 0
     assert "model_states" not in peer and "caps" not in peer

@@ -2,8 +2,9 @@
 
 A node drain (embedded mode, ``tfscache drain --node node1``):
 
-1. the node leaves the ring: the router gets a ring without it, so no new request
-   picks it (a request that picked it just before is refused UNAVAILABLE by its
+1. the node leaves the ring (``Topology.drain``): the router gets a ring without it,
+   and it stays off whatever membership changes follow, so no new request picks it
+   (a request that picked it just before is refused UNAVAILABLE by its
    draining cache, and the router tries the model's next replica);
 2. its cache drains: requests in flight finish, then every model is unloaded;
 3. the node stays off the ring, its process running and empty.
@@ -11,10 +12,10 @@ A node drain (embedded mode, ``tfscache drain --node node1``):
 A process drain (``tfscache drain``, or SIGTERM once serve.py calls ``drain_process``):
 
 1. health turns NOT_SERVING, and ``leave_discovery`` deregisters from discovery
-   (when ``app.discovery`` exists; the hook is a no-op otherwise);
-2. sidecar mode: the ring drops this sidecar (again after every membership change
-   discovery reports, since serve's ``set_peers`` always includes it), so requests it
-   still receives for its own models are forwarded to their next replica; its cache
+   (the hook serve.py passes; none: nothing to leave);
+2. sidecar mode: the ring drops this sidecar (``Topology.drain`` of its own node: it stays
+   off after every membership change discovery reports, unless no other sidecar is left),
+   so requests it still receives for its own models are forwarded to their next replica; its cache
    drains as above while requests in flight finish; then the front ends stop (``grace_s``);
 3. embedded mode: the front ends stop accepting and let requests in flight finish
    (``grace_s``), then every node's cache drains;
@@ -29,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tfscache import errors
-from tfscache.admin.operations import Admin
-from tfscache.ring import Ring
+from tfscache.admin.operations import AdminOperations
+from tfscache.topology import Topology
 
 log = logging.getLogger("tfscache.admin.drain")
 
@@ -63,12 +65,22 @@ class _Failed(Exception):
 
 
 class Drainer:
-    """Runs drains of a ``ServeApp`` in background tasks (a client going away does not stop one)."""
+    """Runs drains in background tasks (a client going away does not stop one).
 
-    def __init__(self, app, admin: Admin, health=None) -> None:
-        self.app = app
+    ``grace_s``: how long a process drain lets requests in flight finish by default;
+    ``leave_discovery()`` deregisters (sidecar); ``stop_frontends(grace)`` stops accepting
+    and waits for requests in flight (an embedded process drain).
+    """
+
+    def __init__(self, topology: Topology, admin: AdminOperations, *, grace_s: float, health=None,
+                 leave_discovery: Callable[[], Awaitable[None]] | None = None,
+                 stop_frontends: Callable[[float], Awaitable[None]] | None = None) -> None:
+        self.topology = topology
         self.admin = admin
+        self.grace_s = grace_s
         self.health = health
+        self._leave_discovery = leave_discovery
+        self._stop_frontends = stop_frontends
         self.finished = asyncio.Event()  # the process drain is complete: exit 0
         self._drains: dict[str, _Drain] = {}
 
@@ -78,21 +90,18 @@ class Drainer:
 
     def start(self, node: str = PROCESS, grace_s: float | None = None) -> None:
         """Begin draining ``node`` (PROCESS: everything); a drain already running is left as it is."""
-        if self.app.own_name is not None and node == self.app.own_name:
-            node = PROCESS  # a sidecar's one node is the process
+        node = self._target(node)  # a sidecar's one node is the process
         running = self._drains.get(node)
         if running is not None and running.error is None:
             return
         # (a drain that failed, e.g. on an unhealthy node, starts again)
         if node != PROCESS:
             self.admin.cache(node)  # NOT_FOUND / UNAVAILABLE before anything changes
-            others = [n for n in self.app.router.ring.nodes if n != node]
-            if not others:
-                raise errors.FailedPrecondition(f"node {node} is the last node on the ring; "
-                                                "drain the whole process instead")
+            self.topology.drain(node)  # off the ring now; FAILED_PRECONDITION if it is the last
+            log.info("draining node %s: off the ring (%s)", node, ", ".join(self.topology.ring.nodes))
         nodes = self.admin.node_names() if node == PROCESS else [node]
         drain = self._drains[node] = _Drain(nodes, self._count(nodes)[0])
-        grace = self.app.settings.server.grace_s if grace_s is None else grace_s
+        grace = self.grace_s if grace_s is None else grace_s
         coro = self._process(drain, grace) if node == PROCESS else self._node(drain, node)
         drain.task = asyncio.create_task(coro, name=f"tfscache-drain-{node or 'process'}")
 
@@ -111,12 +120,14 @@ class Drainer:
         return Progress(drain.phase, left, max(drain.total, left), leases, done)
 
     def _target(self, node: str) -> str:
-        return PROCESS if self.app.own_name is not None and node == self.app.own_name else node
+        own = self.topology.own
+        return PROCESS if own is not None and node == own else node
 
     def _count(self, nodes: list[str]) -> tuple[int, int]:
         models = leases = 0
         for name in nodes:
-            cache = getattr(self.app.backends.get(name), "cache", None)
+            backend = self.topology.node(name)
+            cache = backend.cache if backend is not None else None
             if cache is not None:
                 snapshot = cache.snapshot()
                 models += len(snapshot)
@@ -126,10 +137,6 @@ class Drainer:
     # -- the drains ------------------------------------------------------------------------
 
     async def _node(self, drain: _Drain, node: str) -> None:
-        router = self.app.router
-        ring = router.ring
-        router.ring = Ring([n for n in ring.nodes if n != node], replicas=ring.replicas, vnodes=ring.vnodes)
-        log.info("draining node %s: off the ring (%s)", node, ", ".join(router.ring.nodes))
         with contextlib.suppress(_Failed):
             await self._drain_caches(drain, [node])
             log.info("node %s drained", node)
@@ -143,12 +150,10 @@ class Drainer:
         if self.health is not None:
             self.health.set_draining()
         await self.leave_discovery()
-        app = self.app
-        if app.own_name is not None:  # sidecar: peers take our models while ours finish
-            self._leave_ring()
-            discovery = getattr(app, "discovery", None)
-            if discovery is not None:  # serve's set_peers puts us back on each change: leave again after it
-                discovery.subscribe(lambda peers: self._leave_ring())
+        own = self.topology.own
+        if own is not None:  # sidecar: peers take our models while ours finish
+            self.topology.drain(own)  # stays off across membership changes; on while it is alone
+            log.info("draining: off the ring (%s)", ", ".join(self.topology.ring.nodes))
             await self._drain_caches(drain, drain.nodes)
         else:  # embedded: nowhere to send requests; finish those in flight, then unload
             drain.phase = "finishing requests"
@@ -159,18 +164,9 @@ class Drainer:
         log.info("drained: %s; exiting", "every model unloaded" if drain.error is None else "unloading failed")
         self.finished.set()
 
-    def _leave_ring(self) -> None:
-        """Sidecar: a ring without this sidecar, unless it is the only one (then there is nowhere else)."""
-        router, own = self.app.router, self.app.own_name
-        others = [n for n in router.ring.nodes if n != own]
-        if others and len(others) < len(router.ring.nodes):
-            ring = router.ring
-            router.ring = Ring(others, replicas=ring.replicas, vnodes=ring.vnodes)
-            log.info("draining: off the ring (%s)", ", ".join(others))
-
     async def _drain_caches(self, drain: _Drain, nodes: list[str]) -> None:
         drain.phase = "unloading"
-        caches = [self.admin.cache(n) for n in nodes if self.app.backends[n].cache is not None]
+        caches = [self.admin.cache(n) for n in nodes if self.topology.node(n).cache is not None]
         try:
             await asyncio.gather(*(c.drain() for c in caches))
         except errors.TfscacheError as exc:
@@ -186,20 +182,15 @@ class Drainer:
     # -- hooks -----------------------------------------------------------------------------
 
     async def leave_discovery(self) -> None:
-        """Deregister from service discovery, if the app has one (``app.discovery``)."""
-        discovery = getattr(self.app, "discovery", None)
-        if discovery is None:
+        """Deregister from service discovery, if there is one (the ``leave_discovery`` hook)."""
+        if self._leave_discovery is None:
             return
         try:
-            await discovery.deregister()
+            await self._leave_discovery()
         except Exception as exc:  # noqa: BLE001 - health is NOT_SERVING already; keep draining
             log.warning("drain: deregistering from discovery failed: %s", exc)
 
     async def stop_frontends(self, grace: float) -> None:
         """Stop accepting requests and wait up to ``grace`` s for those in flight (embedded drain)."""
-        grpc_frontend = getattr(self.app, "_grpc", None)
-        rest_frontend = getattr(self.app, "_rest", None)
-        if grpc_frontend is not None:
-            await grpc_frontend.stop(grace)
-        if rest_frontend is not None:
-            await rest_frontend.stop()
+        if self._stop_frontends is not None:
+            await self._stop_frontends(grace)

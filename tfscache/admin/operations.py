@@ -18,8 +18,13 @@ import asyncio
 import dataclasses
 from dataclasses import dataclass
 
+from collections.abc import Awaitable, Callable
+
 from tfscache import errors
-from tfscache.cache import CacheManager, ResidentModel
+from tfscache.cache.ledger import ResidentModel
+from tfscache.cache.manager import CacheManager
+from tfscache.repository import ModelRepository
+from tfscache.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -33,23 +38,29 @@ class NodeState:
     queued: int
 
 
-class Admin:
-    """The admin operations; ``app`` is a started ``tfscache.serve.ServeApp``."""
+class AdminOperations:
+    """The admin operations over a topology's local nodes; no transport (admin/server.py is one).
 
-    def __init__(self, app, *, default_timeout_s: float | None = None) -> None:
-        self.app = app
-        self.default_timeout_s = default_timeout_s or app.settings.cache.load_timeout_s
+    ``join`` is the sidecar's ``ServeApp.join`` (register with discovery now).
+    """
+
+    def __init__(self, topology: Topology, repository: ModelRepository, *, default_timeout_s: float,
+                 join: Callable[[], Awaitable[tuple[bool, str]]] | None = None) -> None:
+        self.topology = topology
+        self.repository = repository
+        self.default_timeout_s = default_timeout_s
+        self._join = join
 
     # -- nodes -------------------------------------------------------------------------
 
     def node_names(self) -> list[str]:
         """This process's own nodes (not peer sidecars), in name order."""
-        return sorted(name for name, b in self.app.backends.items() if getattr(b, "kind", "") == "node")
+        return [node.name for node in self.topology.nodes()]
 
     def cache(self, node: str) -> CacheManager:
         """The cache of local node ``node``: NOT_FOUND if there is none, UNAVAILABLE while it restarts."""
-        backend = self.app.backends.get(node)
-        if backend is None or getattr(backend, "kind", "") != "node":
+        backend = self.topology.node(node)
+        if backend is None:
             raise errors.NotFound(f"no node {node!r} in this tfscache; its nodes: {', '.join(self.node_names())}")
         if backend.cache is None:
             raise errors.NodeUnavailable(f"node {node} is not running")
@@ -58,10 +69,10 @@ class Admin:
     def _load_targets(self, name: str, node: str) -> list[str]:
         if node:
             return [node]
-        if self.app.own_name is not None:
-            return [self.app.own_name]
+        if self.topology.own is not None:
+            return [self.topology.own]
         own = set(self.node_names())
-        targets = [n for n in self.app.router.ring.replicas_for(name) if n in own]
+        targets = [n for n in self.topology.ring.replicas_for(name) if n in own]
         if not targets:
             raise errors.NodeUnavailable(f"no node on the ring for model {name}")
         return targets
@@ -123,9 +134,9 @@ class Admin:
                 caches[target] = cache
         if not caches:
             if node:
-                self.app.repository.resolve(name, version)  # NOT_FOUND for an unknown model
+                self.repository.resolve(name, version)  # NOT_FOUND for an unknown model
                 raise errors.NotFound(f"model {name}{_version(version)} is not resident on node {node}")
-            self.app.repository.resolve(name, version)
+            self.repository.resolve(name, version)
             raise errors.NotFound(f"model {name}{_version(version)} is not resident on any node of this tfscache")
         before = {t: [dataclasses.replace(m, state="unloaded", leases=0) for m in c.snapshot()
                       if m.name == name and version in (None, m.version)] for t, c in caches.items()}
@@ -135,8 +146,8 @@ class Admin:
 
     async def join(self) -> tuple[bool, str]:
         """Sidecar mode: register with discovery now (``ServeApp.join``); FailedPrecondition otherwise."""
-        join = getattr(self.app, "join", None)
-        if join is None or getattr(self.app, "own_name", None) is None:
+        join = self._join
+        if join is None or self.topology.own is None:
             raise errors.FailedPrecondition("join: this tfscache is not in sidecar mode (no node.node_address); "
                                             "it has no discovery to join")
         from tfscache.discovery import DiscoveryError
@@ -149,7 +160,7 @@ class Admin:
     def _optional_cache(self, target: str, node: str) -> CacheManager | None:
         if node:
             return self.cache(node)
-        return self.app.backends[target].cache
+        return self.topology.node(target).cache
 
 
 def _has(cache: CacheManager, name: str, version: int | None, *, pinned: bool = False) -> bool:

@@ -6,9 +6,12 @@ refuses to start without one. With a token set, every call must carry metadata
 place (``_Handlers._unary``/``_stream``): a TfscacheError keeps its code and message;
 anything else is INTERNAL with a generic message, logged with its traceback.
 
-    admin = await start_admin(app, bind_address="127.0.0.1", port=8502, token="", health=health)
-    ...  # admin.port, admin.drainer.finished
-    await admin.stop()
+    server = AdminServer(operations, drainer, bind_address="127.0.0.1", port=8502, token="")
+    port = await server.start()
+    ...
+    await server.stop()
+
+``tfscache.admin.lifecycle.Lifecycle.attach`` builds it in a running ``tfscache serve``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import grpc
 
 from tfscache import errors
 from tfscache.admin.drain import Drainer
-from tfscache.admin.operations import Admin, NodeState
-from tfscache.cache import ResidentModel
+from tfscache.admin.operations import AdminOperations, NodeState
+from tfscache.cache.ledger import ResidentModel
 from tfscache.settings import check_bind
 from tfscache.wire import admin_pb2
 
@@ -50,9 +53,9 @@ def _results(done: dict[str, list[ResidentModel]]) -> admin_pb2.ModelResponse:
 
 
 class AdminService:
-    """The RPCs, over ``Admin`` and ``Drainer``; each takes and returns protobuf messages."""
+    """The RPCs, over ``AdminOperations`` and ``Drainer``; each takes and returns protobuf messages."""
 
-    def __init__(self, admin: Admin, drainer: Drainer) -> None:
+    def __init__(self, admin: AdminOperations, drainer: Drainer) -> None:
         self.admin, self.drainer = admin, drainer
 
     async def ListModels(self, request: admin_pb2.ListModelsRequest) -> admin_pb2.ListModelsResponse:
@@ -171,15 +174,15 @@ def _status(name: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
 
 
 class AdminServer:
-    """The admin gRPC server of one ServeApp; ``start()`` returns the bound port."""
+    """The admin gRPC server over ``operations`` and ``drainer``; ``start()`` returns the bound port."""
 
-    def __init__(self, app, *, bind_address: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str = "",
-                 health=None) -> None:
+    def __init__(self, operations: AdminOperations, drainer: Drainer, *, bind_address: str = "127.0.0.1",
+                 port: int = DEFAULT_PORT, token: str = "") -> None:
         check_bind(bind_address, token)
-        self.admin = Admin(app)
-        self.drainer = Drainer(app, self.admin, health)
+        self.operations = operations
+        self.drainer = drainer
         self._server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        self._server.add_generic_rpc_handlers([_Handlers(AdminService(self.admin, self.drainer), token)])
+        self._server.add_generic_rpc_handlers([_Handlers(AdminService(operations, drainer), token)])
         self._address = f"{bind_address}:{port}"
         self.port: int | None = None
 
@@ -199,10 +202,3 @@ class AdminServer:
         if self.port is not None:
             self.port = None
             await self._server.stop(grace)
-
-
-async def start_admin(app, *, bind_address: str = "127.0.0.1", port: int = DEFAULT_PORT, token: str = "",
-                      health=None) -> AdminServer:
-    server = AdminServer(app, bind_address=bind_address, port=port, token=token, health=health)
-    await server.start()
-    return server

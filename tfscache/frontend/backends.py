@@ -11,6 +11,10 @@ address): the cache rechecks and restores it, and the request is sent once more.
 ``GetModelStatus`` takes no lease and loads nothing (``tfscache.frontend.probe``).
 Both kinds say when they can serve again (``wait_serving``), for the router to wait
 on a node that restarts.
+
+``Backend`` is what the router and the topology need of either; code that must tell
+them apart asks ``isinstance(b, NodeBackend)`` (a local node with a cache), never a
+``kind`` string.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
+from typing import Protocol, runtime_checkable
 
 from tfscache import errors
 from tfscache.frontend import probe
@@ -49,10 +54,36 @@ def remaining(deadline: float | None) -> float | None:
     return left
 
 
+@runtime_checkable
+class Backend(Protocol):
+    """What the router forwards to, and the topology puts on the ring by ``name``."""
+
+    name: str
+    upstream: Upstream | None  # its connection (None while a node is down)
+
+    @property
+    def healthy(self) -> bool:
+        """Whether it can take requests now (routing prefers healthy replicas)."""
+
+    def holds(self, key: RouteKey) -> bool:
+        """Whether the model is resident here already (tried first among replicas)."""
+
+    async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline) -> bytes:
+        """Forward a gRPC request's bytes; the response's bytes."""
+
+    async def rest(self, key: RouteKey | None, method: str, path_qs: str, body: bytes,
+                   headers: dict[str, str], timeout: float, *, status: bool = False) -> RestReply:
+        """Forward a REST request; the reply as it came."""
+
+    async def wait_serving(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until it can serve again; ``NodeUnavailable`` when it never will."""
+
+    async def close(self) -> None:
+        """Close its connections."""
+
+
 class NodeBackend:
     """A TF Serving node and the CacheManager that alone writes its config."""
-
-    kind = "node"
 
     def __init__(self, name: str, upstream: Upstream | None = None, cache=None, *,
                  load_timeout_s: float = 600.0) -> None:
@@ -188,8 +219,6 @@ class NodeBackend:
 
 class PeerBackend:
     """Another sidecar's front end; it owns some models and serves them from its node."""
-
-    kind = "peer"
 
     def __init__(self, name: str, upstream: Upstream, self_name: str) -> None:
         self.name = name

@@ -120,6 +120,10 @@ class GrpcFrontend:
         self._address = f"{bind_address}:{port}"
         self.port: int | None = None
 
+    def add_handlers(self, handlers: list[grpc.GenericRpcHandler]) -> None:
+        """Serve more services on this port (grpc.health.v1); grpc.aio takes them after start too."""
+        self._server.add_generic_rpc_handlers(handlers)
+
     async def start(self) -> int:
         self.port = self._server.add_insecure_port(self._address)
         if not self.port:

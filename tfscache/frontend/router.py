@@ -25,7 +25,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from tfscache import errors, logs
 from tfscache.frontend.methods import STATUS_PATH, RouteKey, status_not_found
@@ -53,10 +53,17 @@ class Router:
     def __init__(self, ring: Ring, backends: dict, local: str | None = None, repository=None,
                  wait_s: float = 600.0) -> None:
         self.ring = ring
-        self.backends = backends  # ring node name -> NodeBackend | PeerBackend
+        self.backends = backends  # ring node name -> Backend (tfscache.frontend.backends)
         self.local = local  # sidecar mode: the name of this sidecar's own node
         self.repository = repository  # tfscache.repository.ModelRepository: version labels
         self.wait_s = wait_s  # how long a request without a deadline waits for a node to come back
+
+    def update(self, ring: Ring, backends: Mapping) -> None:
+        """Route over ``ring`` and ``backends`` from now on (tfscache.topology.Topology calls this).
+
+        Both change together: a request that looks up a ring node finds its backend.
+        """
+        self.ring, self.backends = ring, backends
 
     def label_version(self, name: str, label: str) -> int:
         """The version a label names (the repository's labels.json); TF Serving's errors."""
