@@ -35,7 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tfscache.cache import CacheManager, CacheSettings  # noqa: E402
+from tfscache.cache.manager import CacheManager  # noqa: E402
+from tfscache.settings import CacheSection  # noqa: E402
 from tfscache.nodeclient import END, NodeClient  # noqa: E402
 from tfscache.repository import ModelRepository  # noqa: E402
 from tfscache.wire import serving_pb2 as pb  # noqa: E402
@@ -79,7 +80,7 @@ async def until_end(client: NodeClient, names: list[str]) -> None:
 async def fresh_cache(client: NodeClient, repository: ModelRepository, pid: int, names: list[str],
                       **settings) -> CacheManager:
     """A started cache on an emptied node (start() clears it; wait for the unloads)."""
-    cache = CacheManager(client, repository, CacheSettings(**settings), node_pid=pid,
+    cache = CacheManager(client, repository, CacheSection(**settings), node_pid=pid,
                          state_file=Path(tempfile.mkdtemp()) / "state.json")
     await cache.start()
     await until_end(client, names)

@@ -60,7 +60,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
-from tfscache.cache import LOADING, READY, UNLOADING
+from tfscache.cache.ledger import LOADING, READY, UNLOADING
 
 Key = tuple[str, int]
 
@@ -81,7 +81,7 @@ def by_state(resident: Iterable[Any]) -> dict[str, list[Any]]:
 
 def caps(cache: Any) -> tuple[int, int]:
     """A CacheManager's (max_models, memory_bytes); 0 = no cap."""
-    return cache.settings.max_models, cache.settings.memory_bytes
+    return cache.settings.max_models_per_node, cache.settings.memory_per_node
 
 
 @dataclass(frozen=True)

@@ -32,8 +32,8 @@ from tfscache import errors, logs
 from tfscache import settings as settings_mod
 from tfscache.admin.lifecycle import Lifecycle
 from tfscache.admin.operations import AdminOperations
-from tfscache.cache import CacheManager, CacheSettings
-from tfscache.discovery import Discovery, advertise_peer, from_settings
+from tfscache.cache.manager import CacheManager
+from tfscache.discovery import Discovery, Peer, advertise_peer, from_settings
 from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
 from tfscache.frontend.rest import RestFrontend
@@ -44,21 +44,12 @@ from tfscache.nodeclient import NodeClient
 from tfscache.nodepid import find_node_pid, is_local_host
 from tfscache.observe import ObserveServer, watch
 from tfscache.repository import ModelRepository
-from tfscache.settings import Peer, Settings
+from tfscache.settings import Settings
 from tfscache.statedir import StateDirLock, claim, default_state_dir, instance_name
 from tfscache.supervisor import NodeProcess, Supervisor
 from tfscache.topology import Topology
 
 log = logging.getLogger("tfscache.serve")
-
-
-def cache_settings(s: Settings, state_file: Path | None) -> CacheSettings:
-    """The cache section as tfscache.cache's CacheSettings for one node."""
-    c = s.cache
-    return CacheSettings(max_models=c.max_models_per_node, memory_bytes=c.memory_per_node,
-                         room_timeout_s=c.room_timeout_s, failure_backoff_s=c.failure_backoff_s,
-                         rpc_deadline_s=c.rpc_deadline_s, reload_deadline_s=c.reload_deadline_s,
-                         estimate_factor=c.estimate_factor, policy=c.policy, state_file=state_file)
 
 
 class ServeApp:
@@ -288,8 +279,9 @@ class ServeApp:
         # cache can measure its memory; None (sizes stay estimates) when it is not visible here.
         # Found again whenever that process is gone (TF Serving restarted in its container).
         port = int(host_port.rsplit(":", 1)[1])
-        node_pid = find_node_pid(host, port)
-        find = (lambda: find_node_pid(host, port)) if is_local_host(host) else None
+        node_pid = await asyncio.to_thread(find_node_pid, host, port)  # a host-wide socket scan
+        local = await asyncio.to_thread(is_local_host, host)
+        find = (lambda: find_node_pid(host, port)) if local else None  # the reloader calls it in a thread
         await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None, node_pid=node_pid,
                            find_node_pid=find)
         # The front end serves at once; health stays NOT_SERVING until the node answers (in a pod,
@@ -341,7 +333,7 @@ class ServeApp:
         client = NodeClient(backend.name, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
                             channel=upstream.channel)
         state_file = self.state_dir / f"{backend.name}.cache.json"
-        cache = CacheManager(client, self.repository, cache_settings(self.settings, state_file),
+        cache = CacheManager(client, self.repository, self.settings.cache,
                              node_pid=node_pid, state_file=state_file,
                              events=self.metrics.cache_events(backend.name), find_node_pid=find_node_pid)
         try:

@@ -27,7 +27,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from tfscache.discovery.peer import Peer, parse_peers  # Peer: still imported from here by serve.py (issue 11)
+from tfscache.cache.policy import POLICIES
+
+from tfscache.discovery.peer import parse_peers
 
 MiB = 1 << 20
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
@@ -71,13 +73,14 @@ def _port(v: int) -> str | None:
 
 @dataclass
 class CacheSection:
-    """Per-node cache (tfscache.cache.CacheSettings): caps, eviction, load timing."""
+    """Per-node cache (tfscache.cache.manager.CacheManager takes this section): caps, eviction, timing."""
 
     max_models_per_node: int = _setting(0, "most models resident on one node at once (0 = no cap)",
                                         check=_at_least(0), flag="--max-models-per-node")
     memory_per_node: int = _setting(0, "most bytes of models on one node, e.g. 4GiB (0 = no cap)",
                                     parse=parse_bytes, flag="--memory-per-node")
-    policy: str = _setting("lru", "eviction policy, by name (tfscache.cache.policy)")
+    policy: str = _setting("lru", "eviction policy, by name (tfscache.cache.policy): lru, fifo, lfu or cost",
+                           check=lambda v: None if v in POLICIES else f"must be one of {', '.join(sorted(POLICIES))}")
     load_timeout_s: float = _setting(600.0, "longest a request without a deadline waits for its model to load",
                                      check=_at_least(0.001))
     room_timeout_s: float = _setting(30.0, "how long a load waits for busy models to go idle before "
@@ -90,6 +93,8 @@ class CacheSection:
                                         check=_at_least(0.001))
     estimate_factor: float = _setting(1.2, "a model's memory before its first load: this x its size on disk",
                                       check=_at_least(0))
+    health_retry_s: float = _setting(5.0, "while a node is unhealthy, the longest wait between tries to reach it",
+                                     check=_at_least(0.001))
 
 
 @dataclass

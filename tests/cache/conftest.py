@@ -19,7 +19,8 @@ import pytest
 
 from cache.cache_support import MODEL_BYTES, NODE_FLAGS, NUM_MODELS, AsyncNode, Gate, RecordingClient
 from support.node import start_node
-from tfscache.cache import CacheManager, CacheSettings
+from tfscache.cache.manager import CacheManager
+from tfscache.settings import CacheSection
 from tfscache.cache.tfserving import TFServingAdapter
 from tfscache.nodeclient import NodeClient
 from tfscache.repository import ModelRepository
@@ -63,7 +64,7 @@ async def make_cache(node, repository, gate):
         adapter = None
         if memory is not None:
             adapter = TFServingAdapter(client, repository, rpc_deadline_s=10.0, memory=memory)
-        cache = CacheManager(client, repository, CacheSettings(**settings), node_pid=node.pid,
+        cache = CacheManager(client, repository, CacheSection(**settings), node_pid=node.pid,
                              state_file=state_file, adapter=adapter)
         made.append((cache, client))
         await cache.start()

@@ -35,7 +35,7 @@ def resident(cache) -> dict[str, str]:
 
 
 async def test_cold_load_then_hit(make_cache, anode):
-    cache = await make_cache(max_models=3)
+    cache = await make_cache(max_models_per_node=3)
     assert cache.healthy
     lease = await cache.acquire("addk_1")
     assert (lease.name, lease.version) == ("addk_1", 1)
@@ -134,7 +134,7 @@ async def test_a_hit_never_waits_behind_a_load(make_cache, gate):
 
 
 async def test_lru_order_and_caps(make_cache, anode):
-    cache = await make_cache(max_models=3)
+    cache = await make_cache(max_models_per_node=3)
     for k in (1, 2, 3):
         (await cache.acquire(f"addk_{k}")).release()
     (await cache.acquire("addk_1")).release()  # addk_2 is now least recently used
@@ -151,7 +151,7 @@ async def test_lru_order_and_caps(make_cache, anode):
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 async def test_leased_model_is_never_evicted_and_load_waits_for_room(make_cache, anode, policy):
-    cache = await make_cache(max_models=2, policy=policy)
+    cache = await make_cache(max_models_per_node=2, policy=policy)
     held1 = await cache.acquire("addk_1")
     held2 = await cache.acquire("addk_2")
     waiting = asyncio.create_task(cache.acquire("addk_3"))
@@ -167,7 +167,7 @@ async def test_leased_model_is_never_evicted_and_load_waits_for_room(make_cache,
 
 
 async def test_waiting_for_room_times_out_with_resource_exhausted(make_cache):
-    cache = await make_cache(max_models=2, room_timeout_s=0.3)
+    cache = await make_cache(max_models_per_node=2, room_timeout_s=0.3)
     held = [await cache.acquire("addk_1"), await cache.acquire("addk_2"), await cache.acquire("addk_2")]
     results = await asyncio.gather(cache.acquire("addk_3"), cache.acquire("addk_3"), return_exceptions=True)
     for result in results:
@@ -186,7 +186,7 @@ async def test_waiting_for_room_times_out_with_resource_exhausted(make_cache):
 
 async def test_memory_cap_counts_bytes_and_refuses_a_model_larger_than_the_cap(make_cache, repository):
     disk = repository.disk_bytes("addk_1", 1)
-    cache = await make_cache(memory_bytes=int(disk * 1.2) - 1)
+    cache = await make_cache(memory_per_node=int(disk * 1.2) - 1)
     with pytest.raises(errors.CapacityExhausted) as info:
         await cache.acquire("addk_1")
     assert info.value.message == (
@@ -222,7 +222,7 @@ async def test_failed_load_reaches_every_waiter_leaves_the_config_and_backs_off(
 
 
 async def test_removed_then_readded_model_is_confirmed_by_status(make_cache, anode):
-    cache = await make_cache(max_models=1)
+    cache = await make_cache(max_models_per_node=1)
     for name in ["addk_1", "addk_2", "addk_1", "addk_2", "addk_1"]:
         async with await cache.acquire(name):
             assert await anode.add(name, 1, 0.0) == float(name.split("_")[1])
@@ -252,7 +252,7 @@ async def test_vanished_directory_is_dropped_before_it_can_wedge_the_node(make_c
 
 
 async def test_priority_most_waiters_first_then_oldest(make_cache):
-    cache = await make_cache(max_models=1)
+    cache = await make_cache(max_models_per_node=1)
     busy = await cache.acquire("addk_1")
     order = []
 
@@ -310,7 +310,7 @@ async def test_reload_past_its_deadline_marks_the_node_unhealthy_then_recovers(m
 
 async def test_restart_readopts_what_the_node_still_serves(make_cache, tmp_path, anode):
     state = tmp_path / "node.cache.json"
-    first = await make_cache(state_file=state, max_models=3)
+    first = await make_cache(state_file=state, max_models_per_node=3)
     (await first.acquire("addk_1")).release()
     (await first.acquire("addk_2")).release()
     (await first.acquire("addk_1")).release()
@@ -322,7 +322,7 @@ async def test_restart_readopts_what_the_node_still_serves(make_cache, tmp_path,
          "model_version_policy": {"specific": {"versions": [1]}}} for n in ("addk_1", "addk_2", "addk_3")]}))
     assert await anode.available(["addk_1", "addk_2", "addk_3"]) == {"addk_1", "addk_2", "addk_3"}
 
-    second = await make_cache(state_file=state, max_models=3)
+    second = await make_cache(state_file=state, max_models_per_node=3)
     assert {m.name: m.bytes for m in second.snapshot()} == learned
     assert second.node.reloads == [{"addk_1": (1,), "addk_2": (1,)}]
     async with await second.acquire("addk_1"):
@@ -412,14 +412,14 @@ async def test_restart_adopts_only_what_the_node_still_serves(make_cache, tmp_pa
 
 async def test_pins_survive_a_restart(make_cache, tmp_path, anode):
     state = tmp_path / "node.cache.json"
-    first = await make_cache(state_file=state, max_models=2)
+    first = await make_cache(state_file=state, max_models_per_node=2)
     await first.pin("addk_1")
     await first.pin("addk_2")
     first.unpin("addk_2")
     await first.stop()
     assert {m["name"]: m["pinned"] for m in json.loads(state.read_text())["models"]} == {
         "addk_1": True, "addk_2": False}
-    second = await make_cache(state_file=state, max_models=2)
+    second = await make_cache(state_file=state, max_models_per_node=2)
     assert {(m.name, m.pinned) for m in second.snapshot()} == {("addk_1", True), ("addk_2", False)}
     for name in ("addk_3", "addk_4"):  # room comes from addk_2 and then addk_3, never the pinned addk_1
         (await second.acquire(name)).release()
@@ -429,7 +429,7 @@ async def test_pins_survive_a_restart(make_cache, tmp_path, anode):
     # The node lost the pinned model meanwhile (restarted empty): the next start loads and pins it again.
     await second.node.reload(pb.ModelServerConfig(model_config_list={"config": []}))
     await wait_until(lambda: _is_end(anode, "addk_1"), what="addk_1 to unload")
-    third = await make_cache(state_file=state, max_models=2)
+    third = await make_cache(state_file=state, max_models_per_node=2)
     await wait_for_condition(lambda: [(m.name, m.state, m.pinned) for m in third.snapshot()] == [
         ("addk_1", "available", True)], 30, "addk_1 to be loaded and pinned again")
     assert await anode.add("addk_1", 1, 1.0) == 2.0
@@ -453,11 +453,11 @@ async def test_over_the_memory_cap_after_a_load_it_evicts_once_a_lease_ends(make
     # (the race test's rare end state: over the cap until the next request came).
     disk = repository.disk_bytes("addk_1", 1)
     # addk_1 grows RSS by its size, addk_2 by 3x
-    cache = await make_cache(memory_bytes=int(disk * 1.2 * 3), memory=ScriptedMemory([0, disk, 0, 3 * disk]))
+    cache = await make_cache(memory_per_node=int(disk * 1.2 * 3), memory=ScriptedMemory([0, disk, 0, 3 * disk]))
     first = await cache.acquire("addk_1")
     second = await cache.acquire("addk_2")
     sizes = {m.name: m.bytes for m in cache.snapshot()}
-    assert sizes == {"addk_1": disk, "addk_2": 3 * disk} and sum(sizes.values()) > cache.settings.memory_bytes
+    assert sizes == {"addk_1": disk, "addk_2": 3 * disk} and sum(sizes.values()) > cache.settings.memory_per_node
     first.release()
     await wait_for_condition(lambda: resident(cache) == {"addk_2": "available"}, 30, "addk_1 to be evicted")
     second.release()

@@ -1,4 +1,4 @@
-"""CacheSettings: defaults, and a bad value fails naming the field."""
+"""The cache's settings are the settings' cache section: defaults, and a bad value fails naming the field."""
 
 from __future__ import annotations
 
@@ -6,31 +6,38 @@ import dataclasses
 
 import pytest
 
-from tfscache.cache import CacheSettings
+from tfscache import settings as settings_mod
+from tfscache.settings import CacheSection, SettingsError
 
 
 def test_defaults_have_no_caps_and_lru():
-    s = CacheSettings()
-    assert (s.max_models, s.memory_bytes, s.policy, s.estimate_factor, s.state_file) == (0, 0, "lru", 1.2, None)
+    s = CacheSection()
+    assert (s.max_models_per_node, s.memory_per_node, s.policy, s.estimate_factor, s.health_retry_s) == (
+        0, 0, "lru", 1.2, 5.0)
 
 
-def test_every_field_is_documented():
-    import inspect
-
-    source = inspect.getsource(CacheSettings)
-    for field in dataclasses.fields(CacheSettings):
-        line = next(line for line in source.splitlines() if line.strip().startswith(f"{field.name}:"))
-        following = source.splitlines()[source.splitlines().index(line) + 1].strip()
-        assert following.startswith('"""') and following.endswith('"""'), field.name
-
-
-@pytest.mark.parametrize("field", ["max_models", "memory_bytes", "room_timeout_s", "failure_backoff_s",
-                                   "rpc_deadline_s", "reload_deadline_s", "health_retry_s"])
+@pytest.mark.parametrize("field", ["max_models_per_node", "room_timeout_s", "failure_backoff_s",
+                                   "rpc_deadline_s", "reload_deadline_s", "health_retry_s", "estimate_factor"])
 def test_negative_values_fail_naming_the_field(field):
-    with pytest.raises(ValueError, match=rf"^cache setting {field} must not be negative, got -1$"):
-        CacheSettings(**{field: -1})
+    with pytest.raises(SettingsError, match=rf"cache\.{field}"):
+        settings_mod.load(env={}, overrides={"model_repository": "/m", f"cache.{field}": -1})
 
 
-def test_unknown_policy_fails_at_construction():
-    with pytest.raises(ValueError, match=r"^unknown eviction policy 'nope'; known: cost, fifo, lfu, lru$"):
-        CacheSettings(policy="nope")
+@pytest.mark.parametrize("source", ["env", "override"])
+def test_every_cache_field_can_be_set(source, tmp_path):
+    values = {"max_models_per_node": 3, "memory_per_node": 1 << 30, "policy": "lfu", "load_timeout_s": 7.0,
+              "room_timeout_s": 2.0, "failure_backoff_s": 3.0, "rpc_deadline_s": 4.0, "reload_deadline_s": 5.0,
+              "estimate_factor": 1.5, "health_retry_s": 0.5}
+    assert set(values) == {f.name for f in dataclasses.fields(CacheSection)}  # every field
+    if source == "env":
+        env = {f"TFSCACHE_CACHE_{k.upper()}": str(v) for k, v in values.items()}
+        loaded = settings_mod.load(env={**env, "TFSCACHE_MODEL_REPOSITORY": str(tmp_path)})
+    else:
+        loaded = settings_mod.load(env={}, overrides={"model_repository": str(tmp_path),
+                                                      **{f"cache.{k}": v for k, v in values.items()}})
+    assert {k: getattr(loaded.cache, k) for k in values} == values
+
+
+def test_unknown_policy_fails_naming_the_known_ones():
+    with pytest.raises(SettingsError, match=r"cache\.policy.*must be one of cost, fifo, lfu, lru"):
+        settings_mod.load(env={}, overrides={"model_repository": "/m", "cache.policy": "nope"})

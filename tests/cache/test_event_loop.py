@@ -15,7 +15,8 @@ import pytest
 
 from tfscache import errors
 from cache.cache_support import RecordingClient
-from tfscache.cache import CacheManager, CacheSettings
+from tfscache.cache.manager import CacheManager
+from tfscache.settings import CacheSection
 from tfscache.repository import ModelRepository
 
 DELAY_S = 0.2
@@ -72,7 +73,7 @@ class LagMonitor:
 async def test_a_slow_model_store_never_blocks_the_loop(node, repo_root, tmp_path):
     repository = SlowStore(repo_root, rescan_s=0.0)  # every request lists again
     client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
-    cache = CacheManager(client, repository, CacheSettings(max_models=2, reload_deadline_s=60.0),
+    cache = CacheManager(client, repository, CacheSection(max_models_per_node=2, reload_deadline_s=60.0),
                          node_pid=node.pid, state_file=tmp_path / "state.json")
     with LagMonitor() as monitor:
         await cache.start()

@@ -12,7 +12,9 @@ import random
 import pytest
 
 from cache.cache_support import RecordingClient
-from tfscache.cache import CacheEvents, CacheManager, CacheSettings
+from tfscache.cache.events import CacheEvents
+from tfscache.cache.manager import CacheManager
+from tfscache.settings import CacheSection
 from tfscache.cache.policy import make_policy
 from tfscache.sim.engine import replay
 
@@ -48,7 +50,7 @@ async def test_the_simulator_and_the_cache_load_and_evict_alike(policy, node, re
     requests = trace()
     events = Recording()
     client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
-    cache = CacheManager(client, repository, CacheSettings(max_models=3, policy=policy, reload_deadline_s=60.0),
+    cache = CacheManager(client, repository, CacheSection(max_models_per_node=3, policy=policy, reload_deadline_s=60.0),
                          node_pid=node.pid, events=events)
     await cache.start()
     await cache.wait_synced(60)

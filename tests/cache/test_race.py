@@ -51,7 +51,7 @@ async def drive(cache, anode, clients: int, seconds: float = 0.0, requests: int 
 
 @pytest.mark.slow
 async def test_16_clients_12_models_3_slots_30s_no_failed_request(make_cache, anode, node):
-    cache = await make_cache(max_models=3)
+    cache = await make_cache(max_models_per_node=3)
     sampler = CapSampler(anode, NAMES)
     sampling = asyncio.create_task(sampler.run())
     answered, failures = await drive(cache, anode, clients=16, seconds=30.0)
@@ -75,7 +75,7 @@ async def test_memory_cap_holds_for_every_load_decision(make_cache, anode, repos
     await warm.stop()
     disk = repository.disk_bytes("addk_1", 1)
     cap = int(disk * 1.2 * 3.5)
-    cache = await make_cache(memory_bytes=cap)
+    cache = await make_cache(memory_per_node=cap)
     at_load: list[int] = []
 
     def check(sent):
@@ -100,7 +100,7 @@ async def test_memory_cap_holds_for_every_load_decision(make_cache, anode, repos
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 async def test_every_policy_keeps_the_count_cap_and_fails_nothing(make_cache, anode, policy):
-    cache = await make_cache(max_models=3, policy=policy)
+    cache = await make_cache(max_models_per_node=3, policy=policy)
     sampler = CapSampler(anode, NAMES)
     sampling = asyncio.create_task(sampler.run())
     answered, failures = await drive(cache, anode, clients=8, requests=4, seed=3)

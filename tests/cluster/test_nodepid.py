@@ -96,11 +96,11 @@ async def test_a_sidecar_measures_the_node_that_replaced_its_node(cluster_repo, 
     try:
         await app.start()
         cache = app.backends["a"].cache
-        assert (await cache.preload("addk_1")).measured and cache._memory.pid == first.pid
+        assert (await cache.preload("addk_1")).measured and cache.adapter.node_pid == first.pid
         await asyncio.to_thread(first.stop)
         second = await asyncio.to_thread(start_node, tmp_path / "second", config=EMPTY, flags=flags)
         loaded = await cache.preload("addk_2")
-        assert loaded.measured and cache._memory.pid == second.pid != first.pid
+        assert loaded.measured and cache.adapter.node_pid == second.pid != first.pid
     finally:
         await app.stop(grace=0)
         first.stop()

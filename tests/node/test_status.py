@@ -5,8 +5,8 @@ from __future__ import annotations
 import grpc
 import pytest
 from support.node import model_config, start_node, wait_for_states
-from support.requests import status_request
-from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
+from support.requests import predict_request, status_request
+from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
 
 State = get_model_status_pb2.ModelVersionStatus.State
 
@@ -64,9 +64,12 @@ def test_latest_policy_lists_only_the_loaded_version(stub):
     assert [(s.version, s.state) for s in response.model_version_status] == [(123, State.AVAILABLE)]
 
 
-def test_long_messages_are_truncated_like_tf_serving(stub):
-    name = "m" * 2000
-    with pytest.raises(grpc.RpcError) as info:
-        stub.GetModelStatus(status_request(name), timeout=10)
-    expected = f"Could not find any versions of model {name}"[:1024] + "...TRUNCATED"
-    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.NOT_FOUND, expected)
+def test_long_messages_are_truncated_like_tf_serving(node):
+    # A model name cannot be that long any more (255 bytes at most); a signature name can.
+    signature = "s" * 2000
+    with grpc.insecure_channel(node.grpc_target) as channel:
+        predict = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            predict.Predict(predict_request("two", 1.0, signature=signature), timeout=10)
+    expected = f'Serving signature key "{signature}" not found.'[:1024] + "...TRUNCATED"
+    assert (info.value.code(), info.value.details()) == (grpc.StatusCode.FAILED_PRECONDITION, expected)

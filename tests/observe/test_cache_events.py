@@ -16,7 +16,8 @@ from prometheus_client import generate_latest
 
 from support import fixtures
 from tfscache import errors
-from tfscache.cache import CacheManager, CacheSettings
+from tfscache.cache.manager import CacheManager
+from tfscache.settings import CacheSection
 from tfscache.metrics import Metrics, NodeEvents, NodeView
 from tfscache.nodeclient import NodeClient
 from tfscache.repository import ModelRepository
@@ -87,7 +88,7 @@ async def cache_of(node, repo_root, gate_dir):
         events = Recording(metrics, "n0")
         client = NodeClient(node.grpc_target, rpc_deadline_s=10.0)
         cache = CacheManager(client, ModelRepository(repo_root, rescan_s=0.0),
-                             CacheSettings(reload_deadline_s=60.0, **settings), node_pid=node.pid, events=events)
+                             CacheSection(reload_deadline_s=60.0, **settings), node_pid=node.pid, events=events)
         metrics.watch(lambda: [NodeView("n0", cache, cache.healthy)], lambda: 1)
         made.append((cache, client))
         await cache.start()
@@ -114,7 +115,7 @@ async def until(condition, timeout: float = 30.0) -> None:
 
 
 async def test_miss_load_hit_then_room_wait_eviction_and_unload(cache_of):
-    cache, events, metrics = await cache_of(max_models=1)
+    cache, events, metrics = await cache_of(max_models_per_node=1)
     (await cache.acquire("addk_1")).release()
     (await cache.acquire("addk_1")).release()
     assert events.take() == [("miss", "addk_1"), ("loaded", "addk_1", True), ("hit", "addk_1")]

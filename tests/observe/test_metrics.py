@@ -8,7 +8,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from tfscache import errors
-from tfscache.cache import CacheEvents, CacheSettings
+from tfscache.cache.events import CacheEvents
+from tfscache.settings import CacheSection
 from tfscache.metrics import STATES, Metrics, NodeEvents, NodeView
 
 from .promtext import Scrape
@@ -33,7 +34,7 @@ class FakeCache:
 
     def __init__(self, resident, queued=0, max_models=0, memory_bytes=0) -> None:
         self.resident, self.queued = resident, queued
-        self.settings = CacheSettings(max_models=max_models, memory_bytes=memory_bytes)
+        self.settings = CacheSection(max_models_per_node=max_models, memory_per_node=memory_bytes)
 
     def snapshot(self):
         return list(self.resident)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tfscache.cache import CacheSettings, QueuedLoad, ResidentModel
+from tfscache.cache.ledger import QueuedLoad, ResidentModel
+
+from tfscache.settings import CacheSection
 from tfscache.discovery import Peer
 from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.metrics import Metrics
@@ -20,7 +22,7 @@ class FakeCache:
 
     def __init__(self, resident: list[ResidentModel], max_models: int = 0, memory_bytes: int = 0) -> None:
         self.resident = resident
-        self.settings = CacheSettings(max_models=max_models, memory_bytes=memory_bytes)
+        self.settings = CacheSection(max_models_per_node=max_models, memory_per_node=memory_bytes)
 
     def snapshot(self) -> list[ResidentModel]:
         return list(self.resident)

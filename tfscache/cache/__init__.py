@@ -1,13 +1,6 @@
 """One node's model cache: leases, the pure planner, the reloader and its node adapters.
 
-The front end and admin use ``CacheManager`` (``tfscache.cache.manager``); see that module
-for the layout of the package.
+Import what you need from its modules (``tfscache.cache.manager.CacheManager``, ...); this
+package file imports nothing, so ``tfscache.settings`` can read ``tfscache.cache.policy``'s
+names without loading the cache. The layout is in ``tfscache.cache.manager``'s docstring.
 """
-
-from tfscache.cache.events import CacheEvents
-from tfscache.cache.ledger import LOADING, READY, UNLOADING, Key, QueuedLoad, ResidentModel
-from tfscache.cache.manager import CacheManager, Lease
-from tfscache.cache.settings import CacheSettings
-
-__all__ = ["LOADING", "READY", "UNLOADING", "CacheEvents", "CacheManager", "CacheSettings", "Key", "Lease",
-           "QueuedLoad", "ResidentModel"]

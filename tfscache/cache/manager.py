@@ -16,6 +16,7 @@ node's adapter (``tfscache.cache.adapter``). The pieces:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,6 @@ from tfscache.cache.events import CacheEvents
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger, Pending, QueuedLoad, ResidentModel
 from tfscache.cache.planner import Caps
 from tfscache.cache.policy import EvictionPolicy, make_policy
-from tfscache.cache.settings import CacheSettings
 from tfscache.cache.reloader import Reloader
 from tfscache.cache.signals import Signals, copy_error
 from tfscache.cache.state import CacheState, SavedVersion, StateWriter, learned_key, load_state
@@ -34,6 +34,7 @@ from tfscache.cache.tfserving import TFServingAdapter
 from tfscache.nodeclient import NodeClient
 from tfscache.nodepid import NodeMemory
 from tfscache.repository import ModelRepository, check_name
+from tfscache.settings import CacheSection
 
 
 class Lease:
@@ -64,7 +65,7 @@ class Lease:
 class CacheManager:
     """Owns one node's wanted set: loads on demand, evicts idle models under the caps."""
 
-    def __init__(self, node: NodeClient, repository: ModelRepository, settings: CacheSettings,
+    def __init__(self, node: NodeClient, repository: ModelRepository, settings: CacheSection,
                  policy: EvictionPolicy | None = None, node_pid: int | None = None,
                  state_file: Path | None = None, events: CacheEvents | None = None,
                  find_node_pid: Callable[[], int | None] | None = None,
@@ -74,10 +75,10 @@ class CacheManager:
         self.events = events or CacheEvents()
         self.repository = repository
         self.settings = settings
-        self.caps = Caps(settings.max_models, settings.memory_bytes)
+        self.caps = Caps(settings.max_models_per_node, settings.memory_per_node)
         self.policy = policy or make_policy(settings.policy)
-        self.policy.set_caps(settings.max_models, settings.memory_bytes)
-        self.state_file = state_file if state_file is not None else settings.state_file
+        self.policy.set_caps(settings.max_models_per_node, settings.memory_per_node)
+        self.state_file = state_file
         self.ledger = Ledger()
         self._writer: StateWriter | None = StateWriter(self.state_file)  # coalesced, in a worker thread
         self._signals = Signals(self._lease, self._save, self.pin)
@@ -357,7 +358,7 @@ class CacheManager:
         """
         disk = self.repository.disk_bytes(*key)
         estimate = int(disk * self.settings.estimate_factor)
-        cap = self.settings.memory_bytes
+        cap = self.settings.memory_per_node
         if cap and estimate > cap:
             raise errors.CapacityExhausted(
                 f"model {key[0]} version {key[1]} needs {estimate} bytes "
@@ -375,6 +376,10 @@ class CacheManager:
         ledger = self.ledger
         models = [SavedVersion(e.key[0], e.key[1], e.bytes, e.measured, e.last_use, e.key in ledger.pinned)
                   for e in ledger.entries.values() if e.state == READY]
+        saved = {(m.name, m.version): m for m in models}
+        for key, lost in self._signals.lost_pins.items():  # still pinned while being loaded again
+            saved[key] = dataclasses.replace(saved.get(key, lost), pinned=True)
+        models = list(saved.values())
         learned = {learned_key(*k): v for k, v in ledger.learned.items()}
         return CacheState(self.target, models, learned)
 

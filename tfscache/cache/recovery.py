@@ -15,8 +15,8 @@ import logging
 import time
 
 from tfscache import errors
-from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key
-from tfscache.cache.state import CacheState, parse_learned_key
+from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry
+from tfscache.cache.state import CacheState, SavedVersion, parse_learned_key
 
 log = logging.getLogger("tfscache.cache")
 
@@ -27,6 +27,8 @@ async def startup(reloader, state: CacheState) -> None:
     retry_s = reloader.settings.health_retry_s
     while True:
         try:
+            if not await reloader.adapter.wait_ready(retry_s):  # not listening yet (a pod starting)
+                raise errors.NodeUnavailable(f"node {reloader.node} is not accepting connections")
             lost_pins = await adopt(reloader, state)
             break
         except errors.TfscacheError as e:
@@ -39,10 +41,11 @@ async def startup(reloader, state: CacheState) -> None:
     sig = reloader.signals
     sig.starting = False
     sig.set_health(True)
-    sig.repins = {asyncio.create_task(repin(reloader, key)) for key in lost_pins}  # the node lost them
+    sig.lost_pins = {(p.name, p.version): p for p in lost_pins}  # kept in the state file until pinned again
+    sig.repins = {asyncio.create_task(repin(reloader, saved)) for saved in lost_pins}
 
 
-async def adopt(reloader, state: CacheState) -> list[Key]:
+async def adopt(reloader, state: CacheState) -> list[SavedVersion]:
     """Keep the saved models the node still serves; the pinned ones it lost, to load and pin again."""
     ledger, s = reloader.ledger, reloader.settings
     for text, size in state.learned.items():
@@ -65,7 +68,7 @@ async def adopt(reloader, state: CacheState) -> list[Key]:
             if saved.pinned:
                 ledger.pinned.add(key)
         elif saved.pinned:
-            lost_pins.append(key)
+            lost_pins.append(saved)
     log.info("node %s: adopted %d models (%d pinned)", reloader.node, len(ledger.entries), len(ledger.pinned))
     reloader.signals.config_stale = True
     reloader.signals.wake.set()  # the first step sends the wanted set (and evicts down to shrunk caps)
@@ -73,14 +76,21 @@ async def adopt(reloader, state: CacheState) -> list[Key]:
     return lost_pins
 
 
-async def repin(reloader, key: Key) -> None:
-    """Load and pin again a version that was pinned when the state was saved but the node lost."""
+async def repin(reloader, saved: SavedVersion) -> None:
+    """Load and pin again a version that was pinned when the state was saved but the node lost.
+
+    Until it is pinned again it stays in the state file as pinned, so a crash meanwhile loses
+    no pin; a load that fails drops it (the log says so).
+    """
+    key = (saved.name, saved.version)
     try:
         await reloader.signals.pin(*key)
     except errors.TfscacheError as e:
+        reloader.signals.lost_pins.pop(key, None)
         log.warning("node %s: model %s version %s was pinned but the node lost it; loading it again failed "
                     "(%s: %s): pin it again", reloader.node, key[0], key[1], e.grpc_code.name, e.message)
     else:
+        reloader.signals.lost_pins.pop(key, None)
         log.info("node %s: model %s version %s loaded and pinned again (the node had lost it)",
                  reloader.node, key[0], key[1])
 

@@ -23,6 +23,7 @@ class Signals:
         self.save = save  # have the state file written soon
         self.pin = pin  # the manager's pin: load and pin again what the node lost
         self.repins: set[asyncio.Task] = set()
+        self.lost_pins: dict[Key, object] = {}  # pinned in the state file, the node lost them: being pinned again
         self.wake = asyncio.Event()  # the reloader has work
         self.healthy = False
         self.reason = "not started"  # why it is not healthy

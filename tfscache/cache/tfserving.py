@@ -106,6 +106,11 @@ class TFServingAdapter:
         statuses = await self.client.status(*key, deadline_s=deadline_s)
         return any(st.version == key[1] and st.state == AVAILABLE for st in statuses)
 
+    @property
+    def node_pid(self) -> int | None:
+        """The node process measured (found again when it was replaced), if known."""
+        return self._memory.pid
+
     def memory(self) -> int | None:
         return self._memory.rss()
 

@@ -173,19 +173,19 @@ class NodeBackend:
         async with self._leased(key, deadline) as upstream:
             return await send(upstream)
 
-    def _probe(self, key: RouteKey) -> probe.ProbeAnswer | None:
+    async def _probe(self, key: RouteKey) -> probe.ProbeAnswer | None:
         """A status request for a version not on the node, answered without loading it; else None."""
         cache = self.cache
         if cache is None:
             raise errors.NodeUnavailable(f"node {self.name} is not running")
-        found = cache.repository.resolve(key.name, key.version)
+        found = await asyncio.to_thread(cache.repository.resolve, key.name, key.version)  # lists the directory
         if cache.state_of(found.name, found.version) in ("loading", "available"):
             return None  # the node's own answer
         return probe.ProbeAnswer(found.version, cache.failure(found.name, found.version))
 
     async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline) -> bytes:
         if key is not None and path == STATUS_PATH:
-            answer = self._probe(key)
+            answer = await self._probe(key)
             if answer is not None:
                 return answer.grpc()
             return await self.upstream.unary(path, request, metadata=metadata, timeout=remaining(deadline))
@@ -196,7 +196,7 @@ class NodeBackend:
                    headers: dict[str, str], timeout: float, *, status: bool = False) -> RestReply:
         deadline = time.monotonic() + timeout
         if key is not None and status:
-            answer = self._probe(key)
+            answer = await self._probe(key)
             if answer is not None:
                 return answer.rest()
             return await self.upstream.rest(method, path_qs, body, headers, timeout=timeout)

@@ -71,6 +71,8 @@ class _Handlers(grpc.GenericRpcHandler):
             try:
                 key = method.route_key(request)
                 logs.bind(model=key.name if key is not None else None)
+                if key is not None and key.label is not None:
+                    await router.read_labels(key.name)  # labels.json, off the event loop
                 key, request = method.with_versions(request, key, router.label_version)
                 forwarded = any(k == FORWARDED_KEY for k, _ in metadata)
                 timeout = context.time_remaining()

@@ -65,11 +65,18 @@ class Router:
         """
         self.ring, self.backends = ring, backends
 
+    async def read_labels(self, name: str) -> None:
+        """Have ``name``'s labels.json read (in a worker thread) before ``label_version`` is asked."""
+        if self.repository is not None:
+            await self.repository.refresh_labels(name)
+
     def label_version(self, name: str, label: str) -> int:
-        """The version a label names (the repository's labels.json); TF Serving's errors."""
+        """The version a label names (the repository's labels.json, as ``read_labels`` read it just
+        before, or read now for a name it was not asked for); TF Serving's errors."""
         if self.repository is None:
             raise errors.InvalidArgument(f"Unrecognized servable version label: {label}")
-        return self.repository.label_version(name, label)
+        # What read_labels read just now counts, whatever rescan_s is (tests use 0).
+        return self.repository.label_version(name, label, max_age=self.repository.rescan_s + 1.0)
 
     def candidates(self, key: RouteKey | None, forwarded: bool = False) -> list:
         """Backends to try, best first (at most two are ever tried)."""
