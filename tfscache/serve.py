@@ -1,13 +1,9 @@
 """`tfscache serve`: TF-Serving-compatible gRPC and REST front ends over a ring of nodes.
 
-Two topologies:
-
-* embedded (default): ``--local-nodes K`` child node processes (``tfscache node``, or
-  ``--node-command``), each with exactly one CacheManager; models are spread over
-  them by the ring.
-* sidecar (``--node-address``): one node, this process its only cache manager;
-  the ring is over the sidecars in the config file's peer list, and requests for
-  models another sidecar owns are forwarded to it (one hop, marked).
+Two topologies: embedded (default; ``--local-nodes K`` child node processes, ``tfscache
+node`` or ``--node-command``, each with one CacheManager, models spread over them by the
+ring) and sidecar (``--node-address``: one node; the ring is over the sidecars, and a
+request for a model another sidecar owns is forwarded to it, one hop, marked).
 
 ``ServeApp`` is the whole process minus argument parsing and signals, so tests can
 run it in-process. Nothing here imports tensorflow.
@@ -23,7 +19,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 import aiohttp
@@ -32,6 +27,7 @@ from tfscache import errors, logs
 from tfscache import settings as settings_mod
 from tfscache.admin.lifecycle import Lifecycle
 from tfscache.admin.operations import AdminOperations
+from tfscache.cache.adapter import adapter_class
 from tfscache.cache.manager import CacheManager
 from tfscache.discovery import Discovery, Peer, advertise_peer, from_settings
 from tfscache.frontend.backends import NodeBackend, PeerBackend
@@ -41,11 +37,11 @@ from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
 from tfscache.metrics import Metrics
 from tfscache.nodeclient import NodeClient
-from tfscache.nodepid import find_node_pid, is_local_host
+from tfscache.nodepid import NodeMemory, find_node_pid, is_local_host
 from tfscache.observe import ObserveServer, watch
 from tfscache.repository import ModelRepository
 from tfscache.settings import Settings
-from tfscache.statedir import StateDirLock, claim, default_state_dir, instance_name
+from tfscache.statedir import StateDirLock, choose, instance_name
 from tfscache.supervisor import NodeProcess, Supervisor
 from tfscache.topology import Topology
 
@@ -149,36 +145,11 @@ class ServeApp:
         return self.topology.backends
 
     def _claim_state_dir(self) -> None:
-        """``node.state_dir``, else the instance's persistent default (tfscache.statedir), locked.
-
-        Another process holding the default gets this one a temporary directory (its pins then
-        do not survive a restart), with a warning; an explicit one held elsewhere is a warning.
-        """
+        """``node.state_dir``, else the instance's persistent default, locked (tfscache.statedir)."""
         s = self.settings
-        explicit = self.state_dir is not None
-        if not explicit:
-            instance = (instance_name(node_address=s.node.node_address) if s.sidecar
-                        else instance_name(model_repository=s.model_repository))
-            try:
-                self.state_dir = default_state_dir(instance)
-            except OSError as exc:
-                log.warning("no persistent state directory (%s); using a temporary one", exc)
-        if self.state_dir is not None:
-            try:
-                self._state_lock = claim(self.state_dir)
-            except OSError as exc:
-                log.warning("cannot use state directory %s: %s", self.state_dir, exc)
-            if self._state_lock is None and not explicit:
-                log.warning("state directory %s is in use by another tfscache; using a temporary one: "
-                            "pins will not survive a restart (set node.state_dir)", self.state_dir)
-                self.state_dir = None
-            elif self._state_lock is None:
-                log.warning("state directory %s is in use by another tfscache", self.state_dir)
-        if self.state_dir is None:
-            self.state_dir = Path(tempfile.mkdtemp(prefix="tfscache-serve-"))
-            self._own_state_dir = True
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        log.info("state directory: %s", self.state_dir)
+        instance = (instance_name(node_address=s.node.node_address) if s.sidecar
+                    else instance_name(model_repository=s.model_repository))
+        self.state_dir, self._state_lock, self._own_state_dir = choose(self.state_dir, instance)
 
     async def join(self) -> tuple[bool, str]:
         """Sidecar mode: register with discovery now and go on the own ring (idempotent).
@@ -333,9 +304,10 @@ class ServeApp:
         client = NodeClient(backend.name, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
                             channel=upstream.channel)
         state_file = self.state_dir / f"{backend.name}.cache.json"
-        cache = CacheManager(client, self.repository, self.settings.cache,
-                             node_pid=node_pid, state_file=state_file,
-                             events=self.metrics.cache_events(backend.name), find_node_pid=find_node_pid)
+        adapter = adapter_class("tfserving")(client, self.repository, rpc_deadline_s=client.rpc_deadline_s,
+                                             memory=NodeMemory(node_pid, find_node_pid))
+        cache = CacheManager(client, self.repository, self.settings.cache, state_file=state_file,
+                             events=self.metrics.cache_events(backend.name), adapter=adapter)
         try:
             await cache.start()
         except BaseException:

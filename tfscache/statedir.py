@@ -24,6 +24,7 @@ import hashlib
 import logging
 import os
 import re
+import tempfile
 from pathlib import Path
 
 log = logging.getLogger("tfscache.statedir")
@@ -162,3 +163,36 @@ def _slug(text: str) -> str:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def choose(explicit: Path | None, instance: str) -> tuple[Path, StateDirLock | None, bool]:
+    """The state directory a process uses: ``(path, its lock or None, whether it is temporary)``.
+
+    ``explicit`` (``node.state_dir``) if given, else ``instance``'s persistent default. Another
+    process holding the default gets this one a temporary directory (its pins then do not
+    survive a restart), with a warning; an explicit one held elsewhere is used, with a warning.
+    The directory exists on return.
+    """
+    path, lock = explicit, None
+    if path is None:
+        try:
+            path = default_state_dir(instance)
+        except OSError as exc:
+            log.warning("no persistent state directory (%s); using a temporary one", exc)
+    if path is not None:
+        try:
+            lock = claim(path)
+        except OSError as exc:
+            log.warning("cannot use state directory %s: %s", path, exc)
+        if lock is None and explicit is None:
+            log.warning("state directory %s is in use by another tfscache; using a temporary one: "
+                        "pins will not survive a restart (set node.state_dir)", path)
+            path = None
+        elif lock is None:
+            log.warning("state directory %s is in use by another tfscache", path)
+    temporary = path is None
+    if path is None:
+        path = Path(tempfile.mkdtemp(prefix="tfscache-serve-"))
+    path.mkdir(parents=True, exist_ok=True)
+    log.info("state directory: %s", path)
+    return path, lock, temporary
