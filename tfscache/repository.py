@@ -151,10 +151,9 @@ class ModelRepository:
         """The highest version on disk as last listed, with no file access; None if not known.
 
         ``fresh``: only while remembered (within ``rescan_s``), as ``latest_version`` would
-        answer it. A None sends the cache to list the directory in a worker thread.
-        Raises ``UnsafeModelName`` as ``base_path`` does.
+        answer it. A None sends the cache to list the directory in a worker thread (where
+        ``resolve`` checks the name: an unsafe one is never remembered).
         """
-        check_name(name)
         cached = self._latest.get(name)
         if cached is None or (fresh and time.monotonic() - cached[0] >= self.rescan_s):
             return None

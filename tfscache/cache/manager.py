@@ -165,10 +165,10 @@ class CacheManager:
         if entry is not None and not self._signals.draining:
             self.events.hit(entry.key)
             return self._lease(entry)
-        found = await asyncio.to_thread(self.repository.resolve, name, version)  # lists the model's directory
+        found, sizes = await asyncio.to_thread(self._resolve, name, version)  # one trip off the loop
         key = (found.name, found.version)
         self.events.miss(key)
-        fut = await self._enqueue(key)
+        fut = await self._enqueue(key, sizes)
         try:
             async with asyncio.timeout(timeout):
                 return await fut
@@ -317,14 +317,31 @@ class CacheManager:
         if entry.leases == 0 and (self.ledger.pending or sig.draining or sig.over_cap):
             sig.wake.set()  # a load may be waiting for room, or the caps for a victim
 
-    async def _enqueue(self, key: Key) -> asyncio.Future:
+    def _resolve(self, name: str, version: int | None) -> tuple[object, tuple[int, int] | Exception | None]:
+        """In a worker thread: the version to load (lists the model's directory) and, unless it is
+        already loading or queued, its size estimate (walks the version directory) or why not."""
+        found = self.repository.resolve(name, version)
+        key = (found.name, found.version)
+        entry = self.ledger.entries.get(key)  # a hint: _enqueue decides again, on the loop
+        if key in self.ledger.pending or (entry is not None and entry.state != UNLOADING):
+            return found, None
+        try:
+            return found, self._estimate(key)
+        except errors.TfscacheError as exc:
+            return found, exc
+
+    async def _enqueue(self, key: Key, sizes: tuple[int, int] | Exception | None = None) -> asyncio.Future:
         """A future for a lease on cold ``key``, joined to its load (one load per key)."""
         self._check_loadable(key)
         estimate = disk = 0
         entry = self.ledger.entries.get(key)
         if key not in self.ledger.pending and (entry is None or entry.state == UNLOADING):
-            estimate, disk = await asyncio.to_thread(self._estimate, key)  # walks the version directory
-            self._check_loadable(key)  # re-check after the await
+            if sizes is None:  # it was queued when looked at; no longer
+                sizes = await asyncio.to_thread(self._estimate, key)  # walks the version directory
+                self._check_loadable(key)  # re-check after the await
+            if isinstance(sizes, Exception):
+                raise sizes
+            estimate, disk = sizes
         entry = self.ledger.entries.get(key)
         fut = asyncio.get_running_loop().create_future()
         if entry is not None and entry.state == READY:

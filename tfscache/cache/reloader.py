@@ -56,13 +56,15 @@ class Reloader:
         sig.synced.set()
         if sig.resync and not await self.resync():
             return
-        if await asyncio.to_thread(self.adapter.restarted):
+        keys = [k for k, e in ledger.entries.items() if e.state != UNLOADING]
+        gone, replaced = await asyncio.to_thread(self.look, keys)  # one trip off the loop for both
+        if replaced:
             log.warning("node %s: its process was replaced; checking what it still serves", self.node)
             if not await self.resync():
                 return
         ledger.drop_abandoned()
         now = time.monotonic()
-        leaving = await self.drop_vanished() + self.take_evictions()
+        leaving = self.drop_vanished(gone) + self.take_evictions()
         decided = plan(ledger, self.caps, self.policy, now)
         sig.over_cap = decided.over_cap  # the next release wakes the reloader
         for key in decided.blocked:
@@ -137,10 +139,13 @@ class Reloader:
             self.evicted(key, "drain" if sig.draining else "admin")
         return keys
 
-    async def drop_vanished(self) -> list[Key]:
-        """Entries whose version directory is gone (a stat each, in a worker thread)."""
-        keys = [k for k, e in self.ledger.entries.items() if e.state != UNLOADING]
-        gone_on_disk = await asyncio.to_thread(lambda: [k for k in keys if self.repository.version_path(*k) is None])
+    def look(self, keys: list[Key]) -> tuple[list[Key], bool]:
+        """In a worker thread: which of ``keys`` vanished from the repository (a stat each), and
+        whether the node's process was replaced."""
+        return [k for k in keys if self.repository.version_path(*k) is None], self.adapter.restarted()
+
+    def drop_vanished(self, gone_on_disk: list[Key]) -> list[Key]:
+        """Entries whose version directory is gone: they leave the node, their waiters get NOT_FOUND."""
         gone = [k for k in gone_on_disk if k in self.ledger.entries and self.ledger.entries[k].state != UNLOADING]
         for key in gone:
             entry = self.ledger.entries[key]
