@@ -33,6 +33,10 @@ tfscache_leases_in_flight             requests holding a model on a node right n
 tfscache_load_queue_depth             cold model versions waiting for their load
 tfscache_node_healthy                 1 while a node's cache can load, else 0
 tfscache_ring_nodes                   nodes (or sidecars) on the ring
+tfscache_unloads_per_minute           a node's capacity unloads (a cap needed room) per minute over
+                                      the last scale.window_s seconds (tfscache.scale)
+tfscache_scale_advice                 +1 more nodes, 0 hold, -1 fewer: over this process's local
+                                      nodes, by scale.* thresholds (tfscache.scale, docs/scaling.md)
 ====================================  ==========================================================
 
 With ``per_model=True`` the per-event cache counters also carry a ``model`` label;
@@ -53,6 +57,7 @@ that leaves a model idle then unloads it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +66,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from tfscache.cache.ledger import LOADING, READY, UNLOADING
+from tfscache.scale import Advice, NodeLoad, UnloadRate, advise
+from tfscache.settings import ScaleSection
 
 Key = tuple[str, int]
 
@@ -96,8 +103,11 @@ class NodeView:
 class Metrics:
     """Every tfscache metric, in its own CollectorRegistry."""
 
-    def __init__(self, *, per_model: bool = False) -> None:
+    def __init__(self, *, per_model: bool = False, scale: ScaleSection | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.per_model = per_model
+        self.scale = scale if scale is not None else ScaleSection()
+        self.unload_rate = UnloadRate(self.scale.window_s, clock)
         self.registry = CollectorRegistry()
         r = self.registry
         labels = ["node", "model"] if per_model else ["node"]
@@ -137,6 +147,22 @@ class Metrics:
         """Count one answered request (the front ends' error-mapping place calls this)."""
         self.requests.labels(protocol, method, code).inc()
 
+    def node_loads(self, views: Iterable[NodeView] | None = None) -> list[NodeLoad]:
+        """What the scale advice reads of each local node now (``views``; default: the watched ones)."""
+        loads = []
+        for view in self.nodes() if views is None else views:
+            cache = view.cache
+            counting = [m for m in cache.snapshot() if m.state != UNLOADING] if cache is not None else []
+            count_cap, bytes_cap = caps(cache) if cache is not None else (0, 0)
+            loads.append(NodeLoad(view.name, self.unload_rate.per_minute(view.name), len(counting),
+                                  sum(m.bytes for m in counting), count_cap, bytes_cap,
+                                  view.healthy and cache is not None))
+        return loads
+
+    def advice(self, loads: list[NodeLoad] | None = None) -> Advice:
+        """The scale advice over ``loads`` (default: the local nodes now)."""
+        return advise(self.node_loads() if loads is None else loads, self.scale)
+
     def hit_counts(self) -> tuple[int, int]:
         """(hits, misses) over every node and model."""
         return int(_total(self.hits)), int(_total(self.misses))
@@ -175,6 +201,8 @@ class NodeEvents:
 
     def evicted(self, key: Key, reason: str, size: int) -> None:
         self.metrics.evictions.labels(*self._labels(key), reason).inc()
+        if reason == "capacity":  # the scaling signal: room a cap needed (tfscache.scale)
+            self.metrics.unload_rate.record(self.node)
 
     def unloaded(self, key: Key, seconds: float, size: int) -> None:
         self.metrics.unloads.labels(self.node).inc()
@@ -221,4 +249,15 @@ class _StateCollector:
             healthy.add_metric([view.name], 1 if view.healthy else 0)
         ring = GaugeMetricFamily("tfscache_ring_nodes", "Nodes (or sidecars) on the ring.",
                                  value=self._metrics.ring_nodes())
-        return [models, size, max_models, memory_cap, leases, queue, healthy, ring]
+        return [models, size, max_models, memory_cap, leases, queue, healthy, ring, *self._scale()]
+
+    def _scale(self) -> list[GaugeMetricFamily]:
+        loads = self._metrics.node_loads()
+        rate = GaugeMetricFamily("tfscache_unloads_per_minute",
+                                 "A node's capacity unloads per minute over the last scale.window_s seconds.",
+                                 labels=["node"])
+        for load in loads:
+            rate.add_metric([load.name], load.unloads_per_minute)
+        advice = GaugeMetricFamily("tfscache_scale_advice", "+1 more nodes, 0 hold, -1 fewer (local nodes).",
+                                   value=self._metrics.advice(loads).value)
+        return [rate, advice]

@@ -18,7 +18,9 @@ its backends (local nodes with their CacheManager, peer sidecars) and its ring.
                 "models": [{"name": "a", "version": 1, "bytes": 240000, "measured": true,
                             "leases": 0, "last_use": 1767225599.5, "state": "available",
                             "pinned": false}]},
-               {"name": "b", "kind": "peer", "address": "10.0.0.2:8500", "healthy": true}]}
+               {"name": "b", "kind": "peer", "address": "10.0.0.2:8500", "healthy": true}],
+     "scale": {"advice": 0, "reason": "0.2 unloads per minute per node > 0", "window_s": 300.0,
+               "unloads_per_minute": {"node0": 0.2}}}
 
 Per local node: ``resident_models`` and ``resident_bytes`` count the *available* versions
 only (before issue 10 they counted loading and unloading ones too, so a node capped at 3
@@ -28,6 +30,10 @@ lists every version in the node's config with its ``state``. ``caps`` are the ca
 (victims stop counting when they turn unloading; see tfscache.metrics), so the count cap
 holds while ``loading.models + available.models <= max_models``, and the memory cap
 likewise with the bytes.
+
+``scale`` is the scaling signal over the local nodes (tfscache.scale, docs/scaling.md):
+``advice`` +1 more nodes, 0 hold, -1 fewer, with its ``reason``; each local node's capacity
+unloads per minute over the last ``window_s`` seconds (also in its entry, ``unloads_per_minute``).
 """
 
 from __future__ import annotations
@@ -61,6 +67,9 @@ def status_document(metrics: Metrics, topology: Topology) -> dict[str, Any]:
     """What ``/status`` serves (see the module docstring)."""
     hits, misses = metrics.hit_counts()
     ring = topology.ring
+    loads = metrics.node_loads(_node_views(topology))
+    rates = {load.name: load.unloads_per_minute for load in loads}
+    advice = metrics.advice(loads)
     nodes = []
     for backend in list(topology.backends.values()):
         local = isinstance(backend, NodeBackend)
@@ -69,12 +78,14 @@ def status_document(metrics: Metrics, topology: Topology) -> dict[str, Any]:
                                 "address": upstream.grpc_address if upstream is not None else None,
                                 "healthy": bool(backend.healthy)}
         if local:
-            node.update(_local_node(backend.cache))
+            node.update(_local_node(backend.cache), unloads_per_minute=rates.get(backend.name, 0.0))
         nodes.append(node)
     return {"time": time.time(), "hits": hits, "misses": misses,
             "hit_ratio": hits / (hits + misses) if hits + misses else None,
             "ring": {"nodes": ring.nodes, "replicas": ring.replicas},
-            "nodes": nodes}
+            "nodes": nodes,
+            "scale": {"advice": advice.value, "reason": advice.reason, "window_s": metrics.unload_rate.window_s,
+                      "unloads_per_minute": rates}}
 
 
 def _local_node(cache) -> dict[str, Any]:

@@ -30,29 +30,13 @@ from typing import Any, Callable, Mapping
 from tfscache.cache.policy import POLICIES
 
 from tfscache.discovery.peer import parse_peers
+from tfscache.units import parse_bytes
 
 MiB = 1 << 20
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
-          "gib": 1 << 30, "tib": 1 << 40}
 
 
 class SettingsError(ValueError):
     """A setting with a bad value; the message names the field and the value."""
-
-
-def parse_bytes(value: Any) -> int:
-    """'4GiB', '512MiB', '1.5GB', '1000' or an int -> bytes."""
-    if isinstance(value, bool):
-        raise ValueError("not a size")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError("negative size")
-        return value
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(value))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise ValueError("expected bytes, e.g. 4GiB, 512MiB or 1000000")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
 def _setting(default: Any, doc: str, *, parse: Callable[[Any], Any] | None = None,
@@ -79,8 +63,13 @@ class CacheSection:
                                         check=_at_least(0), flag="--max-models-per-node")
     memory_per_node: int = _setting(0, "most bytes of models on one node, e.g. 4GiB (0 = no cap)",
                                     parse=parse_bytes, flag="--memory-per-node")
-    policy: str = _setting("lru", "eviction policy, by name (tfscache.cache.policy): lru, fifo, lfu or cost",
+    policy: str = _setting("lru", "eviction policy, by name (tfscache.cache.policy): lru, fifo, lfu, cost or oldest",
                            check=lambda v: None if v in POLICIES else f"must be one of {', '.join(sorted(POLICIES))}")
+    policy_window_s: float = _setting(60.0, "policy oldest: the window its request counts cover (a model idle "
+                                      "this long is cold)", check=lambda v: None if v > 0 else "must be > 0")
+    gpu_memory_per_node: int = _setting(0, "most GPU bytes of models on one node, measured with NVML, e.g. 20GiB "
+                                        "(0 = no cap; off without a GPU; docs/gpu.md)",
+                                        parse=parse_bytes, flag="--gpu-memory-per-node")
     load_timeout_s: float = _setting(600.0, "longest a request without a deadline waits for its model to load",
                                      check=_at_least(0.001))
     room_timeout_s: float = _setting(30.0, "how long a load waits for busy models to go idle before "
@@ -198,6 +187,20 @@ class DiscoverySection:
 
 
 @dataclass
+class ScaleSection:
+    """The scaling signal: tfscache_unloads_per_minute and tfscache_scale_advice (tfscache.scale, docs/scaling.md)."""
+
+    window_s: float = _setting(300.0, "the sliding window capacity unloads per minute are counted over",
+                               check=_at_least(1))
+    unloads_per_minute_high: float = _setting(10.0, "advise more nodes (+1) when a node's mean capacity unloads "
+                                              "per minute reach this", check=lambda v: None if v > 0 else "must be > 0")
+    unloads_per_minute_low: float = _setting(1.0, "advise fewer nodes (-1) only at or below this rate (and when "
+                                             "the resident set fits on one node fewer)", check=_at_least(0))
+    headroom: float = _setting(0.2, "fewer nodes only if the resident set fits under (1 - headroom) x the "
+                               "caps of one node fewer", check=lambda v: None if 0 <= v < 1 else "must be 0 <= x < 1")
+
+
+@dataclass
 class Settings:
     """Everything `tfscache serve` reads."""
 
@@ -209,6 +212,7 @@ class Settings:
     server: ServerSection = field(default_factory=ServerSection)
     log_json: bool = _setting(False, "log JSON objects, one per line, instead of text (--log-json)")
     discovery: DiscoverySection = field(default_factory=DiscoverySection)
+    scale: ScaleSection = field(default_factory=ScaleSection)
 
     @property
     def sidecar(self) -> bool:
@@ -216,7 +220,7 @@ class Settings:
         return bool(self.node.node_address)
 
 
-_SECTIONS = ("cache", "ring", "node", "server", "discovery")
+_SECTIONS = ("cache", "ring", "node", "server", "discovery", "scale")
 
 
 def iter_fields(settings: Settings | None = None):
@@ -326,6 +330,9 @@ def _check_whole(s: Settings) -> None:
                             "(not a directory)")
     if s.server.admin_port >= 0:
         check_bind(s.server.admin_bind_address, s.server.admin_token)
+    if s.scale.unloads_per_minute_low >= s.scale.unloads_per_minute_high:
+        raise SettingsError(f"bad value for setting scale.unloads_per_minute_low: {s.scale.unloads_per_minute_low!r} "
+                            f"(must be below scale.unloads_per_minute_high, {s.scale.unloads_per_minute_high!r})")
     if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
         raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
                             "(must differ from server.grpc_port)")

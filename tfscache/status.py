@@ -13,6 +13,8 @@ loading + available (the versions that count against the caps; a victim stops co
 when it turns unloading): ``3/3`` for max_models=3, ``1.5 GiB/2.0 GiB`` for a memory cap,
 ``none`` without caps, and ``over`` after it while a cap is exceeded. So a node capped at
 3 models that is swapping one in reads AVAILABLE 2, LOADING 1, UNLOADING 1, CAP 3/3.
+UNLOADS/MIN is the node's capacity unloads per minute, and the "scale advice" line says
+whether to add nodes (+1), hold (0) or remove one (-1), and why (docs/scaling.md).
 """
 
 from __future__ import annotations
@@ -82,6 +84,14 @@ def cap_text(node: dict[str, Any]) -> str:
     return " ".join(parts) + (" over" if over else "")
 
 
+_ADVICE = {1: "+1 (more nodes)", 0: "0 (hold)", -1: "-1 (fewer nodes)"}
+
+
+def _rate(node: dict[str, Any]) -> str:
+    rate = node.get("unloads_per_minute")
+    return "-" if rate is None else f"{rate:.1f}"
+
+
 def render(doc: dict[str, Any]) -> str:
     """The document as the tables `tfscache status` prints."""
     ring = doc.get("ring", {})
@@ -93,9 +103,10 @@ def render(doc: dict[str, Any]) -> str:
         rows.append([node["name"], node["kind"], node.get("address") or "-",
                      "yes" if node["healthy"] else "NO", *counts, cap_text(node) if local else "-",
                      human_bytes(node["resident_bytes"]) if local else "-",
-                     str(node["leases"]) if local else "-", str(len(node["queue"])) if local else "-"])
+                     str(node["leases"]) if local else "-", str(len(node["queue"])) if local else "-",
+                     _rate(node) if local else "-"])
     lines += _table(["NODE", "KIND", "ADDRESS", "HEALTHY", "AVAILABLE", "LOADING", "UNLOADING", "CAP", "BYTES",
-                     "LEASES", "QUEUED"], rows)
+                     "LEASES", "QUEUED", "UNLOADS/MIN"], rows)
     rows = []
     for node in doc["nodes"]:
         for m in node.get("models", []):
@@ -104,6 +115,10 @@ def render(doc: dict[str, Any]) -> str:
                          ago(doc["time"] - m["last_use"]), str(m["leases"])])
     lines += ["", f"model versions ({len(rows)})"]
     lines += _table(["NODE", "MODEL", "VERSION", "STATE", "SIZE", "LAST USE", "LEASES"], rows) if rows else ["  none"]
+    scale = doc.get("scale")
+    if scale is not None:  # absent from a serve older than the scaling signal
+        lines += ["", f"scale advice: {_ADVICE.get(scale['advice'], scale['advice'])}: {scale['reason']} "
+                      f"(capacity unloads per minute over {scale['window_s']:g} s)"]
     hits, misses, ratio = doc["hits"], doc["misses"], doc["hit_ratio"]
     shown = "n/a (no requests yet)" if ratio is None else f"{100 * ratio:.1f}%"
     lines += ["", f"hit ratio: {shown} ({hits} hit{'s' if hits != 1 else ''}, "

@@ -27,7 +27,7 @@ def test_negative_values_fail_naming_the_field(field):
 def test_every_cache_field_can_be_set(source, tmp_path):
     values = {"max_models_per_node": 3, "memory_per_node": 1 << 30, "policy": "lfu", "load_timeout_s": 7.0,
               "room_timeout_s": 2.0, "failure_backoff_s": 3.0, "rpc_deadline_s": 4.0, "reload_deadline_s": 5.0,
-              "estimate_factor": 1.5, "health_retry_s": 0.5}
+              "estimate_factor": 1.5, "health_retry_s": 0.5, "policy_window_s": 30.0, "gpu_memory_per_node": 1 << 33}
     assert set(values) == {f.name for f in dataclasses.fields(CacheSection)}  # every field
     if source == "env":
         env = {f"TFSCACHE_CACHE_{k.upper()}": str(v) for k, v in values.items()}
@@ -39,5 +39,20 @@ def test_every_cache_field_can_be_set(source, tmp_path):
 
 
 def test_unknown_policy_fails_naming_the_known_ones():
-    with pytest.raises(SettingsError, match=r"cache\.policy.*must be one of cost, fifo, lfu, lru"):
+    with pytest.raises(SettingsError, match=r"cache\.policy.*must be one of cost, fifo, lfu, lru, oldest"):
         settings_mod.load(env={}, overrides={"model_repository": "/m", "cache.policy": "nope"})
+
+
+def test_the_oldest_policy_is_selectable_with_its_window():
+    loaded = settings_mod.load(env={}, overrides={"model_repository": "/", "cache.policy": "oldest",
+                                                  "cache.policy_window_s": "15"})
+    assert (loaded.cache.policy, loaded.cache.policy_window_s) == ("oldest", 15.0)
+    with pytest.raises(SettingsError, match=r"cache\.policy_window_s: '0' \(must be > 0\)"):
+        settings_mod.load(env={}, overrides={"model_repository": "/", "cache.policy_window_s": "0"})
+
+
+def test_the_gpu_cap_reads_sizes():
+    loaded = settings_mod.load(env={"TFSCACHE_CACHE_GPU_MEMORY_PER_NODE": "20GiB"},
+                               overrides={"model_repository": "/"})
+    assert loaded.cache.gpu_memory_per_node == 20 << 30
+    assert CacheSection().gpu_memory_per_node == 0  # off by default

@@ -170,4 +170,5 @@ def test_names_follow_prometheus_conventions():
         "tfscache_load_duration_seconds", "tfscache_room_wait_seconds"}
     assert {n for n, t in types.items() if t == "gauge"} == {
         "tfscache_resident_models", "tfscache_resident_bytes", "tfscache_max_models", "tfscache_memory_cap_bytes",
-        "tfscache_leases_in_flight", "tfscache_load_queue_depth", "tfscache_node_healthy", "tfscache_ring_nodes"}
+        "tfscache_leases_in_flight", "tfscache_load_queue_depth", "tfscache_node_healthy", "tfscache_ring_nodes",
+        "tfscache_unloads_per_minute", "tfscache_scale_advice"}

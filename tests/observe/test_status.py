@@ -35,13 +35,27 @@ def test_render_lists_nodes_models_and_the_hit_ratio():
     lines = text.splitlines()
     assert lines[0] == "nodes (ring: 2 node(s), 1 replica(s) per model)"
     assert lines[1].split() == ["NODE", "KIND", "ADDRESS", "HEALTHY", "AVAILABLE", "LOADING", "UNLOADING", "CAP",
-                                "BYTES", "LEASES", "QUEUED"]
-    assert lines[2].split() == ["a", "node", "127.0.0.1:9000", "yes", "1", "1", "0", "2/3", "2.0", "MiB", "1", "1"]
-    assert lines[3].split() == ["b", "peer", "10.0.0.2:8500", "NO", "-", "-", "-", "-", "-", "-", "-"]
+                                "BYTES", "LEASES", "QUEUED", "UNLOADS/MIN"]
+    # DOC is from a serve before the scaling signal: no unloads_per_minute, no scale line
+    assert lines[2].split() == ["a", "node", "127.0.0.1:9000", "yes", "1", "1", "0", "2/3", "2.0", "MiB", "1", "1",
+                                "-"]
+    assert lines[3].split() == ["b", "peer", "10.0.0.2:8500", "NO", "-", "-", "-", "-", "-", "-", "-", "-"]
+    assert not any(line.startswith("scale advice") for line in lines)
     assert "model versions (2)" in lines
     model_rows = [line.split() for line in lines[lines.index("model versions (2)"):] if line.startswith("  a  ")]
     assert model_rows == [["a", "m", "2", "available", "2.0", "MiB", "10.0", "s", "ago", "1"],
                           ["a", "n", "7", "loading", "1.0", "MiB", "(estimated)", "10", "min", "ago", "0"]]
+    assert lines[-1] == "hit ratio: 75.0% (3 hits, 1 miss)"
+
+
+@pytest.mark.parametrize("advice, words", [(1, "+1 (more nodes)"), (0, "0 (hold)"), (-1, "-1 (fewer nodes)")])
+def test_render_shows_the_unload_rate_and_the_scale_advice(advice, words):
+    node = {**DOC["nodes"][0], "unloads_per_minute": 12.25}
+    doc = {**DOC, "nodes": [node],
+           "scale": {"advice": advice, "reason": "why", "window_s": 300.0, "unloads_per_minute": {"a": 12.25}}}
+    lines = status.render(doc).splitlines()
+    assert next(line.split() for line in lines if line.startswith("  a "))[-1] == "12.2"
+    assert f"scale advice: {words}: why (capacity unloads per minute over 300 s)" in lines
     assert lines[-1] == "hit ratio: 75.0% (3 hits, 1 miss)"
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable
+from typing import Any
 
 Key = Hashable
 
@@ -46,6 +47,11 @@ class EvictionPolicy(ABC):
     def set_caps(self, max_models: int, memory_bytes: int) -> None:
         """The node's caps (0: none), told before any load; for policies that price room."""
 
+    @classmethod
+    def from_settings(cls, section: Any) -> EvictionPolicy:
+        """A new policy configured from the settings' cache section (here: its defaults)."""
+        return cls()
+
 
 # name -> "module:Class"; imported only when chosen.
 POLICIES: dict[str, str] = {
@@ -53,14 +59,19 @@ POLICIES: dict[str, str] = {
     "fifo": "tfscache.cache.policy.fifo:FIFOPolicy",
     "lfu": "tfscache.cache.policy.lfu:LFUPolicy",
     "cost": "tfscache.cache.policy.cost:CostAwarePolicy",
+    "oldest": "tfscache.cache.policy.oldest:OldestPolicy",
 }
 
 
-def make_policy(name: str = "lru") -> EvictionPolicy:
-    """A new policy by its name in ``POLICIES``; ValueError names the known ones."""
+def make_policy(name: str = "lru", section: Any = None) -> EvictionPolicy:
+    """A new policy by its name in ``POLICIES``, configured from the cache ``section`` if given.
+
+    ValueError names the known ones.
+    """
     try:
         target = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown eviction policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
     module_name, class_name = target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+    cls = getattr(importlib.import_module(module_name), class_name)
+    return cls() if section is None else cls.from_settings(section)
