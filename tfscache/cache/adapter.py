@@ -59,6 +59,7 @@ class NodeAdapter(Protocol):
 # kind -> "module:Class"; imported only when chosen.
 ADAPTERS: dict[str, str] = {
     "tfserving": "tfscache.cache.tfserving:TFServingAdapter",
+    "triton": "tfscache.cache.triton:TritonAdapter",
 }
 
 
