@@ -1,15 +1,26 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine (the README's second command, and CI's):
 # Debian's etcd-server for the discovery tests (a real etcd; Consul is a fake in tests/fakes),
-# the virtual environment in .venv with the test extra, then pytest.
+# Debian's libpython3.11 for Triton's python backend stub (it embeds libpython3.11.so.1.0, which
+# Debian's python3.11 does not ship: its binary is linked statically), the virtual environment
+# in .venv with the test extra, then pytest. Triton's binary comes from the nvidia-pytriton
+# wheel, installed without its dependencies (docs/triton.md, "Install").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v etcd >/dev/null 2>&1; then
+packages=()
+command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)
+python3.11 - <<'PY' || packages+=(libpython3.11)
+import ctypes.util, pathlib, sys, sysconfig
+lib = pathlib.Path(sysconfig.get_config_var("LIBDIR") or "/", sysconfig.get_config_var("INSTSONAME") or "-")
+sys.exit(0 if lib.is_file() or ctypes.util.find_library("python3.11") else 1)
+PY
+if [ ${#packages[@]} -gt 0 ]; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq etcd-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${packages[@]}" >/dev/null
 fi
 python3.11 -m venv .venv
 .venv/bin/pip install -q -e '.[test]'
+.venv/bin/pip install -q --no-deps 'nvidia-pytriton==0.7.0'
 exec .venv/bin/python -m pytest "$@"
