@@ -25,7 +25,7 @@ LOADING, READY, UNLOADING = "loading", "available", "unloading"
 class Entry:
     """A model version in the node's config (or leaving it)."""
 
-    __slots__ = ("key", "state", "bytes", "disk", "measured", "leases", "last_use", "waiters")
+    __slots__ = ("key", "state", "bytes", "disk", "measured", "leases", "last_use", "waiters", "gpu")
 
     def __init__(self, key: Key, state: str, size: int, measured: bool, last_use: float,
                  disk: int = 0) -> None:
@@ -37,6 +37,7 @@ class Entry:
         self.leases = 0
         self.last_use = last_use  # wall-clock seconds
         self.waiters: list[asyncio.Future] = []
+        self.gpu = 0  # GPU bytes: learned from the growth across a load (tfscache.gpumem); 0 = none known
 
 
 class Pending:
@@ -65,6 +66,7 @@ class Ledger:
         self.pending: dict[Key, Pending] = {}
         self.pinned: set[Key] = set()
         self.learned: dict[Key, int] = {}  # bytes measured on an earlier load, kept across evictions
+        self.learned_gpu: dict[Key, int] = {}  # GPU bytes measured on an earlier load, likewise
         self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
 
     def __len__(self) -> int:
@@ -73,6 +75,21 @@ class Ledger:
     def used(self) -> int:
         """Bytes of every entry, leaving ones included (they count until gone)."""
         return sum(e.bytes for e in self.entries.values())
+
+    def gpu_used(self) -> int:
+        """GPU bytes of every entry, leaving ones included."""
+        return sum(e.gpu for e in self.entries.values())
+
+    def gpu_estimate(self, key: Key) -> int:
+        """GPU bytes ``key`` will take: learned on an earlier load, else 0 (unknown until it loads once)."""
+        return self.learned_gpu.get(key, 0)
+
+    def learn_gpu(self, key: Key, size: int) -> None:
+        """``key``'s load grew its node's GPU memory by ``size`` bytes (tfscache.gpumem.share_growth)."""
+        self.learned_gpu[key] = size
+        entry = self.entries.get(key)
+        if entry is not None:
+            entry.gpu = size
 
     def state_of(self, key: Key) -> str | None:
         entry = self.entries.get(key)
@@ -103,6 +120,7 @@ class Ledger:
         pending = self.pending.pop(key)
         entry = Entry(key, LOADING, pending.estimate, key in self.learned, now_wall, disk=pending.disk)
         entry.waiters = pending.live()
+        entry.gpu = self.gpu_estimate(key)
         self.entries[key] = entry
         return entry
 

@@ -12,6 +12,11 @@ the live cache (the simulator and the cache cannot disagree). The rules:
    for a lease to end, up to ``room_timeout_s``);
 3. only READY models without a lease or a pin are ever victims, and a model's bytes count
    until the node reports it gone, so the caps hold at every instant.
+
+A third cap, ``gpu_bytes``, bounds the GPU memory of the models (``Entry.gpu``, learned from
+the growth across a load; tfscache.gpumem). A model never loaded before counts 0 GPU bytes
+until its first load is measured; if that load takes the node over the GPU cap, rule 1
+unloads idle models until it fits again.
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ class Caps:
 
     max_models: int = 0
     memory_bytes: int = 0
+    gpu_bytes: int = 0
 
-    def fit(self, count: int, used: int) -> bool:
-        return (not self.max_models or count <= self.max_models) and (not self.memory_bytes or used <= self.memory_bytes)
+    def fit(self, count: int, used: int, gpu: int = 0) -> bool:
+        return ((not self.max_models or count <= self.max_models) and (not self.memory_bytes or used <= self.memory_bytes)
+                and (not self.gpu_bytes or gpu <= self.gpu_bytes))
 
 
 @dataclass
@@ -48,28 +55,31 @@ class Plan:
 def plan(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float) -> Plan:
     """Choose victims and admit pending loads, in priority order, within ``caps``."""
     entries = ledger.entries
-    count, used = len(entries), ledger.used()
+    count, used, gpu = len(entries), ledger.used(), ledger.gpu_used()
     idle = ledger.idle()
     order = list(policy.victims(idle, now)) if idle else []
     result = Plan()
     pos = 0
-    while not caps.fit(count, used) and pos < len(order):  # over a cap already
+    while not caps.fit(count, used, gpu) and pos < len(order):  # over a cap already
+        victim = entries[order[pos]]
         result.victims.append(order[pos])
-        count, used, pos = count - 1, used - entries[order[pos]].bytes, pos + 1
-    result.over_cap = not caps.fit(count, used)
+        count, used, gpu, pos = count - 1, used - victim.bytes, gpu - victim.gpu, pos + 1
+    result.over_cap = not caps.fit(count, used, gpu)
     blocked = False
     for pending in ledger.queue():
         if not blocked:
-            take, c, u, q = [], count, used, pos
-            while not caps.fit(c + 1, u + pending.estimate) and q < len(order):
+            need = ledger.gpu_estimate(pending.key)
+            take, c, u, g, q = [], count, used, gpu, pos
+            while not caps.fit(c + 1, u + pending.estimate, g + need) and q < len(order):
+                victim = entries[order[q]]
                 take.append(order[q])
-                c, u, q = c - 1, u - entries[order[q]].bytes, q + 1
-            blocked = not caps.fit(c + 1, u + pending.estimate)
+                c, u, g, q = c - 1, u - victim.bytes, g - victim.gpu, q + 1
+            blocked = not caps.fit(c + 1, u + pending.estimate, g + need)
         if blocked:  # it, and everything behind it, waits for room
             result.blocked.append(pending.key)
             continue
         result.victims += take
-        count, used, pos = c + 1, u + pending.estimate, q
+        count, used, gpu, pos = c + 1, u + pending.estimate, g + need, q
         result.admit.append(pending.key)
     return result
 
@@ -84,6 +94,10 @@ def room_message(ledger: Ledger, caps: Caps, pending: Pending, node: str, timeou
     if caps.memory_bytes and used + pending.estimate > caps.memory_bytes:
         reached.append(f"memory_bytes={caps.memory_bytes} reached ({used} bytes in use, "
                        f"{pending.estimate} more needed)")
+    need = ledger.gpu_estimate(pending.key)
+    if caps.gpu_bytes and ledger.gpu_used() + need > caps.gpu_bytes:
+        reached.append(f"gpu_bytes={caps.gpu_bytes} reached ({ledger.gpu_used()} GPU bytes in use, "
+                       f"{need} more needed)")
     holders = [f"{n} version {v} ({_holding(e)})" for (n, v), e in list(entries.items())[:_MAX_HOLDERS_NAMED]]
     if len(entries) > _MAX_HOLDERS_NAMED:
         holders.append(f"and {len(entries) - _MAX_HOLDERS_NAMED} more")
