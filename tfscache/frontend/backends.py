@@ -8,7 +8,8 @@ serves them from its own node without routing again (at most one extra hop).
 A node that answers NOT_FOUND "Servable not found for request" for the model a lease
 is held on has lost its config (TF Serving restarted behind a sidecar, at the same
 address): the cache rechecks and restores it, and the request is sent once more.
-``GetModelStatus`` takes no lease and loads nothing (``tfscache.frontend.probe``).
+``GetModelStatus`` (and the Open Inference Protocol's ModelReady) takes no lease and
+loads nothing (``tfscache.frontend.probe``).
 Both kinds say when they can serve again (``wait_serving``), for the router to wait
 on a node that restarts.
 
@@ -27,7 +28,7 @@ from typing import Protocol, runtime_checkable
 
 from tfscache import errors
 from tfscache.frontend import probe
-from tfscache.frontend.methods import STATUS_PATH, RouteKey
+from tfscache.frontend.methods import RouteKey
 from tfscache.frontend.upstream import RestReply, Upstream
 
 FORWARDED_KEY = "x-tfscache-forwarded"  # gRPC metadata key / HTTP header on a forwarded request
@@ -184,10 +185,10 @@ class NodeBackend:
         return probe.ProbeAnswer(found.version, cache.failure(found.name, found.version))
 
     async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline) -> bytes:
-        if key is not None and path == STATUS_PATH:
+        if key is not None and path in probe.GRPC_PROBES:
             answer = await self._probe(key)
             if answer is not None:
-                return answer.grpc()
+                return answer.grpc(path)
             return await self.upstream.unary(path, request, metadata=metadata, timeout=remaining(deadline))
         return await self._forward(key, deadline, lambda upstream: upstream.unary(
             path, request, metadata=metadata, timeout=remaining(deadline)))

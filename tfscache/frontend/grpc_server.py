@@ -1,10 +1,11 @@
 """gRPC front end: PredictionService and ModelService as raw-bytes generic handlers.
 
 No request is deserialized beyond its ModelSpec (``methods``); bytes go to the router
-and the node's response bytes come back unchanged. Errors are mapped here, in one
-place for every method: a TfscacheError keeps its code and message (a node's error
-arrives as one, with the node's code and TF Serving's text); anything else is
-INTERNAL and logged.
+and the node's response bytes come back unchanged. Given ``oip_methods``' tables
+instead, the same server serves the Open Inference Protocol (Triton nodes). Errors are
+mapped here, in one place for every method: a TfscacheError keeps its code and message
+(a node's error arrives as one, with the node's code and TF Serving's text); anything
+else is INTERNAL and logged.
 
 Each request binds its log context here (model, request id; the router adds the
 node): the id is the caller's ``x-request-id`` metadata, else a generated one, which
@@ -17,12 +18,13 @@ import asyncio
 import logging
 import secrets
 import time
+from collections.abc import Mapping
 
 import grpc
 
 from tfscache import errors, logs
 from tfscache.frontend.backends import FORWARDED_KEY
-from tfscache.frontend.methods import METHODS, RELOAD_PATH, RELOAD_REFUSED, Method
+from tfscache.frontend.methods import METHODS, RELOAD_PATH, RELOAD_REFUSED, Method, RouteKey
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import forwardable_metadata
 
@@ -33,6 +35,8 @@ REQUEST_ID_KEY = "x-request-id"
 # the client's metadata limit (8 KB by default) reaches it as RESOURCE_EXHAUSTED, its
 # own error hidden. So a message is cut to this many bytes on the wire.
 MAX_ERROR_BYTES = 4096
+# Methods answered with an error and never forwarded: TF Serving's config reload.
+REFUSED: Mapping[str, errors.TfscacheError] = {RELOAD_PATH: errors.FailedPrecondition(RELOAD_REFUSED)}
 
 
 def grpc_message(message: str) -> str:
@@ -51,12 +55,14 @@ def new_request_id() -> str:
 
 
 class _Handlers(grpc.GenericRpcHandler):
-    def __init__(self, router: Router, metrics=None) -> None:
+    def __init__(self, router: Router, metrics, methods: Mapping[str, Method],
+                 refused: Mapping[str, errors.TfscacheError]) -> None:
         self._router = router
         self._metrics = metrics  # tfscache.metrics.Metrics: requests counted by method and code
         self._handlers = {path: grpc.unary_unary_rpc_method_handler(self._behavior(method))
-                          for path, method in METHODS.items()}
-        self._handlers[RELOAD_PATH] = grpc.unary_unary_rpc_method_handler(self._refuse_reload)
+                          for path, method in methods.items()}
+        for path, error in refused.items():
+            self._handlers[path] = grpc.unary_unary_rpc_method_handler(self._refuse(error))
 
     def service(self, handler_call_details):
         return self._handlers.get(handler_call_details.method)  # None: UNIMPLEMENTED
@@ -80,7 +86,13 @@ class _Handlers(grpc.GenericRpcHandler):
                 outgoing = forwardable_metadata(metadata)
                 if request_id is None:
                     outgoing = (*outgoing, (REQUEST_ID_KEY, logs.request_id.get()))
-                response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded)
+                try:
+                    response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded)
+                except errors.ModelNotFound as missing:
+                    if method.unknown is None or key is None:
+                        raise
+                    response = await _unknown_model(router, method, key, request, outgoing, deadline, forwarded,
+                                                    missing)
                 log.debug("%s: OK", name, extra={"version": key.version} if key is not None else None)
                 if metrics is not None:
                     metrics.request("grpc", name, "OK")
@@ -104,21 +116,38 @@ class _Handlers(grpc.GenericRpcHandler):
 
         return behavior
 
-    async def _refuse_reload(self, request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        await context.abort(grpc.StatusCode.FAILED_PRECONDITION, RELOAD_REFUSED)
+    def _refuse(self, error: errors.TfscacheError):
+        async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            await context.abort(error.grpc_code, error.message)
+
+        return refuse
+
+
+async def _unknown_model(router: Router, method: Method, key: RouteKey, request: bytes, metadata,
+                         deadline: float | None, forwarded: bool, missing: errors.ModelNotFound) -> bytes:
+    """A model the repository lacks, for a node that words that error itself (``Method.unknown``):
+    a node's own answer, asked without a lease (it has no such model: the cache alone loads);
+    the method's text when no node answers."""
+    try:
+        return await router.grpc(method.path, None, request, metadata, deadline, forwarded)
+    except (errors.Unavailable, errors.DeadlineExceeded):
+        raise method.unknown(key) from missing
 
 
 class GrpcFrontend:
     """The gRPC server; ``start()`` returns once serving with the bound port."""
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_send_bytes: int,
-                 max_receive_bytes: int, metrics=None) -> None:
+                 max_receive_bytes: int, metrics=None, methods: Mapping[str, Method] = METHODS,
+                 refused: Mapping[str, errors.TfscacheError] = REFUSED) -> None:
+        """``methods`` and ``refused`` are the protocol served: TF Serving's by default, the Open
+        Inference Protocol's with ``oip_methods.METHODS`` and ``oip_methods.REFUSED``."""
         self._server = grpc.aio.server(options=[
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.so_reuseport", 0),
         ])
-        self._server.add_generic_rpc_handlers([_Handlers(router, metrics)])
+        self._server.add_generic_rpc_handlers([_Handlers(router, metrics, methods, refused)])
         self._address = f"{bind_address}:{port}"
         self.port: int | None = None
 

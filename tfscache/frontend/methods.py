@@ -47,32 +47,47 @@ def _spec_key(spec: serving_pb2.ModelSpec) -> RouteKey | None:
     return RouteKey(spec.name)
 
 
-def _field_one(request: bytes) -> list[memoryview]:
-    """The payloads of every occurrence of length-delimited field 1, other fields skipped unread.
-
-    Parsing the whole request would copy every other field (the tensors: up to the message
-    size limit) into the parsed message's unknown fields; only the ModelSpec is needed.
-    """
-    view, pos, end, found = memoryview(request), 0, len(request), []
+def _records(request: bytes):
+    """(field number, wire type, record start, payload start, record end) of each top-level field,
+    in order; payloads are skipped unread."""
+    view, pos, end = memoryview(request), 0, len(request)
     while pos < end:
+        start = pos
         tag, pos = _varint(view, pos)
         field, wire_type = tag >> 3, tag & 7
+        payload = pos
         if wire_type == 0:
             _, pos = _varint(view, pos)
         elif wire_type == 1:
             pos += 8
         elif wire_type == 2:
-            size, pos = _varint(view, pos)
-            if field == 1:
-                found.append(view[pos:pos + size])
-            pos += size
+            size, payload = _varint(view, pos)
+            pos = payload + size
         elif wire_type == 5:
             pos += 4
         else:  # groups (3, 4) do not occur in these messages; 6 and 7 are invalid
             raise DecodeError(f"unexpected wire type {wire_type}")
         if field == 0 or pos > end:
             raise DecodeError("truncated or invalid message")
-    return found
+        yield field, wire_type, start, payload, pos
+
+
+def _field_one(request: bytes) -> list[memoryview]:
+    """The payloads of every occurrence of length-delimited field 1, other fields skipped unread.
+
+    Parsing the whole request would copy every other field (the tensors: up to the message
+    size limit) into the parsed message's unknown fields; only the ModelSpec is needed.
+    """
+    view = memoryview(request)
+    return [view[payload:end] for field, wire_type, _, payload, end in _records(request)
+            if field == 1 and wire_type == 2]
+
+
+def select_fields(request: bytes, fields: frozenset[int]) -> bytes:
+    """The records of ``fields`` only (tags included, in order): a message a small head message
+    parses as it would the whole request, without copying the fields it skips (the tensors)."""
+    view = memoryview(request)
+    return b"".join(view[start:end] for field, _, start, _, end in _records(request) if field in fields)
 
 
 def _varint(view: memoryview, pos: int) -> tuple[int, int]:
@@ -144,6 +159,10 @@ class Method:
     request_type: str
     read_key: Callable[[bytes], RouteKey | None]
     rewrite: Callable[[bytes, LabelResolver], bytes] | None = None  # None: labels are ignored
+    # For a node that words its own "unknown model" errors (Triton): when the repository has no
+    # such model, the request goes to a node without a lease for the node's answer; this error
+    # when no node answers. None (TF Serving): the cache's error is the answer.
+    unknown: Callable[[RouteKey], errors.TfscacheError] | None = None
 
     def route_key(self, request: bytes) -> RouteKey | None:
         """The request's RouteKey; None when it names no model (the node then reports TF's error)."""

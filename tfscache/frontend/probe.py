@@ -10,6 +10,10 @@ else the highest on disk) is AVAILABLE, since a request for it loads it. While a
 failed load of it backs off (``cache.failure_backoff_s``) it is END with that
 load's error, which is what a request would get. A version that is loading or
 resident is answered by its node, with the node's own state.
+
+The Open Inference Protocol's ModelReady (Triton nodes) is answered by the same rule:
+``ready`` is true for a version a request would load, false while its load backs off.
+``GRPC_PROBES`` names the gRPC methods answered so.
 """
 
 from __future__ import annotations
@@ -18,8 +22,13 @@ import json
 from dataclasses import dataclass
 
 from tfscache import errors
+from tfscache.frontend.methods import STATUS_PATH
+from tfscache.frontend.oip_methods import MODEL_READY_PATH, ready_response
 from tfscache.frontend.upstream import RestReply
 from tfscache.wire import serving_pb2 as pb
+
+GRPC_PROBES = frozenset({STATUS_PATH, MODEL_READY_PATH})
+
 
 def status_response(version: int, failure: errors.TfscacheError | None) -> pb.GetModelStatusResponse:
     """The GetModelStatusResponse of a version that is on disk but not on its node."""
@@ -52,7 +61,10 @@ class ProbeAnswer:
     version: int
     failure: errors.TfscacheError | None = None
 
-    def grpc(self) -> bytes:
+    def grpc(self, path: str = STATUS_PATH) -> bytes:
+        """The answer to the status method ``path`` (one of GRPC_PROBES)."""
+        if path == MODEL_READY_PATH:
+            return ready_response(self.failure is None)
         return status_response(self.version, self.failure).SerializeToString()
 
     def rest(self) -> RestReply:

@@ -1,4 +1,5 @@
-"""REST front end: TF Serving's /v1/models URLs, bodies passed through to a node's REST port.
+"""REST front end: TF Serving's /v1/models URLs, bodies passed through to a node's REST port
+(or, given another ``api``, that API's URLs: ``oip_rest``).
 
 The URL is matched with TF Serving's own patterns (http_rest_api_util.cc) only to
 find the model name and version for routing; the body is not parsed, and the node's
@@ -101,12 +102,17 @@ class RestFrontend(WebServer):
     what = "REST front end"
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_receive_bytes: int,
-                 timeout_s: float, metrics=None) -> None:
+                 timeout_s: float, metrics=None, api=None) -> None:
+        """``api``: another REST API to serve instead of TF Serving's /v1 URLs, a callable
+        ``(router, max_receive_bytes=, timeout_s=)`` returning an object with ``async respond(request)
+        -> (response, method name)`` (``oip_rest.OipRestApi``: the Open Inference Protocol's /v2)."""
         super().__init__(bind_address, port)
         self._router = router
         self._metrics = metrics  # tfscache.metrics.Metrics: requests counted by method and status
         self._timeout_s = timeout_s
         self._max_receive = max_receive_bytes
+        self._api_respond = self._respond if api is None else api(
+            router, max_receive_bytes=max_receive_bytes, timeout_s=timeout_s).respond
 
     def web_app(self) -> web.Application:
         app = web.Application(client_max_size=self._max_receive)
@@ -114,7 +120,7 @@ class RestFrontend(WebServer):
         return app
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        response, method = await self._respond(request)
+        response, method = await self._api_respond(request)
         if self._metrics is not None:
             self._metrics.request("rest", method, str(response.status))
         return response

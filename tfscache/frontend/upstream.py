@@ -30,6 +30,9 @@ log = logging.getLogger("tfscache.frontend.upstream")
 # Request headers a client sends that must not be copied onto the hop to the node.
 _HOP_METADATA = {"user-agent", "te", "content-type", "grpc-accept-encoding", "grpc-encoding",
                  "grpc-timeout", "grpc-message-type", "host"}
+# Reply headers passed back besides Content-Type: where the JSON header of the Open Inference
+# Protocol's binary tensor extension ends in the body.
+_REPLY_HEADERS = ("Inference-Header-Content-Length",)
 
 
 def forwardable_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
@@ -47,6 +50,7 @@ class RestReply:
     status: int
     body: bytes
     content_type: str
+    headers: tuple[tuple[str, str], ...] = ()  # those of _REPLY_HEADERS the server sent
 
 
 class Upstream:
@@ -109,7 +113,8 @@ class Upstream:
                                           timeout=aiohttp.ClientTimeout(total=timeout),
                                           allow_redirects=False) as reply:
                 payload = await reply.read()
-                return RestReply(reply.status, payload, reply.headers.get("Content-Type", "application/json"))
+                return RestReply(reply.status, payload, reply.headers.get("Content-Type", "application/json"),
+                                 tuple((h, reply.headers[h]) for h in _REPLY_HEADERS if h in reply.headers))
         except TimeoutError as exc:
             raise errors.DeadlineExceeded(f"REST request to {self.rest_address} timed out after {timeout} s") from exc
         except aiohttp.ClientError as exc:
