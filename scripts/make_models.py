@@ -2,10 +2,15 @@
 """Builds TF Serving's test SavedModels (and optionally synthetic addk_i models) into DEST.
 
     python scripts/make_models.py DEST [--synthetic N --size-mb S]
+    python scripts/make_models.py --triton DEST [--synthetic N --padding-mb S --sleep-ms T]
 
 DEST/half_plus_two/{00000123,00000124}, DEST/half_plus_three/00000123,
 DEST/half_plus_two_tf2/00000123, ...; with --synthetic N also DEST/addk_1 ..
 DEST/addk_N (version 1, y = x + k, about S MB each). See tfscache/node/testmodels.py.
+
+With --triton, DEST is a Triton model repository of python-backend models instead (no
+tensorflow): addk_1 .. addk_N (input x, output y = x + k, FP32; each holding S MB while
+loaded) and, with --sleep-ms T, sleep_ms (y = x after T ms). See tfscache/tritonmodels.py.
 """
 
 from __future__ import annotations
@@ -19,7 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("dest", type=Path, help="directory to build the models into")
+    parser.add_argument("dest", type=Path, nargs="?", help="directory to build the models into")
+    parser.add_argument("--triton", type=Path, metavar="DEST",
+                        help="build a Triton model repository (python backend) into DEST instead")
+    parser.add_argument("--padding-mb", type=float, default=0.0, metavar="S",
+                        help="--triton: memory each addk model holds while loaded, in MB")
+    parser.add_argument("--sleep-ms", type=int, default=None, metavar="T",
+                        help="--triton: also build sleep_ms, sleeping T ms per request")
     parser.add_argument("--synthetic", type=int, default=0, metavar="N",
                         help="also build addk_1 .. addk_N")
     parser.add_argument("--size-mb", type=float, default=0.0, metavar="S",
@@ -27,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-test-models", action="store_true",
                         help="build only the synthetic models")
     args = parser.parse_args(argv)
+    if (args.dest is None) == (args.triton is None):
+        parser.error("give either DEST (TF Serving models) or --triton DEST")
+    if args.triton is not None:
+        return _triton(args)
 
     from tfscache.node import testmodels  # imports tensorflow: seconds
 
@@ -37,6 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         built[f"addk_{k}"] = testmodels.build_addk(args.dest, k, size)
     for name, base in built.items():
         print(f"{name}\t{base}")
+    return 0
+
+
+def _triton(args: argparse.Namespace) -> int:
+    from tfscache import tritonmodels
+
+    built = tritonmodels.build_triton_models(args.triton, synthetic=args.synthetic,
+                                             padding_bytes=int(args.padding_mb * 1_000_000),
+                                             sleep_ms=args.sleep_ms)
+    for name, path in built.items():
+        print(f"{name}\t{path}")
     return 0
 
 
