@@ -77,7 +77,7 @@ class ServeApp:
         self._join_lock = asyncio.Lock()
         self.lifecycle: Lifecycle | None = None  # health on the gRPC port, admin server, drains
         self.admin_port: int | None = None
-        self.metrics = Metrics(per_model=settings.server.metrics_per_model)
+        self.metrics = Metrics(per_model=settings.server.metrics_per_model, scale=settings.scale)
         watch(self.metrics, self.topology)
         self.metrics_port: int | None = None
         self._observe: ObserveServer | None = None

@@ -24,6 +24,7 @@ from pathlib import Path
 from tfscache import errors
 from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.events import CacheEvents
+from tfscache.cache.lease import Lease
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger, Pending, QueuedLoad, ResidentModel
 from tfscache.cache.planner import Caps
 from tfscache.cache.policy import EvictionPolicy, make_policy
@@ -35,31 +36,6 @@ from tfscache.nodeclient import NodeClient
 from tfscache.nodepid import NodeMemory
 from tfscache.repository import ModelRepository, check_name
 from tfscache.settings import CacheSection
-
-
-class Lease:
-    """A hold on a resident model version; release it when the request is done."""
-
-    __slots__ = ("name", "version", "_release", "_released")
-
-    def __init__(self, release: Callable[[Key], None], key: Key) -> None:
-        self.name, self.version = key
-        self._release = release
-        self._released = False
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._release((self.name, self.version))
-
-    async def __aenter__(self) -> Lease:
-        return self
-
-    async def __aexit__(self, *exc_info) -> None:
-        self.release()
-
-    def __repr__(self) -> str:
-        return f"Lease({self.name!r}, {self.version})"
 
 
 class CacheManager:
@@ -76,7 +52,7 @@ class CacheManager:
         self.repository = repository
         self.settings = settings
         self.caps = Caps(settings.max_models_per_node, settings.memory_per_node)
-        self.policy = policy or make_policy(settings.policy)
+        self.policy = policy or make_policy(settings.policy, settings)
         self.policy.set_caps(settings.max_models_per_node, settings.memory_per_node)
         self.state_file = state_file
         self.ledger = Ledger()
