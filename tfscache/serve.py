@@ -1,12 +1,10 @@
-"""`tfscache serve`: TF-Serving-compatible gRPC and REST front ends over a ring of nodes.
+"""`tfscache serve`: front ends speaking a model server's own API (TF Serving's, or Triton's
+Open Inference Protocol: ``node.backend``, tfscache.nodekinds) over a ring of nodes, embedded
+(``--local-nodes K`` children, one CacheManager each) or sidecar (``--node-address``: one node;
+a request for a model another sidecar owns is forwarded to it, one hop, marked).
 
-Two topologies: embedded (default; ``--local-nodes K`` child node processes, ``tfscache
-node`` or ``--node-command``, each with one CacheManager, models spread over them by the
-ring) and sidecar (``--node-address``: one node; the ring is over the sidecars, and a
-request for a model another sidecar owns is forwarded to it, one hop, marked).
-
-``ServeApp`` is the whole process minus argument parsing and signals, so tests can
-run it in-process. Nothing here imports tensorflow.
+``ServeApp`` is the whole process minus argument parsing and signals, so tests can run it
+in-process. Nothing here imports tensorflow or tritonclient.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ from tfscache.frontend.rest import RestFrontend
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
 from tfscache.metrics import Metrics
-from tfscache.nodeclient import NodeClient
+from tfscache.nodekinds import KINDS
 from tfscache.nodepid import NodeMemory, find_node_pid, is_local_host
 from tfscache.observe import ObserveServer, watch
 from tfscache.repository import ModelRepository
@@ -56,6 +54,7 @@ class ServeApp:
         self.config_file = config_file  # the static discovery backend re-reads it on SIGHUP
         self.discovery: Discovery | None = None
         self.repository = ModelRepository(settings.model_repository)
+        self.kind = KINDS[settings.node.backend]  # TF Serving or Triton: children, client, adapter, APIs
         self.grpc_port: int | None = None
         self.rest_port: int | None = None
         self.supervisor: Supervisor | None = None
@@ -92,19 +91,21 @@ class ServeApp:
         s = self.settings
         self._claim_state_dir()
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
-                                           auto_decompress=False, skip_auto_headers=("User-Agent",))
+                                           auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
         try:
             self.router = await (self._start_sidecar() if s.sidecar else self._start_embedded())
             self._grpc = GrpcFrontend(self.router, bind_address=s.server.bind_address, port=s.server.grpc_port,
                                       max_send_bytes=s.server.max_send_message_bytes,
                                       max_receive_bytes=s.server.max_receive_message_bytes,
-                                      metrics=self.metrics)
+                                      metrics=self.metrics, methods=self.kind.grpc_methods,
+                                      refused=self.kind.grpc_refused)
             self.grpc_port = await self._grpc.start()
             if s.server.rest_port >= 0:
                 self._rest = RestFrontend(self.router, bind_address=s.server.bind_address,
                                           port=s.server.rest_port,
                                           max_receive_bytes=s.server.max_receive_message_bytes,
-                                          timeout_s=s.server.rest_timeout_s, metrics=self.metrics)
+                                          timeout_s=s.server.rest_timeout_s, metrics=self.metrics,
+                                          api=self.kind.rest_api)
                 self.rest_port = await self._rest.start()
             operations = AdminOperations(self.topology, self.repository,
                                          default_timeout_s=s.cache.load_timeout_s, join=self.join)
@@ -233,8 +234,8 @@ class ServeApp:
 
     async def _start_embedded(self) -> Router:
         s = self.settings
-        self.supervisor = Supervisor(s.node, self.state_dir, on_start=self._node_started,
-                                     on_exit=self._node_exited)
+        self.supervisor = Supervisor(s.node, self.state_dir, on_start=self._node_started, on_exit=self._node_exited,
+                                     launcher=self.kind.launcher(s.node, self.repository.root))
         self.topology.set_nodes(NodeBackend(node.name) for node in self.supervisor.nodes)
         await self.supervisor.start()
         return self._router()
@@ -301,10 +302,10 @@ class ServeApp:
                       node_pid: int | None, find_node_pid=None) -> None:
         upstream = self._upstream(grpc_address, rest_address)
         # The cache names its node as metrics and status do (node0), not by address.
-        client = NodeClient(backend.name, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
-                            channel=upstream.channel)
+        client = self.kind.client(backend.name, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
+                                  channel=upstream.channel)
         state_file = self.state_dir / f"{backend.name}.cache.json"
-        adapter = adapter_class("tfserving")(client, self.repository, rpc_deadline_s=client.rpc_deadline_s,
+        adapter = adapter_class(self.kind.adapter)(client, self.repository, rpc_deadline_s=client.rpc_deadline_s,
                                              memory=NodeMemory(node_pid, find_node_pid))
         cache = CacheManager(client, self.repository, self.settings.cache, state_file=state_file,
                              events=self.metrics.cache_events(backend.name), adapter=adapter)

@@ -100,8 +100,11 @@ class RingSection:
 
 @dataclass
 class NodeSection:
-    """The TF Serving nodes behind the front end."""
+    """The model-server nodes behind the front end."""
 
+    backend: str = _setting("tfserving", "the kind of node: tfserving (TF Serving's API) or triton (NVIDIA "
+                            "Triton, Open Inference Protocol)", flag="--backend",
+                            check=lambda v: None if v in ("tfserving", "triton") else "must be tfserving or triton")
     local_nodes: int = _setting(1, "embedded mode: how many `tfscache node` children to run",
                                 check=_at_least(0), flag="--local-nodes")
     node_command: str = _setting("", "run this model server (e.g. tensorflow_model_server) instead of "

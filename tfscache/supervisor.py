@@ -86,8 +86,12 @@ class Supervisor:
 
     def __init__(self, settings: NodeSection, state_dir: Path, *,
                  on_start: Callable[[NodeProcess], Awaitable[None]] | None = None,
-                 on_exit: Callable[[NodeProcess], Awaitable[None]] | None = None) -> None:
+                 on_exit: Callable[[NodeProcess], Awaitable[None]] | None = None,
+                 launcher: Callable[[NodeProcess], tuple[list[str], dict[str, str] | None]] | None = None) -> None:
+        """``launcher(node)``: the command line and environment of another kind of node (it sets the
+        node's ports; serving means both accept connections); None: TF Serving's, as ``command``."""
         self.settings = settings
+        self._launcher = launcher
         self.state_dir = Path(state_dir)
         self.nodes = [NodeProcess(i, f"node{i}") for i in range(settings.local_nodes)]
         self._on_start = on_start
@@ -130,10 +134,10 @@ class Supervisor:
     async def _spawn(self, node: NodeProcess) -> None:
         ports_file = self._ports_file(node)
         ports_file.unlink(missing_ok=True)
-        argv = self.command(node)
+        argv, env = self._launcher(node) if self._launcher is not None else (self.command(node), None)
         log.info("starting %s: %s", node.name, shlex.join(argv))
         node.process = await asyncio.create_subprocess_exec(
-            *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+            *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
         node.pid = node.process.pid
         node.started_at = time.monotonic()
         try:
@@ -156,7 +160,7 @@ class Supervisor:
             raise
 
     async def _serving(self, node: NodeProcess, ports_file: Path) -> bool:
-        if not self.settings.node_command:
+        if not self.settings.node_command and self._launcher is None:
             try:
                 ports = json.loads(ports_file.read_text())
             except (OSError, ValueError):

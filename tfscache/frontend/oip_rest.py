@@ -50,7 +50,7 @@ _MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
 _REPOSITORY = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
 _UNSERVED = re.compile(r"/v2/(?:systemsharedmemory|cudasharedmemory|trace|logging)(?:/.*)?")
 _ALL_STATS = "/v2/models/stats"
-_FORWARD_HEADERS = ("Content-Type", "Accept", "Content-Encoding", "Inference-Header-Content-Length")
+_FORWARD_HEADERS = ("Content-Type", "Accept", "Accept-Encoding", "Content-Encoding", "Inference-Header-Content-Length")
 NOT_READY = "Model version not ready"
 
 
