@@ -5,9 +5,10 @@ the model stays loaded while the request runs. A ``PeerBackend`` is another tfsc
 sidecar that owns the model: requests go to its front end marked as forwarded, and it
 serves them from its own node without routing again (at most one extra hop).
 
-A node that answers NOT_FOUND "Servable not found for request" for the model a lease
-is held on has lost its config (TF Serving restarted behind a sidecar, at the same
-address): the cache rechecks and restores it, and the request is sent once more.
+A node that answers NOT_FOUND for the model a lease is held on ("Servable not found for
+request" from TF Serving, "Request for unknown model:" from Triton) has lost it (it
+restarted behind a sidecar, at the same address): the cache rechecks and restores what it
+lost, and the request is sent once more.
 ``GetModelStatus`` (and the Open Inference Protocol's ModelReady) takes no lease and
 loads nothing (``tfscache.frontend.probe``).
 Both kinds say when they can serve again (``wait_serving``), for the router to wait
@@ -34,14 +35,16 @@ from tfscache.frontend.upstream import RestReply, Upstream
 FORWARDED_KEY = "x-tfscache-forwarded"  # gRPC metadata key / HTTP header on a forwarded request
 
 
-_LOST = "Servable not found for request"  # TF Serving's NOT_FOUND text for a model not in its config
+# The start of a node's NOT_FOUND text for a model it does not serve: TF Serving's (a model not in
+# its config) and Triton's (a model it has not loaded since it started).
+LOST_TEXTS = ("Servable not found for request", "Request for unknown model:")
 
 
 class _LostReply(errors.NotFound):
-    """A REST 404 with TF Serving's "Servable not found" body, raised to be rechecked like gRPC's."""
+    """A REST 404 with a "not found" body for a leased model, raised to be rechecked like gRPC's."""
 
     def __init__(self, reply: RestReply) -> None:
-        super().__init__(_LOST)
+        super().__init__(LOST_TEXTS[0])
         self.reply = reply
 
 
@@ -84,7 +87,7 @@ class Backend(Protocol):
 
 
 class NodeBackend:
-    """A TF Serving node and the CacheManager that alone writes its config."""
+    """A model-server node and the CacheManager that alone decides what it serves."""
 
     def __init__(self, name: str, upstream: Upstream | None = None, cache=None, *,
                  load_timeout_s: float = 600.0) -> None:
@@ -160,7 +163,7 @@ class NodeBackend:
             try:
                 return await send(upstream)
             except errors.NotFound as exc:
-                if key is None or not exc.message.startswith(_LOST):
+                if key is None or not exc.message.startswith(LOST_TEXTS):
                     raise
         cache = self.cache
         if cache is None:
@@ -204,7 +207,7 @@ class NodeBackend:
 
         async def send(upstream: Upstream) -> RestReply:
             reply = await upstream.rest(method, path_qs, body, headers, timeout=remaining(deadline))
-            if reply.status == 404 and _LOST.encode() in reply.body[:200]:
+            if reply.status == 404 and any(text.encode() in reply.body[:200] for text in LOST_TEXTS):
                 raise _LostReply(reply)
             return reply
 
