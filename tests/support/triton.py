@@ -72,12 +72,17 @@ class TritonProcess(ServerProcess):
 
 
 def start_triton(tmp_path: Path, repository: Path, *, extra: Iterable[str] = (),
-                 timeout: float = 60.0) -> TritonProcess:
-    """Start ``tritonserver`` over ``repository`` and wait until it is live."""
+                 timeout: float = 60.0, ports: dict[str, int] | None = None) -> TritonProcess:
+    """Start ``tritonserver`` over ``repository`` and wait until it is live.
+
+    ``ports`` ({"grpc", "rest", "metrics"}): the ports to listen on (a restart on the same
+    address); default: free ones.
+    """
     Path(tmp_path).mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="triton-", dir=tmp_path))
     log_path = directory / "triton.log"
-    ports = {"grpc": free_port(), "rest": free_port(), "metrics": free_port()}
+    ports = ({k: ports[k] for k in ("grpc", "rest", "metrics")} if ports
+             else {"grpc": free_port(), "rest": free_port(), "metrics": free_port()})
     binary = tritonbin.find_tritonserver()
     argv, env = tritonbin.command(binary, Path(repository), http_port=ports["rest"],
                                   grpc_port=ports["grpc"], metrics_port=ports["metrics"],
