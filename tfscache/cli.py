@@ -12,7 +12,7 @@ import sys
 # subcommand -> (module with a ``main(argv) -> int``, or "module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "node": ("tfscache.node.main", "run the TF-Serving-compatible model server (takes tensorflow_model_server's flags)"),
-    "serve": ("tfscache.serve", "run the caching front end over TF Serving nodes (embedded nodes by default)"),
+    "serve": ("tfscache.servecmd", "run the caching front end over TF Serving (or Triton) nodes (embedded nodes by default)"),
     "simulate": ("tfscache.simulate", "replay a request log against eviction policies, node counts and caps"),
     "status": ("tfscache.status", "show nodes, resident models, leases and hit ratio of a running tfscache serve"),
     # The admin API's client (tfscache.adminctl); each takes --address and --token.

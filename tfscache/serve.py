@@ -9,20 +9,16 @@ in-process. Nothing here imports tensorflow or tritonclient.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
 import os
 import shutil
-import signal
-import sys
 from pathlib import Path
 
 import aiohttp
 
-from tfscache import errors, logs
-from tfscache import settings as settings_mod
+from tfscache import errors
 from tfscache.admin.lifecycle import Lifecycle
 from tfscache.admin.operations import AdminOperations
 from tfscache.cache.adapter import adapter_class
@@ -33,6 +29,7 @@ from tfscache.frontend.grpc_server import GrpcFrontend
 from tfscache.frontend.rest import RestFrontend
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
+from tfscache.gpumem import NodeGpuMemory, NvmlReader, gpu_cap
 from tfscache.metrics import Metrics
 from tfscache.nodekinds import KINDS
 from tfscache.nodepid import NodeMemory, find_node_pid, is_local_host
@@ -80,6 +77,8 @@ class ServeApp:
         watch(self.metrics, self.topology)
         self.metrics_port: int | None = None
         self._observe: ObserveServer | None = None
+        self._gpu_reader: NvmlReader | None = None
+        self.gpu_cap = 0  # the GPU memory cap in force (0: none, or no GPU to measure it)
         self.failed = asyncio.Event()  # set when the process cannot go on (its node never came up)
         self.failure = ""
         self._watchdog: asyncio.Task | None = None
@@ -90,6 +89,10 @@ class ServeApp:
         """Start nodes (embedded), caches and both front ends; returns (grpc_port, rest_port)."""
         s = self.settings
         self._claim_state_dir()
+        if s.cache.gpu_memory_per_node:  # NVML only when a GPU cap is asked for
+            self._gpu_reader = NvmlReader()
+            self.gpu_cap, line = await asyncio.to_thread(gpu_cap, s.cache.gpu_memory_per_node, self._gpu_reader)
+            log.log(logging.INFO if self.gpu_cap else logging.WARNING, "%s", line)
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
                                            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
         try:
@@ -210,6 +213,8 @@ class ServeApp:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         if self._state_lock is not None:
             self._state_lock.release()
+        if self._gpu_reader is not None:
+            self._gpu_reader.close()
 
     async def _leave_discovery(self) -> None:
         """Deregister (the drain's first step, and SIGTERM's); stop() then stops discovery."""
@@ -307,8 +312,10 @@ class ServeApp:
         state_file = self.state_dir / f"{backend.name}.cache.json"
         adapter = adapter_class(self.kind.adapter)(client, self.repository, rpc_deadline_s=client.rpc_deadline_s,
                                              memory=NodeMemory(node_pid, find_node_pid))
+        gpu = NodeGpuMemory(self._gpu_reader, lambda: adapter.node_pid) if self.gpu_cap else None
         cache = CacheManager(client, self.repository, self.settings.cache, state_file=state_file,
-                             events=self.metrics.cache_events(backend.name), adapter=adapter)
+                             events=self.metrics.cache_events(backend.name), adapter=adapter,
+                             gpu=gpu, gpu_cap=self.gpu_cap)
         try:
             await cache.start()
         except BaseException:
@@ -333,67 +340,3 @@ def _write_json_atomically(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
-
-
-# -- command line ------------------------------------------------------------------------
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="tfscache serve",
-        description="TF-Serving-compatible gRPC and REST front end that loads models on demand "
-                    "onto a ring of TF Serving nodes.",
-        epilog="Every setting (see --help-settings) can also come from the --config TOML file or a "
-               "TFSCACHE_<SECTION>_<FIELD> environment variable; flags win.")
-    settings_mod.add_arguments(parser)
-    parser.add_argument("--help-settings", action="store_true", help="list every setting and exit")
-    parser.add_argument("--log-level", default=os.environ.get("TFSCACHE_LOG_LEVEL", "INFO"))
-    parser.add_argument("--log-json", dest="log_json", action="store_true", default=None,
-                        help="log JSON objects, one per line (setting log_json)")
-    return parser
-
-
-async def _run(settings: Settings, config_file: str | None = None) -> int:
-    app = ServeApp(settings, config_file)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    reloads: set[asyncio.Task] = set()
-
-    def reload_peers() -> None:  # SIGHUP: the static backend re-reads the config file's peers
-        if app.discovery is not None:
-            task = loop.create_task(app.discovery.reload())
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
-
-    loop.add_signal_handler(signal.SIGHUP, reload_peers)
-    try:
-        await app.start()
-    except Exception as exc:  # noqa: BLE001 - start-up failure: say why and exit non-zero
-        log.error("tfscache serve failed to start: %s", exc)
-        return 1
-    # SIGTERM: health NOT_SERVING, out of discovery, then requests in flight finish;
-    # an admin Drain of the whole process ends here too, once every model is unloaded.
-    # A node that never came up (app.fail) stops it the same way, with exit status 1.
-    failed = loop.create_task(app.failed.wait())
-    failed.add_done_callback(lambda _: stop.set())
-    rc = await app.lifecycle.run_until(stop)
-    failed.cancel()
-    return 1 if app.failed.is_set() else rc
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.help_settings:
-        print(settings_mod.describe())
-        return 0
-    try:
-        settings = settings_mod.from_args(args)
-    except settings_mod.SettingsError as exc:
-        print(f"tfscache serve: {exc}", file=sys.stderr)
-        return 2
-    logs.setup(args.log_level, json_lines=settings.log_json)
-    if settings.log_json:  # embedded `tfscache node` children inherit it
-        os.environ["TFSCACHE_LOG_JSON"] = "1"
-    return asyncio.run(_run(settings, args.config))

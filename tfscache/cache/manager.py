@@ -32,6 +32,7 @@ from tfscache.cache.reloader import Reloader
 from tfscache.cache.signals import Signals, copy_error
 from tfscache.cache.state import CacheState, SavedVersion, StateWriter, learned_key, load_state
 from tfscache.cache.tfserving import TFServingAdapter
+from tfscache.gpumem import NodeGpuMemory
 from tfscache.nodeclient import NodeClient
 from tfscache.nodepid import NodeMemory
 from tfscache.repository import ModelRepository, check_name
@@ -45,13 +46,16 @@ class CacheManager:
                  policy: EvictionPolicy | None = None, node_pid: int | None = None,
                  state_file: Path | None = None, events: CacheEvents | None = None,
                  find_node_pid: Callable[[], int | None] | None = None,
-                 adapter: NodeAdapter | None = None) -> None:
+                 adapter: NodeAdapter | None = None, gpu: NodeGpuMemory | None = None,
+                 gpu_cap: int = 0) -> None:
+        """``gpu`` and ``gpu_cap``: with a GPU cap in force (tfscache.gpumem.gpu_cap), the node's GPU
+        memory, read around each load to learn each model's GPU size, and the cap in bytes."""
         self.node = node
         self.target = node.target
         self.events = events or CacheEvents()
         self.repository = repository
         self.settings = settings
-        self.caps = Caps(settings.max_models_per_node, settings.memory_per_node)
+        self.caps = Caps(settings.max_models_per_node, settings.memory_per_node, gpu_bytes=gpu_cap if gpu else 0)
         self.policy = policy or make_policy(settings.policy, settings)
         self.policy.set_caps(settings.max_models_per_node, settings.memory_per_node)
         self.state_file = state_file
@@ -63,6 +67,7 @@ class CacheManager:
         self.adapter = adapter
         self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository, self._signals,
                                   settings, self.events)
+        self._reloader.gpu = gpu
         self._task: asyncio.Task | None = None
 
     # -- lifecycle -----------------------------------------------------------------------

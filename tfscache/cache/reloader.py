@@ -23,6 +23,7 @@ from tfscache.cache.policy import EvictionPolicy
 from tfscache.cache.recovery import recover, startup
 from tfscache.cache.signals import Signals, fail
 from tfscache.cache.state import CacheState
+from tfscache.gpumem import share_growth
 from tfscache.repository import ModelRepository, not_found
 
 log = logging.getLogger("tfscache.cache")
@@ -42,6 +43,11 @@ class Reloader:
         self.signals = signals
         self.settings = settings
         self.events = events
+        self.gpu = None  # tfscache.gpumem.NodeGpuMemory when a GPU cap is in force: sizes learned per load
+
+    def memory_now(self) -> tuple[int | None, int | None]:
+        """In a worker thread: the node's host memory and (with a GPU cap) its GPU memory now."""
+        return self.adapter.memory(), (self.gpu.used() if self.gpu is not None else None)
 
     def wanted(self, *, loading: bool = True) -> list[Key]:
         """What the node should serve: every entry not leaving (nor ``loading`` ones if False)."""
@@ -183,7 +189,7 @@ class Reloader:
 
     async def load(self, batch: list[Entry]) -> None:
         keys = [e.key for e in batch]
-        rss_before = await asyncio.to_thread(self.adapter.memory)
+        rss_before, gpu_before = await asyncio.to_thread(self.memory_now)
         started = time.monotonic()
         try:
             results = await self.adapter.load(keys, self.wanted(), self.settings.reload_deadline_s)
@@ -192,7 +198,10 @@ class Reloader:
             return
         load_s = time.monotonic() - started
         loaded = [e for e in batch if results.get(e.key) is None]
-        measure(loaded, rss_before, await asyncio.to_thread(self.adapter.memory), self.caps, self.ledger)
+        rss_after, gpu_after = await asyncio.to_thread(self.memory_now)
+        measure(loaded, rss_before, rss_after, self.caps, self.ledger)
+        for key, size in share_growth({e.key: e.bytes for e in loaded}, gpu_before, gpu_after).items():
+            self.ledger.learn_gpu(key, size)
         now = time.monotonic()
         for entry in loaded:
             self.loaded(entry, load_s, now)
