@@ -77,3 +77,33 @@ def test_triton_restarting_behind_a_sidecar_fails_no_request(triton_repository, 
         node.kill()
         if restarted is not None:
             restarted.stop()
+
+
+def test_a_restarted_sidecar_readopts_what_triton_serves(triton_repository, tmp_path):
+    state = tmp_path / "sidecar-state"
+    with start_triton(tmp_path / "node", triton_repository) as node:
+        args = ("--backend", "triton", "--node-address", f"127.0.0.1:{node.grpc_port},{node.rest_port}",
+                "--set", f"node.state_dir={state}")
+
+        def infer(serve, name: str, x: float) -> list[float]:
+            c = triton_grpc.InferenceServerClient(serve.grpc_target)
+            tensor = triton_grpc.InferInput("x", [1], "FP32")
+            tensor.set_data_from_numpy(np.array([x], dtype=np.float32))
+            try:
+                return c.infer(name, [tensor], client_timeout=60).as_numpy("y").tolist()
+            finally:
+                c.close()
+
+        first = start_serve(tmp_path, triton_repository, *args)
+        try:
+            assert infer(first, "addk_1", 1.0) == [2.0] and infer(first, "addk_2", 1.0) == [3.0]
+            first.process.kill()
+            first.process.wait()
+        finally:
+            first.stop()
+        with start_serve(tmp_path, triton_repository, *args) as second:
+            assert infer(second, "addk_1", 5.0) == [6.0] and infer(second, "addk_2", 5.0) == [7.0]
+            assert "adopted 2 models" in second.log_path.read_text()
+        log = node.log_text()
+        for name in ("addk_1", "addk_2"):  # adopted, not loaded again
+            assert log.count(f"successfully loaded '{name}'") == 1, log[-3000:]
