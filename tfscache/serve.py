@@ -198,13 +198,13 @@ class ServeApp:
         for node in self.topology.nodes():
             if node.cache is not None:
                 await node.cache.stop()
-        if self.supervisor is not None:
-            await self.supervisor.stop(grace=max(grace, 1.0))
-        if self.router is not None:
-            await self.router.close()
+        if self.router is not None:  # our connections to the nodes go first: a node (tritonserver)
+            await self.router.close()  # waits for open HTTP connections before it exits
         await self.topology.close()
         if self._http is not None:
             await self._http.close()
+        if self.supervisor is not None:
+            await self.supervisor.stop(grace=max(grace, 1.0))
         if self.lifecycle is not None:
             await self.lifecycle.close()
         if self._observe is not None:  # last: scrapes still answer while draining
