@@ -16,8 +16,10 @@ raises ``TritonStartError`` with the log.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -117,3 +119,179 @@ def _wait_live(triton: TritonProcess, timeout: float) -> None:
             raise TritonStartError(f"tritonserver was not live within {timeout} s", None,
                                    triton.log_text())
         time.sleep(0.05)  # polling a condition with a deadline
+
+
+# --- tfscache serve --backend triton: its children, their indexes, client traffic ---
+
+RESIDENT_STATES = frozenset({"READY", "LOADING", "UNLOADING"})  # a model holds memory until Triton says it is gone
+_NODE_SERVING = re.compile(r"(node\d+) serving: pid (\d+), gRPC (\d+), REST (\d+)")
+
+
+def serve_triton_nodes(serve) -> dict[str, dict[str, int]]:
+    """{"node0": {"pid", "grpc", "rest"}, ...} of a ``tfscache serve --backend triton``'s children.
+
+    The supervisor writes no ports file for tritonserver children; it logs ``nodeI serving: pid
+    P, gRPC G, REST R`` at each (re)start, and the last such line of each node wins.
+    """
+    nodes: dict[str, dict[str, int]] = {}
+    for match in _NODE_SERVING.finditer(serve.log_text()):
+        nodes[match.group(1)] = {"pid": int(match.group(2)), "grpc": int(match.group(3)),
+                                 "rest": int(match.group(4))}
+    return nodes
+
+
+def index_states(grpc_target: str, timeout: float = 10.0) -> dict[str, set[str]]:
+    """{model name: {state of each version}} from the node's own RepositoryIndex (one call)."""
+    import tritonclient.grpc as tritongrpc
+
+    client = tritongrpc.InferenceServerClient(grpc_target)
+    try:
+        index = client.get_model_repository_index(client_timeout=timeout)
+    finally:
+        client.close()
+    states: dict[str, set[str]] = {}
+    for model in index.models:
+        states.setdefault(model.name, set()).add(model.state)
+    return states
+
+
+def resident_models(grpc_target: str, timeout: float = 10.0) -> set[str]:
+    """The models a node holds (READY, LOADING or UNLOADING in its own index)."""
+    return {name for name, states in index_states(grpc_target, timeout).items() if states & RESIDENT_STATES}
+
+
+class IndexSampler:
+    """Samples each node's own RepositoryIndex in a background thread until stopped.
+
+    One RepositoryIndex answer is one snapshot of the node's model states, so the number of
+    resident models in it (READY + LOADING + UNLOADING) is what the node held at that instant.
+    ``targets`` is {node name: gRPC target}, or a callable returning it (a restarted node has new
+    ports); a sample of a node that does not answer is skipped and counted in ``errors``.
+    """
+
+    def __init__(self, targets) -> None:
+        self._targets = targets if callable(targets) else (lambda: targets)
+        self.samples: dict[str, list[set[str]]] = {}
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> IndexSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        import tritonclient.grpc as tritongrpc
+
+        clients: dict[str, object] = {}
+        try:
+            while not self._stop.is_set():
+                for name, target in self._targets().items():
+                    client = clients.get(target)
+                    if client is None:
+                        client = clients[target] = tritongrpc.InferenceServerClient(target)
+                    try:
+                        index = client.get_model_repository_index(client_timeout=5.0)
+                    except Exception:  # noqa: BLE001 - a node restarting: no sample
+                        self.errors += 1
+                        continue
+                    self.samples.setdefault(name, []).append(
+                        {m.name for m in index.models if m.state in RESIDENT_STATES})
+                self._stop.wait(0.005)  # pacing: leave the cores to the traffic under test
+        finally:
+            for client in clients.values():
+                client.close()
+
+    def peak(self, node: str) -> int:
+        return max(map(len, self.samples.get(node, [])), default=0)
+
+    def count(self) -> int:
+        return sum(map(len, self.samples.values()))
+
+
+def addk_of(name: str) -> float:
+    """k of ``addk_K`` (``y = x + k``); ``addk_pad`` and friends built with ``padded_name`` carry it too."""
+    return float(name.rsplit("_", 1)[1])
+
+
+class OipTraffic:
+    """Client threads sending ModelInfer through the official tritonclient, in a loop until stopped.
+
+    Every ``rest_every``-th client uses ``tritonclient.http`` (binary tensors), the rest
+    ``tritonclient.grpc``. Results are ``(name, x, y or exception, start, end)``; ``check()``
+    asserts that none failed and that every y is x + k.
+    """
+
+    def __init__(self, grpc_target: str, http_target: str, models: list[str], clients: int = 16,
+                 timeout: float = 120.0, rest_every: int = 4) -> None:
+        self.grpc_target, self.http_target, self.models, self.timeout = grpc_target, http_target, models, timeout
+        self.rest_every = rest_every
+        self.results: list[tuple[str, float, object, float, float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._client, args=(w,)) for w in range(clients)]
+
+    def __enter__(self) -> OipTraffic:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(self.timeout + 30)
+
+    def done(self) -> int:
+        with self._lock:
+            return len(self.results)
+
+    def ok(self) -> int:
+        with self._lock:
+            return sum(not isinstance(r[2], Exception) for r in self.results)
+
+    def _client(self, worker: int) -> None:
+        import numpy as np
+        import tritonclient.grpc as tritongrpc
+        import tritonclient.http as tritonhttp
+        from tritonclient.utils import InferenceServerException
+
+        rest = self.rest_every and worker % self.rest_every == self.rest_every - 1
+        if rest:
+            client = tritonhttp.InferenceServerClient(self.http_target, connection_timeout=self.timeout,
+                                                      network_timeout=self.timeout)
+        else:
+            client = tritongrpc.InferenceServerClient(self.grpc_target)
+        module = tritonhttp if rest else tritongrpc
+        i = 0
+        try:
+            while not self._stop.is_set():
+                name, x = self.models[(worker + i) % len(self.models)], float(worker * 1000 + i)
+                i += 1
+                tensor = module.InferInput("x", [1], "FP32")
+                tensor.set_data_from_numpy(np.array([x], dtype=np.float32), **({"binary_data": True} if rest else {}))
+                start = time.monotonic()
+                try:
+                    if rest:
+                        y = client.infer(name, [tensor]).as_numpy("y").tolist()
+                    else:
+                        y = client.infer(name, [tensor], client_timeout=self.timeout).as_numpy("y").tolist()
+                except (InferenceServerException, OSError) as exc:
+                    y = exc
+                with self._lock:
+                    self.results.append((name, x, y, start, time.monotonic()))
+        finally:
+            client.close()
+
+    def failures(self) -> list[tuple[str, object]]:
+        return [(r[0], r[2]) for r in self.results if isinstance(r[2], Exception)]
+
+    def check(self) -> None:
+        """No failed request, and every answer right (y = x + k)."""
+        failures = self.failures()
+        assert not failures, f"{len(failures)} failed of {len(self.results)}: {failures[:5]}"
+        wrong = [(name, x, y) for name, x, y, _, _ in self.results if y != [x + addk_of(name)]]
+        assert not wrong, f"{len(wrong)} wrong answers of {len(self.results)}: {wrong[:5]}"

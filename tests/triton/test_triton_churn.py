@@ -1,0 +1,60 @@
+"""Churn through ``tfscache serve --backend triton``: 16 clients over 12 models on 2 nodes capped
+at 3 models each, for 30 s.
+
+Not one request fails, every answer is right (y = x + k), and the cap holds at every instant,
+as each node's own RepositoryIndex says: a sample counts every model READY, LOADING or
+UNLOADING there (a model counts until Triton reports it gone), and one RepositoryIndex
+answer is one snapshot of the node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from frontend.serving import start_serve
+from support.triton import IndexSampler, OipTraffic, serve_triton_nodes
+
+from .conftest import ADDK_COUNT
+
+CAP = 3
+DURATION_S = 30.0
+MODELS = [f"addk_{k}" for k in range(1, ADDK_COUNT + 1)]
+
+
+@pytest.fixture(scope="module")
+def churn_serve(tmp_path_factory, triton_repository: Path):
+    with start_serve(tmp_path_factory.mktemp("churn-serve"), triton_repository, "--backend", "triton",
+                     "--local-nodes", "2", "--max-models-per-node", str(CAP)) as serve:
+        yield serve
+
+
+def test_sixteen_clients_over_twelve_models_on_two_capped_nodes(churn_serve):
+    serve = churn_serve
+    nodes = serve_triton_nodes(serve)
+    assert sorted(nodes) == ["node0", "node1"]
+    targets = {name: f"127.0.0.1:{ports['grpc']}" for name, ports in nodes.items()}
+    with IndexSampler(targets) as sampler:
+        with OipTraffic(serve.grpc_target, f"127.0.0.1:{serve.rest_port}", MODELS, clients=16,
+                        timeout=120.0) as traffic:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                serve.process.wait(DURATION_S)  # the traffic runs DURATION_S (unless serve dies)
+    assert serve.process.poll() is None
+    assert serve_triton_nodes(serve) == nodes  # no node restarted meanwhile
+    traffic.check()
+    served = {r[0] for r in traffic.results}
+    assert served == set(MODELS), served
+    # The cap held in every sample of each node, and the nodes really churned.
+    for node in targets:
+        samples = sampler.samples.get(node, [])
+        assert len(samples) >= 50, (node, len(samples))
+        assert sampler.peak(node) <= CAP, (node, [s for s in samples if len(s) > CAP][:5])
+        assert sampler.peak(node) == CAP, (node, sampler.peak(node))
+        held = set().union(*samples)
+        assert len(held) > CAP, (node, held)  # more models came and went than the cap holds
+    assert sampler.errors == 0
+    print(f"{len(traffic.results)} requests, {sampler.count()} index samples, "
+          f"peaks {[sampler.peak(n) for n in sorted(targets)]}")
