@@ -20,6 +20,7 @@ import asyncio
 import json
 import logging
 import math
+import os
 import shlex
 import shutil
 import signal
@@ -176,6 +177,7 @@ class Supervisor:
             if self._stopping:
                 return
             log.error("%s (pid %s) exited with %s; restarting it", node.name, node.pid, rc)
+            _kill_group(node.pid)  # its children (Triton's python-backend stubs) may outlive it
             if time.monotonic() - node.started_at > 30:
                 backoff = 0.5  # it ran a while: not a crash loop
             if self._on_exit is not None:
@@ -204,7 +206,18 @@ class Supervisor:
                 if process.returncode is None:
                     _signal(process, signal.SIGKILL)
             await asyncio.gather(*(p.wait() for p in running))
+        for node in self.nodes:
+            if node.pid:
+                _kill_group(node.pid)
         log.info("stopped %d node(s)", len(running))
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL what is left of a node's process group (the node ran as its session leader)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _signal(process: asyncio.subprocess.Process, sig: int) -> None:

@@ -3,13 +3,16 @@
 The reloader decides which model versions a node should serve; an adapter makes the
 node do it, in the node's own API, and reports what the node did. The reloader never
 sees a config file or an RPC. A node kind is one module with one adapter class,
-registered by name in ``ADAPTERS`` (``tfserving`` today).
+registered by name in ``ADAPTERS`` (``tfserving``, ``triton``).
 
 Contract (every method may raise ``tfscache.errors.TfscacheError``; ``Unavailable`` and
 ``DeadlineExceeded`` mean the node cannot be reached or did not answer in time, and the
 reloader then marks it unhealthy and recovers it):
 
 * ``target``: the node's name in logs and errors.
+* ``sizes_on_disk``: whether a model's size on disk predicts its memory (TF Serving: its
+  variables; a Triton Python-backend model allocates in ``initialize()``). When False, a model
+  never loaded before is estimated at least at the node's typical learned size.
 * ``await wait_ready(timeout) -> bool``: wait until the node accepts connections.
 * ``await sync(wanted, deadline_s)``: make the node serve exactly ``wanted`` (keys), and
   nothing else, without waiting for loads (start-up re-adoption, recovery, restore).
@@ -39,6 +42,7 @@ class NodeAdapter(Protocol):
     """One node of one kind, as the reloader sees it."""
 
     target: str
+    sizes_on_disk: bool
 
     async def wait_ready(self, timeout: float) -> bool: ...
 

@@ -91,6 +91,12 @@ class Ledger:
         if entry is not None:
             entry.gpu = size
 
+    def typical_size(self) -> int:
+        """The median of the sizes learned on this node (0 before any): a floor for a model whose
+        size on disk says nothing of its memory (a Python-backend model allocates at start-up)."""
+        sizes = sorted(self.learned.values())
+        return sizes[len(sizes) // 2] if sizes else 0
+
     def state_of(self, key: Key) -> str | None:
         entry = self.entries.get(key)
         return entry.state if entry is not None else None

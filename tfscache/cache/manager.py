@@ -348,7 +348,8 @@ class CacheManager:
             raise copy_error(failure)
 
     def _estimate(self, key: Key) -> tuple[int, int]:
-        """(bytes the version will take, its size on disk): learned on an earlier load, else 1.2 x disk.
+        """(bytes the version will take, its size on disk): learned on an earlier load, else 1.2 x disk
+        (at least the node's typical learned size where the adapter says disk sizes mean little).
 
         Only the estimate from disk can refuse a model as larger than the memory cap: a
         learned size carries the noise of RSS sampling, so above the cap it counts as the
@@ -362,7 +363,9 @@ class CacheManager:
                 f"model {key[0]} version {key[1]} needs {estimate} bytes "
                 f"({self.settings.estimate_factor} x its size on disk), more than "
                 f"memory_bytes={cap} of node {self.target}")
-        size = self.ledger.learned.get(key, estimate)
+        size = self.ledger.learned.get(key)
+        if size is None:  # never loaded here: its size on disk, or what models here typically take
+            size = estimate if self.adapter.sizes_on_disk else max(estimate, self.ledger.typical_size())
         return (min(size, cap) if cap else size), disk
 
     def _save(self) -> None:

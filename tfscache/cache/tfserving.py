@@ -36,6 +36,8 @@ _MAX_POLL_S = 0.05
 class TFServingAdapter:
     """One TF Serving node (real, or `tfscache node`) behind its ModelService."""
 
+    sizes_on_disk = True  # whether a model's size on disk predicts its memory (cache.adapter)
+
     def __init__(self, client: NodeClient, repository: ModelRepository, *, rpc_deadline_s: float = 10.0,
                  memory: NodeMemory | None = None) -> None:
         self.client = client

@@ -89,6 +89,8 @@ class ModelTurns:
 class TritonAdapter:
     """One Triton node behind its gRPC repository API (``tfscache.oipclient.OipClient``)."""
 
+    sizes_on_disk = False  # whether a model's size on disk predicts its memory (cache.adapter)
+
     def __init__(self, client: OipClient, repository: ModelRepository, *, rpc_deadline_s: float = 10.0,
                  memory: NodeMemory | None = None) -> None:
         self.client = client

@@ -32,7 +32,7 @@ _HOP_METADATA = {"user-agent", "te", "content-type", "grpc-accept-encoding", "gr
                  "grpc-timeout", "grpc-message-type", "host"}
 # Reply headers passed back besides Content-Type: where the JSON header of the Open Inference
 # Protocol's binary tensor extension ends in the body.
-_REPLY_HEADERS = ("Inference-Header-Content-Length",)
+_REPLY_HEADERS = ("Inference-Header-Content-Length", "Content-Encoding")
 
 
 def forwardable_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
