@@ -1,0 +1,208 @@
+"""DiskTier against a real S3 protocol server (moto): listing, single flight, LRU by bytes,
+adoption at restart, changed and deleted objects, the cap, unsafe keys."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import grpc
+import pytest
+
+from tfscache.errors import FailedPrecondition, NotFound, ResourceExhausted
+from tfscache.storage import open_store
+from tfscache.storage.layout import MARKER, PARTIAL
+from tfscache.storage.tier import DiskTier
+
+
+def tier_for(bucket, root, cap=1 << 30, **kw) -> DiskTier:
+    return DiskTier(root, cap, open_store(bucket.url), rescan_s=0, **kw)
+
+
+def seed(bucket, name="m", version=1, size=100_000) -> dict[str, bytes]:
+    files = {"saved_model.pb": os.urandom(size), "variables/variables.data-00000-of-00001": os.urandom(size // 2),
+             "assets/empty.txt": b""}
+    for rel, data in files.items():
+        bucket.put(f"{name}/{version}/{rel}", data)
+    return files
+
+
+async def test_versions_lists_only_numeric_versions_of_the_model(bucket, root):
+    seed(bucket, "m", 1)
+    seed(bucket, "m", 2, size=10)
+    bucket.put("m/notaversion/x", b"x")
+    bucket.put("m/3/", b"")  # a "directory" placeholder only
+    bucket.put("m10/1/x", b"x")  # another model sharing the prefix's first letters
+    tier = tier_for(bucket, root)
+    await tier.start()
+    found = await tier.versions("m")
+    assert sorted(found) == [1, 2]
+    assert found[1].bytes == 150_000
+    assert bucket.server.log_text().count(f"GET /{bucket.name}?list-type=2&prefix=models/m/ ") == 1
+
+
+async def test_fetch_downloads_a_complete_version(bucket, root):
+    files = seed(bucket)
+    tier = tier_for(bucket, root)
+    await tier.start()
+    path = await tier.fetch("m", 1)
+    assert path == root / "m" / "1"
+    for rel, data in files.items():
+        assert (path / rel).read_bytes() == data
+    assert (path / MARKER).exists()
+    assert tier.resident() == {("m", 1): 150_000}
+    assert not list((root / PARTIAL).iterdir())
+
+
+async def test_sixteen_concurrent_fetches_download_once(bucket, root):
+    seed(bucket, size=2_000_000)
+    tier = tier_for(bucket, root, parallel=2)
+    await tier.start()
+    paths = await asyncio.gather(*(tier.fetch("m", 1) for _ in range(16)))
+    assert set(paths) == {root / "m" / "1"}
+    assert bucket.gets("m/1/saved_model.pb") == 1
+    assert bucket.gets("m/1/variables/variables.data-00000-of-00001") == 1
+    await tier.fetch("m", 1)  # a warm fetch lists again but downloads nothing
+    assert bucket.gets("m/1/saved_model.pb") == 1
+
+
+async def test_lru_by_bytes_never_evicts_a_held_version(bucket, root):
+    for name in "abcde":
+        seed(bucket, name, size=100_000)  # 150 kB each
+    tier = tier_for(bucket, root, cap=460_000)  # room for three
+    await tier.start()
+    await tier.fetch("a", 1, hold=True)
+    await tier.fetch("b", 1)
+    await tier.fetch("c", 1)
+    await tier.fetch("d", 1)  # evicts b: a is older but held
+    assert list(tier.resident()) == [("a", 1), ("c", 1), ("d", 1)]
+    assert not (root / "b" / "1").exists() and (root / "a" / "1" / "saved_model.pb").exists()
+    await tier.fetch("c", 1)  # c is now the most recent
+    await tier.fetch("e", 1)  # evicts d
+    assert list(tier.resident()) == [("a", 1), ("c", 1), ("e", 1)]
+    assert tier.used_bytes <= 460_000
+    tier.hold("c", 1)
+    tier.hold("e", 1)
+    with pytest.raises(ResourceExhausted, match=r"disk tier full.*storage.cache_bytes = 460000"):
+        await tier.fetch("b", 1)
+    assert list(tier.resident()) == [("a", 1), ("c", 1), ("e", 1)]
+    tier.release("a", 1)
+    await tier.fetch("b", 1)
+    assert list(tier.resident()) == [("c", 1), ("e", 1), ("b", 1)]
+
+
+async def test_a_version_bigger_than_the_tier_fails_at_once(bucket, root):
+    seed(bucket, size=100_000)
+    tier = tier_for(bucket, root, cap=100_000)
+    await tier.start()
+    with pytest.raises(ResourceExhausted) as caught:
+        await tier.fetch("m", 1)
+    assert caught.value.grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert caught.value.message == ("model 'm' version 1 needs 150000 bytes, more than the whole disk tier "
+                                    "(storage.cache_bytes = 100000)")
+    assert bucket.gets("m/1/saved_model.pb") == 0
+
+
+async def test_restart_adopts_complete_versions_and_removes_partial_ones(bucket, root):
+    seed(bucket, "m", 1)
+    seed(bucket, "m", 2)
+    first = tier_for(bucket, root)
+    await first.start()
+    await first.fetch("m", 1)
+    await first.fetch("m", 2)
+    (root / PARTIAL / "m.3.dead").mkdir(parents=True)
+    (root / PARTIAL / "m.3.dead" / "saved_model.pb").write_bytes(b"half")
+    (root / "m" / "4").mkdir()
+    (root / "m" / "4" / "saved_model.pb").write_bytes(b"no marker")
+    with open(root / "m" / "2" / "saved_model.pb", "r+b") as f:
+        f.truncate(10)  # a complete marker over a truncated file: not complete
+
+    second = tier_for(bucket, root)
+    await second.start()
+    assert second.resident() == {("m", 1): 150_000}
+    assert not (root / PARTIAL).exists()
+    assert not (root / "m" / "4").exists() and not (root / "m" / "2").exists()
+    await second.fetch("m", 1)
+    assert bucket.gets("m/1/saved_model.pb") == 1  # adopted: not downloaded again
+
+
+async def test_a_changed_object_is_downloaded_again(bucket, root):
+    seed(bucket)
+    tier = tier_for(bucket, root)
+    await tier.start()
+    await tier.fetch("m", 1)
+    bucket.put("m/1/saved_model.pb", b"new contents")
+    path = await tier.fetch("m", 1)
+    assert (path / "saved_model.pb").read_bytes() == b"new contents"
+    assert bucket.gets("m/1/saved_model.pb") == 2
+    assert bucket.gets("m/1/variables/variables.data-00000-of-00001") == 2
+    assert tier.resident() == {("m", 1): 50_000 + len(b"new contents")}
+
+
+async def test_a_held_version_is_not_replaced_when_it_changes(bucket, root):
+    files = seed(bucket)
+    tier = tier_for(bucket, root)
+    await tier.start()
+    await tier.fetch("m", 1, hold=True)
+    bucket.put("m/1/saved_model.pb", b"new contents")
+    path = await tier.fetch("m", 1)
+    assert (path / "saved_model.pb").read_bytes() == files["saved_model.pb"]
+    tier.release("m", 1)
+    assert (await tier.fetch("m", 1) / "saved_model.pb").read_bytes() == b"new contents"
+
+
+async def test_an_object_deleted_after_listing_fails_cleanly_then_succeeds(bucket, root):
+    seed(bucket)
+    tier = DiskTier(root, 1 << 30, open_store(bucket.url), rescan_s=3600)
+    await tier.start()
+    await tier.versions("m")
+    bucket.delete("m/1/saved_model.pb")
+    with pytest.raises(NotFound) as caught:
+        await tier.fetch("m", 1)
+    assert caught.value.message == f"object 'm/1/saved_model.pb' not found in {bucket.url}"
+    assert tier.resident() == {} and not (root / "m" / "1").exists()
+    assert not list((root / PARTIAL).iterdir())
+    path = await tier.fetch("m", 1)  # listed again after the failure
+    assert not (path / "saved_model.pb").exists() and (path / "assets" / "empty.txt").exists()
+
+
+async def test_an_object_overwritten_after_listing_is_refused_by_etag(bucket, root):
+    seed(bucket, size=1000)
+    tier = DiskTier(root, 1 << 30, open_store(bucket.url), rescan_s=3600)
+    await tier.start()
+    await tier.versions("m")
+    bucket.put("m/1/saved_model.pb", b"x" * 1000)  # same size, other ETag
+    with pytest.raises(Exception) as caught:
+        await tier.fetch("m", 1)
+    assert caught.value.grpc_code == grpc.StatusCode.ABORTED
+    assert "changed during the download" in caught.value.message
+    assert tier.resident() == {} and not list((root / PARTIAL).iterdir())
+    assert (await tier.fetch("m", 1) / "saved_model.pb").read_bytes() == b"x" * 1000
+
+
+@pytest.mark.parametrize("key", ["m/1/../../../evil", "m/1/a/../../../../evil", "m/1//evil", "m/1/./evil",
+                                 "m/1/.tfscache-complete"])
+async def test_unsafe_keys_are_never_written(bucket, root, tmp_path, key):
+    seed(bucket, size=10)
+    bucket.client.put_object(Bucket=bucket.name, Key=f"models/{key}", Body=b"evil")
+    tier = tier_for(bucket, root)
+    await tier.start()
+    with pytest.raises(FailedPrecondition, match="object key .* refused"):
+        await tier.fetch("m", 1)
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+async def test_a_missing_bucket_is_named(s3_env, root):
+    tier = DiskTier(root, 1 << 30, open_store("s3://no-such-bucket/models"), rescan_s=0)
+    await tier.start()
+    with pytest.raises(FailedPrecondition) as caught:
+        await tier.fetch("m", 1)
+    assert caught.value.message == "bucket 'no-such-bucket' of s3://no-such-bucket/models does not exist"
+
+
+async def test_an_unknown_version_is_not_found(bucket, root):
+    seed(bucket)
+    tier = tier_for(bucket, root)
+    await tier.start()
+    with pytest.raises(NotFound, match=f"version 9 of model 'm' not found in {bucket.url}"):
+        await tier.fetch("m", 9)

@@ -1,0 +1,41 @@
+"""What every object store offers (a leaf module: the implementations and the tier import it)."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from tfscache.errors import Internal, ResourceExhausted, TfscacheError
+
+ChunkHook = Callable[[str, int], Awaitable[None]]
+"""Called after each chunk a download writes, with the key and the bytes so far (fault injection)."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object under a store's prefix: its key relative to the prefix, size and ETag."""
+
+    key: str
+    size: int
+    etag: str
+
+
+class ObjectStore(Protocol):
+    url: str  # the repository URL, as given; errors name it
+
+    async def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object under ``prefix`` (a key prefix ending in "/"), all pages."""
+
+    async def download(self, key: str, dest: Path, *, etag: str | None = None) -> int:
+        """Stream object ``key`` into file ``dest`` (created or truncated); the bytes written.
+        With ``etag``, the object must still have it (else Aborted)."""
+
+
+def disk_error(exc: OSError, path: Path) -> TfscacheError:
+    """A local file error as a client sees it: a full disk is RESOURCE_EXHAUSTED, the rest INTERNAL."""
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ResourceExhausted(f"disk full writing {path}: {exc.strerror}")
+    return Internal(f"cannot write {path}: {exc}")

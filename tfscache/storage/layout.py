@@ -1,0 +1,131 @@
+"""The disk tier's layout on disk and its pure decisions (no I/O except where named).
+
+    ROOT/NAME/VERSION/...                 a complete version, as listed in the bucket
+    ROOT/NAME/VERSION/.tfscache-complete  its marker, written last: {"objects": {rel: [size, etag]}}
+    ROOT/.partial/NAME.VERSION.NONCE/     a download in progress (removed at start-up)
+
+A version directory without a valid marker, or whose files' sizes differ from it, is
+partial and removed at start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from tfscache.errors import FailedPrecondition, UnsafeModelName
+from tfscache.storage.base import ObjectInfo
+
+MARKER = ".tfscache-complete"
+PARTIAL = ".partial"
+Key = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class VersionListing:
+    """One version's objects in the bucket: (path relative to the version, size, etag), sorted."""
+
+    objects: tuple[tuple[str, int, str], ...]
+
+    @property
+    def bytes(self) -> int:
+        return sum(size for _, size, _ in self.objects)
+
+    def manifest(self) -> dict[str, list]:
+        return {rel: [size, etag] for rel, size, etag in self.objects}
+
+
+def check_name(name: str) -> str:
+    """``name`` if it is one safe path segment that cannot clash with the tier's own entries."""
+    if not name or "/" in name or "\\" in name or "\0" in name or name.startswith("."):
+        raise UnsafeModelName(f"unsafe model name {name[:200]!r}")
+    return name
+
+
+def safe_relpath(rel: str, url: str) -> str:
+    """``rel`` (an object key below its version) if writing it stays inside the version dir."""
+    parts = rel.split("/")
+    if rel.startswith("/") or "\\" in rel or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise FailedPrecondition(f"unsafe object key {rel[:200]!r} in {url}: refused")
+    if parts[-1] == MARKER:
+        raise FailedPrecondition(f"object key {rel[:200]!r} in {url} clashes with the tier's marker: refused")
+    return rel
+
+
+def group_versions(name: str, objects: list[ObjectInfo]) -> dict[int, VersionListing]:
+    """The listing of ``name/`` split by numeric version directory; other keys are ignored."""
+    found: dict[int, list[tuple[str, int, str]]] = {}
+    for obj in objects:
+        head, _, rest = obj.key[len(name) + 1:].partition("/")
+        if not head.isdigit() or not head.isascii() or not rest or rest.endswith("/"):
+            continue  # not NAME/VERSION/FILE, or a "directory" placeholder
+        found.setdefault(int(head), []).append((rest, obj.size, obj.etag))
+    return {v: VersionListing(tuple(sorted(objs))) for v, objs in found.items()}
+
+
+def plan_eviction(resident: dict[Key, int], order: list[Key], held: set[Key], used: int,
+                  need: int, cap: int) -> list[Key] | None:
+    """Victims (least recently used first, never held) that make room for ``need`` bytes
+    when ``used`` are taken; None if even evicting every unheld version cannot."""
+    victims: list[Key] = []
+    for key in order:
+        if used + need <= cap:
+            break
+        if key not in held and key in resident:
+            victims.append(key)
+            used -= resident[key]
+    return victims if used + need <= cap else None
+
+
+# --- I/O, called in worker threads by the tier ---
+
+def write_marker(directory: Path, listing: VersionListing) -> None:
+    """fsync every file, then write the marker (fsynced) last."""
+    for rel, _, _ in listing.objects:
+        fd = os.open(directory / rel, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    with open(directory / MARKER, "w") as out:
+        json.dump({"objects": listing.manifest()}, out)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def read_complete(directory: Path) -> dict[str, list] | None:
+    """The marker's manifest if ``directory`` is a complete version (every file's size right)."""
+    try:
+        manifest = json.loads((directory / MARKER).read_text())["objects"]
+        for rel, (size, _) in manifest.items():
+            if (directory / rel).stat().st_size != size:
+                return None
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def scan(root: Path) -> list[tuple[Key, dict[str, list], float]]:
+    """Adopt complete versions under ``root`` (key, manifest, marker mtime); remove the rest."""
+    shutil.rmtree(root / PARTIAL, ignore_errors=True)
+    adopted = []
+    for model in sorted(root.iterdir()) if root.is_dir() else []:
+        if model.name.startswith(".") or not model.is_dir():
+            continue
+        for version in sorted(model.iterdir()):
+            manifest = read_complete(version) if version.name.isdigit() else None
+            if manifest is None:
+                remove(version)
+            else:
+                adopted.append(((model.name, int(version.name)), manifest, (version / MARKER).stat().st_mtime))
+    return adopted
+
+
+def remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)

@@ -1,0 +1,226 @@
+"""DiskTier: a bounded local copy of a bucket's model versions, which nodes load from.
+
+    tier = DiskTier(Path("/dev/shm/tfscache"), 20 << 30, open_store("s3://bucket/models"))
+    await tier.start()                       # adopt complete versions, remove partial ones
+    await tier.versions("half_plus_two")     # {123: VersionListing, ...}: one listing per rescan
+    path = await tier.fetch("half_plus_two", 123, hold=True)   # ROOT/half_plus_two/123
+    tier.release("half_plus_two", 123)       # the node unloaded it: it may be evicted again
+
+A cold fetch downloads the version once however many ask (one future per version), at
+most ``parallel`` objects at a time, into ROOT/.partial, checks every size (and each
+object's ETag, sent as If-Match), writes the marker last and renames the directory into
+place. Room is made first by evicting least recently used versions that nobody holds;
+a version larger than the whole tier fails at once. A version whose listing no longer
+matches its marker is downloaded again (unless held: a node serves the copy it loaded).
+Files are touched only in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+from tfscache.errors import Aborted, DataLoss, NotFound, ResourceExhausted, Unavailable
+from tfscache.storage.base import ObjectStore, disk_error
+from tfscache.storage.layout import (PARTIAL, Key, VersionListing, check_name, group_versions,
+                                     plan_eviction, remove, safe_relpath, scan,
+                                     write_marker)
+
+log = logging.getLogger("tfscache.storage.tier")
+
+
+class DiskTier:
+    def __init__(self, root: Path, cap_bytes: int, store: ObjectStore, *, parallel: int = 8,
+                 rescan_s: float = 1.0) -> None:
+        self.root, self.cap_bytes, self.store = Path(root), cap_bytes, store
+        self.rescan_s = rescan_s
+        self._gate = asyncio.Semaphore(parallel)
+        self._resident: OrderedDict[Key, tuple[int, dict]] = OrderedDict()  # LRU first; (bytes, manifest)
+        self._reserved: dict[Key, int] = {}
+        self._held: dict[Key, int] = {}
+        self._flights: dict[Key, asyncio.Future] = {}
+        self._listings: dict[str, tuple[float, dict[int, VersionListing]]] = {}
+        self._listing_flights: dict[str, asyncio.Future] = {}
+
+    async def start(self) -> None:
+        """Adopt the complete versions on disk (oldest marker first in LRU order), remove partial
+        ones, and trim to the cap."""
+        await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
+        for key, manifest, _ in sorted(await asyncio.to_thread(scan, self.root), key=lambda a: a[2]):
+            self._resident[key] = (sum(size for size, _ in manifest.values()), manifest)
+        victims = plan_eviction(self.resident(), list(self._resident), set(), self.used_bytes, 0, self.cap_bytes)
+        for victim in victims or []:
+            self._resident.pop(victim)
+        await self._evict(victims or [])
+        log.info("disk tier %s: adopted %d versions, %d bytes", self.root, len(self._resident), self.used_bytes)
+
+    # --- state, read by the cache and the tests ---
+
+    @property
+    def used_bytes(self) -> int:
+        return sum(size for size, _ in self._resident.values()) + sum(self._reserved.values())
+
+    def resident(self) -> dict[Key, int]:
+        """Complete versions on disk and their bytes, least recently used first."""
+        return {key: size for key, (size, _) in self._resident.items()}
+
+    def path(self, name: str, version: int) -> Path:
+        return self.root / check_name(name) / str(version)
+
+    def hold(self, name: str, version: int) -> None:
+        """A node loads (or serves) this version: never evict it until ``release``."""
+        self._held[(name, version)] = self._held.get((name, version), 0) + 1
+
+    def release(self, name: str, version: int) -> None:
+        count = self._held.pop((name, version), 0) - 1
+        if count > 0:
+            self._held[(name, version)] = count
+
+    # --- listing ---
+
+    async def versions(self, name: str) -> dict[int, VersionListing]:
+        """The versions of ``name`` in the bucket (listing ``name/``; at most once per rescan_s)."""
+        check_name(name)
+        cached = self._listings.get(name)
+        if cached is not None and time.monotonic() - cached[0] < self.rescan_s:
+            return cached[1]
+        return await self._single(self._listing_flights, name, self._list(name))
+
+    async def _list(self, name: str) -> dict[int, VersionListing]:
+        found = group_versions(name, await self.store.list(name + "/"))
+        self._listings[name] = (time.monotonic(), found)
+        return found
+
+    # --- fetch ---
+
+    async def fetch(self, name: str, version: int, *, hold: bool = False) -> Path:
+        """The local directory of a complete copy of ``name``/``version``, downloaded if needed.
+        With ``hold``, the version is held before this returns (see ``hold``)."""
+        key = (check_name(name), version)
+        while True:
+            path = await self._single(self._flights, key, self._fetch(key))
+            if key in self._resident:  # re-checked: another fetch may have evicted it meanwhile
+                self._resident.move_to_end(key)
+                if hold:
+                    self.hold(name, version)
+                return path
+
+    async def _single(self, flights: dict, key, work) -> object:
+        """One ``work`` per key at a time; later callers await the same result (errors too)."""
+        flight = flights.get(key)
+        if flight is None:
+            flight = flights[key] = asyncio.ensure_future(work)
+            flight.add_done_callback(lambda f: flights.pop(key, None) if flights.get(key) is f else None)
+        else:
+            work.close()
+        return await asyncio.shield(flight)
+
+    async def _fetch(self, key: Key) -> Path:
+        name, version = key
+        try:
+            listing = (await self.versions(name)).get(version)
+        except Unavailable:
+            if key not in self._resident:
+                raise
+            log.warning("disk tier: %s unreachable; serving %s version %d from disk", self.store.url, *key)
+            return self.path(*key)
+        if listing is None:
+            raise NotFound(f"version {version} of model {name!r} not found in {self.store.url}")
+        resident = self._resident.get(key)
+        if resident is not None and (resident[1] == listing.manifest() or key in self._held):
+            return self.path(*key)
+        for rel, _, _ in listing.objects:
+            safe_relpath(rel, self.store.url)
+        victims = self._plan_room(key, listing.bytes)
+        self._reserved[key] = listing.bytes  # before any await: the next plan counts it
+        for victim in victims:
+            self._resident.pop(victim, None)
+        try:
+            await self._evict(victims)
+            return await self._download(key, listing)
+        except (NotFound, Aborted, DataLoss):
+            self._listings.pop(name, None)  # the bucket changed under the listing: list again next time
+            raise
+        finally:
+            self._reserved.pop(key, None)
+
+    def _plan_room(self, key: Key, need: int) -> list[Key]:
+        """The versions to evict for ``need`` bytes (pure); ResourceExhausted naming the cap if none can."""
+        if need > self.cap_bytes:
+            raise ResourceExhausted(
+                f"model {key[0]!r} version {key[1]} needs {need} bytes, more than the whole disk tier "
+                f"(storage.cache_bytes = {self.cap_bytes})")
+        old = self._resident.get(key)
+        used = self.used_bytes - (old[0] if old else 0)
+        order = [k for k in self._resident if k != key]
+        victims = plan_eviction(self.resident(), order, set(self._held), used, need, self.cap_bytes)
+        if victims is None:
+            raise ResourceExhausted(
+                f"disk tier full: model {key[0]!r} version {key[1]} needs {need} bytes and only "
+                f"{self.cap_bytes - used} of storage.cache_bytes = {self.cap_bytes} can be freed now; "
+                f"the rest is held by loaded versions or downloads")
+        return victims
+
+    async def _evict(self, victims: list[Key]) -> None:
+        """Delete the victims' directories (already out of the index)."""
+        for victim in victims:
+            log.info("disk tier: evicting %s version %d", *victim)
+            await asyncio.to_thread(remove, self.path(*victim))
+
+    async def _download(self, key: Key, listing: VersionListing) -> Path:
+        temp = self.root / PARTIAL / f"{key[0]}.{key[1]}.{secrets.token_hex(4)}"
+        try:
+            await asyncio.to_thread(temp.mkdir, parents=True)
+            await self._run_all([self._object(key, temp, obj) for obj in listing.objects])
+            await asyncio.to_thread(write_marker, temp, listing)
+            await asyncio.to_thread(self._swap_in, temp, self.path(*key))
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(remove, temp))
+            raise
+        self._resident[key] = (listing.bytes, listing.manifest())
+        log.info("disk tier: downloaded %s version %d, %d bytes", key[0], key[1], listing.bytes)
+        return self.path(*key)
+
+    async def _object(self, key: Key, temp: Path, obj: tuple[str, int, str]) -> None:
+        rel, size, etag = obj
+        dest = temp / rel
+        if not dest.resolve().is_relative_to(temp.resolve()):  # belt and braces over safe_relpath
+            raise AssertionError(f"{dest} escapes {temp}")
+        async with self._gate:
+            try:
+                await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise disk_error(exc, dest) from exc
+            written = await self.store.download(f"{key[0]}/{key[1]}/{rel}", dest, etag=etag or None)
+        if written != size:
+            raise DataLoss(f"object {key[0]}/{key[1]}/{rel} in {self.store.url}: downloaded {written} bytes, "
+                           f"listed {size} (truncated or changed); nothing was kept")
+
+    @staticmethod
+    async def _run_all(jobs: list) -> None:
+        """Run ``jobs`` concurrently; on the first failure cancel the rest and raise it."""
+        tasks = [asyncio.ensure_future(job) for job in jobs]
+        try:
+            for done in asyncio.as_completed(tasks):
+                await done
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    @staticmethod
+    def _swap_in(temp: Path, final: Path) -> None:
+        """Rename ``temp`` to ``final`` atomically; an old copy at ``final`` is moved aside first."""
+        final.parent.mkdir(parents=True, exist_ok=True)
+        old = None
+        if final.exists():
+            old = temp.parent / f"{temp.name}.old"
+            os.rename(final, old)
+        os.rename(temp, final)
+        if old is not None:
+            remove(old)
