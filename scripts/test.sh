@@ -23,4 +23,5 @@ fi
 python3.11 -m venv .venv
 .venv/bin/pip install -q -e '.[test]'
 .venv/bin/pip install -q --no-deps 'nvidia-pytriton==0.7.0'
+bash scripts/install_azurite.sh   # Microsoft's Azure Storage emulator, from npm, into .azurite/
 exec .venv/bin/python -m pytest "$@"

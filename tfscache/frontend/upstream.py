@@ -113,8 +113,10 @@ class Upstream:
                                           timeout=aiohttp.ClientTimeout(total=timeout),
                                           allow_redirects=False) as reply:
                 payload = await reply.read()
+                # The body's Content-Encoding goes back only with the body as the server sent it.
+                passed = [h for h in _REPLY_HEADERS if h != "Content-Encoding" or not self._http.auto_decompress]
                 return RestReply(reply.status, payload, reply.headers.get("Content-Type", "application/json"),
-                                 tuple((h, reply.headers[h]) for h in _REPLY_HEADERS if h in reply.headers))
+                                 tuple((h, reply.headers[h]) for h in passed if h in reply.headers))
         except TimeoutError as exc:
             raise errors.DeadlineExceeded(f"REST request to {self.rest_address} timed out after {timeout} s") from exc
         except aiohttp.ClientError as exc:
