@@ -77,7 +77,7 @@ class ObstoreStore:
             stream = result.stream(min_chunk_size=CHUNK_BYTES)
         except Exception as exc:
             raise self.translate(exc, key) from exc
-        out = await self._local(open, dest, "wb")
+        out = await self._open(dest)
         written = 0
         try:
             while True:
@@ -92,7 +92,22 @@ class ObstoreStore:
                 if self._on_chunk is not None:
                     await self._on_chunk(key, written)
         finally:
-            await self._local(out.close)
+            try:
+                await self._local(out.close)
+            except BaseException:  # cancelled (a sibling download failed) or a failed flush:
+                out.close()  # close it here rather than leave the file to the garbage collector
+                raise
+
+    @classmethod
+    async def _open(cls, dest: Path):
+        """``dest`` opened for writing in a worker thread; a file opened after its caller was
+        cancelled is closed, not left to the garbage collector."""
+        opening = asyncio.ensure_future(cls._local(open, dest, "wb"))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            opening.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().close())
+            raise
 
     @staticmethod
     async def _local(call, *args):
