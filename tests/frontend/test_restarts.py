@@ -25,15 +25,9 @@ from frontend.serving import start_serve
 from support.node import start_node
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS
+from support.waiting import wait_until
 
 MODELS = [f"addk_{k}" for k in range(1, 5)]
-
-
-def wait_for(condition, timeout=120.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # polling a condition with a deadline
 
 
 class Traffic:
@@ -102,14 +96,14 @@ def test_tf_serving_restarting_behind_a_sidecar_fails_no_request(frontend_repo, 
     try:
         with start_serve(tmp_path, frontend_repo, "--node-address", address) as serve, \
                 Traffic(serve.grpc_target, rest_url(serve), MODELS) as traffic:
-            wait_for(lambda: traffic.ok() >= 100, what="warm traffic")
+            wait_until(lambda: traffic.ok() >= 100, 120, "warm traffic")
             node.process.send_signal(signal.SIGKILL)
             node.process.wait()
             killed_at = len(traffic.results)
             # The same address, the node's own (empty) config: every resident model is gone from it.
             restarted = start_node(tmp_path / "node", config=EMPTY,
                                    flags=[*NODE_FLAGS, f"--port={node.grpc_port}", f"--rest_api_port={node.rest_port}"])
-            wait_for(lambda: len(traffic.results) >= killed_at + 200, what="traffic after the restart")
+            wait_until(lambda: len(traffic.results) >= killed_at + 200, 120, "traffic after the restart")
         traffic.check()
         log = restarted.log_path.read_text().split("Running gRPC ModelServer", 1)[1]  # after its start-up
         assert log.count("Adding/updating models.") == 1, log[-3000:]  # one reload restored them all
@@ -143,7 +137,7 @@ def test_a_sidecar_restarted_during_a_never_ending_load_serves_the_rest(frontend
 
                 thread = threading.Thread(target=load_forever)
                 thread.start()
-                wait_for(lambda: (gate / "addk_2.1.waiting").exists(), what="the node to start loading addk_2")
+                wait_until(lambda: (gate / "addk_2.1.waiting").exists(), 120, "the node to start loading addk_2")
                 first.process.send_signal(signal.SIGKILL)
                 first.process.wait()
                 thread.join(60)
@@ -173,13 +167,13 @@ def test_a_node_killed_with_one_replica_fails_no_request(one_replica):
     serve = one_replica
     old_pid = serve.node_ports("node0")["pid"]
     with Traffic(serve.grpc_target, rest_url(serve), MODELS) as traffic:
-        wait_for(lambda: traffic.ok() >= 100, what="warm traffic")
+        wait_until(lambda: traffic.ok() >= 100, 120, "warm traffic")
         os.kill(old_pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        wait_for(lambda: serve.node_ports("node0").get("pid", old_pid) != old_pid, what="the node's restart")
+        wait_until(lambda: serve.node_ports("node0").get("pid", old_pid) != old_pid, 120, "the node's restart")
         restarted_at = time.monotonic()
         count = len(traffic.results)
-        wait_for(lambda: len(traffic.results) >= count + 200, what="traffic after the restart")
+        wait_until(lambda: len(traffic.results) >= count + 200, 120, "traffic after the restart")
     traffic.check()
     # Requests in flight or sent while the node was down waited across its restart and were served
     # (check: none failed).

@@ -295,3 +295,17 @@ class OipTraffic:
         assert not failures, f"{len(failures)} failed of {len(self.results)}: {failures[:5]}"
         wrong = [(name, x, y) for name, x, y, _, _ in self.results if y != [x + addk_of(name)]]
         assert not wrong, f"{len(wrong)} wrong answers of {len(self.results)}: {wrong[:5]}"
+
+
+def oip_infer(grpc_target: str, name: str, x: float, timeout: float = 60.0) -> list[float]:
+    """One ModelInfer of ``name`` with x = [x] through the official tritonclient.grpc; y as a list."""
+    import numpy as np
+    import tritonclient.grpc as tritongrpc
+
+    client = tritongrpc.InferenceServerClient(grpc_target)
+    tensor = tritongrpc.InferInput("x", [1], "FP32")
+    tensor.set_data_from_numpy(np.array([x], dtype=np.float32))
+    try:
+        return client.infer(name, [tensor], client_timeout=timeout).as_numpy("y").tolist()
+    finally:
+        client.close()

@@ -9,22 +9,15 @@ that meet the node while it is down wait for it (docs/restarts.md).
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import tritonclient.grpc as triton_grpc
 
 from frontend.serving import start_serve
-from support.triton import start_triton
+from support.triton import oip_infer, start_triton
+from support.waiting import wait_until
 
 MODELS = ["addk_1", "addk_2", "addk_3"]
-
-
-def wait_for(condition, timeout=120.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # polling a condition with a deadline
 
 
 def test_triton_restarting_behind_a_sidecar_fails_no_request(triton_repository, tmp_path):
@@ -59,11 +52,11 @@ def test_triton_restarting_behind_a_sidecar_fails_no_request(triton_repository, 
             for thread in threads:
                 thread.start()
             try:
-                wait_for(lambda: sum(r is None for r in results) >= 60, what="warm traffic")
+                wait_until(lambda: sum(r is None for r in results) >= 60, 120, "warm traffic")
                 node.kill()
                 count = len(results)
                 restarted = start_triton(tmp_path / "second", triton_repository, ports=ports)
-                wait_for(lambda: len(results) >= count + 120, what="traffic after the restart")
+                wait_until(lambda: len(results) >= count + 120, 120, "traffic after the restart")
             finally:
                 stop.set()
                 for thread in threads:
@@ -85,24 +78,15 @@ def test_a_restarted_sidecar_readopts_what_triton_serves(triton_repository, tmp_
         args = ("--backend", "triton", "--node-address", f"127.0.0.1:{node.grpc_port},{node.rest_port}",
                 "--set", f"node.state_dir={state}")
 
-        def infer(serve, name: str, x: float) -> list[float]:
-            c = triton_grpc.InferenceServerClient(serve.grpc_target)
-            tensor = triton_grpc.InferInput("x", [1], "FP32")
-            tensor.set_data_from_numpy(np.array([x], dtype=np.float32))
-            try:
-                return c.infer(name, [tensor], client_timeout=60).as_numpy("y").tolist()
-            finally:
-                c.close()
-
         first = start_serve(tmp_path, triton_repository, *args)
         try:
-            assert infer(first, "addk_1", 1.0) == [2.0] and infer(first, "addk_2", 1.0) == [3.0]
+            assert oip_infer(first.grpc_target, "addk_1", 1.0) == [2.0] and oip_infer(first.grpc_target, "addk_2", 1.0) == [3.0]
             first.process.kill()
             first.process.wait()
         finally:
             first.stop()
         with start_serve(tmp_path, triton_repository, *args) as second:
-            assert infer(second, "addk_1", 5.0) == [6.0] and infer(second, "addk_2", 5.0) == [7.0]
+            assert oip_infer(second.grpc_target, "addk_1", 5.0) == [6.0] and oip_infer(second.grpc_target, "addk_2", 5.0) == [7.0]
             assert "adopted 2 models" in second.log_path.read_text()
         log = node.log_text()
         for name in ("addk_1", "addk_2"):  # adopted, not loaded again

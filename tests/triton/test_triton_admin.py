@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import subprocess
 
-import numpy as np
 import pytest
-import tritonclient.grpc as triton_grpc
 
 from admin.serving import start_admin_serve
 from support.node import PYTHON
-from support.triton import resident_models, serve_triton_nodes
+from support.triton import oip_infer, resident_models, serve_triton_nodes
 from tfscache.ring import Ring
 
 
@@ -30,16 +28,6 @@ def admin(serve, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
-def infer(serve, name: str, x: float) -> list[float]:
-    client = triton_grpc.InferenceServerClient(serve.grpc_target)
-    tensor = triton_grpc.InferInput("x", [1], "FP32")
-    tensor.set_data_from_numpy(np.array([x], dtype=np.float32))
-    try:
-        return client.infer(name, [tensor], client_timeout=60).as_numpy("y").tolist()
-    finally:
-        client.close()
-
-
 def test_a_pinned_model_stays_on_its_triton_node_and_a_drain_unloads_all(serve):
     home = Ring(["node0", "node1"]).owner("addk_1")
     target = f"127.0.0.1:{serve_triton_nodes(serve)[home]['grpc']}"
@@ -48,7 +36,7 @@ def test_a_pinned_model_stays_on_its_triton_node_and_a_drain_unloads_all(serve):
     others = [k for k in range(2, 13) if Ring(["node0", "node1"]).owner(f"addk_{k}") == home][:4]
     assert len(others) >= 3
     for k in others + others:  # churn through the one room the pin leaves on its node
-        assert infer(serve, f"addk_{k}", 1.0) == [1.0 + k]
+        assert oip_infer(serve.grpc_target, f"addk_{k}", 1.0) == [1.0 + k]
         assert "addk_1" in resident_models(target) and len(resident_models(target)) <= 2
     drained = admin(serve, "drain", "--node", home)
     assert drained.returncode == 0, drained.stderr
