@@ -42,8 +42,10 @@ async def channel_ready(channel: grpc.aio.Channel, timeout: float) -> bool:
         return False
 
 
-class NodeClient:
-    """ModelService calls to the node at ``target`` ("host:port")."""
+class NodeChannel:
+    """One gRPC channel to a node, with the calls every node client shares: a deadline on each
+    RPC, errors translated once (UNAVAILABLE as ``NodeUnavailable`` naming the node, the rest
+    by code with the node's own message), and waiting for the channel to connect."""
 
     def __init__(self, target: str, *, rpc_deadline_s: float = 10.0,
                  channel: grpc.aio.Channel | None = None) -> None:
@@ -54,16 +56,42 @@ class NodeClient:
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             *RECONNECT_OPTIONS,
         ])
-        self._reload = self._channel.unary_unary(
-            RELOAD_METHOD,
-            request_serializer=pb.ReloadConfigRequest.SerializeToString,
-            response_deserializer=pb.ReloadConfigResponse.FromString,
-        )
-        self._status = self._channel.unary_unary(
-            STATUS_METHOD,
-            request_serializer=pb.GetModelStatusRequest.SerializeToString,
-            response_deserializer=pb.GetModelStatusResponse.FromString,
-        )
+
+    def method(self, path: str, request, response) -> grpc.aio.UnaryUnaryMultiCallable:
+        """A unary method at ``path`` with these message classes."""
+        return self._channel.unary_unary(path, request_serializer=request.SerializeToString,
+                                         response_deserializer=response.FromString)
+
+    async def rpc(self, method, request, deadline_s: float | None):
+        """Call ``method`` with the deadline (default ``rpc_deadline_s``); failures as TfscacheErrors."""
+        timeout = self.rpc_deadline_s if deadline_s is None else deadline_s
+        try:
+            return await method(request, timeout=timeout, wait_for_ready=False)
+        except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                raise errors.NodeUnavailable(f"node {self.target} is unavailable: {e.details()}") from e
+            raise errors.error_for_code(e.code(), e.details() or "") from e
+
+    async def wait_ready(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for the channel to connect to the node; whether it did.
+
+        Not an RPC: it waits for a TCP and HTTP/2 connection (the node listening again
+        after a restart), and asks the channel to reconnect now rather than after its backoff.
+        """
+        return await channel_ready(self._channel, timeout)
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+
+class NodeClient(NodeChannel):
+    """ModelService calls to the node at ``target`` ("host:port")."""
+
+    def __init__(self, target: str, *, rpc_deadline_s: float = 10.0,
+                 channel: grpc.aio.Channel | None = None) -> None:
+        super().__init__(target, rpc_deadline_s=rpc_deadline_s, channel=channel)
+        self._reload = self.method(RELOAD_METHOD, pb.ReloadConfigRequest, pb.ReloadConfigResponse)
+        self._status = self.method(STATUS_METHOD, pb.GetModelStatusRequest, pb.GetModelStatusResponse)
 
     async def reload(self, config: pb.ModelServerConfig, deadline_s: float | None = None) -> None:
         """Send the full config; returns when the node's HandleReloadConfigRequest returns OK.
@@ -72,7 +100,7 @@ class NodeClient:
         a load failure comes back as UNKNOWN "... did not become available ...".
         """
         request = pb.ReloadConfigRequest(config=config)
-        response = await self._call(self._reload, request, deadline_s)
+        response = await self.rpc(self._reload, request, deadline_s)
         if response.status.error_code:  # a real node never sends a body with an error; be safe
             raise errors.error_for_code(response.status.error_code, response.status.error_message)
 
@@ -86,28 +114,7 @@ class NodeClient:
         if version is not None:
             spec.version.value = version
         try:
-            response = await self._call(self._status, pb.GetModelStatusRequest(model_spec=spec), deadline_s)
+            response = await self.rpc(self._status, pb.GetModelStatusRequest(model_spec=spec), deadline_s)
         except errors.NotFound:
             return []
         return list(response.model_version_status)
-
-    async def wait_ready(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for the channel to connect to the node; whether it did.
-
-        Not an RPC: it waits for a TCP and HTTP/2 connection (the node listening again
-        after a restart), and asks the channel to reconnect now rather than after its backoff.
-        """
-        return await channel_ready(self._channel, timeout)
-
-    async def close(self) -> None:
-        await self._channel.close()
-
-    async def _call(self, method, request, deadline_s: float | None):
-        timeout = self.rpc_deadline_s if deadline_s is None else deadline_s
-        try:
-            return await method(request, timeout=timeout, wait_for_ready=False)
-        except grpc.aio.AioRpcError as e:
-            if e.code() == grpc.StatusCode.UNAVAILABLE:
-                raise errors.NodeUnavailable(
-                    f"node {self.target} is unavailable: {e.details()}") from e
-            raise errors.error_for_code(e.code(), e.details() or "") from e
