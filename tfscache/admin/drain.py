@@ -9,7 +9,7 @@ A node drain (embedded mode, ``tfscache drain --node node1``):
 2. its cache drains: requests in flight finish, then every model is unloaded;
 3. the node stays off the ring, its process running and empty.
 
-A process drain (``tfscache drain``, or SIGTERM once serve.py calls ``drain_process``):
+A process drain (``tfscache drain`` with no ``--node``; SIGTERM is the shorter shutdown of ``Lifecycle``):
 
 1. health turns NOT_SERVING, and ``leave_discovery`` deregisters from discovery
    (the hook serve.py passes; none: nothing to leave);

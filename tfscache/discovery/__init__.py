@@ -3,7 +3,7 @@
 One ``Discovery`` object per sidecar. Its life:
 
     discovery = make_discovery("consul", address="http://127.0.0.1:8500", ttl_s=10)
-    discovery.subscribe(app.set_peers)          # called with list[Peer] on every change
+    discovery.subscribe(topology.set_peers)     # called with list[Peer] on every change
     await discovery.start()                     # first membership read (or DiscoveryError)
     await discovery.register(Peer("a", "10.0.0.1:8500", "10.0.0.1:8501"))
     ...                                         # discovery.members(): last known healthy set
