@@ -25,64 +25,36 @@ from frontend.serving import start_serve
 from support.node import start_node
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS
+from support.traffic import ClientLoop
 from support.waiting import wait_until
 
 MODELS = [f"addk_{k}" for k in range(1, 5)]
 
 
-class Traffic:
-    """Client threads sending Predict (gRPC, official stubs) and REST predicts in a loop until stopped."""
+class Traffic(ClientLoop):
+    """Predict (gRPC, official stubs) from most client threads, REST predicts from a quarter of them."""
+
+    errors = (grpc.RpcError, requests.RequestException)
 
     def __init__(self, grpc_target: str, rest_url: str, models: list[str], clients: int = 16,
                  timeout: float = 30.0) -> None:
-        self.grpc_target, self.rest_url, self.models, self.timeout = grpc_target, rest_url, models, timeout
-        self.results: list[tuple[str, float, object, float, float]] = []  # name, x, y or error, start, end
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, args=(w,)) for w in range(clients)]
+        super().__init__(models, clients, timeout)
+        self.grpc_target, self.rest_url = grpc_target, rest_url
 
-    def __enter__(self) -> Traffic:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(120)
-
-    def ok(self) -> int:
-        with self._lock:
-            return sum(not isinstance(r[2], Exception) for r in self.results)
-
-    def _client(self, worker: int) -> None:
-        rest = worker % 4 == 3  # a quarter of the clients use REST
+    def client(self, worker: int) -> None:
+        if worker % 4 == 3:  # a quarter of the clients use REST
+            self.loop(worker, self.rest_predict)
+            return
         with grpc.insecure_channel(self.grpc_target) as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-            i = 0
-            while not self._stop.is_set():
-                name, x = self.models[(worker + i) % len(self.models)], float(worker * 1000 + i)
-                i += 1
-                start = time.monotonic()
-                try:
-                    if rest:
-                        reply = requests.post(f"{self.rest_url}/v1/models/{name}:predict",
-                                              json={"instances": [x]}, timeout=self.timeout)
-                        y = reply.json()["predictions"] if reply.status_code == 200 else \
-                            RuntimeError(f"{reply.status_code} {reply.text}")
-                    else:
-                        y = list(stub.Predict(predict_request(name, x), timeout=self.timeout).outputs["y"].float_val)
-                except (grpc.RpcError, requests.RequestException) as exc:
-                    y = exc
-                with self._lock:
-                    self.results.append((name, x, y, start, time.monotonic()))
+            self.loop(worker, lambda name, x: list(
+                stub.Predict(predict_request(name, x), timeout=self.timeout).outputs["y"].float_val))
 
-    def check(self) -> None:
-        """No failed request, and every answer right (y = x + k)."""
-        failures = [(name, y) for name, _, y, _, _ in self.results if isinstance(y, Exception)]
-        assert not failures, f"{len(failures)} failed of {len(self.results)}: {failures[:5]}"
-        for name, x, y, _, _ in self.results:
-            assert y == [x + int(name.split("_")[1])], (name, x, y)
+    def rest_predict(self, name: str, x: float) -> object:
+        reply = requests.post(f"{self.rest_url}/v1/models/{name}:predict", json={"instances": [x]},
+                              timeout=self.timeout)
+        return reply.json()["predictions"] if reply.status_code == 200 else \
+            RuntimeError(f"{reply.status_code} {reply.text}")
 
 
 def rest_url(serve) -> str:

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from support.process import ServerProcess
+from support.traffic import ClientLoop
 
 from tfscache import tritonbin
 from tfscache.supervisor import free_port
@@ -213,51 +214,25 @@ class IndexSampler:
         return sum(map(len, self.samples.values()))
 
 
-def addk_of(name: str) -> float:
-    """k of ``addk_K`` (``y = x + k``); ``addk_pad`` and friends built with ``padded_name`` carry it too."""
-    return float(name.rsplit("_", 1)[1])
-
-
-class OipTraffic:
+class OipTraffic(ClientLoop):
     """Client threads sending ModelInfer through the official tritonclient, in a loop until stopped.
 
     Every ``rest_every``-th client uses ``tritonclient.http`` (binary tensors), the rest
-    ``tritonclient.grpc``. Results are ``(name, x, y or exception, start, end)``; ``check()``
-    asserts that none failed and that every y is x + k.
+    ``tritonclient.grpc``; the loop, results and ``check()`` are ``support.traffic.ClientLoop``'s.
     """
 
     def __init__(self, grpc_target: str, http_target: str, models: list[str], clients: int = 16,
                  timeout: float = 120.0, rest_every: int = 4) -> None:
-        self.grpc_target, self.http_target, self.models, self.timeout = grpc_target, http_target, models, timeout
-        self.rest_every = rest_every
-        self.results: list[tuple[str, float, object, float, float]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._client, args=(w,)) for w in range(clients)]
+        from tritonclient.utils import InferenceServerException
 
-    def __enter__(self) -> OipTraffic:
-        for thread in self._threads:
-            thread.start()
-        return self
+        super().__init__(models, clients, timeout)
+        self.grpc_target, self.http_target, self.rest_every = grpc_target, http_target, rest_every
+        self.errors = (InferenceServerException, OSError)
 
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(self.timeout + 30)
-
-    def done(self) -> int:
-        with self._lock:
-            return len(self.results)
-
-    def ok(self) -> int:
-        with self._lock:
-            return sum(not isinstance(r[2], Exception) for r in self.results)
-
-    def _client(self, worker: int) -> None:
+    def client(self, worker: int) -> None:
         import numpy as np
         import tritonclient.grpc as tritongrpc
         import tritonclient.http as tritonhttp
-        from tritonclient.utils import InferenceServerException
 
         rest = self.rest_every and worker % self.rest_every == self.rest_every - 1
         if rest:
@@ -266,35 +241,18 @@ class OipTraffic:
         else:
             client = tritongrpc.InferenceServerClient(self.grpc_target)
         module = tritonhttp if rest else tritongrpc
-        i = 0
+
+        def send(name: str, x: float) -> list[float]:
+            tensor = module.InferInput("x", [1], "FP32")
+            tensor.set_data_from_numpy(np.array([x], dtype=np.float32), **({"binary_data": True} if rest else {}))
+            if rest:
+                return client.infer(name, [tensor]).as_numpy("y").tolist()
+            return client.infer(name, [tensor], client_timeout=self.timeout).as_numpy("y").tolist()
+
         try:
-            while not self._stop.is_set():
-                name, x = self.models[(worker + i) % len(self.models)], float(worker * 1000 + i)
-                i += 1
-                tensor = module.InferInput("x", [1], "FP32")
-                tensor.set_data_from_numpy(np.array([x], dtype=np.float32), **({"binary_data": True} if rest else {}))
-                start = time.monotonic()
-                try:
-                    if rest:
-                        y = client.infer(name, [tensor]).as_numpy("y").tolist()
-                    else:
-                        y = client.infer(name, [tensor], client_timeout=self.timeout).as_numpy("y").tolist()
-                except (InferenceServerException, OSError) as exc:
-                    y = exc
-                with self._lock:
-                    self.results.append((name, x, y, start, time.monotonic()))
+            self.loop(worker, send)
         finally:
             client.close()
-
-    def failures(self) -> list[tuple[str, object]]:
-        return [(r[0], r[2]) for r in self.results if isinstance(r[2], Exception)]
-
-    def check(self) -> None:
-        """No failed request, and every answer right (y = x + k)."""
-        failures = self.failures()
-        assert not failures, f"{len(failures)} failed of {len(self.results)}: {failures[:5]}"
-        wrong = [(name, x, y) for name, x, y, _, _ in self.results if y != [x + addk_of(name)]]
-        assert not wrong, f"{len(wrong)} wrong answers of {len(self.results)}: {wrong[:5]}"
 
 
 def oip_infer(grpc_target: str, name: str, x: float, timeout: float = 60.0) -> list[float]:

@@ -21,7 +21,8 @@ import tritonclient.grpc as tritongrpc
 from tritonclient.utils import InferenceServerException
 
 from frontend.serving import start_serve
-from support.triton import IndexSampler, addk_of, serve_triton_nodes
+from support.traffic import addk_of
+from support.triton import IndexSampler, serve_triton_nodes
 
 MODEL = "addk_3"
 ROUNDS = 4
