@@ -136,20 +136,36 @@ class NodeMemory:
         self._retry_s = retry_s
         self._next_find = 0.0
         self._process = _process(pid)
+        self._seen_pid = self.pid  # for ``replaced``
 
     @property
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
-    def rss(self) -> int | None:
-        """Bytes resident in the node's process now; None when it cannot be measured."""
+    def rss(self, *, children: bool = False) -> int | None:
+        """Bytes resident in the node's process now (``children``: and in every process under it, as
+        Triton's python-backend stubs); None when it cannot be measured."""
         process = self._current()
         if process is None:
             return None
         try:
-            return process.memory_info().rss
+            rss = process.memory_info().rss
+            tree = process.children(recursive=True) if children else []
         except psutil.Error:  # gone between the check and the read
             return None
+        for child in tree:
+            try:
+                rss += child.memory_info().rss
+            except psutil.Error:  # exited meanwhile
+                pass
+        return rss
+
+    def replaced(self) -> bool:
+        """Whether the node's process was replaced (found again with another pid) since the last call."""
+        pid = self.pid
+        changed = self._seen_pid is not None and pid is not None and pid != self._seen_pid
+        self._seen_pid = pid
+        return changed
 
     def _current(self) -> psutil.Process | None:
         process = self._process

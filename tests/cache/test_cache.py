@@ -446,6 +446,9 @@ class ScriptedMemory:
     def rss(self) -> int | None:
         return self.readings.pop(0) if self.readings else None
 
+    def replaced(self) -> bool:
+        return False
+
 
 async def test_over_the_memory_cap_after_a_load_it_evicts_once_a_lease_ends(make_cache, repository):
     # A load measured far above its estimate puts the accounting over the cap while every model is

@@ -45,7 +45,6 @@ class TFServingAdapter:
         self.repository = repository
         self.rpc_deadline_s = rpc_deadline_s
         self._memory = memory or NodeMemory(None)
-        self._pid = self._memory.pid
 
     def config(self, wanted: Sequence[Key]) -> pb.ModelServerConfig:
         """The node config serving exactly ``wanted``: one entry per name, its specific versions."""
@@ -117,10 +116,7 @@ class TFServingAdapter:
         return self._memory.rss()
 
     def restarted(self) -> bool:
-        pid = self._memory.pid
-        replaced = self._pid is not None and pid is not None and pid != self._pid
-        self._pid = pid
-        return replaced
+        return self._memory.replaced()
 
     def _vanished(self, keys: Sequence[Key]) -> list[Key]:
         return [k for k in keys if self.repository.version_path(*k) is None]

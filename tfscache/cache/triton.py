@@ -41,7 +41,6 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 
-import psutil
 
 from tfscache import errors
 from tfscache.cache.ledger import Key
@@ -98,7 +97,6 @@ class TritonAdapter:
         self.repository = repository
         self.rpc_deadline_s = rpc_deadline_s
         self._memory = memory or NodeMemory(None)
-        self._pid = self._memory.pid
         self._turns = ModelTurns()
         self._abandoned: dict[str, asyncio.Task] = {}
 
@@ -170,26 +168,10 @@ class TritonAdapter:
 
     def memory(self) -> int | None:
         """RSS of tritonserver plus its children: each Python-backend model instance is a stub process (§7)."""
-        rss = self._memory.rss()  # finds a replaced server again
-        pid = self._memory.pid
-        if rss is None or pid is None:
-            return rss
-        try:
-            children = psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            return rss
-        for child in children:
-            try:
-                rss += child.memory_info().rss
-            except psutil.Error:  # a stub that exited meanwhile
-                pass
-        return rss
+        return self._memory.rss(children=True)  # finds a replaced server again
 
     def restarted(self) -> bool:
-        pid = self._memory.pid
-        replaced = self._pid is not None and pid is not None and pid != self._pid
-        self._pid = pid
-        return replaced
+        return self._memory.replaced()
 
     async def close(self) -> None:
         """Stop watching loads that passed their deadline (the node keeps whatever they load)."""
