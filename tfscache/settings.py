@@ -25,197 +25,36 @@ import re
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
-from tfscache.cache.policy import POLICIES
-
-from tfscache.discovery.peer import parse_peers
+from tfscache.sections import (CacheSection, DiscoverySection, NodeSection, RingSection, ScaleSection,
+                               ServerSection, StorageSection, setting)
 from tfscache.units import parse_bytes
 
-MiB = 1 << 20
+REMOTE_SCHEMES = ("s3", "gs", "az")  # tfscache.storage.STORES' keys (that package imports obstore)
 
+__all__ = ["CacheSection", "DiscoverySection", "NodeSection", "RingSection", "ScaleSection", "ServerSection",
+           "Settings", "SettingsError", "StorageSection", "describe", "from_args", "load", "parse_bytes"]
 
 class SettingsError(ValueError):
     """A setting with a bad value; the message names the field and the value."""
-
-
-def _setting(default: Any, doc: str, *, parse: Callable[[Any], Any] | None = None,
-             check: Callable[[Any], str | None] | None = None, flag: str | None = None) -> Any:
-    meta = {"doc": doc, "parse": parse, "check": check, "flag": flag}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def _at_least(low: float) -> Callable[[Any], str | None]:
-    return lambda v: None if v >= low else f"must be >= {low}"
-
-
-def _port(v: int) -> str | None:
-    return None if 0 <= v <= 65535 else "must be a port number 0..65535"
-
-
-@dataclass
-class CacheSection:
-    """Per-node cache (tfscache.cache.manager.CacheManager takes this section): caps, eviction, timing."""
-
-    max_models_per_node: int = _setting(0, "most models resident on one node at once (0 = no cap)",
-                                        check=_at_least(0), flag="--max-models-per-node")
-    memory_per_node: int = _setting(0, "most bytes of models on one node, e.g. 4GiB (0 = no cap)",
-                                    parse=parse_bytes, flag="--memory-per-node")
-    policy: str = _setting("lru", "eviction policy, by name (tfscache.cache.policy): lru, fifo, lfu, cost or oldest",
-                           check=lambda v: None if v in POLICIES else f"must be one of {', '.join(sorted(POLICIES))}")
-    policy_window_s: float = _setting(60.0, "policy oldest: the window its request counts cover (a model idle "
-                                      "this long is cold)", check=lambda v: None if v > 0 else "must be > 0")
-    gpu_memory_per_node: int = _setting(0, "most GPU bytes of models on one node, measured with NVML, e.g. 20GiB "
-                                        "(0 = no cap; off without a GPU; docs/gpu.md)",
-                                        parse=parse_bytes, flag="--gpu-memory-per-node")
-    load_timeout_s: float = _setting(600.0, "longest a request without a deadline waits for its model to load",
-                                     check=_at_least(0.001))
-    room_timeout_s: float = _setting(30.0, "how long a load waits for busy models to go idle before "
-                                     "RESOURCE_EXHAUSTED", check=_at_least(0))
-    failure_backoff_s: float = _setting(30.0, "after a failed load, how long requests get the same error",
-                                        check=_at_least(0))
-    rpc_deadline_s: float = _setting(10.0, "deadline of GetModelStatus and of reloads that load nothing",
-                                     check=_at_least(0.001))
-    reload_deadline_s: float = _setting(300.0, "deadline of a reload that loads models",
-                                        check=_at_least(0.001))
-    estimate_factor: float = _setting(1.2, "a model's memory before its first load: this x its size on disk",
-                                      check=_at_least(0))
-    health_retry_s: float = _setting(5.0, "while a node is unhealthy, the longest wait between tries to reach it",
-                                     check=_at_least(0.001))
-
-
-@dataclass
-class RingSection:
-    """Consistent-hash ring of nodes (embedded) or sidecars (peers)."""
-
-    replicas_per_model: int = _setting(1, "distinct nodes that may serve each model",
-                                       check=_at_least(1), flag="--replicas-per-model")
-    vnodes: int = _setting(160, "points per node on the hash ring", check=_at_least(1))
-    self_name: str = _setting("", "sidecar mode: this sidecar's name in the peer list", flag="--name")
-    peers: list = _setting([], "sidecar mode: every sidecar as {name, grpc, rest} (static list)",
-                           parse=parse_peers)
-
-
-@dataclass
-class NodeSection:
-    """The model-server nodes behind the front end."""
-
-    backend: str = _setting("tfserving", "the kind of node: tfserving (TF Serving's API) or triton (NVIDIA "
-                            "Triton, Open Inference Protocol)", flag="--backend",
-                            check=lambda v: None if v in ("tfserving", "triton") else "must be tfserving or triton")
-    local_nodes: int = _setting(1, "embedded mode: how many `tfscache node` children to run",
-                                check=_at_least(0), flag="--local-nodes")
-    node_command: str = _setting("", "run this model server (e.g. tensorflow_model_server) instead of "
-                                 "`tfscache node`", flag="--node-command")
-    node_address: str = _setting("", "sidecar mode: the one node, as HOST:GRPC_PORT[,REST_PORT]",
-                                 flag="--node-address")
-    file_system_poll_wait_seconds: float = _setting(0.1, "node's --file_system_poll_wait_seconds "
-                                                    "(tensorflow_model_server needs >= 1)",
-                                                    check=_at_least(0.001))
-    num_load_threads: int = _setting(2, "node's --num_load_threads (>= 2: one stuck load blocks no other)",
-                                     check=_at_least(2))
-    max_num_load_retries: int = _setting(0, "node's --max_num_load_retries", check=_at_least(0))
-    extra_args: list = _setting([], "more flags for each node process, as a list of strings")
-    start_timeout_s: float = _setting(120.0, "longest wait for a node to start serving",
-                                      check=_at_least(0.1))
-    state_dir: str = _setting("", "where node config and cache state files go (default: a persistent "
-                              "per-instance directory, $XDG_STATE_HOME/tfscache/<instance>; see docs)")
-
-
-@dataclass
-class ServerSection:
-    """The front end's own listeners."""
-
-    bind_address: str = _setting("0.0.0.0", "address the gRPC and REST front ends bind",
-                                 flag="--bind-address")
-    grpc_port: int = _setting(8500, "gRPC port (0 = pick a free one)", check=_port, flag="--grpc-port")
-    rest_port: int = _setting(8501, "REST port (0 = pick a free one, -1 = off)",
-                              check=lambda v: None if -1 <= v <= 65535 else "must be -1..65535",
-                              flag="--rest-port")
-    max_receive_message_bytes: int = _setting(256 * MiB, "largest request accepted, both transports",
-                                              parse=parse_bytes, flag="--max-receive-message-size")
-    max_send_message_bytes: int = _setting(256 * MiB, "largest response sent", parse=parse_bytes,
-                                           flag="--max-send-message-size")
-    rest_timeout_s: float = _setting(60.0, "deadline of a REST request forwarded to a node",
-                                     check=_at_least(0.001))
-    ports_file: str = _setting("", "write {\"grpc\": N, \"rest\": M, \"pid\": P} here once serving",
-                               flag="--ports-file")
-    grace_s: float = _setting(5.0, "on SIGTERM, how long in-flight requests may finish",
-                              check=_at_least(0))
-    admin_port: int = _setting(-1, "admin API port (tfscache models/pin/evict/drain; 0 = pick a free one, "
-                               "-1 = off)", check=lambda v: None if -1 <= v <= 65535 else "must be -1..65535",
-                               flag="--admin-port")
-    admin_bind_address: str = _setting("127.0.0.1", "address the admin API binds (any but loopback needs "
-                                       "server.admin_token)")
-    admin_token: str = _setting("", "admin API token, sent by clients as 'authorization: Bearer TOKEN'")
-    metrics_port: int = _setting(-1, "port of /metrics (Prometheus) and /status (tfscache status), "
-                                 "e.g. 8503 (0 = pick a free one, -1 = off)",
-                                 check=lambda v: None if -1 <= v <= 65535 else "must be -1..65535",
-                                 flag="--metrics-port")
-    metrics_per_model: bool = _setting(False, "label per-model cache metrics with the model's name "
-                                       "(one series per model: off for many models)")
-
-
-@dataclass
-class DiscoverySection:
-    """Sidecar mode: how sidecars find each other (tfscache.discovery, docs/discovery.md)."""
-
-    backend: str = _setting("static", "static (ring.peers, re-read on SIGHUP), consul or etcd",
-                            check=lambda v: None if v in ("static", "consul", "etcd")
-                            else "must be static, consul or etcd", flag="--discovery")
-    service_name: str = _setting("tfscache", "Consul service name / middle segment of etcd keys",
-                                 check=lambda v: None if re.fullmatch(r"[A-Za-z0-9_-]+", v)
-                                 else "letters, digits, - and _ only")
-    advertise_host: str = _setting("", "host other sidecars reach this one at (default: bind address, "
-                                   "or this host's FQDN when that is 0.0.0.0)", flag="--advertise-host")
-    ttl_s: float = _setting(10.0, "registration TTL (Consul TTL check, etcd lease), kept alive every TTL/3",
-                            check=_at_least(1))
-    retry_max_s: float = _setting(5.0, "longest back-off between retries while the registry is unreachable",
-                                  check=_at_least(0.1))
-    start_timeout_s: float = _setting(30.0, "longest wait at start-up for the first membership and registration",
-                                      check=_at_least(0.1))
-    request_timeout_s: float = _setting(5.0, "deadline of each registry call (blocking queries add their wait)",
-                                        check=_at_least(0.1))
-    consul_address: str = _setting("http://127.0.0.1:8500", "the local Consul agent's HTTP API")
-    consul_token: str = _setting("", "Consul ACL token, sent as X-Consul-Token")
-    consul_wait_s: float = _setting(30.0, "Consul blocking-query wait", check=_at_least(1))
-    consul_deregister_critical_after_s: float = _setting(600.0, "Consul's DeregisterCriticalServiceAfter",
-                                                         check=_at_least(60))
-    etcd_endpoints: list = _setting(["http://127.0.0.1:2379"], "etcd client URLs, one per member")
-    etcd_prefix: str = _setting("/tfscache", "etcd key prefix: keys are PREFIX/SERVICE/NAME")
-    join: bool = _setting(True, "register with discovery at start-up; false: start serving but stay out of "
-                          "the ring until `tfscache join` (consul, etcd; static ignores it)", flag="--no-join")
-
-
-@dataclass
-class ScaleSection:
-    """The scaling signal: tfscache_unloads_per_minute and tfscache_scale_advice (tfscache.scale, docs/scaling.md)."""
-
-    window_s: float = _setting(300.0, "the sliding window capacity unloads per minute are counted over",
-                               check=_at_least(1))
-    unloads_per_minute_high: float = _setting(10.0, "advise more nodes (+1) when a node's mean capacity unloads "
-                                              "per minute reach this", check=lambda v: None if v > 0 else "must be > 0")
-    unloads_per_minute_low: float = _setting(1.0, "advise fewer nodes (-1) only at or below this rate (and when "
-                                             "the resident set fits on one node fewer)", check=_at_least(0))
-    headroom: float = _setting(0.2, "fewer nodes only if the resident set fits under (1 - headroom) x the "
-                               "caps of one node fewer", check=lambda v: None if 0 <= v < 1 else "must be 0 <= x < 1")
 
 
 @dataclass
 class Settings:
     """Everything `tfscache serve` reads."""
 
-    model_repository: str = _setting("", "directory holding NAME/VERSION/saved_model.pb",
-                                     flag="--model-repository")
+    model_repository: str = setting("", "directory holding NAME/VERSION/saved_model.pb, or s3://BUCKET/PREFIX, "
+                                    "gs://BUCKET/PREFIX, az://CONTAINER/PREFIX (docs/storage.md)",
+                                    flag="--model-repository")
     cache: CacheSection = field(default_factory=CacheSection)
     ring: RingSection = field(default_factory=RingSection)
     node: NodeSection = field(default_factory=NodeSection)
     server: ServerSection = field(default_factory=ServerSection)
-    log_json: bool = _setting(False, "log JSON objects, one per line, instead of text (--log-json)")
+    log_json: bool = setting(False, "log JSON objects, one per line, instead of text (--log-json)")
     discovery: DiscoverySection = field(default_factory=DiscoverySection)
     scale: ScaleSection = field(default_factory=ScaleSection)
+    storage: StorageSection = field(default_factory=StorageSection)
 
     @property
     def sidecar(self) -> bool:
@@ -223,7 +62,7 @@ class Settings:
         return bool(self.node.node_address)
 
 
-_SECTIONS = ("cache", "ring", "node", "server", "discovery", "scale")
+_SECTIONS = ("cache", "ring", "node", "server", "discovery", "scale", "storage")
 
 
 def iter_fields(settings: Settings | None = None):
@@ -328,9 +167,13 @@ def _check_whole(s: Settings) -> None:
                             "(must be >= 1 without --node-address)")
     if not s.model_repository:
         raise SettingsError("bad value for setting model_repository: '' (required: --model-repository DIR)")
-    if not Path(s.model_repository).is_dir():
+    if remote_url(s.model_repository):
+        problem = remote_url(s.model_repository)
+        if problem is not True:
+            raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} ({problem})")
+    elif not Path(s.model_repository).is_dir():
         raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} "
-                            "(not a directory)")
+                            "(not a directory, nor an s3://, gs:// or az:// URL)")
     if s.server.admin_port >= 0:
         check_bind(s.server.admin_bind_address, s.server.admin_token)
     if s.scale.unloads_per_minute_low >= s.scale.unloads_per_minute_high:
@@ -339,6 +182,21 @@ def _check_whole(s: Settings) -> None:
     if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
         raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
                             "(must differ from server.grpc_port)")
+
+
+def remote_url(url: str) -> bool | str:
+    """False for a local path; True for a well-formed object-store URL (s3://, gs://, az://);
+    otherwise why the URL is bad. The store's library is not imported here."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not re.fullmatch(r"[a-z][a-z0-9+.-]*", scheme):
+        return False
+    if scheme not in REMOTE_SCHEMES:
+        return f"unsupported scheme {scheme}://: expected a directory or one of " + \
+            ", ".join(f"{s}://BUCKET/PREFIX" for s in REMOTE_SCHEMES)
+    bucket = rest.partition("/")[0]
+    if not bucket or "?" in rest or "#" in rest:
+        return f"must be {scheme}://BUCKET/PREFIX"
+    return True
 
 
 def is_loopback(address: str) -> bool:
