@@ -20,6 +20,7 @@ from tfscache.errors import InvalidArgument, Unimplemented
 from tfscache.node import json_tensor as jt
 from tfscache.node.json_examples import fill_example_request
 from tfscache.node.json_tensor import JsonFormat
+from tfscache.node import rapidjson_reader
 from tfscache.node.rapidjson_reader import ParseError, Parser
 from tfscache.node.rapidjson_writer import debug_string
 
@@ -76,11 +77,33 @@ def test_parse_errors_use_rapidjson_texts_and_offsets(body: bytes, message: str)
 
 
 def test_rapidjson_parser_rejects_broken_surrogate_pairs() -> None:
-    # json.loads (the fast path) accepts lone surrogates; the fallback parser does not.
-    with pytest.raises(ParseError) as caught:
-        Parser(b'{"a": "\\uD800x"}').parse()
-    assert (caught.value.message, caught.value.offset) == (
-        "The surrogate pair in string is invalid.", 7)
+    # Both the library and the fallback parser (for non-UTF-8 and deep documents).
+    for parser in (rapidjson_reader.parse, lambda data: Parser(data).parse()):
+        with pytest.raises(ParseError) as caught:
+            parser(b'{"a": "\\uD800x"}')
+        assert (caught.value.message, caught.value.offset) == (
+            "The surrogate pair in string is invalid.", 7)
+
+
+@pytest.mark.parametrize("body, message", [
+    # not UTF-8: python-rapidjson cannot decode it, the fallback parser reads it
+    (b'{"a": "\xff", "b": [1,]}', "JSON Parse error: Invalid value. at offset: 19"),
+    # deeper than python-rapidjson's recursion limit
+    (b'{"a": ' + b"[" * 5000 + b"1 2", "JSON Parse error: Missing a comma or ']' after an array element. at offset: 5008"),
+    (b'{"a": ' + b"[" * 5000 + b"]" * 5000 + b", }", "JSON Parse error: Missing a name for object member. at offset: 10008"),
+    # the document ends at the first NUL, as a C string does
+    (b'{"a": "b\0c"}', "JSON Parse error: Missing a closing quotation mark in string. at offset: 8"),
+])
+def test_documents_the_library_cannot_read_get_rapidjson_errors(body: bytes, message: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        jt.parse_json(body)
+    assert caught.value.message == message
+
+
+def test_bytes_that_are_not_utf8_pass_through() -> None:
+    doc = jt.parse_json(b'{"instances": ["\xff\xfe"]} \0 trailing')
+    tensors, _ = jt.predict_inputs(doc, infos(default=types_pb2.DT_STRING))
+    assert list(tensors["default"].string_val) == [b"\xff\xfe"]
 
 
 def test_parse_accepts_what_rapidjson_accepts() -> None:
@@ -89,7 +112,7 @@ def test_parse_accepts_what_rapidjson_accepts() -> None:
     doc = jt.parse_json(b'{"a": [NaN, Inf, -Inf, Infinity, -Infinity, 1]} trailing {')
     assert math.isnan(doc["a"][0]) and doc["a"][1:5] == [math.inf, -math.inf, math.inf, -math.inf]
     assert jt.parse_json(b' {"a": "\\u00e9\\ud83d\\ude00"}') == {"a": "\u00e9\U0001F600"}
-    # DeeplyNestedWellFormed: 500000 nested arrays parse (json.loads would recurse too deep).
+    # DeeplyNestedWellFormed: 500000 nested arrays parse (python-rapidjson would recurse too deep).
     deep = b'{"instances":[1], "nested":' + b"[" * 500000 + b"]" * 500000 + b"}"
     tensors, fmt = jt.predict_inputs(jt.parse_json(deep), infos(default=types_pb2.DT_INT32))
     assert fmt is JsonFormat.ROW and list(tensors["default"].int_val) == [1]
@@ -99,6 +122,9 @@ def test_integers_too_wide_for_64_bits_are_doubles() -> None:
     doc = jt.parse_json(b'{"a": 18446744073709551616, "b": 18446744073709551615}')
     assert doc == {"a": 18446744073709551616.0, "b": 18446744073709551615}
     assert isinstance(Parser(b"[18446744073709551616]").parse()[0], float)
+    assert rapidjson_reader.parse(b"[-9223372036854775809, -9223372036854775808]") == [
+        -9223372036854775809.0, -(2**63)]
+    assert type(rapidjson_reader.parse(b"[-9223372036854775809]")[0]) is float
 
 
 def test_signature_name_must_be_a_string() -> None:
@@ -395,10 +421,10 @@ def test_example_errors(body: str, message: str, request_type) -> None:
 
 
 def test_integer_literals_beyond_a_double_are_too_big() -> None:
-    huge = "1" + "0" * 400  # json.loads takes it; rapidjson rejects it while parsing
+    huge = "1" + "0" * 400  # rapidjson rejects it while parsing
     assert fill_error(f'{{"inputs": [{huge}]}}', x=types_pb2.DT_FLOAT) == (
-        "JSON Parse error: Number too big to be stored in double.")
+        "JSON Parse error: Number too big to be stored in double. at offset: 12")
     with pytest.raises(InvalidArgument) as caught:
         fill_example_request(jt.parse_json(f'{{"examples": [{{"x": {huge}}}]}}'.encode()),
                                 regression_pb2.RegressionRequest())
-    assert caught.value.message == "JSON Parse error: Number too big to be stored in double."
+    assert caught.value.message == "JSON Parse error: Number too big to be stored in double. at offset: 20"

@@ -14,7 +14,7 @@ from tensorflow.core.example import example_pb2, feature_pb2
 
 from tfscache.errors import InvalidArgument
 from tfscache.node.json_tensor import signature_name
-from tfscache.node.json_values import INT64, UINT64, b64decode, is_b64, reject_too_big, utf8_bytes
+from tfscache.node.json_values import INT64, UINT64, b64decode, is_b64, utf8_bytes
 from tfscache.node.rapidjson_reader import json_type
 from tfscache.node.rapidjson_writer import debug_string
 
@@ -52,7 +52,6 @@ def _add_to_feature(value: Any, name: str, feature: feature_pb2.Feature) -> None
                 f"Feature: {name} has uint64_t element. Only int64_t is supported.")
         feature.int64_list.value.append(value)
     else:  # a fraction, an exponent, or an integer too wide for 64 bits: a double
-        reject_too_big(value)
         want("float_list")
         feature.float_list.value.append(float(value))
 

@@ -8,26 +8,15 @@ rendered by json_response.py.
 Every error is a ``TfscacheError`` carrying TF Serving's own text, because clients
 match on it.
 
-TF Serving parses with rapidjson. This module keeps its observable behaviour, with
-the emulation of rapidjson itself in rapidjson_reader.py: ``json.loads`` is the fast
-path. When it fails (or a number could overflow a double), a small parser with
-rapidjson's grammar and flags (iterative, NaN/Inf allowed, stop when the root
-value is done) gives the verdict, so errors read "JSON Parse error: Invalid value.
-at offset: 0" as rapidjson's do, and what rapidjson accepts ("Inf", trailing bytes
-after the root value, 500000 nested arrays) is accepted.
-
-Known differences from rapidjson, all in malformed or unusual input: with
-repeated object keys the last one wins on the fast path (rapidjson keeps both
-and looks up the first); invalid UTF-8 and lone surrogate escapes are accepted;
-an integer literal of 309 to 4300 digits is "too big" only where it is
-used, and without the offset.
+TF Serving parses with rapidjson; so does this module, through python-rapidjson
+(rapidjson_reader.py), so parse errors read "JSON Parse error: Invalid value. at
+offset: 0" with rapidjson's own texts and offsets, and what rapidjson accepts ("Inf",
+trailing bytes after the root value, 500000 nested arrays) is accepted.
 """
 
 from __future__ import annotations
 
 import enum
-import json
-import re
 from typing import Any, Mapping
 
 from tensorflow.core.framework import tensor_pb2, types_pb2
@@ -39,10 +28,9 @@ from tfscache.node.json_values import (
     b64decode,
     dtype_string,
     is_b64,
-    reject_too_big,
     utf8_bytes,
 )
-from tfscache.node.rapidjson_reader import ParseError, Parser, json_type
+from tfscache.node.rapidjson_reader import ParseError, json_type, parse
 from tfscache.node.rapidjson_writer import debug_string
 
 
@@ -54,11 +42,7 @@ class JsonFormat(enum.Enum):
 
 
 # ---------------------------------------------------------------------------
-# Parsing: json.loads, or rapidjson's verdict where the two differ
-
-# Exponents json.loads reads as inf where rapidjson says "too big". (Integers of 309
-# to 4300 digits, which json.loads takes, are caught where they are used: reject_too_big.)
-_MAYBE_TOO_BIG = re.compile(rb"[eE]\+?0*[1-9][0-9]{2}")
+# Parsing
 
 
 def parse_json(body: bytes | str) -> dict:
@@ -66,17 +50,11 @@ def parse_json(body: bytes | str) -> dict:
     data = body.encode("utf-8", "surrogateescape") if isinstance(body, str) else bytes(body)
     if not data:
         raise InvalidArgument("JSON Parse error: The document is empty")
-    doc: Any
     try:
-        if _MAYBE_TOO_BIG.search(data):
-            raise ValueError("let the rapidjson parser judge the numbers")
-        doc = json.loads(data)
-    except (ValueError, RecursionError):
-        try:
-            doc = Parser(data).parse()
-        except ParseError as exc:
-            raise InvalidArgument(
-                f"JSON Parse error: {exc.message} at offset: {exc.offset}") from None
+        doc = parse(data)
+    except ParseError as exc:
+        raise InvalidArgument(
+            f"JSON Parse error: {exc.message} at offset: {exc.offset}") from None
     if not isinstance(doc, dict):
         raise InvalidArgument(f"JSON Value: {debug_string(doc)} Is not object")
     return doc
@@ -113,7 +91,6 @@ _BULK = {dtype: accepts for dtype, (_, accepts) in CONVERSIONS.items()
 
 def _leaf(value: Any, dtype: int) -> Any:
     """AddValueToTensor (or the base64 object of a DT_STRING)."""
-    reject_too_big(value)
     if isinstance(value, dict):
         if dtype == types_pb2.DT_STRING:
             return b64decode(value)

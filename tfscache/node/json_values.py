@@ -9,7 +9,6 @@ Classify and Regress) and the response side (json_response.py):
 * ``dtype_string``: tensorflow::DataTypeString, as the error texts print a dtype.
 * ``is_b64`` / ``b64decode``: the ``{"b64": "..."}`` object of binary strings.
 * ``utf8_bytes``: a parsed string's bytes, as sent.
-* ``reject_too_big``: rapidjson's "Number too big" for integers json.loads accepted.
 """
 
 from __future__ import annotations
@@ -84,9 +83,3 @@ def utf8_bytes(text: str) -> bytes:
         return text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         return text.encode("utf-8", "surrogatepass")
-
-
-def reject_too_big(value: Any) -> None:
-    """rapidjson rejects an integer literal beyond a double's range while parsing."""
-    if type(value) is int and not -TOO_BIG_INT < value < TOO_BIG_INT:
-        raise InvalidArgument("JSON Parse error: Number too big to be stored in double.")

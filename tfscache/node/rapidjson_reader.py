@@ -1,10 +1,27 @@
 """rapidjson's Reader as TF Serving uses it: grammar, error texts and byte offsets.
 
-``Parser(data).parse()`` parses with rapidjson's grammar under TF Serving's flags
-(kParseIterativeFlag | kParseNanAndInfFlag | kParseStopWhenDoneFlag) and raises
+``parse(data)`` parses a request body as TF Serving does (rapidjson 1.1.0 with
+kParseIterativeFlag | kParseNanAndInfFlag | kParseStopWhenDoneFlag) and raises
 ``ParseError`` with rapidjson's text and offset. ``json_type`` names a parsed value's
 type as rapidjson does ("Null", "Object", "Number", ...). json_tensor.py turns these
 into TF Serving's errors; the writer is rapidjson_writer.py.
+
+The parser is python-rapidjson, which wraps the C++ rapidjson: its grammar, native
+number handling (int64, uint64, else a double; no full-precision flag, as in TF
+Serving) and GetParseError_En texts and offsets are the real thing. Two cases it
+cannot take, and the hand-written iterative ``Parser`` below parses instead, with the
+same grammar and texts:
+
+* nesting deeper than the Python recursion limit: python-rapidjson parses
+  recursively and stops ("Maximum parse recursion depth exceeded!"), where TF
+  Serving's iterative parse has no limit (json_tensor_test.cc DeeplyNestedWellFormed);
+* bytes that are not UTF-8: python-rapidjson decodes its input as UTF-8 first, where
+  TF Serving's rapidjson does not validate the encoding and passes the bytes through.
+
+One difference from rapidjson 1.1.0 remains, in python-rapidjson's newer rapidjson:
+a lone low-surrogate escape ("\\udc00") is "The surrogate pair in string is
+invalid." where 1.1.0 accepts it. Repeated object keys: the last one wins (rapidjson
+keeps both members and a lookup finds the first).
 """
 
 from __future__ import annotations
@@ -12,6 +29,8 @@ from __future__ import annotations
 import math
 import re
 from typing import Any
+
+import rapidjson
 
 _INT64 = (-(2**63), 2**63)
 _UINT64 = (0, 2**64)
@@ -55,6 +74,31 @@ _TOO_BIG = "Number too big to be stored in double."
 _MISS_FRACTION = "Miss fraction part in number."
 _MISS_EXPONENT = "Miss exponent in number."
 
+# python-rapidjson: "Parse error at offset 12: Invalid value."
+_LIBRARY_ERROR = re.compile(r"Parse error at offset (\d+): (.*)", re.S)
+_NOT_DONE = "The document root must not be followed by other values."
+_NATIVE = rapidjson.NM_NAN | rapidjson.NM_NATIVE
+
+
+def parse(data: bytes) -> Any:
+    """A document as TF Serving's rapidjson reads it, or ``ParseError``."""
+    end = data.find(b"\0")  # rapidjson reads a C string: the document ends at the first NUL
+    if end >= 0:
+        data = data[:end]
+    try:
+        return rapidjson.loads(data, number_mode=_NATIVE)
+    except (UnicodeDecodeError, RecursionError):  # not UTF-8, or nested too deep
+        return Parser(data).parse()
+    except rapidjson.JSONDecodeError as exc:
+        match = _LIBRARY_ERROR.fullmatch(str(exc))
+        if match is None:  # not one of rapidjson's texts: let the parser judge
+            return Parser(data).parse()
+        offset, message = int(match.group(1)), match.group(2)
+    if message == _NOT_DONE:  # kParseStopWhenDoneFlag: what follows the root is ignored
+        return parse(data[:offset])
+    raise ParseError(message, offset)
+
+
 _WS = b" \t\n\r"
 _SIMPLE_ESCAPES = {ord('"'): '"', ord("\\"): "\\", ord("/"): "/", ord("b"): "\b",
                    ord("f"): "\f", ord("n"): "\n", ord("r"): "\r", ord("t"): "\t"}
@@ -62,7 +106,8 @@ _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(\.[0-9]*)?([eE][+-]?[0-9]*)?")
 
 
 class Parser:
-    """Iterative parser with rapidjson's grammar, error texts and byte offsets."""
+    """Iterative parser with rapidjson's grammar, error texts and byte offsets: for the
+    documents python-rapidjson cannot read (see the module docstring)."""
 
     def __init__(self, data: bytes) -> None:
         end = data.find(b"\0")  # rapidjson's stream ends at the first NUL
