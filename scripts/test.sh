@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine (the README's second command, and CI's):
-# Debian's etcd-server for the discovery tests (a real etcd; Consul is a fake in tests/fakes),
+# Debian's etcd-server and dnsmasq-base for the discovery tests (a real etcd and DNS server; Consul is a
+# fake in tests/fakes),
 # Debian's libpython3.11 for Triton's python backend stub (it embeds libpython3.11.so.1.0, which
 # Debian's python3.11 does not ship: its binary is linked statically), the virtual environment
 # in .venv with the test extra, then pytest. Triton's binary comes from the nvidia-pytriton
@@ -9,6 +10,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 packages=()
 command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)
+# Debian's dnsmasq (the binary alone, no system service) as a real DNS server for the dns discovery tests
+command -v dnsmasq >/dev/null 2>&1 || [ -x /usr/sbin/dnsmasq ] || packages+=(dnsmasq-base)
 python3.11 - <<'PY' || packages+=(libpython3.11)
 import ctypes.util, pathlib, sys, sysconfig
 lib = pathlib.Path(sysconfig.get_config_var("LIBDIR") or "/", sysconfig.get_config_var("INSTSONAME") or "-")

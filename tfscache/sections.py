@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from tfscache.cache.policy import POLICIES
-from tfscache.discovery.peer import parse_peers
+from tfscache.discovery.peer import parse_dns_server, parse_peers
 from tfscache.units import parse_bytes
 
 MiB = 1 << 20
@@ -33,6 +33,15 @@ def _at_least(low: float) -> Callable[[Any], str | None]:
 
 def _port(v: int) -> str | None:
     return None if 0 <= v <= 65535 else "must be a port number 0..65535"
+
+
+def _dns_server(v: str) -> str | None:
+    try:
+        if v:
+            parse_dns_server(v)
+    except ValueError as exc:
+        return f"must be IP[:PORT] or [IPv6]:PORT of a DNS server ({exc})"
+    return None
 
 
 @dataclass
@@ -142,9 +151,9 @@ class ServerSection:
 class DiscoverySection:
     """Sidecar mode: how sidecars find each other (tfscache.discovery, docs/discovery.md)."""
 
-    backend: str = setting("static", "static (ring.peers, re-read on SIGHUP), consul or etcd",
-                            check=lambda v: None if v in ("static", "consul", "etcd")
-                            else "must be static, consul or etcd", flag="--discovery")
+    backend: str = setting("static", "static (ring.peers, re-read on SIGHUP), consul, etcd or dns",
+                            check=lambda v: None if v in ("static", "consul", "etcd", "dns")
+                            else "must be static, consul, etcd or dns", flag="--discovery")
     service_name: str = setting("tfscache", "Consul service name / middle segment of etcd keys",
                                  check=lambda v: None if re.fullmatch(r"[A-Za-z0-9_-]+", v)
                                  else "letters, digits, - and _ only")
@@ -165,6 +174,17 @@ class DiscoverySection:
                                                          check=_at_least(60))
     etcd_endpoints: list = setting(["http://127.0.0.1:2379"], "etcd client URLs, one per member")
     etcd_prefix: str = setting("/tfscache", "etcd key prefix: keys are PREFIX/SERVICE/NAME")
+    dns_name: str = setting("", "dns: the name to resolve, e.g. the headless Service "
+                             "tfscache-headless.NAMESPACE.svc.cluster.local (required with dns)", flag="--dns-name")
+    dns_record: str = setting("srv", "dns: srv (_grpc._tcp.NAME and _rest._tcp.NAME; peers named by the SRV "
+                               "target's first label, the pod name) or a (A/AAAA of NAME; peers named by IP)",
+                               check=lambda v: None if v in ("srv", "a") else "must be srv or a")
+    dns_grpc_port: int = setting(8500, "dns, record a: the peers' gRPC port", check=_port)
+    dns_rest_port: int = setting(8501, "dns, record a: the peers' REST port (0 = none)", check=_port)
+    dns_interval_s: float = setting(5.0, "dns: how often the records are resolved again",
+                                     check=_at_least(0.05))
+    dns_server: str = setting("", "dns: a DNS server IP[:PORT] to ask instead of the system's resolver "
+                               "(/etc/resolv.conf)", check=_dns_server)
     join: bool = setting(True, "register with discovery at start-up; false: start serving but stay out of "
                           "the ring until `tfscache join` (consul, etcd; static ignores it)", flag="--no-join")
 

@@ -64,10 +64,10 @@ class ServeApp:
         self.router: Router | None = None
         # Backends, ring, joined and drained nodes; every change goes through it. Sidecar mode: its
         # own node is on its ring once joined (or joining at start-up); discovery.join = false keeps
-        # it out until join(); static discovery ignores that setting.
+        # it out until join(); static and dns discovery ignore that setting.
         self.topology = Topology(replicas=settings.ring.replicas_per_model, vnodes=settings.ring.vnodes,
                                  own=(settings.ring.self_name or "local") if settings.sidecar else None,
-                                 in_ring=settings.discovery.join or settings.discovery.backend == "static",
+                                 in_ring=settings.discovery.join or settings.discovery.backend in ("static", "dns"),
                                  make_peer=self._peer_backend, retire_grace_s=settings.cache.load_timeout_s)
         self.joined = False  # registered with discovery
         self._join_lock = asyncio.Lock()
@@ -169,15 +169,14 @@ class ServeApp:
         async with self._join_lock:
             if self.discovery is None:
                 raise errors.FailedPrecondition("join: this sidecar is stopping; it has left discovery")
-            static = self.discovery.name == "static"
+            static = bool(self.discovery.registration_note)  # static, dns: nothing to register
             if not self.joined:
                 await self.discovery.register(advertise_peer(self.settings, self.grpc_port, self.rest_port))
                 self.joined = True
             elif not static:
                 return False, f"{own} is already registered with {self.discovery.name} discovery"
             if static:
-                return False, ("static discovery: nothing to register; this sidecar is on the others' rings once "
-                               "their peers files list it (edit them, then SIGHUP)")
+                return False, self.discovery.registration_note
             self.topology.join()
             log.info("joined: registered %s with %s discovery", own, self.discovery.name)
             return True, f"{own} registered with {self.discovery.name} discovery"

@@ -159,6 +159,9 @@ def _check_whole(s: Settings) -> None:
         if s.discovery.backend != "static" and not s.ring.self_name:
             raise SettingsError(f"bad value for setting ring.self_name: '' (required with "
                                 f"discovery.backend = {s.discovery.backend})")
+        if s.discovery.backend == "dns" and not s.discovery.dns_name:
+            raise SettingsError("bad value for setting discovery.dns_name: '' (required with "
+                                "discovery.backend = dns)")
         if s.discovery.backend == "static" and s.ring.peers and s.ring.self_name not in names:
             raise SettingsError(f"bad value for setting ring.self_name: {s.ring.self_name!r} "
                                 f"(must be one of the peers: {', '.join(names)})")

@@ -131,6 +131,7 @@ def test_backends_are_picked_by_name(tmp_path) -> None:
     assert type(make_discovery("static", peers=[peer("a")])).__name__ == "StaticDiscovery"
     assert type(make_discovery("consul", address="127.0.0.1:1")).__name__ == "ConsulDiscovery"
     assert type(make_discovery("etcd", endpoints="127.0.0.1:1,127.0.0.1:2")).__name__ == "EtcdDiscovery"
-    with pytest.raises(ValueError, match="unknown discovery backend 'zk'; known: consul, etcd, static"):
+    assert type(make_discovery("dns", dns_name="tfscache-headless")).__name__ == "DnsDiscovery"
+    with pytest.raises(ValueError, match="unknown discovery backend 'zk'; known: consul, dns, etcd, static"):
         make_discovery("zk")
 

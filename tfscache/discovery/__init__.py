@@ -16,6 +16,8 @@ Implementations are picked by name from ``BACKENDS`` (imported only when chosen)
 * ``consul``: an agent's HTTP API: service registration with a TTL check kept alive,
   blocking queries on ``/v1/health/service/<name>?passing``.
 * ``etcd``: etcd v3's JSON gateway: a key under a lease kept alive, a watch on the prefix.
+* ``dns``: a (headless Kubernetes) Service's SRV or A/AAAA records, re-resolved on an interval;
+  nothing registers (the records follow the pods' readiness).
 
 The one promise every backend keeps: a discovery failure never shrinks the
 membership. On errors the last known membership stays, the backend retries with
@@ -120,6 +122,9 @@ class Discovery(ABC):
     """Membership of one sidecar's cluster. Subclasses fill in the five coroutines."""
 
     name = ""
+    # Non-empty for backends where this sidecar registers nothing (static, dns): what
+    # ``tfscache join`` answers there, and such a sidecar is on its own ring from the start.
+    registration_note = ""
 
     def __init__(self, *, start_timeout_s: float = 30.0, retry_initial_s: float = 0.1,
                  retry_max_s: float = 5.0) -> None:
@@ -230,6 +235,7 @@ BACKENDS: dict[str, str] = {
     "static": "tfscache.discovery.static:StaticDiscovery",
     "consul": "tfscache.discovery.consul:ConsulDiscovery",
     "etcd": "tfscache.discovery.etcd:EtcdDiscovery",
+    "dns": "tfscache.discovery.dns:DnsDiscovery",
 }
 
 
@@ -286,6 +292,11 @@ def from_settings(settings: Any, config_file: str | Path | None = None) -> Disco
     if backend == "static":
         return make_discovery("static", peers=list(settings.ring.peers), config_file=config_file or None,
                               **common)
+    if backend == "dns":
+        return make_discovery("dns", dns_name=section.dns_name, record=section.dns_record,
+                              grpc_port=section.dns_grpc_port, rest_port=section.dns_rest_port,
+                              interval_s=section.dns_interval_s, server=section.dns_server,
+                              request_timeout_s=section.request_timeout_s, **common)
     common.update(service=section.service_name, ttl_s=section.ttl_s, request_timeout_s=section.request_timeout_s)
     if backend == "consul":
         return make_discovery("consul", address=section.consul_address, token=section.consul_token,

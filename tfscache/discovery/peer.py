@@ -5,10 +5,12 @@ A leaf module (it imports nothing of tfscache), so that ``tfscache.settings`` ca
 
     parse_peers([{"name": "a", "grpc": "10.0.0.1:8500", "rest": "10.0.0.1:8501"}])
     parse_peers("a=10.0.0.1:8500/10.0.0.1:8501,b=10.0.0.2:8500")   # env / CLI form
+    parse_dns_server("127.0.0.1:5353")   # ("127.0.0.1", 5353): discovery.dns_server
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -45,3 +47,17 @@ def parse_peers(value: Any) -> list[Peer]:
     if len({p.name for p in peers}) != len(peers):
         raise ValueError("peer names must be unique")
     return peers
+
+
+def parse_dns_server(server: str) -> tuple[str, int]:
+    """A DNS server's ``IP[:PORT]`` or ``[IPv6]:PORT`` (port 53 by default) as (ip, port); ValueError if bad."""
+    host, port = server, "53"
+    if server.startswith("["):
+        host, _, rest = server[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else ("53" if not rest else "?")
+    elif server.count(":") == 1:
+        host, _, port = server.partition(":")
+    ipaddress.ip_address(host)  # "... does not appear to be an IPv4 or IPv6 address"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad port {port!r}")
+    return host, int(port)
