@@ -215,3 +215,31 @@ class StorageSection:
                                 parse=parse_bytes, check=_at_least(1), flag="--disk-cache-bytes")
     parallel_downloads: int = setting(8, "objects downloaded at once (all downloads together)",
                                        check=_at_least(1))
+
+
+def _readable_file(path: str) -> str | None:
+    """Why ``path`` cannot be read as a file (None: it can, or it is empty: not set)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb"):
+            return None
+    except OSError as exc:
+        return f"cannot read it: {exc.strerror or exc}"
+
+
+@dataclass
+class TlsSection:
+    """TLS on the gRPC and REST front ends, and from a sidecar to its peers (tfscache.tls, docs/tls.md).
+    Files are PEM; SIGHUP re-reads them without closing the listeners."""
+
+    cert_file: str = setting("", "the front ends' certificate chain (empty: no TLS)", check=_readable_file,
+                              flag="--tls-cert")
+    key_file: str = setting("", "the private key of cert_file", check=_readable_file, flag="--tls-key")
+    client_ca_file: str = setting("", "CA certificates that sign client certificates; set: mutual TLS, a client "
+                                   "without a certificate it signed is refused", check=_readable_file,
+                                   flag="--tls-client-ca")
+    peer_ca_file: str = setting("", "sidecar mode: CA certificates that verify the peers' certificates (default: "
+                                 "client_ca_file if set, else the system's roots)", check=_readable_file)
+    peer_server_name: str = setting("", "sidecar mode: the name the peers' certificates must carry (default: "
+                                     "the host of each peer's address)")

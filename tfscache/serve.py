@@ -38,6 +38,7 @@ from tfscache.repository import ModelRepository
 from tfscache.settings import Settings
 from tfscache.statedir import StateDirLock, choose, instance_name
 from tfscache.supervisor import NodeProcess, Supervisor
+from tfscache.tls import PeerTls, ServerTls
 from tfscache.topology import Topology
 
 log = logging.getLogger("tfscache.serve")
@@ -82,6 +83,8 @@ class ServeApp:
         self.failed = asyncio.Event()  # set when the process cannot go on (its node never came up)
         self.failure = ""
         self._watchdog: asyncio.Task | None = None
+        self.tls: ServerTls | None = None  # [tls]: the front ends' certificate (reload_tls re-reads it)
+        self._peer_tls: PeerTls | None = None  # sidecar mode with [tls]: the hop to peers
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -96,19 +99,24 @@ class ServeApp:
         self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
                                            auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
         try:
+            if s.tls.cert_file:
+                self.tls = await asyncio.to_thread(ServerTls, s.tls)
+                self._peer_tls = await asyncio.to_thread(PeerTls, s.tls) if s.sidecar else None
             self.router = await (self._start_sidecar() if s.sidecar else self._start_embedded())
             self._grpc = GrpcFrontend(self.router, bind_address=s.server.bind_address, port=s.server.grpc_port,
                                       max_send_bytes=s.server.max_send_message_bytes,
                                       max_receive_bytes=s.server.max_receive_message_bytes,
                                       metrics=self.metrics, methods=self.kind.grpc_methods,
-                                      refused=self.kind.grpc_refused)
+                                      refused=self.kind.grpc_refused,
+                                      credentials=self.tls.grpc_credentials() if self.tls else None)
             self.grpc_port = await self._grpc.start()
             if s.server.rest_port >= 0:
                 self._rest = RestFrontend(self.router, bind_address=s.server.bind_address,
                                           port=s.server.rest_port,
                                           max_receive_bytes=s.server.max_receive_message_bytes,
                                           timeout_s=s.server.rest_timeout_s, metrics=self.metrics,
-                                          api=self.kind.rest_api)
+                                          api=self.kind.rest_api,
+                                          ssl_context=self.tls.ssl_context if self.tls else None)
                 self.rest_port = await self._rest.start()
             operations = AdminOperations(self.topology, self.repository,
                                          default_timeout_s=s.cache.load_timeout_s, join=self.join)
@@ -215,6 +223,12 @@ class ServeApp:
         if self._gpu_reader is not None:
             self._gpu_reader.close()
 
+    async def reload_tls(self) -> None:
+        """SIGHUP: re-read the [tls] files; new connections get them, the listeners stay open."""
+        for credentials in (self.tls, self._peer_tls):
+            if credentials is not None:
+                await credentials.reload()
+
     async def _leave_discovery(self) -> None:
         """Deregister (the drain's first step, and SIGTERM's); stop() then stops discovery."""
         if self.discovery is not None:
@@ -293,14 +307,14 @@ class ServeApp:
 
     def _peer_backend(self, peer: Peer) -> PeerBackend:
         """A backend for another sidecar's front end (Topology.set_peers makes one per new peer)."""
-        return PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None), self.topology.own)
+        return PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None, self._peer_tls), self.topology.own)
 
-    def _upstream(self, grpc_address: str, rest_address: str | None) -> Upstream:
+    def _upstream(self, grpc_address: str, rest_address: str | None, tls: PeerTls | None = None) -> Upstream:
         server = self.settings.server
         # The hop to a node carries what the client may send and what the node may answer.
         return Upstream(grpc_address, rest_address, self._http,
                         max_send_bytes=server.max_receive_message_bytes,
-                        max_receive_bytes=server.max_send_message_bytes)
+                        max_receive_bytes=server.max_send_message_bytes, tls=tls)
 
     async def _attach(self, backend: NodeBackend, grpc_address: str, rest_address: str | None,
                       node_pid: int | None, find_node_pid=None) -> None:

@@ -1,7 +1,8 @@
 """`tfscache serve` on the command line: flags and settings, logging, signals, exit status.
 
 The process itself is ``tfscache.serve.ServeApp``. SIGTERM/SIGINT: health NOT_SERVING, out of
-discovery, then requests in flight finish; SIGHUP: static discovery re-reads its peers.
+discovery, then requests in flight finish; SIGHUP: static discovery re-reads its peers, and
+the [tls] files are read again.
 Exit status: 0 after a clean stop, 1 when start-up failed or a sidecar's node never came up,
 2 for a bad setting.
 """
@@ -47,10 +48,11 @@ async def _run(settings: Settings, config_file: str | None = None) -> int:
     reloads: set[asyncio.Task] = set()
 
     def reload_peers() -> None:  # SIGHUP: the static backend re-reads the config file's peers
-        if app.discovery is not None:
-            task = loop.create_task(app.discovery.reload())
-            reloads.add(task)
-            task.add_done_callback(reloads.discard)
+        for coroutine in (app.discovery.reload() if app.discovery is not None else None, app.reload_tls()):
+            if coroutine is not None:  # ... and the TLS files are read again (tfscache.tls)
+                task = loop.create_task(coroutine)
+                reloads.add(task)
+                task.add_done_callback(reloads.discard)
 
     loop.add_signal_handler(signal.SIGHUP, reload_peers)
     try:

@@ -27,14 +27,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Mapping
 
+from tfscache import tls
 from tfscache.sections import (CacheSection, DiscoverySection, NodeSection, RingSection, ScaleSection,
-                               ServerSection, StorageSection, setting)
+                               ServerSection, StorageSection, TlsSection, setting)
 from tfscache.units import parse_bytes
 
 REMOTE_SCHEMES = ("s3", "gs", "az")  # tfscache.storage.STORES' keys (that package imports obstore)
 
 __all__ = ["CacheSection", "DiscoverySection", "NodeSection", "RingSection", "ScaleSection", "ServerSection",
-           "Settings", "SettingsError", "StorageSection", "describe", "from_args", "load", "parse_bytes"]
+           "Settings", "SettingsError", "StorageSection", "TlsSection", "describe", "from_args", "load",
+           "parse_bytes"]
 
 class SettingsError(ValueError):
     """A setting with a bad value; the message names the field and the value."""
@@ -55,6 +57,7 @@ class Settings:
     discovery: DiscoverySection = field(default_factory=DiscoverySection)
     scale: ScaleSection = field(default_factory=ScaleSection)
     storage: StorageSection = field(default_factory=StorageSection)
+    tls: TlsSection = field(default_factory=TlsSection)
 
     @property
     def sidecar(self) -> bool:
@@ -62,7 +65,7 @@ class Settings:
         return bool(self.node.node_address)
 
 
-_SECTIONS = ("cache", "ring", "node", "server", "discovery", "scale", "storage")
+_SECTIONS = ("cache", "ring", "node", "server", "discovery", "scale", "storage", "tls")
 
 
 def iter_fields(settings: Settings | None = None):
@@ -182,6 +185,9 @@ def _check_whole(s: Settings) -> None:
     if s.scale.unloads_per_minute_low >= s.scale.unloads_per_minute_high:
         raise SettingsError(f"bad value for setting scale.unloads_per_minute_low: {s.scale.unloads_per_minute_low!r} "
                             f"(must be below scale.unloads_per_minute_high, {s.scale.unloads_per_minute_high!r})")
+    problem = tls.check(s.tls)
+    if problem:
+        raise SettingsError(f"bad value for setting tls.{problem[0]}: {problem[1]!r} ({problem[2]})")
     if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
         raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
                             "(must differ from server.grpc_port)")

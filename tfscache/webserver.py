@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 
 from aiohttp import web, web_protocol, web_server
@@ -114,8 +115,9 @@ class WebServer:
 
     what = "HTTP server"  # for the log line
 
-    def __init__(self, bind_address: str, port: int) -> None:
+    def __init__(self, bind_address: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
         self._bind = (bind_address, port)
+        self._ssl_context = ssl_context  # HTTPS (tfscache.tls.ServerTls); None: plain HTTP
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
 
@@ -125,7 +127,8 @@ class WebServer:
     async def start(self) -> int:
         self._runner = app_runner(self.web_app(), self.what)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._bind[0], self._bind[1], reuse_port=False)
+        site = web.TCPSite(self._runner, self._bind[0], self._bind[1], reuse_port=False,
+                           ssl_context=self._ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]
         log.info("%s serving on %s:%s", self.what, self._bind[0], self.port)

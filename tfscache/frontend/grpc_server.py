@@ -139,9 +139,12 @@ class GrpcFrontend:
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_send_bytes: int,
                  max_receive_bytes: int, metrics=None, methods: Mapping[str, Method] = METHODS,
-                 refused: Mapping[str, errors.TfscacheError] = REFUSED) -> None:
+                 refused: Mapping[str, errors.TfscacheError] = REFUSED,
+                 credentials: grpc.ServerCredentials | None = None) -> None:
         """``methods`` and ``refused`` are the protocol served: TF Serving's by default, the Open
-        Inference Protocol's with ``oip_methods.METHODS`` and ``oip_methods.REFUSED``."""
+        Inference Protocol's with ``oip_methods.METHODS`` and ``oip_methods.REFUSED``. ``credentials``:
+        TLS (``tfscache.tls.ServerTls``); None: plaintext."""
+        self._credentials = credentials
         self._server = grpc.aio.server(options=[
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.max_receive_message_length", max_receive_bytes),
@@ -156,11 +159,15 @@ class GrpcFrontend:
         self._server.add_generic_rpc_handlers(handlers)
 
     async def start(self) -> int:
-        self.port = self._server.add_insecure_port(self._address)
+        if self._credentials is None:
+            self.port = self._server.add_insecure_port(self._address)
+        else:
+            self.port = self._server.add_secure_port(self._address, self._credentials)
         if not self.port:
             raise OSError(f"cannot bind gRPC front end to {self._address}")
         await self._server.start()
-        log.info("gRPC front end serving on %s (port %s)", self._address, self.port)
+        log.info("gRPC front end serving on %s (port %s%s)", self._address, self.port,
+                 "" if self._credentials is None else ", TLS")
         return self.port
 
     async def stop(self, grace: float | None) -> None:

@@ -102,11 +102,12 @@ class RestFrontend(WebServer):
     what = "REST front end"
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_receive_bytes: int,
-                 timeout_s: float, metrics=None, api=None) -> None:
+                 timeout_s: float, metrics=None, api=None, ssl_context=None) -> None:
         """``api``: another REST API to serve instead of TF Serving's /v1 URLs, a callable
         ``(router, max_receive_bytes=, timeout_s=)`` returning an object with ``async respond(request)
-        -> (response, method name)`` (``oip_rest.OipRestApi``: the Open Inference Protocol's /v2)."""
-        super().__init__(bind_address, port)
+        -> (response, method name)`` (``oip_rest.OipRestApi``: the Open Inference Protocol's /v2).
+        ``ssl_context``: HTTPS (``tfscache.tls.ServerTls``)."""
+        super().__init__(bind_address, port, ssl_context)
         self._router = router
         self._metrics = metrics  # tfscache.metrics.Metrics: requests counted by method and status
         self._timeout_s = timeout_s

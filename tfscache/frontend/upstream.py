@@ -24,6 +24,7 @@ import grpc
 
 from tfscache import errors
 from tfscache.nodeclient import RECONNECT_OPTIONS, channel_ready
+from tfscache.tls import PeerTls
 
 log = logging.getLogger("tfscache.frontend.upstream")
 
@@ -57,16 +58,23 @@ class Upstream:
     """One channel to a server's gRPC port and a base URL for its REST port."""
 
     def __init__(self, grpc_address: str, rest_address: str | None, http: aiohttp.ClientSession, *,
-                 max_send_bytes: int, max_receive_bytes: int) -> None:
+                 max_send_bytes: int, max_receive_bytes: int, tls: PeerTls | None = None) -> None:
+        """``tls``: reach the server over TLS (a peer sidecar whose front ends use it); None: plaintext."""
         self.grpc_address = grpc_address
         self.rest_address = rest_address
         self._http = http
-        self.channel = grpc.aio.insecure_channel(grpc_address, options=[
+        self._tls = tls
+        options = [
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.enable_retries", 0),
             *RECONNECT_OPTIONS,
-        ])
+        ]
+        if tls is None:
+            self.channel = grpc.aio.insecure_channel(grpc_address, options=options)
+        else:
+            self.channel = grpc.aio.secure_channel(grpc_address, tls.channel_credentials(),
+                                                   options=[*options, *tls.channel_options()])
         self._calls: dict[str, grpc.aio.UnaryUnaryMultiCallable] = {}
         self._in_flight = 0
         self._idle = asyncio.Event()  # set while no gRPC call is in flight
@@ -107,11 +115,12 @@ class Upstream:
         """Send an HTTP request to the REST port; the reply is returned as it came."""
         if not self.rest_address:
             raise errors.NodeUnavailable(f"node {self.grpc_address} has no REST port")
-        url = f"http://{self.rest_address}{path_qs}"
+        url = f"{'http' if self._tls is None else 'https'}://{self.rest_address}{path_qs}"
+        tls = {} if self._tls is None else {"ssl": self._tls.ssl_context, "server_hostname": self._tls.server_name}
         try:
             async with self._http.request(method, url, data=body or None, headers=headers,
                                           timeout=aiohttp.ClientTimeout(total=timeout),
-                                          allow_redirects=False) as reply:
+                                          allow_redirects=False, **tls) as reply:
                 payload = await reply.read()
                 # The body's Content-Encoding goes back only with the body as the server sent it.
                 passed = [h for h in _REPLY_HEADERS if h != "Content-Encoding" or not self._http.auto_decompress]

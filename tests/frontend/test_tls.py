@@ -1,0 +1,223 @@
+"""TLS on `tfscache serve`'s front ends and between sidecars, with certificates made by trustme.
+
+Official clients only: TF Serving's stubs over ``grpc.secure_channel`` and plain HTTPS
+(requests, aiohttp) trusting the test CA. The serve processes are sidecars in front of the
+module's two real nodes (no TensorFlow in them: they start in about a second), one at a time,
+so that no two caches manage the same node at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import ssl
+import subprocess
+from pathlib import Path
+
+import aiohttp
+import grpc
+import pytest
+import requests
+import trustme
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from frontend.serving import serve_command, start_serve
+from support.certs import Leaf, write_ca, write_leaf
+from support.node import REPO, version_status_at
+from support.requests import predict_request
+from tfscache import settings as settings_mod
+from tfscache.discovery import Peer
+from tfscache.ring import Ring
+from tfscache.serve import ServeApp
+
+SIDECAR_NAME = "sidecar.tfscache.test"  # the only name on the sidecars' certificate in the two-sidecar test
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA, its file, a server certificate for 127.0.0.1 and a client certificate."""
+    directory = tmp_path_factory.mktemp("pki")
+    ca = trustme.CA()
+    return {"ca": ca, "ca_file": write_ca(ca, directory / "ca.pem"), "dir": directory,
+            "server": write_leaf(ca, directory / "server", "127.0.0.1", "localhost"),
+            "client": write_leaf(ca, directory / "client", "client.tfscache.test")}
+
+
+def tls_flags(server: Leaf, client_ca: Path | None = None) -> list[str]:
+    flags = ["--tls-cert", str(server.cert), "--tls-key", str(server.key)]
+    return flags + (["--tls-client-ca", str(client_ca)] if client_ca else [])
+
+
+def sidecar_of(node) -> list[str]:
+    return ["--node-address", f"127.0.0.1:{node.grpc_port},{node.rest_port}"]
+
+
+def credentials(ca_file: Path, client: Leaf | None = None) -> grpc.ChannelCredentials:
+    if client is None:
+        return grpc.ssl_channel_credentials(root_certificates=ca_file.read_bytes())
+    return grpc.ssl_channel_credentials(root_certificates=ca_file.read_bytes(),
+                                        private_key=client.key.read_bytes(), certificate_chain=client.cert.read_bytes())
+
+
+def predict(channel: grpc.Channel, name: str, x: float) -> list[float]:
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    return list(stub.Predict(predict_request(name, x), timeout=60).outputs["y"].float_val)
+
+
+def grpc_code(target: str, creds: grpc.ChannelCredentials | None, name: str) -> grpc.StatusCode:
+    """The code of a Predict on a new channel (OK, or how it failed)."""
+    with (grpc.insecure_channel(target) if creds is None else grpc.secure_channel(target, creds)) as channel:
+        try:
+            predict(channel, name, 1.0)
+        except grpc.RpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+def https_predict(port: int, name: str, x: float, **tls) -> requests.Response:
+    return requests.post(f"https://127.0.0.1:{port}/v1/models/{name}:predict", json={"instances": [x]},
+                         timeout=60, **tls)
+
+
+def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(pki, nodes, frontend_repo, tmp_path):
+    server, client, ca_file = pki["server"], pki["client"], pki["ca_file"]
+    with start_serve(tmp_path, frontend_repo, *sidecar_of(nodes["a"]), *tls_flags(server, ca_file)) as serve:
+        with grpc.secure_channel(serve.grpc_target, credentials(ca_file, client)) as channel:
+            assert predict(channel, "addk_2", 1.0) == [3.0]
+        reply = https_predict(serve.rest_port, "addk_2", 5.0, verify=str(ca_file), cert=(str(client.cert),
+                                                                                          str(client.key)))
+        assert (reply.status_code, reply.json()) == (200, {"predictions": [7.0]})
+        # No client certificate, a certificate from another CA, or no TLS at all: refused.
+        other = write_leaf(trustme.CA(), tmp_path / "stranger", "client.tfscache.test")
+        assert grpc_code(serve.grpc_target, credentials(ca_file), "addk_2") == grpc.StatusCode.UNAVAILABLE
+        assert grpc_code(serve.grpc_target, credentials(ca_file, other), "addk_2") == grpc.StatusCode.UNAVAILABLE
+        assert grpc_code(serve.grpc_target, None, "addk_2") == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(requests.exceptions.ConnectionError):
+            https_predict(serve.rest_port, "addk_2", 5.0, verify=str(ca_file))
+        with pytest.raises(requests.exceptions.ConnectionError):
+            https_predict(serve.rest_port, "addk_2", 5.0, verify=str(ca_file), cert=(str(other.cert), str(other.key)))
+        with pytest.raises(requests.exceptions.ConnectionError):  # plain HTTP to the HTTPS port
+            requests.post(f"http://127.0.0.1:{serve.rest_port}/v1/models/addk_2:predict", json={"instances": [1]},
+                          timeout=60)
+        # ... and the process keeps serving.
+        assert grpc_code(serve.grpc_target, credentials(ca_file, client), "addk_2") == grpc.StatusCode.OK
+        assert serve.stop() == 0
+
+
+def test_sighup_gives_new_connections_the_new_certificate(pki, nodes, frontend_repo, tmp_path):
+    first_ca = pki["ca_file"]
+    server = write_leaf(pki["ca"], tmp_path / "server", "127.0.0.1")  # our own files: this test replaces them
+    with start_serve(tmp_path, frontend_repo, *sidecar_of(nodes["b"]), *tls_flags(server)) as serve:
+        opened = grpc.secure_channel(serve.grpc_target, credentials(first_ca))
+        try:
+            assert predict(opened, "addk_3", 1.0) == [4.0]
+            second = trustme.CA()
+            second_ca = write_ca(second, tmp_path / "second-ca.pem")
+            write_leaf(second, tmp_path / "server", "127.0.0.1")  # the same paths, from another CA
+            serve.process.send_signal(signal.SIGHUP)
+            serve.wait_for_log("TLS certificate reloaded")
+            assert grpc_code(serve.grpc_target, credentials(second_ca), "addk_3") == grpc.StatusCode.OK
+            assert grpc_code(serve.grpc_target, credentials(first_ca), "addk_3") == grpc.StatusCode.UNAVAILABLE
+            assert https_predict(serve.rest_port, "addk_3", 2.0, verify=str(second_ca)).json() == \
+                {"predictions": [5.0]}
+            with pytest.raises(requests.exceptions.SSLError):
+                https_predict(serve.rest_port, "addk_3", 2.0, verify=str(first_ca))
+            # The listener stayed open, and so did the connection made before the reload.
+            assert predict(opened, "addk_3", 3.0) == [6.0]
+            # A reload that fails (a key of another certificate) keeps the certificate in use.
+            write_leaf(trustme.CA(), tmp_path / "wrong", "127.0.0.1").key.replace(server.key)
+            serve.process.send_signal(signal.SIGHUP)
+            serve.wait_for_log("TLS reload failed, keeping the certificate in use")
+            assert grpc_code(serve.grpc_target, credentials(second_ca), "addk_3") == grpc.StatusCode.OK
+            assert https_predict(serve.rest_port, "addk_3", 2.0, verify=str(second_ca)).status_code == 200
+        finally:
+            opened.close()
+        assert serve.stop() == 0
+
+
+def sidecar_settings(name: str, node, repo: Path, state_dir: Path, server: Leaf, ca_file: Path):
+    return settings_mod.load(env={}, overrides={
+        "model_repository": str(repo), "node.node_address": f"127.0.0.1:{node.grpc_port},{node.rest_port}",
+        "ring.self_name": name, "server.bind_address": "127.0.0.1", "server.grpc_port": 0,
+        "server.rest_port": 0, "node.state_dir": str(state_dir / name), "tls.cert_file": str(server.cert),
+        "tls.key_file": str(server.key), "tls.client_ca_file": str(ca_file), "tls.peer_server_name": SIDECAR_NAME})
+
+
+def node_holds(node, name) -> bool:
+    return any(s.state == 30 for s in version_status_at(node.grpc_target, name))
+
+
+async def test_two_sidecars_with_mutual_tls_forward_to_each_other(pki, nodes, frontend_repo, tmp_path):
+    # The sidecars' certificate names neither address, only SIDECAR_NAME (tls.peer_server_name):
+    # the hop a -> b verifies b against it, and presents the same certificate as a client.
+    ca_file, client = pki["ca_file"], pki["client"]
+    server = write_leaf(pki["ca"], tmp_path / "sidecar", SIDECAR_NAME)
+    apps = {key: ServeApp(sidecar_settings(key, node, frontend_repo, tmp_path, server, ca_file))
+            for key, node in nodes.items()}
+    try:
+        for app in apps.values():
+            await app.start()
+        peers = [Peer(key, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for key, app in apps.items()]
+        for app in apps.values():
+            await app.set_peers(peers)
+        name = "addk_5"
+        assert Ring(["a", "b"]).owner(name) == "b"
+        async with grpc.aio.secure_channel(f"127.0.0.1:{apps['a'].grpc_port}", credentials(ca_file, client),
+                                           options=[("grpc.ssl_target_name_override", SIDECAR_NAME)]) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            response = await stub.Predict(predict_request(name, 1.0), timeout=60)
+        assert list(response.outputs["y"].float_val) == [6.0]
+        assert node_holds(nodes["b"], name) and not node_holds(nodes["a"], name)
+        context = ssl.create_default_context(cafile=str(ca_file))
+        context.load_cert_chain(client.cert, client.key)
+        async with aiohttp.ClientSession() as http:  # REST is forwarded over HTTPS too
+            async with http.post(f"https://127.0.0.1:{apps['a'].rest_port}/v1/models/{name}:predict",
+                                 json={"instances": [2.0]}, ssl=context, server_hostname=SIDECAR_NAME) as reply:
+                assert (reply.status, await reply.json()) == (200, {"predictions": [7.0]})
+    finally:
+        for app in apps.values():
+            await app.stop(grace=1)
+
+
+BAD = [
+    (lambda p: {"cert_file": p["server"].cert}, "tls.key_file: '' (required with tls.cert_file)"),
+    (lambda p: {"key_file": p["server"].key}, "tls.cert_file: '' (required with tls.key_file)"),
+    (lambda p: {"client_ca_file": p["ca_file"]}, "tls.client_ca_file: '{ca_file}' (needs tls.cert_file and "
+                                                 "tls.key_file)"),
+    (lambda p: {"peer_server_name": "x"}, "tls.peer_server_name: 'x' (needs tls.cert_file and tls.key_file)"),
+    (lambda p: {"cert_file": p["dir"] / "missing.pem", "key_file": p["server"].key},
+     "tls.cert_file: '{dir}/missing.pem' (cannot read it: No such file or directory)"),
+    (lambda p: {"cert_file": p["server"].cert, "key_file": p["client"].key},
+     "tls.key_file: '{client_key}' (does not load as the private key of tls.cert_file: KEY_VALUES_MISMATCH)"),
+    (lambda p: {"cert_file": p["server"].cert, "key_file": p["server"].cert},
+     "tls.key_file: '{server_cert}' (does not load as the private key of tls.cert_file: not a PEM private key)"),
+    (lambda p: {"cert_file": p["server"].key, "key_file": p["server"].key},
+     "tls.cert_file: '{server_key}' (no PEM certificate in it: NO_CERTIFICATE_OR_CRL_FOUND)"),
+    (lambda p: {"cert_file": p["server"].cert, "key_file": p["server"].key, "client_ca_file": p["server"].key},
+     "tls.client_ca_file: '{server_key}' (no PEM certificate in it: NO_CERTIFICATE_OR_CRL_FOUND)"),
+    (lambda p: {"cert_file": p["server"].cert, "key_file": p["server"].key, "peer_ca_file": p["dir"]},
+     "tls.peer_ca_file: '{dir}' (cannot read it: Is a directory)"),
+]
+
+
+def expected(pki, message: str) -> str:
+    return "bad value for setting " + message.format(dir=pki["dir"], ca_file=pki["ca_file"],
+                                                     client_key=pki["client"].key, server_key=pki["server"].key,
+                                                     server_cert=pki["server"].cert)
+
+
+@pytest.mark.parametrize("fields, message", BAD)
+def test_bad_tls_settings_name_the_field_and_value(pki, tmp_path, fields, message):
+    overrides = {"model_repository": str(tmp_path), **{f"tls.{k}": str(v) for k, v in fields(pki).items()}}
+    with pytest.raises(settings_mod.SettingsError) as raised:
+        settings_mod.load(env={}, overrides=overrides)
+    assert str(raised.value) == expected(pki, message)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (lambda p: ["--tls-cert", str(p["server"].cert)], BAD[0][1]),
+    (lambda p: ["--tls-cert", str(p["server"].cert), "--tls-key", str(p["client"].key)], BAD[5][1]),
+])
+def test_bad_tls_flags_exit_2(pki, tmp_path, flags, message):
+    result = subprocess.run(serve_command(["--model-repository", str(tmp_path), *flags(pki)]), cwd=REPO,
+                            capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stderr.strip()) == (2, f"tfscache serve: {expected(pki, message)}")
