@@ -114,6 +114,14 @@ class ModelRepository:
         self._latest: dict[str, tuple[float, int | None]] = {}
         self._labels: dict[str, tuple[float, dict[str, int] | errors.TfscacheError]] = {}
 
+    async def start(self) -> None:
+        """Nothing to prepare for a local directory (a bucket's repository adopts its disk tier)."""
+
+    local = True  # nodes read this directory itself (a bucket's repository: its disk tier)
+
+    async def prepare(self, name: str, version: int) -> None:
+        """Make the version's files local before a node loads it (a local directory is already)."""
+
     def base_path(self, name: str) -> Path:
         """The absolute directory of model ``name`` (which need not exist)."""
         check_name(name)
@@ -241,6 +249,10 @@ class ModelRepository:
         if plain.is_dir():
             return plain
         return self.versions(name).get(version)
+
+    def vanished(self, keys) -> list[tuple[str, int]]:
+        """Which of ``keys`` (name, version) are no longer in the repository (blocking: a stat each)."""
+        return [k for k in keys if self.version_path(*k) is None]
 
     def exists(self, name: str) -> bool:
         """Whether the model's directory exists (a missing base_path wedges TF Serving)."""

@@ -75,7 +75,8 @@ def instance_name(*, node_address: str | None = None, model_repository: str | os
     if (node_address is None) == (model_repository is None):
         raise TypeError("instance_name() takes exactly one of node_address and model_repository")
     if model_repository is not None:
-        resolved = str(Path(model_repository).expanduser().resolve())
+        text = str(model_repository)  # a bucket URL (s3://...) is itself; a path is resolved
+        resolved = text if "://" in text else str(Path(model_repository).expanduser().resolve())
         return f"embedded-{_digest(resolved)}"
     address = node_address.split(",", 1)[0].strip()
     if not address:

@@ -72,6 +72,10 @@ class Ledger:
     def __len__(self) -> int:
         return len(self.entries)
 
+    def uses(self, key: Key) -> bool:
+        """Whether the node loads, serves or is about to load that version (its files must stay)."""
+        return key in self.entries or key in self.pending
+
     def used(self) -> int:
         """Bytes of every entry, leaving ones included (they count until gone)."""
         return sum(e.bytes for e in self.entries.values())

@@ -16,7 +16,6 @@ node's adapter (``tfscache.cache.adapter``). The pieces:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +29,7 @@ from tfscache.cache.planner import Caps
 from tfscache.cache.policy import EvictionPolicy, make_policy
 from tfscache.cache.reloader import Reloader
 from tfscache.cache.signals import Signals, copy_error
-from tfscache.cache.state import CacheState, SavedVersion, StateWriter, learned_key, load_state
+from tfscache.cache.state import CacheState, StateWriter, ledger_state, load_state
 from tfscache.cache.tfserving import TFServingAdapter
 from tfscache.gpumem import NodeGpuMemory
 from tfscache.nodeclient import NodeClient
@@ -274,10 +273,9 @@ class CacheManager:
     # -- internals -----------------------------------------------------------------------
 
     def _resident(self, key: Key) -> ResidentModel:
-        entry = self.ledger.entries.get(key)
-        if entry is None:  # evicted between the lease and now: only possible under extreme churn
+        if key not in self.ledger.entries:  # evicted between the lease and now: only under extreme churn
             raise errors.Aborted(f"model {key[0]} version {key[1]} was unloaded again before it could be reported")
-        return self._describe(entry)
+        return self._describe(self.ledger.entries[key])
 
     def _describe(self, e: Entry) -> ResidentModel:
         return ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state,
@@ -374,15 +372,7 @@ class CacheManager:
             self._writer.schedule(self._state)
 
     def _state(self) -> CacheState:
-        ledger = self.ledger
-        models = [SavedVersion(e.key[0], e.key[1], e.bytes, e.measured, e.last_use, e.key in ledger.pinned)
-                  for e in ledger.entries.values() if e.state == READY]
-        saved = {(m.name, m.version): m for m in models}
-        for key, lost in self._signals.lost_pins.items():  # still pinned while being loaded again
-            saved[key] = dataclasses.replace(saved.get(key, lost), pinned=True)
-        models = list(saved.values())
-        learned = {learned_key(*k): v for k, v in ledger.learned.items()}
-        return CacheState(self.target, models, learned)
+        return ledger_state(self.target, self.ledger, self._signals.lost_pins)
 
 
 def _version(version: int | None) -> str:

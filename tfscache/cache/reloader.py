@@ -148,7 +148,7 @@ class Reloader:
     def look(self, keys: list[Key]) -> tuple[list[Key], bool]:
         """In a worker thread: which of ``keys`` vanished from the repository (a stat each), and
         whether the node's process was replaced."""
-        return [k for k in keys if self.repository.version_path(*k) is None], self.adapter.restarted()
+        return self.repository.vanished(keys), self.adapter.restarted()
 
     def drop_vanished(self, gone_on_disk: list[Key]) -> list[Key]:
         """Entries whose version directory is gone: they leave the node, their waiters get NOT_FOUND."""
@@ -188,6 +188,10 @@ class Reloader:
         return True
 
     async def load(self, batch: list[Entry]) -> None:
+        if not self.repository.local:  # a bucket: each version into the disk tier first
+            batch = await self.fetch(batch)
+            if not batch:
+                return
         keys = [e.key for e in batch]
         rss_before, gpu_before = await asyncio.to_thread(self.memory_now)
         started = time.monotonic()
@@ -212,6 +216,22 @@ class Reloader:
             self.mark_unhealthy(f"checking status of {names(keys)}: node unavailable")
         self.signals.save()
 
+    async def fetch(self, batch: list[Entry]) -> list[Entry]:
+        """Download the batch's versions (tfscache.storage); the ones that failed fail their requests
+        with the store's error, without the failure backoff: the next request tries again."""
+        started = time.monotonic()
+        results = await asyncio.gather(*(asyncio.wait_for(self.repository.prepare(*e.key),
+                                                          self.settings.reload_deadline_s) for e in batch),
+                                       return_exceptions=True)
+        now = time.monotonic()
+        for entry, error in zip(batch, results):
+            if isinstance(error, TimeoutError):
+                error = errors.DeadlineExceeded(f"downloading model {entry.key[0]} version {entry.key[1]} took "
+                                                f"longer than cache.reload_deadline_s = {self.settings.reload_deadline_s} s")
+            if isinstance(error, BaseException):
+                self.load_failed(entry, error, now - started, now, backoff=False)
+        return [e for e, error in zip(batch, results) if not isinstance(error, BaseException)]
+
     def loaded(self, entry: Entry, load_s: float, now: float) -> None:
         entry.state = READY
         self.policy.record_load(entry.key, entry.bytes, load_s, now)
@@ -225,7 +245,8 @@ class Reloader:
             if not fut.done():
                 fut.set_result(self.signals.lease(entry))
 
-    def load_failed(self, entry: Entry, error: Exception, load_s: float, now: float) -> None:
+    def load_failed(self, entry: Entry, error: BaseException, load_s: float, now: float, *,
+                    backoff: bool = True) -> None:
         if not isinstance(error, errors.TfscacheError):
             error = errors.Internal(f"checking load of {entry.key[0]}: {error!r}")
         log.warning("node %s: loading %s version %s failed after %.3f s: %s: %s", self.node, entry.key[0],
@@ -234,7 +255,8 @@ class Reloader:
                            "duration_s": round(load_s, 6), "bytes": entry.bytes})
         self.events.load_failed(entry.key, load_s, error)
         self.ledger.entries.pop(entry.key, None)
-        self.ledger.record_failure(entry.key, now + self.settings.failure_backoff_s, error)
+        if backoff:
+            self.ledger.record_failure(entry.key, now + self.settings.failure_backoff_s, error)
         fail(entry.waiters, error)
         entry.waiters = []
 

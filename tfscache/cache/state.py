@@ -21,8 +21,10 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+from tfscache.cache.ledger import READY, Key, Ledger
 
 log = logging.getLogger("tfscache.cache.state")
 
@@ -47,6 +49,16 @@ class CacheState:
     models: list[SavedVersion] = field(default_factory=list)
     # (name, version) -> bytes measured on an earlier load, kept across evictions.
     learned: dict[str, int] = field(default_factory=dict)
+
+
+def ledger_state(node: str, ledger: Ledger, lost_pins: dict[Key, SavedVersion]) -> CacheState:
+    """What the state file should hold now: the AVAILABLE versions, pins the node lost (still
+    pinned while loaded again) and the learned sizes."""
+    saved = {e.key: SavedVersion(e.key[0], e.key[1], e.bytes, e.measured, e.last_use, e.key in ledger.pinned)
+             for e in ledger.entries.values() if e.state == READY}
+    for key, lost in lost_pins.items():
+        saved[key] = replace(saved.get(key, lost), pinned=True)
+    return CacheState(node, list(saved.values()), {learned_key(*k): v for k, v in ledger.learned.items()})
 
 
 def learned_key(name: str, version: int) -> str:

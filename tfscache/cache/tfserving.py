@@ -68,7 +68,7 @@ class TFServingAdapter:
     async def load(self, keys: Sequence[Key], wanted: Sequence[Key],
                    deadline_s: float) -> dict[Key, Exception | None]:
         results: dict[Key, Exception | None] = {}
-        gone = await asyncio.to_thread(self._vanished, keys)  # its directory may have gone since it was asked for
+        gone = await asyncio.to_thread(self.repository.vanished, keys)  # its directory may have gone since it was asked for
         for key in gone:
             results[key] = not_found(*key)
         keys = [k for k in keys if k not in gone]
@@ -117,9 +117,6 @@ class TFServingAdapter:
 
     def restarted(self) -> bool:
         return self._memory.replaced()
-
-    def _vanished(self, keys: Sequence[Key]) -> list[Key]:
-        return [k for k in keys if self.repository.version_path(*k) is None]
 
     async def _await_state(self, key: Key, deadline: float, within: float, *, want_end: bool) -> None:
         """Poll GetModelStatus until ``key`` is END (``want_end``) or AVAILABLE.

@@ -129,7 +129,7 @@ class TritonAdapter:
     async def load(self, keys: Sequence[Key], wanted: Sequence[Key],
                    deadline_s: float) -> dict[Key, Exception | None]:
         deadline = time.monotonic() + deadline_s
-        gone = set(await asyncio.to_thread(self._vanished, keys))  # its directory may have gone since
+        gone = set(await asyncio.to_thread(self.repository.vanished, keys))  # its directory may have gone since
         results: dict[Key, Exception | None] = {key: not_found(*key) for key in gone}
         keys = [k for k in keys if k not in gone]
         outcomes = await asyncio.gather(*(self._load_one(k, wanted, deadline, deadline_s) for k in keys),
@@ -179,9 +179,6 @@ class TritonAdapter:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _vanished(self, keys: Sequence[Key]) -> list[Key]:
-        return [k for k in keys if self.repository.version_path(*k) is None]
 
     async def _load_one(self, key: Key, wanted: Sequence[Key], deadline: float, within: float) -> None:
         """Load ``key``'s model in its turn and confirm the version READY; raises the key's error."""

@@ -39,3 +39,20 @@ def disk_error(exc: OSError, path: Path) -> TfscacheError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ResourceExhausted(f"disk full writing {path}: {exc.strerror}")
     return Internal(f"cannot write {path}: {exc}")
+
+
+class TierEvents:
+    """What the disk tier reports as it works (no-ops; ``tfscache.tiermetrics`` counts them)."""
+
+    def hit(self) -> None:
+        """A fetch found its version complete and current on disk (concurrent fetches of one
+        version share one look, and count once)."""
+
+    def miss(self) -> None:
+        """A fetch had to download its version (once per download, however many waited for it)."""
+
+    def downloaded(self, seconds: float, size: int) -> None:
+        """A version was downloaded: how long it took and its bytes."""
+
+    def evicted(self, size: int) -> None:
+        """A version was deleted to make room."""

@@ -2,6 +2,8 @@
 
     ROOT/NAME/VERSION/...                 a complete version, as listed in the bucket
     ROOT/NAME/VERSION/.tfscache-complete  its marker, written last: {"objects": {rel: [size, etag]}}
+    ROOT/NAME/FILE                        the model's own files (config.pbtxt, labels.json), replaced
+                                          atomically whenever the bucket's copy changed
     ROOT/.partial/NAME.VERSION.NONCE/     a download in progress (removed at start-up)
 
 A version directory without a valid marker, or whose files' sizes differ from it, is
@@ -66,6 +68,18 @@ def group_versions(name: str, objects: list[ObjectInfo]) -> dict[int, VersionLis
     return {v: VersionListing(tuple(sorted(objs))) for v, objs in found.items()}
 
 
+def model_files(name: str, objects: list[ObjectInfo]) -> dict[str, tuple[int, str]]:
+    """The model's own files beside its versions (``NAME/config.pbtxt``, ``NAME/labels.json``):
+    rel -> (size, etag), for keys one segment below ``name/`` that the tier can hold safely."""
+    found = {}
+    for obj in objects:
+        rel = obj.key[len(name) + 1:]
+        if rel and "/" not in rel and "\\" not in rel and "\0" not in rel and not rel.startswith(".") \
+                and not rel.isdigit():
+            found[rel] = (obj.size, obj.etag)
+    return found
+
+
 def plan_eviction(resident: dict[Key, int], order: list[Key], held: set[Key], used: int,
                   need: int, cap: int) -> list[Key] | None:
     """Victims (least recently used first, never held) that make room for ``need`` bytes
@@ -116,6 +130,8 @@ def scan(root: Path) -> list[tuple[Key, dict[str, list], float]]:
         if model.name.startswith(".") or not model.is_dir():
             continue
         for version in sorted(model.iterdir()):
+            if not version.name.isdigit() and version.is_file() and not version.is_symlink():
+                continue  # the model's own files (config.pbtxt, labels.json): refreshed at each fetch
             manifest = read_complete(version) if version.name.isdigit() else None
             if manifest is None:
                 remove(version)

@@ -23,22 +23,30 @@ import os
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 
 from tfscache.errors import Aborted, DataLoss, NotFound, ResourceExhausted, Unavailable
-from tfscache.storage.base import ObjectStore, disk_error
-from tfscache.storage.layout import (PARTIAL, Key, VersionListing, check_name, group_versions,
-                                     plan_eviction, remove, safe_relpath, scan,
-                                     write_marker)
+from tfscache.storage.base import ObjectStore, TierEvents, disk_error
+from tfscache.storage.layout import (PARTIAL, Key, VersionListing, check_name, group_versions, model_files,
+                                     plan_eviction, remove, safe_relpath, scan, write_marker)
 
 log = logging.getLogger("tfscache.storage.tier")
 
 
 class DiskTier:
     def __init__(self, root: Path, cap_bytes: int, store: ObjectStore, *, parallel: int = 8,
-                 rescan_s: float = 1.0) -> None:
+                 rescan_s: float = 1.0, in_use: Callable[[Key], bool] | None = None,
+                 events: TierEvents | None = None) -> None:
+        """``in_use(key)``: whether a node loads or serves that version now (the caches' ledgers);
+        such a version is never evicted or replaced, as if held."""
         self.root, self.cap_bytes, self.store = Path(root), cap_bytes, store
         self.rescan_s = rescan_s
+        self.in_use = in_use or (lambda key: False)
+        self.events = events or TierEvents()
+        self._files: dict[str, dict[str, tuple[int, str]]] = {}  # the model's own files, as last listed
+        self._local_files: dict[tuple[str, str], tuple[int, str]] = {}  # ... and the copies on disk
+        self._file_flights: dict[str, asyncio.Future] = {}
         self._gate = asyncio.Semaphore(parallel)
         self._resident: OrderedDict[Key, tuple[int, dict]] = OrderedDict()  # LRU first; (bytes, manifest)
         self._reserved: dict[Key, int] = {}
@@ -48,16 +56,15 @@ class DiskTier:
         self._listing_flights: dict[str, asyncio.Future] = {}
 
     async def start(self) -> None:
-        """Adopt the complete versions on disk (oldest marker first in LRU order), remove partial
-        ones, and trim to the cap."""
+        """Adopt the complete versions on disk (oldest marker first in LRU order) and remove partial
+        ones. Over the cap (it was lowered), nothing is deleted yet: which versions the nodes serve is
+        known only once the caches re-adopted them, so the next download makes the room."""
         await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
         for key, manifest, _ in sorted(await asyncio.to_thread(scan, self.root), key=lambda a: a[2]):
             self._resident[key] = (sum(size for size, _ in manifest.values()), manifest)
-        victims = plan_eviction(self.resident(), list(self._resident), set(), self.used_bytes, 0, self.cap_bytes)
-        for victim in victims or []:
-            self._resident.pop(victim)
-        await self._evict(victims or [])
-        log.info("disk tier %s: adopted %d versions, %d bytes", self.root, len(self._resident), self.used_bytes)
+        log.log(logging.WARNING if self.used_bytes > self.cap_bytes else logging.INFO,
+                "disk tier %s: adopted %d versions, %d bytes (storage.cache_bytes = %d)", self.root,
+                len(self._resident), self.used_bytes, self.cap_bytes)
 
     # --- state, read by the cache and the tests ---
 
@@ -69,8 +76,22 @@ class DiskTier:
         """Complete versions on disk and their bytes, least recently used first."""
         return {key: size for key, (size, _) in self._resident.items()}
 
+    @property
+    def downloads_in_flight(self) -> int:
+        return len(self._flights)
+
+    def describe(self) -> dict:
+        """The tier in ``/status`` and ``tfscache status``."""
+        return {"url": self.store.url, "directory": str(self.root), "bytes": self.used_bytes,
+                "cap_bytes": self.cap_bytes, "versions": len(self._resident),
+                "downloads_in_flight": self.downloads_in_flight, "held": len(self.protected())}
+
     def path(self, name: str, version: int) -> Path:
         return self.root / check_name(name) / str(version)
+
+    def protected(self) -> set[Key]:
+        """Versions that must stay: held, or loaded or served by a node."""
+        return set(self._held) | {key for key in self._resident if self.in_use(key)}
 
     def hold(self, name: str, version: int) -> None:
         """A node loads (or serves) this version: never evict it until ``release``."""
@@ -91,10 +112,51 @@ class DiskTier:
             return cached[1]
         return await self._single(self._listing_flights, name, self._list(name))
 
+    def listed(self, name: str) -> dict[int, VersionListing] | None:
+        """The model's last listing however old, without listing; None if never listed."""
+        cached = self._listings.get(name)
+        return cached[1] if cached is not None else None
+
     async def _list(self, name: str) -> dict[int, VersionListing]:
-        found = group_versions(name, await self.store.list(name + "/"))
+        objects = await self.store.list(name + "/")
+        found = group_versions(name, objects)
+        self._files[name] = model_files(name, objects)
         self._listings[name] = (time.monotonic(), found)
         return found
+
+    async def model_file(self, name: str, rel: str) -> Path | None:
+        """The local copy of one of the model's own files (``labels.json``), refreshed from the
+        listing; None when the bucket has no such file."""
+        await self.versions(name)
+        await self.sync_model_files(name)
+        path = self.root / check_name(name) / rel
+        return path if (name, rel) in self._local_files else None
+
+    async def sync_model_files(self, name: str) -> None:
+        """Make ROOT/NAME's own files (config.pbtxt, labels.json) match the last listing: each changed
+        one downloaded and renamed into place, each no longer listed removed."""
+        await self._single(self._file_flights, name, self._sync_files(name))
+
+    async def _sync_files(self, name: str) -> None:
+        listed = self._files.get(name, {})
+        for rel, (size, etag) in listed.items():
+            if self._local_files.get((name, rel)) == (size, etag):
+                continue
+            temp = self.root / PARTIAL / f"{name}.{secrets.token_hex(4)}.file"
+            try:
+                await asyncio.to_thread(temp.parent.mkdir, parents=True, exist_ok=True)
+                written = await self.store.download(f"{name}/{rel}", temp, etag=etag or None)
+                if written != size:
+                    raise DataLoss(f"object {name}/{rel} in {self.store.url}: downloaded {written} bytes, "
+                                   f"listed {size} (truncated or changed); nothing was kept")
+                await asyncio.to_thread(_replace, temp, self.root / name / rel)
+            except BaseException:
+                await asyncio.shield(asyncio.to_thread(remove, temp))
+                raise
+            self._local_files[(name, rel)] = (size, etag)
+        for (model, rel) in [k for k in self._local_files if k[0] == name and k[1] not in listed]:
+            await asyncio.to_thread(remove, self.root / model / rel)
+            self._local_files.pop((model, rel), None)
 
     # --- fetch ---
 
@@ -128,20 +190,23 @@ class DiskTier:
             if key not in self._resident:
                 raise
             log.warning("disk tier: %s unreachable; serving %s version %d from disk", self.store.url, *key)
+            self.events.hit()
             return self.path(*key)
         if listing is None:
             raise NotFound(f"version {version} of model {name!r} not found in {self.store.url}")
+        await self.sync_model_files(name)
         resident = self._resident.get(key)
-        if resident is not None and (resident[1] == listing.manifest() or key in self._held):
+        if resident is not None and (resident[1] == listing.manifest() or key in self.protected()):
+            self.events.hit()
             return self.path(*key)
+        self.events.miss()
         for rel, _, _ in listing.objects:
             safe_relpath(rel, self.store.url)
         victims = self._plan_room(key, listing.bytes)
         self._reserved[key] = listing.bytes  # before any await: the next plan counts it
-        for victim in victims:
-            self._resident.pop(victim, None)
+        evicted = [(victim, self._resident.pop(victim)[0]) for victim in victims]
         try:
-            await self._evict(victims)
+            await self._evict(evicted)
             return await self._download(key, listing)
         except (NotFound, Aborted, DataLoss):
             self._listings.pop(name, None)  # the bucket changed under the listing: list again next time
@@ -149,16 +214,18 @@ class DiskTier:
         finally:
             self._reserved.pop(key, None)
 
+    def too_large(self, key: Key, need: int) -> ResourceExhausted:
+        return ResourceExhausted(f"model {key[0]!r} version {key[1]} needs {need} bytes, more than the whole "
+                                 f"disk tier (storage.cache_bytes = {self.cap_bytes})")
+
     def _plan_room(self, key: Key, need: int) -> list[Key]:
         """The versions to evict for ``need`` bytes (pure); ResourceExhausted naming the cap if none can."""
         if need > self.cap_bytes:
-            raise ResourceExhausted(
-                f"model {key[0]!r} version {key[1]} needs {need} bytes, more than the whole disk tier "
-                f"(storage.cache_bytes = {self.cap_bytes})")
+            raise self.too_large(key, need)
         old = self._resident.get(key)
         used = self.used_bytes - (old[0] if old else 0)
         order = [k for k in self._resident if k != key]
-        victims = plan_eviction(self.resident(), order, set(self._held), used, need, self.cap_bytes)
+        victims = plan_eviction(self.resident(), order, self.protected(), used, need, self.cap_bytes)
         if victims is None:
             raise ResourceExhausted(
                 f"disk tier full: model {key[0]!r} version {key[1]} needs {need} bytes and only "
@@ -166,13 +233,15 @@ class DiskTier:
                 f"the rest is held by loaded versions or downloads")
         return victims
 
-    async def _evict(self, victims: list[Key]) -> None:
+    async def _evict(self, victims: list[tuple[Key, int]]) -> None:
         """Delete the victims' directories (already out of the index)."""
-        for victim in victims:
-            log.info("disk tier: evicting %s version %d", *victim)
+        for victim, size in victims:
+            log.info("disk tier: evicting %s version %d (%d bytes)", *victim, size)
             await asyncio.to_thread(remove, self.path(*victim))
+            self.events.evicted(size)
 
     async def _download(self, key: Key, listing: VersionListing) -> Path:
+        began = time.monotonic()
         temp = self.root / PARTIAL / f"{key[0]}.{key[1]}.{secrets.token_hex(4)}"
         try:
             await asyncio.to_thread(temp.mkdir, parents=True)
@@ -183,7 +252,9 @@ class DiskTier:
             await asyncio.shield(asyncio.to_thread(remove, temp))
             raise
         self._resident[key] = (listing.bytes, listing.manifest())
-        log.info("disk tier: downloaded %s version %d, %d bytes", key[0], key[1], listing.bytes)
+        seconds = time.monotonic() - began
+        log.info("disk tier: downloaded %s version %d, %d bytes in %.3f s", key[0], key[1], listing.bytes, seconds)
+        self.events.downloaded(seconds, listing.bytes)
         return self.path(*key)
 
     async def _object(self, key: Key, temp: Path, obj: tuple[str, int, str]) -> None:
@@ -224,3 +295,8 @@ class DiskTier:
         os.rename(temp, final)
         if old is not None:
             remove(old)
+
+
+def _replace(temp: Path, final: Path) -> None:
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(temp, final)
