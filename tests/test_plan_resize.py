@@ -1,8 +1,7 @@
-"""scripts/plan_resize.py: which models change nodes when the sidecar membership changes."""
+"""tfscache plan-resize (tfscache.plan_resize): which models change nodes when the sidecar membership changes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -13,11 +12,7 @@ import pytest
 from tfscache.ring import Ring
 from tfscache.settings import RingSection
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "plan_resize.py"
-spec = importlib.util.spec_from_file_location("plan_resize", SCRIPT)
-plan_resize = importlib.util.module_from_spec(spec)
-sys.modules["plan_resize"] = plan_resize  # dataclasses look their module up there
-spec.loader.exec_module(plan_resize)
+from tfscache import plan_resize
 
 VNODES = RingSection().vnodes
 MODELS = [plan_resize.Model(f"tenant-{i:04d}", 1_000_000 + 7919 * i) for i in range(2000)]
@@ -100,7 +95,8 @@ def test_unchanged_membership_moves_nothing():
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "tfscache", "plan-resize", *args], capture_output=True, text=True,
+                          timeout=60)
 
 
 def test_json_output_parses_and_matches(tmp_path):
@@ -171,7 +167,7 @@ def test_cli_over_a_repository(tmp_path):
 @pytest.mark.parametrize("args, content, message", [
     (["--current", "a,b", "--new", "a,a"], "m 1\n", "unique"),
     (["--current", "", "--new", "a"], "m 1\n", "no node names"),
-    (["--current", "a", "--new", "b", "--replicas", "0"], "m 1\n", ">= 1"),
+    (["--current", "a", "--new", "b", "--replicas", "0"], "m 1\n", "argument --replicas: '0': must be > 0"),
     (["--current", "a", "--new", "b"], "m\n", "expected 'NAME SIZE'"),
     (["--current", "a", "--new", "b"], "m 4XB\n", "bad size"),
     (["--current", "a", "--new", "b"], "m 1\nm 2\n", "listed twice"),

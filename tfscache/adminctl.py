@@ -1,14 +1,14 @@
-"""``tfscache models|pin|unpin|preload|evict|drain|join``: the admin API from the command line.
+"""``tfscache models|pin|unpin|preload|evict|join``: the admin API from the command line.
 
     tfscache models --address 127.0.0.1:8502
     tfscache pin addk_1 --version 1 --node node0
     tfscache evict addk_1
-    tfscache drain --node node1             # embedded: one node; without --node the whole process
     tfscache join                           # a sidecar started with --no-join: register, go on the ring
 
 Every subcommand takes ``--address`` (default 127.0.0.1:8502, or TFSCACHE_ADMIN_ADDRESS)
 and ``--token`` (or TFSCACHE_ADMIN_TOKEN). Exit status: 0 on success, 1 when the
-server refused (its gRPC code and message on stderr), 2 on bad arguments.
+server refused (its gRPC code and message on stderr), 2 on bad arguments. ``tfscache drain``,
+which follows a drain to its end, is tfscache.draincmd.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ import sys
 import time
 
 from tfscache.admin.client import DEFAULT_ADDRESS, AdminClient, AdminError
+from tfscache.cliopts import Parser, host_port, non_negative
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"tfscache {command}", description=_HELP[command])
-    parser.add_argument("--address", default=os.environ.get("TFSCACHE_ADMIN_ADDRESS", DEFAULT_ADDRESS),
+    parser = Parser(prog=f"tfscache {command}", description=_HELP[command])
+    parser.add_argument("--address", type=host_port,
+                        default=os.environ.get("TFSCACHE_ADMIN_ADDRESS", DEFAULT_ADDRESS),
                         help="the admin API, HOST:PORT (default %(default)s)")
     parser.add_argument("--token", default=os.environ.get("TFSCACHE_ADMIN_TOKEN", ""),
                         help="admin token (server.admin_token), sent as 'authorization: Bearer TOKEN'")
@@ -33,16 +35,13 @@ def _parser(command: str) -> argparse.ArgumentParser:
     parser.add_argument("--node", default="", help="one node of that tfscache (default: see the command)")
     if command == "models":
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    elif command == "drain":
-        parser.add_argument("--grace", type=float, default=0.0,
-                            help="longest wait for requests in flight, s (default server.grace_s)")
-        parser.add_argument("--quiet", action="store_true", help="no progress lines")
     else:
         parser.add_argument("model", help="model name")
-        parser.add_argument("--version", type=int, default=0,
+        parser.add_argument("--version", type=non_negative(int), default=0,
                             help="model version (default: the highest on disk, or every resident one)")
         if command in ("pin", "preload"):
-            parser.add_argument("--timeout", type=float, default=0.0, help="longest wait for the load, s")
+            parser.add_argument("--timeout", type=non_negative(float), default=0.0,
+                                help="longest wait for the load, s (default: the server's cache.load_timeout_s)")
     return parser
 
 
@@ -52,7 +51,6 @@ _HELP = {
     "unpin": "let the eviction policy evict a pinned model again",
     "preload": "load a model and wait until it is AVAILABLE",
     "evict": "unload an idle model now",
-    "drain": "drain one node, or the whole tfscache (it exits 0 when done)",
     "join": "register a sidecar started with --no-join with discovery: it goes on the ring",
 }
 
@@ -90,12 +88,6 @@ def main_for(command: str, argv: list[str]) -> int:
         with AdminClient(args.address, token=args.token) as client:
             if command == "models":
                 _print_models(client.list_models(args.node), args.json)
-            elif command == "drain":
-                for p in client.drain(args.node, args.grace):
-                    if not args.quiet:
-                        print(f"{p.phase}: {p.models_left} of {p.models_total} models left, "
-                              f"{p.leases} leases", flush=True)
-                print(f"drained {args.node or args.address}")
             elif command == "join":
                 print(client.join().message)
             else:
@@ -118,5 +110,4 @@ pin_main = _command("pin")
 unpin_main = _command("unpin")
 preload_main = _command("preload")
 evict_main = _command("evict")
-drain_main = _command("drain")
 join_main = _command("join")

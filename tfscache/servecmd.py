@@ -4,7 +4,8 @@ The process itself is ``tfscache.serve.ServeApp``. SIGTERM/SIGINT: health NOT_SE
 discovery, then requests in flight finish; SIGHUP: static discovery re-reads its peers, and
 the [tls] files are read again.
 Exit status: 0 after a clean stop, 1 when start-up failed or a sidecar's node never came up,
-2 for a bad setting.
+2 for a bad flag or setting, or an extra the settings need that is not installed (before
+anything starts: tfscache.preflight).
 """
 
 from __future__ import annotations
@@ -16,8 +17,10 @@ import os
 import signal
 import sys
 
-from tfscache import logs
+from tfscache import logs, preflight
 from tfscache import settings as settings_mod
+from tfscache.cliopts import Parser, log_level
+from tfscache.extras import MissingExtra
 from tfscache.serve import ServeApp
 from tfscache.settings import Settings
 
@@ -25,7 +28,7 @@ log = logging.getLogger("tfscache.serve")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tfscache serve",
         description="gRPC and REST front ends speaking TF Serving's API (or, with --backend triton, "
                     "Triton's Open Inference Protocol) that load models on demand onto a ring of nodes.",
@@ -33,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
                "TFSCACHE_<SECTION>_<FIELD> environment variable; flags win.")
     settings_mod.add_arguments(parser)
     parser.add_argument("--help-settings", action="store_true", help="list every setting and exit")
-    parser.add_argument("--log-level", default=os.environ.get("TFSCACHE_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", type=log_level, default=os.environ.get("TFSCACHE_LOG_LEVEL", "INFO"),
+                        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default $TFSCACHE_LOG_LEVEL or INFO)")
     parser.add_argument("--log-json", dest="log_json", action="store_true", default=None,
                         help="log JSON objects, one per line (setting log_json)")
     return parser
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         settings = settings_mod.from_args(args)
-    except settings_mod.SettingsError as exc:
+        preflight.check(settings)
+    except (settings_mod.SettingsError, MissingExtra) as exc:
         print(f"tfscache serve: {exc}", file=sys.stderr)
         return 2
     logs.setup(args.log_level, json_lines=settings.log_json)

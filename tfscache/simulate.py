@@ -7,7 +7,9 @@ Every combination of policy, node count, ``--max-models`` and ``--memory`` (per-
 caps; 0 is no cap) is replayed with the policy classes the cache manager runs, and
 Belady's MIN is replayed under the same caps as the bound. The table (or, with
 ``--json``, a JSON document) goes to stdout; the log format is in tfscache/sim/trace.py
-and the cache model in tfscache/sim/engine.py.
+and the cache model in tfscache/sim/engine.py. The progress bar and the summary line go
+to stderr (``--progress``/``--no-progress``/``--quiet``: tfscache.cliopts). ``--plot``
+needs the ``[sim]`` extra (matplotlib): without it the command exits 2 before simulating.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from tfscache.cliopts import Parser, add_output_flags, bar_disable
+from tfscache.extras import MissingExtra, require
 from tfscache.sim import build_policy, policy_names
 from tfscache.sim.engine import BELADY, Config, simulate
 from tfscache.sim.trace import TraceError, read_trace
@@ -66,7 +70,7 @@ def _policies(text: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="tfscache simulate", description="Replay a request log (CSV or JSONL: time, model, [version], "
         "load_seconds, bytes) against eviction policies, node counts and per-node caps; Belady's MIN is the bound.")
     parser.add_argument("log", type=Path, help="request log, .csv (with a header row) or .jsonl; .gz is read too")
@@ -80,7 +84,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="comma-separated caps on bytes per node, e.g. 4GiB,16GiB (default 0: no cap)")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="write a plot of hit ratio against capacity")
     parser.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar and no summary line")
+    add_output_flags(parser)
     return parser
 
 
@@ -91,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--nodes: a node count must be at least 1")
     if not args.policies:
         parser.error("--policies: name at least one policy")
+    if args.plot is not None:
+        try:
+            require("sim", "--plot")
+        except MissingExtra as exc:
+            print(f"tfscache simulate: {exc}", file=sys.stderr)
+            return 2
     started = time.perf_counter()
     try:
         trace = read_trace(args.log)
@@ -103,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     from tqdm import tqdm
 
     with tqdm(total=len(trace) * len(configs), unit="req", unit_scale=True, file=sys.stderr, leave=False,
-              disable=args.quiet or not sys.stderr.isatty()) as bar:
+              disable=bar_disable(args)) as bar:
         results = simulate(trace, configs, build_policy, progress=bar.update)
     wall = time.perf_counter() - started
     if args.plot is not None:

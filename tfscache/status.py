@@ -5,7 +5,8 @@
 
 Prints the nodes, every model version in a node's config with its state, size, last use
 and leases, and the hit ratio. Exit status 1 when the server cannot be read. Only the
-standard library: no tensorflow, no aiohttp.
+standard library: no tensorflow, no aiohttp. It shows no progress, so it has no
+``--quiet``/``--progress`` (tfscache.cliopts); bad flags exit 2.
 
 A node's row counts its versions by state apart: AVAILABLE (serving; BYTES is theirs),
 LOADING and UNLOADING. CAP reads "in use/cap" for each cap the node has, where in use is
@@ -26,6 +27,8 @@ import sys
 import urllib.error
 import urllib.request
 from typing import Any
+
+from tfscache.cliopts import Parser, host_port, positive
 
 DEFAULT_ADDRESS = os.environ.get("TFSCACHE_STATUS_ADDRESS", "127.0.0.1:8503")
 
@@ -119,6 +122,11 @@ def render(doc: dict[str, Any]) -> str:
     if scale is not None:  # absent from a serve older than the scaling signal
         lines += ["", f"scale advice: {_ADVICE.get(scale['advice'], scale['advice'])}: {scale['reason']} "
                       f"(capacity unloads per minute over {scale['window_s']:g} s)"]
+    tier = doc.get("disk_tier")
+    if tier is not None:  # a model repository in a bucket (docs/storage.md)
+        lines += ["", f"disk tier {tier['directory']} for {tier['url']}: {human_bytes(tier['bytes'])} of "
+                      f"{human_bytes(tier['cap_bytes'])}, {tier['versions']} version{'s' if tier['versions'] != 1 else ''}"
+                      f" ({tier['held']} in use by nodes), {tier['downloads_in_flight']} downloading"]
     hits, misses, ratio = doc["hits"], doc["misses"], doc["hit_ratio"]
     shown = "n/a (no requests yet)" if ratio is None else f"{100 * ratio:.1f}%"
     lines += ["", f"hit ratio: {shown} ({hits} hit{'s' if hits != 1 else ''}, "
@@ -127,14 +135,14 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tfscache status",
+    parser = Parser(prog="tfscache status",
                                      description="Show nodes, resident models, leases and the hit ratio "
                                                  "of a running tfscache serve (read from its metrics port).")
-    parser.add_argument("--address", default=DEFAULT_ADDRESS, metavar="HOST:PORT",
+    parser.add_argument("--address", type=host_port, default=DEFAULT_ADDRESS, metavar="HOST:PORT",
                         help=f"the serve's metrics port (server.metrics_port; default {DEFAULT_ADDRESS}, "
                              "or $TFSCACHE_STATUS_ADDRESS)")
     parser.add_argument("--json", action="store_true", help="print the raw /status document")
-    parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the answer")
+    parser.add_argument("--timeout", type=positive(float), default=10.0, help="seconds to wait for the answer")
     return parser
 
 

@@ -36,13 +36,8 @@ from tfscache.ring import Ring
 from .conftest import MODELS, REPLICAS, Client, Traffic, wait_until
 
 
-def script(name: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, str(REPO / "scripts" / name), *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=180)
-
-
 def tfscache(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([PYTHON, "-m", "tfscache", *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+    return subprocess.run([PYTHON, "-m", "tfscache", *args], cwd=REPO, capture_output=True, text=True, timeout=180)
 
 
 def replicas(names, model) -> list[str]:
@@ -121,7 +116,7 @@ def test_resize_with_the_tools_then_drain_one_sidecar(cluster, tmp_path):
         assert "not registering" in d.log()
     assert all(s.ring() == ["a", "b", "c"] for s in (a, b, c))
     # 2. Plan.
-    run = script("plan_resize.py", "--current", "a,b,c", "--new", "a,b,c,d", "--replicas", str(REPLICAS),
+    run = tfscache("plan-resize", "--current", "a,b,c", "--new", "a,b,c,d", "--replicas", str(REPLICAS),
                  "--model-repository", str(cluster.repository), "--json", "--no-progress")
     assert run.returncode == 0, run.stderr
     plan_path = tmp_path / "plan.json"
@@ -131,7 +126,7 @@ def test_resize_with_the_tools_then_drain_one_sidecar(cluster, tmp_path):
     assert gaining == sorted(m for m in MODELS if "d" in replicas("abcd", m)) and gaining
     # 3. Prewarm: the hot moving models (all resident on their current owners) onto d.
     addresses = [arg for s in (a, b, c, d) for arg in ("--address", f"{s.name}={s.admin_target}")]
-    run = script("prewarm.py", "--plan", str(plan_path), *addresses, "--no-progress")
+    run = tfscache("prewarm", "--plan", str(plan_path), *addresses, "--no-progress")
     assert (run.returncode, run.stdout) == (0, f"prewarmed {len(gaining)} of {len(gaining)} model copies "
                                                f"({len(gaining)} models)\n"), run.stderr
     assert d.resident() == set(gaining)
@@ -166,7 +161,7 @@ def test_resize_with_the_tools_then_drain_one_sidecar(cluster, tmp_path):
         assert sum(s.counts()[1] for s in (a, b, c)) == old_misses
         # 5. Drain b with the tool while the traffic goes on (clients first stop calling b).
         traffic.remove(b.grpc_target)
-        run = script("drain.py", b.admin_target, "--no-progress")
+        run = tfscache("drain", "--address", b.admin_target, "--no-progress")
         assert (run.returncode, run.stdout) == (0, f"drained {b.admin_target}; the process exited\n"), run.stderr
         assert b.process.wait(30) == 0
         if registry.name == "static":  # no health check: b leaves the lists by hand

@@ -1,8 +1,7 @@
-#!/usr/bin/env python
 """Plan a resize of a tfscache sidecar cluster: which models change nodes, and how many bytes.
 
-    .venv/bin/python scripts/plan_resize.py --current a,b,c --new a,b,c,d --model-repository /models
-    .venv/bin/python scripts/plan_resize.py --current a,b,c --new a,b --models-file sizes.txt --json
+    tfscache plan-resize --current a,b,c --new a,b,c,d --model-repository /models
+    tfscache plan-resize --current a,b,c --new a,b --models-file sizes.txt --json
 
 Node names are the sidecars' ring names (``ring.self_name``; in Kubernetes the pod names).
 Both memberships are hashed with ``tfscache.ring.Ring`` built as ``tfscache serve`` builds
@@ -15,12 +14,13 @@ copy moving to that node; it is paired with a replica the model loses (``from``)
 replica lost without a gain is a copy moving to ``-``. Bytes are the newest version's
 size on disk (what the cache estimates before the first load, times
 ``cache.estimate_factor``). Models are read from the repository (``NAME/VERSION/...``;
-a progress bar on stderr while scanning) or from ``--models-file`` lines ``NAME SIZE``
+a progress bar on stderr while scanning and hashing: ``--progress``/``--no-progress``/``--quiet``,
+tfscache.cliopts) or from ``--models-file`` lines ``NAME SIZE``
 (SIZE in bytes or with a unit, ``4GiB``; ``#`` starts a comment).
 
 Prints a table of copies and bytes per (from, to), per node, and totals; ``--json``
 prints the same as one JSON object, with every moving model under ``"moved"``
-(name, bytes, old and new replicas: what scripts/prewarm.py needs). Exit status 2 on bad
+(name, bytes, old and new replicas: what ``tfscache prewarm`` needs). Exit status 2 on bad
 arguments or input.
 """
 
@@ -37,12 +37,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tfscache.repository import ModelRepository  # noqa: E402
-from tfscache.ring import Ring  # noqa: E402
-from tfscache.settings import RingSection, parse_bytes  # noqa: E402
+from tfscache.cliopts import Parser, add_output_flags, bar_disable, positive
+from tfscache.repository import ModelRepository
+from tfscache.ring import Ring
+from tfscache.sections import RingSection
+from tfscache.units import parse_bytes
 
 NONE = "-"  # no node: a replica created from nothing, or dropped
 
@@ -247,29 +246,27 @@ def _table(rows: list[tuple[str, ...]], left: int) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     defaults = RingSection()
-    parser = argparse.ArgumentParser(prog="plan_resize.py", description=__doc__.split("\n\n")[0],
+    parser = Parser(prog="tfscache plan-resize", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--current", required=True, help="current members, comma-separated: a,b,c")
     parser.add_argument("--new", required=True, help="new members, comma-separated: a,b,c,d")
-    parser.add_argument("--replicas", type=int, default=defaults.replicas_per_model,
+    parser.add_argument("--replicas", type=positive(int), default=defaults.replicas_per_model,
                         help="ring.replicas_per_model of the cluster (default %(default)s)")
-    parser.add_argument("--vnodes", type=int, default=defaults.vnodes,
+    parser.add_argument("--vnodes", type=positive(int), default=defaults.vnodes,
                         help="ring.vnodes of the cluster (default %(default)s)")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--model-repository", metavar="DIR", help="scan NAME/VERSION/ for models and sizes")
     source.add_argument("--models-file", metavar="FILE", help="lines of NAME SIZE instead of a repository")
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     parser.add_argument("--list", action="store_true", help="also list every moving model (text output)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars on stderr")
+    add_output_flags(parser, summary=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    progress = False if args.no_progress else None
+    args = _parser().parse_args(sys.argv[2:] if argv is None else argv)
+    progress = _progress(args)
     try:
-        if args.replicas < 1 or args.vnodes < 1:
-            raise PlanError("--replicas and --vnodes must be >= 1")
         current, new = parse_members(args.current, "--current"), parse_members(args.new, "--new")
         if args.models_file:
             models = read_models_file(args.models_file)
@@ -277,11 +274,13 @@ def main(argv: list[str] | None = None) -> int:
             models = scan_repository(args.model_repository, progress=progress)
         result = plan(models, current, new, replicas=args.replicas, vnodes=args.vnodes, progress=progress)
     except PlanError as exc:
-        print(f"plan_resize.py: {exc}", file=sys.stderr)
+        print(f"tfscache plan-resize: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(result.to_json(), indent=2) if args.json else render(result, list_models=args.list))
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+
+def _progress(args: argparse.Namespace) -> bool | None:
+    disable = bar_disable(args)
+    return None if disable is None else not disable

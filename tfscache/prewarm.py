@@ -1,13 +1,11 @@
-#!/usr/bin/env python
 """Preload the hot moving models of a resize on their new owners, before the switch.
 
-    .venv/bin/python scripts/plan_resize.py --current a,b,c --new a,b,c,d --model-repository /models \\
-        --json > plan.json
-    .venv/bin/python scripts/prewarm.py --plan plan.json --address-template '{node}:8502'
-    .venv/bin/python scripts/prewarm.py --plan plan.json --address a=10.0.0.1:8502 --address d=10.0.0.4:8502
-    .venv/bin/python scripts/prewarm.py --models m1,m2 --target 10.0.0.4:8502
+    tfscache plan-resize --current a,b,c --new a,b,c,d --model-repository /models --json > plan.json
+    tfscache prewarm --plan plan.json --address-template '{node}:8502'
+    tfscache prewarm --plan plan.json --address a=10.0.0.1:8502 --address d=10.0.0.4:8502
+    tfscache prewarm --models m1,m2 --target 10.0.0.4:8502
 
-With ``--plan`` (plan_resize.py's JSON), every model under ``"moved"`` gains the nodes in
+With ``--plan`` (``tfscache plan-resize --json``), every model under ``"moved"`` gains the nodes in
 its ``to`` that are not in its ``from``: those are its new owners. Which moving models
 are hot (``--hot``):
 
@@ -18,7 +16,8 @@ are hot (``--hot``):
 
 ``--limit N`` keeps the first N. Each is preloaded (``tfscache.admin.Admin/Preload``:
 loaded and AVAILABLE) on each new owner's own node, ``--parallel`` at a time, with a
-progress bar on stderr. A model that fails is reported and the rest go on; exit status
+progress bar on stderr (``--progress``/``--no-progress``/``--quiet``: tfscache.cliopts). A
+model that fails is reported and the rest go on; exit status
 1 if any failed, 2 on bad arguments. Node names are the sidecars' ring names; their admin
 addresses come from ``--address NAME=HOST:PORT`` or ``--address-template``.
 
@@ -39,10 +38,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tfscache.admin.client import AdminClient, AdminError  # noqa: E402
+from tfscache.admin.client import AdminClient, AdminError
+from tfscache.cliopts import Parser, add_output_flags, bar_disable, host_port, non_negative, positive
 
 
 class PrewarmError(ValueError):
@@ -55,13 +52,18 @@ def _addresses(pairs: list[str], template: str):
         name, sep, address = pair.partition("=")
         if not sep or not name or not address:
             raise PrewarmError(f"--address takes NAME=HOST:PORT, got {pair!r}")
-        table[name] = address
+        try:
+            table[name] = host_port(address)
+        except argparse.ArgumentTypeError as exc:
+            raise PrewarmError(f"--address {pair!r}: {exc}") from None
+    if template and "{node}" not in template:
+        raise PrewarmError(f"--address-template {template!r} lacks {{node}}")
 
     def address_of(node: str) -> str:
         if node in table:
             return table[node]
         if template:
-            return template.format(node=node)
+            return template.replace("{node}", node)
         raise PrewarmError(f"no admin address for node {node!r}: give --address {node}=HOST:PORT "
                            "or --address-template")
 
@@ -75,7 +77,7 @@ def read_plan(path: str) -> list[tuple[str, list[str], list[str]]]:
         moved = plan["moved"]
         return [(m["name"], list(m["from"]), [n for n in m["to"] if n not in m["from"]]) for m in moved]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PrewarmError(f"cannot read plan {path!r} (plan_resize.py --json): {exc}") from exc
+        raise PrewarmError(f"cannot read plan {path!r} (tfscache plan-resize --json): {exc}") from exc
 
 
 def added_nodes(path: str) -> list[str]:
@@ -84,7 +86,7 @@ def added_nodes(path: str) -> list[str]:
         plan = json.loads(Path(path).read_text())
         return [n for n in plan["new"] if n not in plan["current"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PrewarmError(f"cannot read plan {path!r} (plan_resize.py --json): {exc}") from exc
+        raise PrewarmError(f"cannot read plan {path!r} (tfscache plan-resize --json): {exc}") from exc
 
 
 def join(nodes: list[str], address_of, token: str) -> list[str]:
@@ -133,8 +135,8 @@ def choose(moving, hot: str, address_of, token: str) -> list[tuple[str, list[str
 
 
 def prewarm(jobs: list[tuple[str, str]], address_of, token: str, parallel: int, timeout_s: float | None,
-            progress: bool | None) -> list[str]:
-    """Preload each (model, node); the failures as text."""
+            disable: bool | None) -> list[str]:
+    """Preload each (model, node); the failures as text. ``disable``: tqdm's (None: bar only on a terminal)."""
     failures = []
 
     def one(name: str, node: str) -> None:
@@ -142,7 +144,7 @@ def prewarm(jobs: list[tuple[str, str]], address_of, token: str, parallel: int, 
             client.preload(name, timeout_s=timeout_s)
 
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool, \
-            tqdm(total=len(jobs), desc="prewarming", unit="model", disable=_quiet(progress), file=sys.stderr) as bar:
+            tqdm(total=len(jobs), desc="prewarming", unit="model", disable=disable, file=sys.stderr) as bar:
         futures = {pool.submit(one, name, node): (name, node) for name, node in jobs}
         for future in as_completed(futures):
             name, node = futures[future]
@@ -157,36 +159,33 @@ def prewarm(jobs: list[tuple[str, str]], address_of, token: str, parallel: int, 
     return failures
 
 
-def _quiet(progress: bool | None) -> bool | None:
-    return None if progress is None else not progress  # None: only on a terminal
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="prewarm.py", description=__doc__.split("\n\n")[0],
+    parser = Parser(prog="tfscache prewarm", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--plan", metavar="FILE", help="plan_resize.py --json output")
+    source.add_argument("--plan", metavar="FILE", help="tfscache plan-resize --json output")
     source.add_argument("--models", help="comma-separated model names (with --target)")
-    parser.add_argument("--target", metavar="HOST:PORT", help="with --models: the admin API to preload on")
+    parser.add_argument("--target", type=host_port, metavar="HOST:PORT", help="with --models: the admin API to preload on")
     parser.add_argument("--address", action="append", default=[], metavar="NAME=HOST:PORT",
                         help="admin API of a node of the plan (repeat)")
     parser.add_argument("--address-template", default="", metavar="TEMPLATE",
                         help="admin API of any other node, e.g. '{node}.tfscache:8502'")
     parser.add_argument("--token", default=os.environ.get("TFSCACHE_ADMIN_TOKEN", ""), help="admin token")
     parser.add_argument("--hot", default="resident", help="resident (default), all, or file:PATH")
-    parser.add_argument("--limit", type=int, default=0, help="at most this many models (0: no limit)")
-    parser.add_argument("--parallel", type=int, default=2, help="preloads at once (default %(default)s)")
-    parser.add_argument("--timeout", type=float, default=0.0, help="longest wait for one load, s")
+    parser.add_argument("--limit", type=non_negative(int), default=0, help="at most this many models (0: no limit)")
+    parser.add_argument("--parallel", type=positive(int), default=2, help="preloads at once (default %(default)s)")
+    parser.add_argument("--timeout", type=non_negative(float), default=0.0, help="longest wait for one load, s")
     parser.add_argument("--join", action="store_true",
                         help="then call Join on the new sidecars (started with --no-join): they go on the ring")
-    bar = parser.add_mutually_exclusive_group()
-    bar.add_argument("--progress", action="store_true", default=None, help="always show the progress bar")
-    bar.add_argument("--no-progress", dest="progress", action="store_false", help="never show it")
+    add_output_flags(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(sys.argv[2:] if argv is None else argv)
+    if args.hot not in ("resident", "all") and not args.hot.startswith("file:"):
+        parser.error(f"argument --hot: {args.hot!r} is not resident, all or file:PATH")
     try:
         if args.models is not None:
             if not args.target:
@@ -207,21 +206,18 @@ def main(argv: list[str] | None = None) -> int:
         for node in [node for _, node in jobs] + joining:
             address_of(node)  # every address known before the first load
     except PrewarmError as exc:
-        print(f"prewarm.py: {exc}", file=sys.stderr)
+        print(f"tfscache prewarm: {exc}", file=sys.stderr)
         return 2
-    failures = prewarm(jobs, address_of, args.token, args.parallel, args.timeout or None, args.progress)
+    failures = prewarm(jobs, address_of, args.token, args.parallel, args.timeout or None, bar_disable(args))
     for failure in failures:
-        print(f"prewarm.py: failed: {failure}", file=sys.stderr)
+        print(f"tfscache prewarm: failed: {failure}", file=sys.stderr)
     print(f"prewarmed {len(jobs) - len(failures)} of {len(jobs)} model copies "
-          f"({len({n for n, _ in jobs})} models)")
+          f"({len({n for n, _ in jobs})} models)")  # the result: printed with --quiet too
     if joining and failures:
-        print(f"prewarm.py: not joining {', '.join(joining)}: a preload failed", file=sys.stderr)
+        print(f"tfscache prewarm: not joining {', '.join(joining)}: a preload failed", file=sys.stderr)
     elif joining:
         failures = join(joining, address_of, args.token)
         for failure in failures:
-            print(f"prewarm.py: failed: {failure}", file=sys.stderr)
+            print(f"tfscache prewarm: failed: {failure}", file=sys.stderr)
     return 1 if failures else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
