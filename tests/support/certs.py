@@ -40,4 +40,5 @@ def write_leaf(ca: trustme.CA, stem: Path, *identities: str) -> Leaf:
     """A certificate signed by ``ca`` for ``identities`` (host names, IP addresses): ``stem``.cert/.key."""
     issued = ca.issue_cert(*identities)
     chain = b"".join(pem.bytes() for pem in issued.cert_chain_pems)
-    return Leaf(_write(stem.with_suffix(".cert"), chain), _write(stem.with_suffix(".key"), issued.private_key_pem.bytes()))
+    return Leaf(_write(stem.with_suffix(".cert"), chain),
+                _write(stem.with_suffix(".key"), issued.private_key_pem.bytes()))
