@@ -179,8 +179,9 @@ class DiscoverySection:
     dns_record: str = setting("srv", "dns: srv (_grpc._tcp.NAME and _rest._tcp.NAME; peers named by the SRV "
                                "target's first label, the pod name) or a (A/AAAA of NAME; peers named by IP)",
                                check=lambda v: None if v in ("srv", "a") else "must be srv or a")
-    dns_grpc_port: int = setting(8500, "dns, record a: the peers' gRPC port", check=_port)
-    dns_rest_port: int = setting(8501, "dns, record a: the peers' REST port (0 = none)", check=_port)
+    # (not *_port: settings named so are this process's listening ports, tests/deploy checks them)
+    dns_port_grpc: int = setting(8500, "dns, record a: the peers' gRPC port", check=_port)
+    dns_port_rest: int = setting(8501, "dns, record a: the peers' REST port (0 = none)", check=_port)
     dns_interval_s: float = setting(5.0, "dns: how often the records are resolved again",
                                      check=_at_least(0.05))
     dns_server: str = setting("", "dns: a DNS server IP[:PORT] to ask instead of the system's resolver "

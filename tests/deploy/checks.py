@@ -18,7 +18,9 @@ import yaml
 
 from tfscache import settings as settings_mod
 
-from .manifests import (CLI_ENV, CONSUL_HTTP_PORT, DEPLOY, DOCKERFILE, K8S, TFSCACHE_NODE_EXTENSIONS, Instruction,
+from . import overlays
+from .manifests import (CLI_ENV, CONSUL_HTTP_PORT, DEPLOY, DOCKERFILE, K8S, TFSCACHE_NODE_EXTENSIONS,
+                        TFSERVING_ONLY_FLAGS, Instruction,
                         Pair, as_list, cli_defaults, compose_pairs, container, dockerignore_allows, env_name,
                         known_settings,
                         node_flags, node_ports, parse_dockerfile, parse_flag_args, port_number, pyproject,
@@ -85,7 +87,10 @@ def check_tfserving(command: list[str], args: list[str]) -> list[str]:
         return problems + [str(exc)]
     node_main = node_flags()
     for name in flags:
-        if name not in node_main.FLAGS or name in TFSCACHE_NODE_EXTENSIONS:
+        if name in TFSERVING_ONLY_FLAGS:
+            if TFSERVING_ONLY_FLAGS[name] is bool and flags[name] not in ("true", "false"):
+                problems.append(f"--{name}={flags[name]} must be true or false")
+        elif name not in node_main.FLAGS or name in TFSCACHE_NODE_EXTENSIONS:
             problems.append(f"--{name} is not a tensorflow_model_server flag")
     try:  # the same parser and types as tensorflow_model_server's flags (tfscache node's table)
         node_main.parse_flags([f"--{k}={v}" for k, v in flags.items() if k in node_main.FLAGS])
@@ -334,10 +339,15 @@ def check_k8s(objects: Mapping, grace_s: float, extra_ports: frozenset[int] = fr
     return problems
 
 
-def check_kustomization() -> list[str]:
-    listed = set(yaml.safe_load((K8S / "kustomization.yaml").read_text())["resources"])
-    present = {p.name for p in K8S.glob("*.yaml")} - {"kustomization.yaml"}
-    return [f"kustomization.yaml lists {sorted(listed)} but deploy/k8s has {sorted(present)}"] if listed != present else []
+def check_kustomization(root: Path = K8S) -> list[str]:
+    """Every kustomization under deploy/k8s names exactly the YAML files next to it (resources, patches)."""
+    problems = []
+    for path in sorted(root.rglob("kustomization.yaml")):
+        named, present = overlays.files(path.parent)
+        if named != present:
+            problems.append(f"{path.relative_to(root.parent)} names {sorted(named)} but its directory has "
+                            f"{sorted(present)}")
+    return problems
 
 
 def check_shared_volume(pair: Pair, model_repository: str) -> list[str]:

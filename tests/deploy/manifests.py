@@ -25,11 +25,15 @@ import yaml
 
 from tfscache import settings as settings_mod
 
+from . import overlays
+
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILE = DEPLOY / "Dockerfile"
 COMPOSE = DEPLOY / "docker-compose.yml"
 K8S = DEPLOY / "k8s"
+# deploy/k8s's variants (kustomize overlays of deploy/k8s/base) checked like the default.
+K8S_VARIANTS = ("consul", "pvc")
 
 # The discovery settings agreed with the engineer adding them to tfscache/settings.py
 # (issue 5). Used only while settings.py has no [discovery] section; once it has one,
@@ -40,6 +44,9 @@ CONSUL_HTTP_PORT = 8500
 # Flags `tfscache node` accepts that tensorflow_model_server does not (tfscache/node/main.py
 # docstring and docs/DESIGN.md); the real binary would refuse them.
 TFSCACHE_NODE_EXTENSIONS = {"bind_address", "ports_file", "load_gate_dir"}
+# tensorflow_model_server flags that `tfscache node` does not take (so they are not in its
+# flag table), with the type TF Serving parses them as.
+TFSERVING_ONLY_FLAGS = {"enable_grpc_healthcheck_service": bool}
 
 
 # -- the code's side ------------------------------------------------------------------------
@@ -318,16 +325,9 @@ def compose_pairs(compose: Mapping) -> list[Pair]:
 # -- Kubernetes -----------------------------------------------------------------------------
 
 
-def load_k8s() -> dict[tuple[str, str], dict]:
-    """(kind, name) -> object for every manifest in deploy/k8s/ listed by its kustomization."""
-    objects = {}
-    for path in sorted(K8S.glob("*.yaml")):
-        if path.name == "kustomization.yaml":
-            continue
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc:
-                objects[(doc["kind"], doc["metadata"]["name"])] = doc
-    return objects
+def load_k8s(variant: str = "") -> dict[tuple[str, str], dict]:
+    """(kind, name) -> object as ``kubectl kustomize deploy/k8s[/VARIANT]`` renders them."""
+    return overlays.render(K8S / variant if variant else K8S)
 
 
 def container(statefulset: Mapping, name: str) -> dict:
@@ -385,12 +385,12 @@ def port_number(c: Mapping, port) -> int | None:
     return None
 
 
-def k8s_pair(objects: Mapping, example_env: Mapping[str, str]) -> Pair:
+def k8s_pair(objects: Mapping, example_env: Mapping[str, str], name: str = "k8s") -> Pair:
     sts = objects[("StatefulSet", "tfscache")]
     node, sidecar = container(sts, "tfserving"), container(sts, "tfscache")
     env, _ = expand_env(sidecar, example_env)
     limit = node.get("resources", {}).get("limits", {}).get("memory")
-    return Pair(name="k8s", tfserving_image=node["image"], tfserving_command=list(node.get("command", [])),
+    return Pair(name=name, tfserving_image=node["image"], tfserving_command=list(node.get("command", [])),
                 tfserving_args=list(node.get("args", [])), tfserving_mounts=k8s_mounts(node),
                 sidecar_mounts=k8s_mounts(sidecar), sidecar_args=list(sidecar.get("args", [])),
                 sidecar_env=env, tfserving_memory_limit=k8s_quantity(limit) if limit else None,
@@ -444,11 +444,27 @@ def deployments() -> dict[str, list[Pair]]:
     compose = compose_pairs(load_compose())
     for pair in compose:
         pair.extra["read"] = compose_file
-    objects = load_k8s()
-    k8s = k8s_pair(objects, K8S_EXAMPLE_ENV)
-    volumes = k8s.extra["statefulset"]["spec"]["template"]["spec"].get("volumes", [])
-    k8s.extra["read"] = lambda mounts, path: configmap_file(objects, volumes, mounts, path)
-    return {"compose": compose, "k8s": [k8s]}
+    k8s = [_k8s_variant(variant) for variant in ("", *K8S_VARIANTS)]
+    return {"compose": compose, "k8s": k8s}
+
+
+def _k8s_variant(variant: str) -> Pair:
+    objects = load_k8s(variant)
+    pair = k8s_pair(objects, K8S_EXAMPLE_ENV, f"k8s-{variant}" if variant else "k8s")
+    volumes = pair.extra["statefulset"]["spec"]["template"]["spec"].get("volumes", [])
+    pair.extra["read"] = lambda mounts, path: configmap_file(objects, volumes, mounts, path)
+    pair.extra["objects"] = objects
+    return pair
+
+
+def sidecar_value(pair: Pair, dotted: str):
+    """A setting as the pair's sidecar sees it: its TFSCACHE_* variable, else its TOML file's value."""
+    if env_name(dotted) in pair.sidecar_env:
+        return pair.sidecar_env[env_name(dotted)]
+    value = tomllib.loads(sidecar_config_text(pair))
+    for key in dotted.split("."):
+        value = value.get(key, {}) if isinstance(value, dict) else {}
+    return value if value != {} else None
 
 
 def sidecar_config_text(pair: Pair) -> str:

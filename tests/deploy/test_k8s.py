@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from . import checks, manifests
+from . import checks, manifests, overlays, podchecks
 
 OBJECTS = manifests.load_k8s()
 STS = ("StatefulSet", "tfscache")
@@ -133,3 +136,122 @@ def test_service_check_can_fail(grace_s, key, path, value, why):
 def test_missing_configmap_fails(grace_s):
     objects = {k: v for k, v in OBJECTS.items() if k[0] != "ConfigMap"}
     assert any("no ConfigMap" in p for p in checks.check_k8s(objects, grace_s, EXTRA))
+
+
+# -- the pod around tfscache: locked down, probed, spread, budgeted (issue 14) ----------------
+
+VARIANTS = ["", *manifests.K8S_VARIANTS]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_locks_down_probes_spreads_and_budgets_the_pods(variant, tmp_path):
+    objects = manifests.load_k8s(variant)
+    settings = pod_settings(tmp_path)[1]
+    assert podchecks.check_security(objects[STS]) == []
+    assert podchecks.check_tfserving_health(manifests.container(objects[STS], "tfserving")) == []
+    assert podchecks.check_pdb(objects, settings.ring.replicas_per_model) == []
+    assert podchecks.check_spread(objects[STS]) == []
+    assert checks.check_k8s(objects, settings.server.grace_s, EXTRA) == []
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_tfserving_exports_its_own_metrics_from_a_configmap(variant):
+    pair = next(p for p in manifests.deployments()["k8s"] if p.name == ("k8s-" + variant if variant else "k8s"))
+    assert podchecks.check_monitoring(pair) == []
+
+
+def test_monitoring_check_can_fail():
+    pair = manifests.deployments()["k8s"][0]
+    flag = "--monitoring_config_file=/etc/tfserving/monitoring.config"
+    without = dataclasses.replace(pair, tfserving_args=[a for a in pair.tfserving_args if a != flag])
+    assert any("needs --monitoring_config_file" in p for p in podchecks.check_monitoring(without))
+    moved = dataclasses.replace(pair, tfserving_args=[a.replace("/etc/tfserving/", "/etc/x/")
+                                                      for a in pair.tfserving_args])
+    assert any("not a mounted ConfigMap file" in p for p in podchecks.check_monitoring(moved))
+    read = pair.extra["read"]
+    off = dataclasses.replace(pair, extra={**pair.extra, "read": lambda m, path: read(m, path).replace("true",
+                                                                                                       "false")})
+    assert any("must enable prometheus_config" in p for p in podchecks.check_monitoring(off))
+
+
+@pytest.mark.parametrize("path, value, why", [
+    (NODE + ["securityContext", "readOnlyRootFilesystem"], False, "tfserving: readOnlyRootFilesystem"),
+    (NODE + ["securityContext", "runAsUser"], 0, "tfserving: must run as non-root"),
+    (SIDECAR + ["securityContext", "allowPrivilegeEscalation"], True, "tfscache: allowPrivilegeEscalation"),
+    (SIDECAR + ["securityContext", "capabilities"], {"drop": ["NET_RAW"]}, "tfscache: capabilities"),
+    (NODE + ["securityContext", "capabilities"], {"drop": ["ALL"], "add": ["SYS_PTRACE"]}, "tfserving: capab"),
+])
+def test_security_check_can_fail(path, value, why):
+    problems = podchecks.check_security(manifests.mutated(OBJECTS[STS], path, value))
+    assert any(why in p for p in problems), problems
+
+
+@pytest.mark.parametrize("path, value, why", [
+    (NODE + ["args"], ["--port=8510"], "--enable_grpc_healthcheck_service=true"),
+    (NODE + ["livenessProbe"], {"tcpSocket": {"port": 8510}}, "livenessProbe"),
+    (NODE + ["startupProbe", "grpc", "port"], 8511, "startupProbe"),
+])
+def test_tfserving_health_check_can_fail(path, value, why):
+    node = manifests.container(manifests.mutated(OBJECTS[STS], path, value), "tfserving")
+    problems = podchecks.check_tfserving_health(node)
+    assert any(why in p for p in problems), problems
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda o: o.pop(("PodDisruptionBudget", "tfscache")), "found 0"),
+    (lambda o: o[("PodDisruptionBudget", "tfscache")]["spec"].update(maxUnavailable=2), "at most"),
+    (lambda o: o[("PodDisruptionBudget", "tfscache")]["spec"].update(selector={"matchLabels": {"a": "b"}}),
+     "found 0"),
+])
+def test_pdb_check_can_fail(change, why):
+    objects = copy.deepcopy(OBJECTS)
+    change(objects)
+    problems = podchecks.check_pdb(objects, 2)
+    assert any(why in p for p in problems), problems
+
+
+@pytest.mark.parametrize("key, value", [("whenUnsatisfiable", "ScheduleAnyway"), ("maxSkew", 2),
+                                        ("topologyKey", "topology.kubernetes.io/zone")])
+def test_spread_check_can_fail(key, value):
+    sts = copy.deepcopy(OBJECTS[STS])
+    for constraint in sts["spec"]["template"]["spec"]["topologySpreadConstraints"]:
+        if constraint["topologyKey"] == "kubernetes.io/hostname":
+            constraint[key] = value
+    assert podchecks.check_spread(sts)
+
+
+def test_kustomization_check_can_fail(tmp_path):
+    shutil.copytree(manifests.K8S, tmp_path / "k8s")
+    assert checks.check_kustomization(tmp_path / "k8s") == []
+    (tmp_path / "k8s" / "consul" / "stray.yaml").write_text("kind: ConfigMap\n")
+    assert any("consul/kustomization.yaml" in p for p in checks.check_kustomization(tmp_path / "k8s"))
+
+
+def test_overlays_render_as_kustomize_does():
+    # The variants change only what they say: the consul one the sidecar's environment, the pvc one
+    # the models volume; kustomize's JSON 6902 semantics (append with -, replace, remove) as RFC 6902.
+    base, consul, pvc = (manifests.load_k8s(v) for v in ("", "consul", "pvc"))
+    env = {e["name"] for e in manifests.container(consul[STS], "tfscache")["env"]}
+    assert env - {e["name"] for e in manifests.container(base[STS], "tfscache")["env"]} == {
+        "HOST_IP", "TFSCACHE_DISCOVERY_BACKEND", "TFSCACHE_DISCOVERY_CONSUL_ADDRESS"}
+    assert set(pvc) - set(base) == {("PersistentVolumeClaim", "tfscache-models")}
+    doc = {"a": [1, 2], "b": {"c": 1}}
+    assert overlays.apply_ops(doc, [{"op": "add", "path": "/a/-", "value": 3},
+                                    {"op": "add", "path": "/a/0", "value": 0},
+                                    {"op": "replace", "path": "/b/c", "value": 2},
+                                    {"op": "remove", "path": "/a/1"}]) == {"a": [0, 2, 3], "b": {"c": 2}}
+    with pytest.raises(ValueError):
+        overlays.apply_ops(doc, [{"op": "replace", "path": "/b/d", "value": 1}])
+    with pytest.raises(ValueError, match="not rendered"):
+        overlays.kustomization_data({"resources": [], "patchesStrategicMerge": []}, manifests.K8S)
+
+
+@pytest.mark.parametrize("text, fields", [
+    ('prometheus_config {\n  enable: true,\n  path: "/m"\n}\n', {"enable": "true", "path": "/m"}),
+    ("prometheus_config { enable: false }", {"enable": "false"}),
+    ("prometheus_config { enable: true } extra_config {}", None),
+    ("prometheus_config { enable: true nested { a: 1 } }", None),
+    ("prometheus_config { enable: true bogus }", None),
+])
+def test_monitoring_config_reader(text, fields):
+    assert podchecks.monitoring_fields(text) == fields

@@ -49,7 +49,8 @@ def test_the_scaled_object_targets_the_statefulset_and_the_overlay_applies_the_b
     assert SCALED["kind"] == "ScaledObject" and SCALED["apiVersion"] == "keda.sh/v1alpha1"
     target = SCALED["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == STS and STS in OBJECTS
-    assert yaml.safe_load((KEDA / "kustomization.yaml").read_text())["resources"] == ["..", "scaledobject.yaml"]
+    assert yaml.safe_load((KEDA / "kustomization.yaml").read_text())["resources"] == ["../base", "scaledobject.yaml"]
+    assert manifests.load_k8s("keda")[("ScaledObject", "tfscache")] == SCALED
     assert 1 <= SCALED["spec"]["minReplicaCount"] <= SCALED["spec"]["maxReplicaCount"]
 
 

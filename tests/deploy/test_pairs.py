@@ -7,13 +7,14 @@ copy and expect it to object.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
 
 from tfscache import settings as settings_mod
 
-from . import checks, manifests
+from . import checks, manifests, podchecks
 
 
 def replace_arg(args: list[str], flag: str, new: str | None) -> list[str]:
@@ -184,22 +185,55 @@ def test_memory_check_can_fail(pair, sidecar_settings):
     assert checks.check_memory(dataclasses.replace(pair, tfserving_memory_limit=None), sidecar_settings)
 
 
-# -- the shared model volume --------------------------------------------------------------
+# -- the models: a shared volume, or a bucket through the pod's disk tier -------------------
 
 
-def test_model_repository_is_shared_read_only_at_the_same_path(pair):
-    repository = manifests.tomllib.loads(manifests.sidecar_config_text(pair))["model_repository"]
-    assert checks.check_shared_volume(pair, repository) == []
+def repository(pair) -> str:
+    return manifests.sidecar_value(pair, "model_repository")
+
+
+def test_models_reach_tfserving_at_the_sidecars_paths(pair, sidecar_settings):
+    if settings_mod.remote_url(repository(pair)):  # a bucket: the sidecar downloads into the disk tier
+        storage = sidecar_settings.storage
+        assert podchecks.check_disk_tier(pair, storage.cache_dir, storage.cache_bytes) == []
+    else:  # a volume both containers mount
+        assert checks.check_shared_volume(pair, repository(pair)) == []
+
+
+def test_the_sidecar_can_write_its_state_and_tier(pair, sidecar_settings):
+    if "statefulset" not in pair.extra:
+        return  # compose: the sidecar's root file system is writable; nothing to check
+    paths = [sidecar_settings.node.state_dir, sidecar_settings.storage.cache_dir]
+    assert podchecks.check_writable(pair, paths) == []
+    assert podchecks.check_writable(pair, ["/var/lib/elsewhere"])
 
 
 def test_shared_volume_check_can_fail(pair):
-    repository = manifests.tomllib.loads(manifests.sidecar_config_text(pair))["model_repository"]
-    moved = {("/srv" + k if k == repository else k): v for k, v in pair.sidecar_mounts.items()}
-    assert checks.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=moved), repository)
-    writable = {k: ({**v, "read_only": False} if k == repository else v) for k, v in pair.sidecar_mounts.items()}
-    assert checks.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=writable), repository)
-    other = {k: ({**v, "source": "elsewhere"} if k == repository else v) for k, v in pair.tfserving_mounts.items()}
-    assert checks.check_shared_volume(dataclasses.replace(pair, tfserving_mounts=other), repository)
+    repo = "/models"
+    mounted = {repo: {"source": "models", "read_only": True}}
+    pair = dataclasses.replace(pair, tfserving_mounts={**pair.tfserving_mounts, **mounted},
+                               sidecar_mounts={**pair.sidecar_mounts, **mounted})
+    assert checks.check_shared_volume(pair, repo) == []
+    moved = {("/srv" + k if k == repo else k): v for k, v in pair.sidecar_mounts.items()}
+    assert checks.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=moved), repo)
+    writable = {k: ({**v, "read_only": False} if k == repo else v) for k, v in pair.sidecar_mounts.items()}
+    assert checks.check_shared_volume(dataclasses.replace(pair, sidecar_mounts=writable), repo)
+    other = {k: ({**v, "source": "elsewhere"} if k == repo else v) for k, v in pair.tfserving_mounts.items()}
+    assert checks.check_shared_volume(dataclasses.replace(pair, tfserving_mounts=other), repo)
+
+
+def test_disk_tier_check_can_fail():
+    pair = manifests.deployments()["k8s"][0]
+    tier, cap = "/var/cache/tfscache", 40 << 30
+    assert podchecks.check_disk_tier(pair, tier, cap) == []
+    assert any("must be mounted" in p for p in podchecks.check_disk_tier(pair, "/elsewhere", cap))
+    assert any("sizeLimit" in p for p in podchecks.check_disk_tier(pair, tier, 100 << 30))
+    swapped = {k: ({**v, "read_only": True} if k == tier else v) for k, v in pair.sidecar_mounts.items()}
+    assert any("read-only in TF Serving" in p
+               for p in podchecks.check_disk_tier(dataclasses.replace(pair, sidecar_mounts=swapped), tier, cap))
+    other = {k: ({**v, "source": "tmp"} if k == tier else v) for k, v in pair.tfserving_mounts.items()}
+    assert any("comes from" in p
+               for p in podchecks.check_disk_tier(dataclasses.replace(pair, tfserving_mounts=other), tier, cap))
 
 
 # -- discovery ------------------------------------------------------------------------------
@@ -213,14 +247,51 @@ def consul_host(pair) -> str:
     return next(n for n, s in compose["services"].items() if s.get("image", "").startswith("hashicorp/consul:"))
 
 
-def test_sidecar_registers_with_consul(pair):
-    section = manifests.discovery_section(manifests.sidecar_config_text(pair), pair.sidecar_env)
-    assert checks.check_discovery(section, consul_host(pair)) == []
+def discovery(pair) -> dict:
+    return manifests.discovery_section(manifests.sidecar_config_text(pair), pair.sidecar_env)
 
 
+def test_sidecars_find_each_other(pair):
+    # Kubernetes: DNS (the headless Service) by default, Consul in the consul variant; compose: Consul.
+    expected = "consul" if pair.name == "k8s-consul" or "statefulset" not in pair.extra else "dns"
+    section = discovery(pair)
+    assert section["backend"] == expected
+    if expected == "dns":
+        assert podchecks.check_dns_discovery(section, pair.extra["objects"], pair.sidecar_env) == []
+    else:
+        assert checks.check_discovery(section, consul_host(pair)) == []
+
+
+CONSUL_PAIRS = [p for pairs in manifests.deployments().values() for p in pairs if discovery(p)["backend"] == "consul"]
+
+
+@pytest.mark.parametrize("consul_pair", CONSUL_PAIRS, ids=[p.name for p in CONSUL_PAIRS])
 @pytest.mark.parametrize("key, value", [("backend", "static"), ("service_name", "tfs"),
                                         ("consul_address", "http://elsewhere:8500"),
                                         ("consul_address", "consul:8500"), ("advertise_host", "")])
-def test_discovery_check_can_fail(pair, key, value):
-    section = manifests.discovery_section(manifests.sidecar_config_text(pair), pair.sidecar_env)
-    assert checks.check_discovery({**section, key: value}, consul_host(pair))
+def test_discovery_check_can_fail(consul_pair, key, value):
+    assert checks.check_discovery({**discovery(consul_pair), key: value}, consul_host(consul_pair))
+
+
+@pytest.mark.parametrize("key, value, why", [("backend", "consul", "must be dns"),
+                                             ("dns_name", "tfscache.default.svc", "headless Service"),
+                                             ("dns_record", "a", "must be srv")])
+def test_dns_discovery_check_can_fail(key, value, why):
+    pair = manifests.deployments()["k8s"][0]
+    problems = podchecks.check_dns_discovery({**discovery(pair), key: value}, pair.extra["objects"],
+                                             pair.sidecar_env)
+    assert any(why in p for p in problems), problems
+
+
+@pytest.mark.parametrize("change, why", [
+    (lambda o, e: e.update({"TFSCACHE_RING_SELF_NAME": "10.0.0.5"}), "pod name"),
+    (lambda o, e: o[("Service", "tfscache-headless")]["spec"].update(publishNotReadyAddresses=True),
+     "publishNotReadyAddresses"),
+    (lambda o, e: o[("Service", "tfscache-headless")]["spec"]["ports"][0].update(name="grpc-x"), "named grpc"),
+])
+def test_dns_service_check_can_fail(change, why):
+    pair = manifests.deployments()["k8s"][0]
+    objects, env = copy.deepcopy(pair.extra["objects"]), dict(pair.sidecar_env)
+    change(objects, env)
+    problems = podchecks.check_dns_discovery(discovery(pair), objects, env)
+    assert any(why in p for p in problems), problems

@@ -294,7 +294,7 @@ def from_settings(settings: Any, config_file: str | Path | None = None) -> Disco
                               **common)
     if backend == "dns":
         return make_discovery("dns", dns_name=section.dns_name, record=section.dns_record,
-                              grpc_port=section.dns_grpc_port, rest_port=section.dns_rest_port,
+                              grpc_port=section.dns_port_grpc, rest_port=section.dns_port_rest,
                               interval_s=section.dns_interval_s, server=section.dns_server,
                               request_timeout_s=section.request_timeout_s, **common)
     common.update(service=section.service_name, ttl_s=section.ttl_s, request_timeout_s=section.request_timeout_s)
