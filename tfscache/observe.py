@@ -47,7 +47,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from tfscache.frontend.backends import NodeBackend
-from tfscache.metrics import Metrics, NodeView, by_state, caps
+from tfscache.gauges import NodeView, by_state, caps
+from tfscache.metrics import Metrics
 from tfscache.topology import Topology
 from tfscache.webserver import WebServer
 
@@ -55,8 +56,8 @@ log = logging.getLogger("tfscache.observe")
 
 
 def watch(metrics: Metrics, topology: Topology) -> None:
-    """Point the gauges at the topology's local nodes and ring (read at every scrape; they change)."""
-    metrics.watch(lambda: _node_views(topology), lambda: len(topology.ring.nodes))
+    """Point the gauges at the topology's local nodes, ring and backends (read at every scrape; they change)."""
+    metrics.watch(lambda: _node_views(topology), lambda: len(topology.ring.nodes), lambda: list(topology.backends))
 
 
 def _node_views(topology: Topology) -> list[NodeView]:

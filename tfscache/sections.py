@@ -8,6 +8,7 @@ dataclass here plus one field of ``tfscache.settings.Settings``.
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -42,6 +43,14 @@ def _dns_server(v: str) -> str | None:
     except ValueError as exc:
         return f"must be IP[:PORT] or [IPv6]:PORT of a DNS server ({exc})"
     return None
+
+
+def _parent_dir(path: str) -> str | None:
+    """Why a file cannot be created at ``path`` (None: it can, or it is empty: not set)."""
+    if not path:
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    return None if os.path.isdir(parent) else f"its directory {parent} does not exist"
 
 
 @dataclass
@@ -145,6 +154,9 @@ class ServerSection:
                                  flag="--metrics-port")
     metrics_per_model: bool = setting(False, "label per-model cache metrics with the model's name "
                                        "(one series per model: off for many models)")
+    request_log: str = setting("", "append one row per request served by a local node to this file, the log "
+                                "`tfscache simulate` replays (CSV; .jsonl: JSON lines; docs/metrics.md)",
+                                check=_parent_dir, flag="--request-log")
 
 
 @dataclass

@@ -35,6 +35,7 @@ from tfscache.nodekinds import KINDS
 from tfscache.nodepid import NodeMemory, find_node_pid, is_local_host
 from tfscache.observe import ObserveServer, watch
 from tfscache.repository import ModelRepository
+from tfscache.requestlog import RequestLog
 from tfscache.settings import Settings
 from tfscache.statedir import StateDirLock, choose, instance_name
 from tfscache.supervisor import NodeProcess, Supervisor
@@ -74,7 +75,9 @@ class ServeApp:
         self._join_lock = asyncio.Lock()
         self.lifecycle: Lifecycle | None = None  # health on the gRPC port, admin server, drains
         self.admin_port: int | None = None
-        self.metrics = Metrics(per_model=settings.server.metrics_per_model, scale=settings.scale)
+        self.metrics = Metrics(per_model=settings.server.metrics_per_model, scale=settings.scale,
+                               request_log=RequestLog(settings.server.request_log) if settings.server.request_log
+                               else None)
         watch(self.metrics, self.topology)
         self.metrics_port: int | None = None
         self._observe: ObserveServer | None = None
@@ -91,6 +94,8 @@ class ServeApp:
     async def start(self) -> tuple[int, int | None]:
         """Start nodes (embedded), caches and both front ends; returns (grpc_port, rest_port)."""
         s = self.settings
+        if self.metrics.request_log is not None:  # --request-log: opened (or refused) before anything starts
+            await self.metrics.request_log.start()
         self._claim_state_dir()
         if s.cache.gpu_memory_per_node:  # NVML only when a GPU cap is asked for
             self._gpu_reader = NvmlReader()
@@ -216,6 +221,8 @@ class ServeApp:
             await self.lifecycle.close()
         if self._observe is not None:  # last: scrapes still answer while draining
             await self._observe.stop()
+        if self.metrics.request_log is not None:
+            await self.metrics.request_log.close()
         if self._own_state_dir:
             shutil.rmtree(self.state_dir, ignore_errors=True)
         if self._state_lock is not None:
@@ -246,7 +253,7 @@ class ServeApp:
     def _router(self) -> Router:
         """The router, following every change of the topology from now on."""
         router = Router(self.topology.ring, self.topology.backends, local=self.topology.own,
-                        repository=self.repository, wait_s=self.settings.cache.load_timeout_s)
+                        repository=self.repository, wait_s=self.settings.cache.load_timeout_s, metrics=self.metrics)
         self.topology.bind(router)
         return router
 
@@ -340,6 +347,7 @@ class ServeApp:
         await self._attach(self.topology.node(node.name), node.grpc_address, node.rest_address, node.pid)
 
     async def _node_exited(self, node: NodeProcess) -> None:
+        self.metrics.node_restarted(node.name)  # the supervisor restarts it next
         backend = self.topology.node(node.name)
         cache, upstream = backend.cache, backend.upstream
         backend.detach()

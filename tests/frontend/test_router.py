@@ -304,3 +304,39 @@ async def test_a_client_cancelling_cancels_the_upstream_call_without_a_retry(wor
     with pytest.raises(asyncio.CancelledError):
         await waiting
     assert not world["servers"][second].calls
+
+
+async def test_the_request_id_comes_back_in_the_trailing_metadata_ok_or_not(world):
+    first, _ = replicas(world, "m20")
+    call = world["predict"](request_for("m20"), timeout=10, metadata=(("x-request-id", "given-1"),))
+    await call
+    assert ("x-request-id", "given-1") in tuple(await call.trailing_metadata())
+    call = world["predict"](request_for("m20"), timeout=10)
+    await call
+    made = dict(tuple(await call.trailing_metadata()))["x-request-id"]
+    assert made and made == world["servers"][first].calls[-1]["metadata"]["x-request-id"]  # the id sent on
+    world["servers"][first].reply = lambda r: errors.InvalidArgument("bad input")
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await world["predict"](request_for("m20"), timeout=10, metadata=(("x-request-id", "given-2"),))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("x-request-id", "given-2") in tuple(info.value.trailing_metadata())
+
+
+async def test_retries_and_forwards_are_counted_per_backend(world):
+    from prometheus_client import generate_latest
+
+    from observe.promtext import Scrape
+    from tfscache.metrics import Metrics
+
+    metrics = Metrics(process=False)
+    router = world["router"]
+    first, second = replicas(world, "m21")
+    third = next(n for n in world["servers"] if n not in (first, second))
+    router.metrics, router.local = metrics, third  # as a sidecar whose own node is the third
+    metrics.watch(lambda: (), lambda: 3, lambda: list(world["backends"]))
+    world["servers"][first].reply = lambda r: errors.Unavailable("node going away")
+    assert await world["predict"](request_for("m21"), timeout=10) == f"from-{second}".encode()
+    s = Scrape(generate_latest(metrics.registry).decode())
+    assert s.value("tfscache_retries_total", node=first) == 1 and s.value("tfscache_retries_total", node=second) == 0
+    assert s.value("tfscache_forwards_total", node=first) == s.value("tfscache_forwards_total", node=second) == 1
+    assert s.value("tfscache_forwards_total", node=third) == 0  # every backend has its series

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import generate_latest
 
+import tfscache
 from tfscache import errors
 from tfscache.cache.events import CacheEvents
 from tfscache.settings import CacheSection
@@ -27,6 +28,8 @@ class Resident:
     measured: bool
     leases: int
     state: str = "available"
+    last_use: float = 0.0
+    pinned: bool = False
 
 
 class FakeCache:
@@ -133,8 +136,9 @@ def test_resident_models_by_state_with_every_state_always_present():
         ("loading", 1), ("available", 2), ("unloading", 2)]
     assert s.value("tfscache_resident_models", node="node0") == 5  # the old, unlabelled total
     in_cap = sum(s.value("tfscache_resident_models", node="node0", state=st) for st in ("loading", "available"))
-    assert in_cap <= s.value("tfscache_max_models", node="node0") == 3
-    assert s.value("tfscache_memory_cap_bytes", node="node0") == 5000
+    assert in_cap == s.value("tfscache_used_models", node="node0") <= s.value("tfscache_cap_models", node="node0") == 3
+    assert s.value("tfscache_used_bytes", node="node0") == 700
+    assert s.value("tfscache_cap_bytes", node="node0") == 5000
     assert s.value("tfscache_resident_bytes", node="node0", state="available", kind="measured") == 300
     assert s.value("tfscache_resident_bytes", node="node0", state="loading", kind="estimated") == 400
     assert s.value("tfscache_resident_bytes", node="node0", state="unloading") == 2400
@@ -143,8 +147,8 @@ def test_resident_models_by_state_with_every_state_always_present():
         assert sorted(ls["state"] for ls in labelsets) == sorted(STATES)
         assert s.value("tfscache_resident_models", node=node) == 0
         assert len([ls for ls in s.labelsets("tfscache_resident_bytes") if ls["node"] == node]) == 6
-    assert s.value("tfscache_max_models", node="node1") == 0  # no cap
-    assert {ls["node"] for ls in s.labelsets("tfscache_max_models")} == {"node0", "node1"}  # node2: unknown
+    assert s.value("tfscache_cap_models", node="node1") == 0  # no cap
+    assert {ls["node"] for ls in s.labelsets("tfscache_cap_models")} == {"node0", "node1"}  # node2: unknown
 
 
 def test_each_metrics_object_has_its_own_registry():
@@ -159,16 +163,24 @@ def test_each_metrics_object_has_its_own_registry():
 
 def test_names_follow_prometheus_conventions():
     metrics = Metrics()
-    metrics.watch(lambda: [NodeView("node0", FakeCache([]), True)], lambda: 1)
+    metrics.watch(lambda: [NodeView("node0", FakeCache([Resident("a", 1, 10, True, 0)]), True)], lambda: 1)
     s = scrape(metrics)
     types = {name: f.type for name, f in s.families.items()}
-    assert all(name.startswith("tfscache_") for name in types)
-    assert {n for n, t in types.items() if t == "counter"} == {
+    assert {name for name in types if not name.startswith("tfscache_")} <= {"python_info"} | {
+        name for name in types if name.startswith("process_")}
+    assert {n for n, t in types.items() if t == "counter" and n.startswith("tfscache_")} == {
         "tfscache_requests", "tfscache_cache_hits", "tfscache_cache_misses", "tfscache_loads",
-        "tfscache_load_failures", "tfscache_evictions", "tfscache_unloads"}
+        "tfscache_load_failures", "tfscache_evictions", "tfscache_unloads", "tfscache_node_restarts",
+        "tfscache_forwards", "tfscache_retries"}
     assert {n for n, t in types.items() if t == "histogram"} == {
-        "tfscache_load_duration_seconds", "tfscache_room_wait_seconds"}
-    assert {n for n, t in types.items() if t == "gauge"} == {
-        "tfscache_resident_models", "tfscache_resident_bytes", "tfscache_max_models", "tfscache_memory_cap_bytes",
+        "tfscache_request_duration_seconds", "tfscache_load_duration_seconds", "tfscache_unload_duration_seconds",
+        "tfscache_room_wait_seconds"}
+    assert {n for n, t in types.items() if t == "gauge" and n.startswith("tfscache_")} == {
+        "tfscache_resident_models", "tfscache_resident_bytes", "tfscache_cap_models", "tfscache_cap_bytes",
+        "tfscache_used_models", "tfscache_used_bytes", "tfscache_lru_idle_age_seconds",
         "tfscache_leases_in_flight", "tfscache_load_queue_depth", "tfscache_node_healthy", "tfscache_ring_nodes",
-        "tfscache_unloads_per_minute", "tfscache_scale_advice"}
+        "tfscache_unloads_per_minute", "tfscache_scale_advice", "tfscache_build_info"}
+    [build] = s.labelsets("tfscache_build_info")
+    assert build["version"] == tfscache.__version__ and s.value("tfscache_build_info") == 1
+    assert not [x.name for x in s.samples if x.name.endswith("_created")]
+    assert "process_resident_memory_bytes" in {x.name for x in s.samples}

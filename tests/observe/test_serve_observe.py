@@ -156,7 +156,7 @@ def test_status_json_matches_the_cache_and_the_metrics(serve, stub):
                                                                           state="available")
     assert node["model_states"]["loading"]["models"] == node["model_states"]["unloading"]["models"] == 0
     assert node["caps"] == {"max_models": CAP, "memory_bytes": 0}
-    assert s.value("tfscache_max_models", node="node0") == CAP
+    assert s.value("tfscache_cap_models", node="node0") == CAP
     assert node["resident_bytes"] == sum(m["bytes"] for m in models.values()) > 0
     assert all(m["state"] == "available" and m["leases"] == 0 and m["version"] == 1 for m in models.values())
     assert models["addk_1"]["last_use"] > models["addk_3"]["last_use"]

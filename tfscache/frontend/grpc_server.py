@@ -9,7 +9,9 @@ else is INTERNAL and logged.
 
 Each request binds its log context here (model, request id; the router adds the
 node): the id is the caller's ``x-request-id`` metadata, else a generated one, which
-is then sent on to the node or peer so a forwarded request keeps it.
+is then sent on to the node or peer so a forwarded request keeps it, and sent back to
+the caller in the trailing metadata (``x-request-id``), errors included. Each request is
+timed and counted here too (``Metrics.begin`` / ``request``).
 """
 
 from __future__ import annotations
@@ -71,9 +73,11 @@ class _Handlers(grpc.GenericRpcHandler):
         router, metrics, name = self._router, self._metrics, method.path.rsplit("/", 1)[-1]
 
         async def behavior(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+            started = metrics.begin() if metrics is not None else None
             metadata = context.invocation_metadata() or ()
             request_id = next((v for k, v in metadata if k == REQUEST_ID_KEY), None)
             logs.bind(model=None, node=None, request_id=request_id or new_request_id())
+            context.set_trailing_metadata(((REQUEST_ID_KEY, logs.request_id.get()),))  # the id goes back
             try:
                 key = method.route_key(request)
                 logs.bind(model=key.name if key is not None else None)
@@ -95,7 +99,7 @@ class _Handlers(grpc.GenericRpcHandler):
                                                     missing)
                 log.debug("%s: OK", name, extra={"version": key.version} if key is not None else None)
                 if metrics is not None:
-                    metrics.request("grpc", name, "OK")
+                    metrics.request("grpc", name, "OK", started)
                 return response
             except errors.TfscacheError as exc:
                 code, message = exc.grpc_code, exc.message
@@ -111,7 +115,7 @@ class _Handlers(grpc.GenericRpcHandler):
                 code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache front end"
             log.debug("%s: %s: %s", name, code.name, message)
             if metrics is not None:
-                metrics.request("grpc", name, code.name)
+                metrics.request("grpc", name, code.name, started)
             await context.abort(code, grpc_message(message))
 
         return behavior

@@ -10,8 +10,9 @@ TF Serving does; other paths get a plain 404 as from TF Serving's HTTP server.
 A URL naming a version label (``/labels/L``) goes to the node as ``/versions/V``, the
 version the label resolves to; a status request keeps its label, which TF Serving
 ignores. Each request binds its log context here (model, request id from the
-``X-Request-Id`` header or generated, sent on to the node or peer; the router adds
-the node).
+``X-Request-Id`` header or generated, sent on to the node or peer and back to the
+caller in the reply's ``X-Request-Id`` header, for either API; the router adds the
+node). Each request is timed and counted in ``RestFrontend._handle``.
 """
 
 from __future__ import annotations
@@ -121,9 +122,14 @@ class RestFrontend(WebServer):
         return app
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
+        started = self._metrics.begin() if self._metrics is not None else None
+        logs.bind(model=None, node=None, request_id=None)
         response, method = await self._api_respond(request)
+        request_id = logs.request_id.get() or request.headers.get(REQUEST_ID_HEADER)
+        if request_id:  # the id the request was logged and forwarded with goes back
+            response.headers[REQUEST_ID_HEADER] = request_id
         if self._metrics is not None:
-            self._metrics.request("rest", method, str(response.status))
+            self._metrics.request("rest", method, str(response.status), started)
         return response
 
     async def _respond(self, request: web.Request) -> tuple[web.StreamResponse, str]:

@@ -16,7 +16,8 @@ never routed again, so a request makes at most one extra hop and cannot loop.
 
 A version label is resolved to its version (``label_version``) before routing, as
 TF Serving resolves it to ``Specific(NAME, V)``; the transports rewrite the request.
-The backend a request goes to is bound to the log context (``node``).
+The backend a request goes to is bound to the log context (``node``); each send to a peer
+sidecar and each failed try are counted (``Metrics.forwarded``, ``retried``).
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class Router:
     """Picks backends for a RouteKey over the ring and forwards to them."""
 
     def __init__(self, ring: Ring, backends: dict, local: str | None = None, repository=None,
-                 wait_s: float = 600.0) -> None:
+                 wait_s: float = 600.0, metrics=None) -> None:
+        self.metrics = metrics  # tfscache.metrics.Metrics: forwards to peers and retries counted per backend
         self.ring = ring
         self.backends = backends  # ring node name -> Backend (tfscache.frontend.backends)
         self.local = local  # sidecar mode: the name of this sidecar's own node
@@ -130,11 +132,15 @@ class Router:
                 rounds += ready
                 continue
             logs.bind(node=backend.name)
+            if self.metrics is not None and self.local is not None and backend.name != self.local:
+                self.metrics.forwarded(backend.name)  # sidecar mode: any backend but its own node is a peer
             try:
                 return await send(backend)
             except (errors.Unavailable, errors.Cancelled) as exc:
                 last = exc
                 tried.add(backend.name)
+                if self.metrics is not None:
+                    self.metrics.retried(backend.name)
                 log.info("%s unavailable for %s: %s", backend.name, key, exc.message[:200])
 
     async def _wait_for(self, candidates: list, limit: float, rounds: int) -> bool | None:
