@@ -122,3 +122,38 @@ async def test_register_gives_up_after_start_timeout_when_agent_is_down(consul, 
         await discovery.register(peer("a"))
     assert loop.time() - started < 3.0
     await consul.start()
+
+
+async def test_the_requests_are_py_consuls_and_the_fake_reads_them() -> None:
+    # What goes over the wire is py-consul's: lowercase field names, "passing=1", the token header.
+    consul = FakeConsul(acl_token="s3cret")
+    await consul.start()
+    harness = ConsulHarness(consul)
+    try:
+        await harness.form(("a",), token="s3cret")
+        await until(lambda: any(c["query"].get("index") for c in consul.calls), what="a blocking query")
+    finally:
+        await harness.close()
+        await consul.stop()
+    assert {c["token"] for c in consul.calls} == {"s3cret"}
+    (register,) = [c for c in consul.calls if c["path"] == "/v1/agent/service/register"]
+    assert register["query"] == {"replace-existing-checks": "true"}
+    service_id = f"{harness.service}-a"
+    assert register["body"] == {
+        "name": harness.service, "id": service_id, "address": "127.0.0.1",
+        "port": int(peer("a").grpc.rsplit(":", 1)[1]), "tags": ["grpc", "rest"],
+        "meta": {"peer": "a", "grpc": peer("a").grpc, "rest": peer("a").rest},
+        "checks": [{"ttl": "1.5s", "CheckID": f"service:{service_id}", "Name": "tfscache sidecar a alive",
+                    "Status": "passing", "DeregisterCriticalServiceAfter": "600s"}]}
+    reads = [c["query"] for c in consul.calls if c["method"] == "GET"]
+    assert reads[0] == {"passing": "1"}
+    assert any(q == {"passing": "1", "index": q.get("index"), "wait": "5s"} and int(q["index"]) >= 1
+               for q in reads[1:])
+
+
+async def test_stop_does_not_wait_for_a_blocking_query(consul, harness) -> None:
+    (discovery,) = (await harness.form(("a",), wait_s=300.0)).values()
+    await until(lambda: consul.queries[-1][1].get("wait") == "300s", what="a 300 s blocking query in flight")
+    # The query's thread cannot be interrupted; stop() abandons it instead of waiting 300 s.
+    await asyncio.wait_for(discovery.stop(), 5.0)
+    assert discovery.members() and consul.queries[-1][1].get("wait") == "300s"

@@ -6,6 +6,11 @@ It is not Consul. It models one agent on one node (``fake-node``, address
 127.0.0.1, its ``serfHealth`` check always passing) with its catalog in memory, and
 follows Consul's documented behaviour for exactly these endpoints:
 
+* Request bodies are decoded as Consul decodes them: field names match whatever their
+  case, and snake_case spellings too (Go's encoding/json matches names case-insensitively,
+  and Consul translates snake_case keys), so ``{"name": ..., "checks": [{"ttl": ...}]}``, what
+  py-consul sends, is ``{"Name": ..., "Checks": [{"TTL": ...}]}``. ``Meta`` keys are data, kept
+  as sent.
 * ``PUT /v1/agent/service/register[?replace-existing-checks]``: ``Name`` required (400
   "Missing service name"), ``ID`` defaults to ``Name``, ``Address``, ``Port``, ``Tags``,
   ``Meta`` (keys checked as Consul does), one ``Check`` or a ``Checks`` list of TTL checks
@@ -57,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import re
 import time
@@ -95,6 +101,8 @@ class FakeConsul:
         self.checks: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request, for tests
         self.queries: list[tuple[str, dict[str, str]]] = []  # (path, query) of every GET, for tests
+        # every request as sent: method, path, query, token header, JSON body (None when empty)
+        self.calls: list[dict[str, Any]] = []
         self._reset_state()
         self._runner: web.AppRunner | None = None
         self._changed = asyncio.Condition()
@@ -157,6 +165,13 @@ class FakeConsul:
         self.requests.append((request.method, request.path))
         if request.method == "GET":
             self.queries.append((request.path, dict(request.query)))
+        raw = await request.read()
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            body = raw
+        self.calls.append({"method": request.method, "path": request.path, "query": dict(request.query),
+                           "token": request.headers.get("X-Consul-Token"), "body": body})
         task = asyncio.current_task()
         self._inflight.add(task)
         try:
@@ -232,6 +247,7 @@ class FakeConsul:
             return _text(400, "Request decode failed: invalid JSON")
         if not isinstance(body, dict):
             return _text(400, "Request decode failed: expected an object")
+        body = _fields(body)
         name = body.get("Name")
         if not name:
             return _text(400, "Missing service name")
@@ -242,6 +258,7 @@ class FakeConsul:
         service_id = body.get("ID") or name
         definitions = ([body["Check"]] if body.get("Check") else []) + list(body.get("Checks") or [])
         checks = {}
+        definitions = [_fields(d) if isinstance(d, dict) else {} for d in definitions]
         for n, definition in enumerate(definitions, 1):
             if not definition.get("TTL"):
                 return _text(400, "Check is not valid: this fake models TTL checks only")
@@ -349,6 +366,21 @@ class FakeConsul:
                                                                       "critical_since")}
                            for c in self.checks.values() if c["ServiceID"] == service["ID"]]
         return {"Node": node, "Service": dict(service), "Checks": checks}
+
+
+# The fields this fake reads, by the name Go's case-insensitive match (and Consul's
+# snake_case translation) folds every spelling to.
+_FIELDS = ("ID", "Name", "Address", "Port", "Tags", "Meta", "Check", "Checks", "CheckID", "TTL", "Status",
+           "Notes", "DeregisterCriticalServiceAfter")
+_FOLDED = {name.lower(): name for name in _FIELDS}
+
+
+def _fields(body: dict[str, Any]) -> dict[str, Any]:
+    """A decoded object with its known field names in Consul's spelling (as in Go, the last spelling wins)."""
+    fields: dict[str, Any] = {}
+    for key, value in body.items():
+        fields[_FOLDED.get(key.lower().replace("_", ""), key)] = value
+    return fields
 
 
 def _text(status: int, message: str) -> web.Response:

@@ -1,40 +1,52 @@
-"""Consul membership: the local agent's HTTP API, spoken directly with aiohttp.
+"""Consul membership: the local agent's HTTP API through py-consul.
 
-Calls (all with a deadline; ``X-Consul-Token`` when a token is given):
+Calls (all with a deadline; ``X-Consul-Token`` when a token is given), made with
+py-consul's ``consul.Consul`` (requests underneath):
 
-* ``PUT /v1/agent/service/register?replace-existing-checks=true``: service ``<service>``,
-  ID ``<service>-<peer name>``, Address/Port = the gRPC address, ``Meta`` = peer name,
-  gRPC and REST addresses (``Tags`` carry ``grpc`` and ``rest``), and one TTL check
-  registered passing, with ``DeregisterCriticalServiceAfter``.
-* ``PUT /v1/agent/check/pass/service:<id>`` every TTL/3 (sooner, with back-off, after a
-  failure). A 404 means the agent lost the registration (restarted without state):
-  register again.
-* ``PUT /v1/agent/service/deregister/<id>`` on ``deregister``.
-* ``GET /v1/health/service/<service>?passing=true&index=N&wait=Ws``: blocking queries.
-  ``X-Consul-Index`` is the next ``index``; per Consul's blocking-query guidance an index
-  that goes backwards resets to 0 and one below 1 becomes 1. After any failure the next
-  query starts from index 0 (answered at once), so a restarted agent is re-read
-  immediately. A response with ``X-Consul-Results-Filtered-By-ACLs`` is treated as a
-  failure: the token cannot read every instance, and a partial set must not shrink the ring.
+* ``agent.service.register``, i.e. ``PUT /v1/agent/service/register?replace-existing-checks=true``:
+  service ``<service>``, ID ``<service>-<peer name>``, Address/Port = the gRPC address,
+  ``Meta`` = peer name, gRPC and REST addresses (``Tags`` carry ``grpc`` and ``rest``), and
+  one TTL check registered passing, with ``DeregisterCriticalServiceAfter``.
+* ``agent.check.ttl_pass``: ``PUT /v1/agent/check/pass/service:<id>`` every TTL/3 (sooner,
+  with back-off, after a failure). A 404 (py-consul answers False) means the agent lost the
+  registration (restarted without state): register again.
+* ``agent.service.deregister``: ``PUT /v1/agent/service/deregister/<id>`` on ``deregister``.
+* ``health.service(passing=True, index=N, wait=W)``: ``GET /v1/health/service/<service>``,
+  blocking queries. ``X-Consul-Index`` is the next ``index``; per Consul's blocking-query
+  guidance an index that goes backwards resets to 0 and one below 1 becomes 1. After any
+  failure the next query starts from index 0 (answered at once), so a restarted agent is
+  re-read immediately. A response with ``X-Consul-Results-Filtered-By-ACLs`` is treated
+  as a failure (``_AclCheckedHttp``): the token cannot read every instance, and a partial
+  set must not shrink the ring.
 
-py-consul 1.8.0 covers the same endpoints, but its asyncio adapter builds its aiohttp
-connector with arguments aiohttp 3.14 deprecates (``verify_ssl``, ``ssl_context``) and
-offers no per-call deadline, so the handful of calls is made here directly.
+py-consul's calls block, so each runs in a thread of its own, off the event loop. A
+daemon thread, not ``asyncio.to_thread``: a blocking query cannot be interrupted, and on
+shutdown the watch is cancelled at once and the query's thread left to end by itself
+(within ``wait_s`` and its jitter, its answer dropped) instead of holding up the
+executor's shutdown, and so the process's exit, for up to ``wait_s``. Registration and
+keep-alive use one client, the watch another; ``stop()`` closes both.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+import threading
 import time
-from typing import Any
+import urllib.parse
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-import aiohttp
+import consul
+import requests
+from consul import std
 
 from tfscache.discovery import DiscoveryError, Peer, WatchingDiscovery, cancel, describe_error
 
 log = logging.getLogger("tfscache.discovery.consul")
+
+T = TypeVar("T")
+_STATUS = {consul.ACLPermissionDenied: 403, consul.ACLDisabled: 401, consul.NotFound: 404}
 
 
 class ConsulError(Exception):
@@ -43,6 +55,52 @@ class ConsulError(Exception):
     def __init__(self, message: str, status: int | None = None) -> None:
         super().__init__(message)
         self.status = status
+
+
+class AclFiltered(consul.ConsulException):
+    """A read answered with ``X-Consul-Results-Filtered-By-ACLs``: some instances are hidden."""
+
+
+class _AclCheckedHttp(std.HTTPClient):
+    """py-consul's requests client: a GET whose results ACLs filtered is an error; close() closes."""
+
+    def get(self, callback, path, params=None, headers=None, raw=False):
+        def checked(response):
+            if response.headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true":
+                raise AclFiltered("results filtered by ACLs")
+            return callback(response)
+        return super().get(checked, path, params=params, headers=headers, raw=raw)
+
+    def close(self) -> None:
+        self.session.close()
+
+
+class _Client(std.Consul):
+    def http_connect(self, host, port, scheme, verify=True, cert=None):
+        return _AclCheckedHttp(host, port, scheme, verify, cert, connections_timeout=self.connections_timeout)
+
+
+async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` in a new daemon thread; cancelling the await abandons the thread."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future = loop.create_future()
+
+    def settle(outcome: tuple[bool, Any]) -> None:
+        if not future.done():
+            future.set_result(outcome[1]) if outcome[0] else future.set_exception(outcome[1])
+
+    def work() -> None:
+        try:
+            outcome = (True, fn(*args, **kwargs))
+        except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task
+            outcome = (False, exc)
+        try:
+            loop.call_soon_threadsafe(settle, outcome)
+        except RuntimeError:  # the loop closed while this call ran: nobody is waiting
+            pass
+
+    threading.Thread(target=work, name=f"consul-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    return await future
 
 
 def _duration(seconds: float) -> str:
@@ -56,6 +114,15 @@ def _split(address: str) -> tuple[str, int]:
 
 def _join(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _status(exc: consul.ConsulException) -> int | None:
+    """The HTTP status of a py-consul error: by its class, else its message's leading "400 "."""
+    for kind, status in _STATUS.items():
+        if isinstance(exc, kind):
+            return status
+    head = str(exc).split(" ", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 class ConsulDiscovery(WatchingDiscovery):
@@ -76,29 +143,34 @@ class ConsulDiscovery(WatchingDiscovery):
         self._watch_state = self._state_log(f"watch of {service!r} at {self.address}", log)
         self._check_state = self._state_log(f"TTL check of {service!r} at {self.address}", log)
         self.index = 0  # the blocking-query index (exposed for tests and debugging)
+        self._agent = self._client()    # registration, TTL passes, deregistration
+        self._watcher = self._client()  # blocking queries
 
-    # -- HTTP ------------------------------------------------------------------------------
+    # -- py-consul -------------------------------------------------------------------------
 
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            headers = {"X-Consul-Token": self.token} if self.token else {}
-            self._session = aiohttp.ClientSession(headers=headers)
-        return self._session
+    def _client(self) -> _Client:
+        url = urllib.parse.urlsplit(self.address)
+        return _Client(host=url.hostname, port=url.port or 8500, scheme=url.scheme, verify=True,
+                       connections_timeout=self.request_timeout_s)
 
-    async def _call(self, method: str, path: str, *, params: dict | None = None, body: Any = None,
-                    timeout: float | None = None) -> tuple[int, Any, Any]:
-        """(status, headers, decoded JSON or text); ConsulError unless 2xx."""
-        deadline = aiohttp.ClientTimeout(total=timeout or self.request_timeout_s)
+    async def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn`` (a py-consul call) off the event loop; ConsulError names ``what`` and the status."""
         try:
-            async with self._http().request(method, self.address + path, params=params, json=body,
-                                            timeout=deadline) as resp:
-                text = await resp.text()
-                if resp.status >= 300:
-                    raise ConsulError(f"{method} {path}: HTTP {resp.status} {text.strip()!r}", resp.status)
-                is_json = resp.content_type == "application/json" and text
-                return resp.status, resp.headers, json.loads(text) if is_json else text
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
-            raise ConsulError(f"{method} {path}: {describe_error(exc)}") from exc
+            return await in_thread(fn, *args, token=self.token or None, **kwargs)
+        except AclFiltered as exc:
+            raise ConsulError(f"{what}: results filtered by ACLs: the token needs service:read and "
+                              f"node:read on {self.service!r}", 403) from exc
+        except consul.ConsulException as exc:
+            status = _status(exc)
+            body = str(exc).split(" ", 1)[1] if status and str(exc).startswith(f"{status} ") else str(exc)
+            raise ConsulError(f"{what}: HTTP {status} {body.strip()!r}", status) from exc
+        except (requests.RequestException, ValueError) as exc:
+            raise ConsulError(f"{what}: {describe_error(exc)}") from exc
+
+    async def stop(self) -> None:
+        await super().stop()
+        for client in (self._agent, self._watcher):
+            client.http.close()
 
     # -- registration ------------------------------------------------------------------------
 
@@ -106,20 +178,19 @@ class ConsulDiscovery(WatchingDiscovery):
         return f"{self.service}-{peer.name}"
 
     def _definition(self, peer: Peer) -> dict[str, Any]:
+        """agent.service.register's arguments: the service and its TTL check, registered passing."""
         host, port = _split(peer.grpc)
         service_id = self._service_id(peer)
-        meta = {"peer": peer.name, "grpc": peer.grpc, "rest": peer.rest}
-        return {
-            "ID": service_id, "Name": self.service, "Address": host, "Port": port,
-            "Tags": ["grpc", "rest"] if peer.rest else ["grpc"], "Meta": meta,
-            "Check": {"CheckID": f"service:{service_id}", "Name": f"tfscache sidecar {peer.name} alive",
-                      "TTL": _duration(self.ttl_s), "Status": "passing",
-                      "DeregisterCriticalServiceAfter": _duration(self.deregister_critical_after_s)},
-        }
+        check = consul.Check.ttl(_duration(self.ttl_s))
+        check.update(CheckID=f"service:{service_id}", Name=f"tfscache sidecar {peer.name} alive",
+                     Status="passing", DeregisterCriticalServiceAfter=_duration(self.deregister_critical_after_s))
+        return {"name": self.service, "service_id": service_id, "address": host, "port": port,
+                "tags": ["grpc", "rest"] if peer.rest else ["grpc"],
+                "meta": {"peer": peer.name, "grpc": peer.grpc, "rest": peer.rest},
+                "check": check, "replace_existing_checks": True}
 
     async def _register_once(self) -> None:
-        await self._call("PUT", "/v1/agent/service/register", params={"replace-existing-checks": "true"},
-                         body=self._registration)
+        await self._call("register", self._agent.agent.service.register, **self._registration)
 
     async def register(self, peer: Peer) -> None:
         """Register (retrying until ``start_timeout_s``), then keep the TTL check passing."""
@@ -135,20 +206,23 @@ class ConsulDiscovery(WatchingDiscovery):
                 if exc.status in (400, 403) or time.monotonic() + delay > give_up:
                     raise DiscoveryError(f"consul discovery: cannot register {peer.name}: {exc}") from exc
                 await asyncio.sleep(delay)
-        log.info("consul: registered %s as %s (TTL %s s)", peer.name, self._registration["ID"], self.ttl_s)
+        log.info("consul: registered %s as %s (TTL %s s)", peer.name, self._registration["service_id"],
+                 self.ttl_s)
         self._keepalive_task = asyncio.create_task(self._keepalive(), name=f"consul-ttl-{peer.name}")
 
     async def _keepalive(self) -> None:
-        check_id = self._registration["Check"]["CheckID"]
+        check_id = self._registration["check"]["CheckID"]
         interval, backoff = self.ttl_s / 3, self._backoff()
         while True:
             try:
-                try:
-                    await self._call("PUT", f"/v1/agent/check/pass/{check_id}")
+                try:  # False: 404, the agent does not know the check
+                    lost = not await self._call(f"TTL pass of {check_id}", self._agent.agent.check.ttl_pass,
+                                                check_id)
                 except ConsulError as exc:
-                    lost = exc.status == 404 or (exc.status == 500 and "TTL" in str(exc))
+                    lost = exc.status == 500 and "TTL" in str(exc)
                     if not lost:
                         raise
+                if lost:
                     log.warning("consul: the agent lost %s's registration; registering again", self.label)
                     await self._register_once()
             except ConsulError as exc:
@@ -164,9 +238,10 @@ class ConsulDiscovery(WatchingDiscovery):
         self._keepalive_task = None
         if self._registration is None:
             return
-        service_id, self._registration = self._registration["ID"], None
+        service_id, self._registration = self._registration["service_id"], None
         try:
-            await self._call("PUT", f"/v1/agent/service/deregister/{service_id}")
+            if not await self._call("deregister", self._agent.agent.service.deregister, service_id):
+                raise ConsulError(f"deregister: {service_id} unknown to the agent (HTTP 404)", 404)
             log.info("consul: deregistered %s", service_id)
         except ConsulError as exc:  # the TTL check expires on its own
             log.warning("consul: could not deregister %s (%s); its TTL check will expire", service_id, exc)
@@ -181,19 +256,11 @@ class ConsulDiscovery(WatchingDiscovery):
                     meta.get("rest", ""))
 
     async def _query(self) -> tuple[int, list[Peer]]:
-        params = {"passing": "true"}
-        if self.index:
-            params.update(index=str(self.index), wait=_duration(self.wait_s))
-        # Consul adds up to wait/16 to spread wake-ups; the deadline allows for it.
-        timeout = self.wait_s * 17 / 16 + self.request_timeout_s if self.index else None
-        _, headers, entries = await self._call("GET", f"/v1/health/service/{self.service}", params=params,
-                                               timeout=timeout)
-        if headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true":
-            raise ConsulError("results filtered by ACLs: the token needs service:read and node:read on "
-                              f"{self.service!r}", 403)
+        blocking = {"index": self.index, "wait": _duration(self.wait_s)} if self.index else {}
+        index, entries = await self._call(f"health of {self.service!r}", self._watcher.health.service,
+                                          self.service, passing=True, **blocking)
         try:
-            index = int(headers["X-Consul-Index"])
-            return index, [self._peer(entry) for entry in entries]
+            return int(index), [self._peer(entry) for entry in entries or ()]
         except (KeyError, TypeError, ValueError) as exc:
             raise ConsulError(f"malformed health response: {describe_error(exc)}") from exc
 
