@@ -11,7 +11,7 @@ import pytest
 from support.node import model_config, node_command, start_node, wait_for_states
 from tensorflow_serving.apis import model_service_pb2_grpc
 
-from tfscache.node.main import FLAGS, FlagError, parse_flags
+from tfscache.node.main import FLAGS, FlagError, check_flags, parse_flags
 
 # tensorflow_model_server's defaults (tfserving-behavior.md §5)
 TF_SERVING_DEFAULTS = {
@@ -61,6 +61,43 @@ def run_node(*flags: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(node_command(flags), capture_output=True, text=True, timeout=timeout)
 
 
+def test_enable_batching_is_refused_not_ignored():
+    check_flags(parse_flags(["--enable_batching=false"]))  # the default, said explicitly
+    with pytest.raises(FlagError) as info:
+        check_flags(parse_flags(["--enable_batching"]))
+    assert str(info.value).startswith("Illegal value for flag --enable_batching: true (tfscache node "
+                                      "does no server-side batching")
+
+
+@pytest.mark.parametrize("flag, message", [
+    ("--enable_batching", "Illegal value for flag --enable_batching: true"),
+    ("--batching_parameters_file=b.config", "Unknown argument --batching_parameters_file=b.config"),
+    ("--port=x", "Illegal value for flag --port: 'x'"),
+])
+def test_flag_mistakes_exit_2_with_the_flag_and_value(flag, message):
+    result = run_node(flag, "--model_base_path=/nonexistent")
+    assert result.returncode == 2
+    assert result.stderr.startswith(message), result.stderr
+
+
+async def test_port_0_with_a_socket_path_serves_grpc_on_the_socket_only(tmp_path):
+    """ms/server.cc: no TCP listener then (`tfscache node` passes "" for it without --ports_file)."""
+    import grpc
+
+    from tfscache.node.grpc_server import bind_ports
+
+    server = grpc.aio.server()
+    assert bind_ports(server, "", str(tmp_path / "g.sock"), None) == 0
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"unix:{tmp_path / 'g.sock'}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                await channel.unary_unary("/no.Such/Method")(b"", timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED  # reached the server
+    finally:
+        await server.stop(None)
+
+
 def test_malformed_config_file_exits_with_the_parse_error(tmp_path):
     config = tmp_path / "bad.config"
     config.write_text("improperly formatted file")
@@ -73,7 +110,7 @@ def test_malformed_config_file_exits_with_the_parse_error(tmp_path):
 def test_no_model_exits_non_zero():
     result = run_node("--port=0")
     assert result.returncode != 0
-    assert ("Failed to start server. Error: Both server_options.model_base_path and "
+    assert ("Failed to start server. Error: INVALID_ARGUMENT: Both server_options.model_base_path and "
             "server_options.model_config_file are empty!") in result.stderr
 
 

@@ -5,6 +5,9 @@ parse gets INVALID_ARGUMENT from us (not grpc's INTERNAL deserialisation error) 
 the server keeps serving. Every method goes through ``_Method.__call__``, the one
 place where errors are mapped: ``TfscacheError`` -> its code and message (cut to
 1024 characters like ``ms/grpc_status_util.cc``), anything else -> INTERNAL, logged.
+It is also where Predict, Classify and Regress are counted in TF Serving's request_count
+and request_latency (entrypoint "GRPC"; monitoring.py), as ms/prediction_service_impl.cc
+does; a request that does not parse never reached TF Serving's method and is not counted.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -28,7 +32,8 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from tfscache.errors import Internal, InvalidArgument, TfscacheError
+from tfscache.errors import Internal, InvalidArgument, TfscacheError, code_name
+from tfscache.node import monitoring
 from tfscache.node.manager import ServingCore
 
 log = logging.getLogger("tfscache.node.grpc_server")
@@ -78,8 +83,11 @@ class _Method:
     request_type: type[pb_message.Message]
     impl: Callable[[pb_message.Message, float | None], pb_message.Message]
     executor: concurrent.futures.Executor | None  # None: a daemon thread per call
+    api: str = ""  # the API label of TF Serving's request metrics; "": not counted
 
     async def __call__(self, request_bytes: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        start = time.perf_counter()
+        request = None
         try:
             request = self._parse(request_bytes)
             timeout_s = context.time_remaining()
@@ -88,13 +96,19 @@ class _Method:
                 response = await _run_in_daemon_thread(call)
             else:
                 response = await asyncio.get_running_loop().run_in_executor(self.executor, call)
+            self._record(request, "OK", start)
             return response.SerializeToString()
         except TfscacheError as exc:
             error = exc
         except Exception:
             log.exception("%s failed", self.request_type.DESCRIPTOR.name)
             error = Internal("Internal error in the model server; see its log")
+        self._record(request, code_name(error.grpc_code), start)
         await context.abort(error.grpc_code, grpc_message(error.message))
+
+    def _record(self, request: pb_message.Message | None, code: str, start: float) -> None:
+        if self.api and request is not None:
+            monitoring.record_request(request.model_spec.name, self.api, "GRPC", code, start)
 
     def _parse(self, request_bytes: bytes) -> pb_message.Message:
         try:
@@ -136,9 +150,10 @@ def _prediction_methods(core: ServingCore, executor, max_tensor_bytes: int | Non
         return inference.predict(core, request, timeout_s, max_tensor_bytes)
 
     return {
-        "Predict": _Method(predict_pb2.PredictRequest, predict, executor),
-        "Classify": _Method(classification_pb2.ClassificationRequest, bind(inference.classify), executor),
-        "Regress": _Method(regression_pb2.RegressionRequest, bind(inference.regress), executor),
+        "Predict": _Method(predict_pb2.PredictRequest, predict, executor, "Predict"),
+        "Classify": _Method(classification_pb2.ClassificationRequest, bind(inference.classify), executor,
+                            "Classify"),
+        "Regress": _Method(regression_pb2.RegressionRequest, bind(inference.regress), executor, "Regress"),
         "MultiInference": _Method(inference_pb2.MultiInferenceRequest,
                                   bind(inference.multi_inference), executor),
         "GetModelMetadata": _Method(get_model_metadata_pb2.GetModelMetadataRequest,
@@ -175,3 +190,28 @@ def build_server(core: ServingCore, executor: concurrent.futures.Executor,
         }),
     ))
     return server
+
+
+def bind_ports(server: grpc.aio.Server, tcp_address: str, socket_path: str,
+               credentials: grpc.ServerCredentials | None) -> int | None:
+    """Bind ``tcp_address`` ("": none) and ``unix:socket_path`` ("": none), both with
+    ``credentials`` (None: insecure), as ms/server.cc does. The bound TCP port (0 when
+    none), or None when a bind failed (logged)."""
+    def add(address: str) -> int | None:
+        try:
+            if credentials is None:
+                port = server.add_insecure_port(address)
+            else:
+                port = server.add_secure_port(address, credentials)
+        except RuntimeError as exc:  # grpc raises where C++ would return port 0
+            log.error("Failed to bind the gRPC server to %s: %s", address, exc)
+            return None
+        if port == 0:
+            log.error("Failed to bind the gRPC server to %s", address)
+            return None
+        return port
+
+    tcp_port = add(tcp_address) if tcp_address else 0
+    if tcp_port is None or (socket_path and add(f"unix:{socket_path}") is None):
+        return None
+    return tcp_port

@@ -6,7 +6,8 @@ for it) and returns the response or raises a ``TfscacheError`` with TF Serving's
 code and text (tfserving-behavior.md §3.2-§3.5; sv/predict_util.cc,
 sv/classifier.cc, sv/regressor.cc, sv/multi_inference.cc, sv/util.cc,
 sv/get_model_metadata_impl.cc). Signatures are validated structurally, as with
-the default ``--enable_signature_method_name_check=false``.
+the default ``--enable_signature_method_name_check=false``. Session runs are timed in
+TF Serving's runtime_latency and MultiInference's examples counted (monitoring.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from tensorflow_serving.apis import (
 )
 
 from tfscache import errors
-from tfscache.node import tensor_limits
+from tfscache.node import monitoring, tensor_limits
 from tfscache.node.example_results import (
     classification_result,
     classification_targets,
@@ -62,7 +63,8 @@ def predict(core, request: predict_pb2.PredictRequest, timeout_s: float | None =
         tensor_limits.check_inputs(request.inputs, max_tensor_bytes)  # before any decoding
         feeds = _input_values(signature, request.inputs)
         names, aliases = _output_targets(signature, request.output_filter)
-        outputs = servable.run(feeds, names, timeout_s)
+        with monitoring.runtime_latency(spec.name, "Predict"):
+            outputs = servable.run(feeds, names, timeout_s)
         if len(outputs) != len(aliases):
             raise errors.Unknown("Predict internal error")
         for alias, value in zip(aliases, outputs):
@@ -141,7 +143,8 @@ def classify(core, request: classification_pb2.ClassificationRequest,
         response = classification_pb2.ClassificationResponse()
         _model_spec(response.model_spec, spec.name, spec.signature_name, servable.version)
         examples = serialized_examples(request.input)
-        outputs = servable.run({input_name: examples}, output_names, timeout_s)
+        with monitoring.runtime_latency(spec.name, "Classify"):
+            outputs = servable.run({input_name: examples}, output_names, timeout_s)
         classification_result(signature, len(examples), output_names, outputs, response.result)
         return response
 
@@ -157,7 +160,8 @@ def regress(core, request: regression_pb2.RegressionRequest,
         response = regression_pb2.RegressionResponse()
         _model_spec(response.model_spec, spec.name, spec.signature_name, servable.version)
         examples = serialized_examples(request.input)
-        outputs = servable.run({input_name: examples}, output_names, timeout_s)
+        with monitoring.runtime_latency(spec.name, "Regress"):
+            outputs = servable.run({input_name: examples}, output_names, timeout_s)
         regression_result(signature, len(examples), output_names, outputs, response.result)
         return response
 
@@ -216,6 +220,7 @@ def multi_inference(core, request: inference_pb2.MultiInferenceRequest,
         fetches = sorted(output_names)
         examples = serialized_examples(request.input)
         outputs = servable.run({name: examples for name in sorted(input_names)}, fetches, timeout_s)
+        monitoring.record_examples(model_name, len(examples))
 
         response = inference_pb2.MultiInferenceResponse()
         for task in request.tasks:

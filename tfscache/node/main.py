@@ -5,8 +5,13 @@ the tfscache extensions of docs/DESIGN.md (--bind_address, --ports_file,
 --load_gate_dir, --max_request_tensor_bytes; --file_system_poll_wait_seconds takes a
 float). Start-up follows
 ``ms/server.cc``: build the config, load it (waiting for every model), then serve
-gRPC and, on its own port, REST on one asyncio loop. SIGTERM/SIGINT stop serving and
-exit 0.
+gRPC (on --port and/or --grpc_socket_path, TLS with --ssl_config_file) and, on its own
+port, REST (with the Prometheus page of --monitoring_config_file) on one asyncio loop.
+The server config files are read before any model loads (TF Serving reads them after).
+SIGTERM/SIGINT stop serving and exit 0. A flag mistake exits 2, a failed start 1.
+
+--enable_batching is refused (exit 2): the node does no server-side batching, and a
+user who asks for it must not get a server that silently runs each request alone.
 
 Accepted for compatibility and ignored: --num_unload_threads above 0 unloads on a
 pool as TF Serving does; --enable_model_warmup is accepted but warm-up records in
@@ -47,6 +52,9 @@ def _bool(text: str) -> bool:
 
 FLAGS: dict[str, Flag] = {
     "port": Flag(8500, "gRPC port (0: pick a free one when --ports_file is given)"),
+    "grpc_socket_path": Flag("", "also serve gRPC on this UNIX socket (unix:PATH)"),
+    "ssl_config_file": Flag("", "text-format SSLConfig: serve gRPC over TLS"),
+    "monitoring_config_file": Flag("", "text-format MonitoringConfig: Prometheus page on the REST port"),
     "rest_api_port": Flag(0, "REST port; 0 turns REST off (without --ports_file)"),
     "rest_api_timeout_in_ms": Flag(30000, "session-run timeout for REST requests"),
     "rest_api_num_threads": Flag(0, "accepted; REST runs on the asyncio loop"),
@@ -65,7 +73,7 @@ FLAGS: dict[str, Flag] = {
     "saved_model_tags": Flag("serve", "comma-separated MetaGraphDef tags to load"),
     "grpc_channel_arguments": Flag("", "k=v,k=v gRPC server arguments"),
     "flush_filesystem_caches": Flag(True, "accepted for compatibility"),
-    "enable_batching": Flag(False, "accepted; batching is not implemented"),
+    "enable_batching": Flag(False, "refused when true: no server-side batching"),
     "enable_signature_method_name_check": Flag(False, "accepted for compatibility"),
     "enable_serialization_as_tensor_content": Flag(False, "accepted for compatibility"),
     # tfscache extensions (docs/DESIGN.md)
@@ -163,24 +171,43 @@ def main(argv: list[str]) -> int:
                             format="%(levelname)s %(name)s: %(message)s")
     try:
         flags = parse_flags(argv)
-        if int(flags["max_request_tensor_bytes"]) < 0:
-            raise FlagError("Illegal value for flag --max_request_tensor_bytes: "
-                            f"{flags['max_request_tensor_bytes']} (must be >= 0)")
+        check_flags(flags)
     except FlagError as exc:
         print(f"{exc}\n\n{usage()}", file=sys.stderr)
-        return 1
-    from tfscache.errors import TfscacheError
+        return 2
+    from tfscache.errors import TfscacheError, code_name
     from tfscache.node.config import ConfigParseError
+    from tfscache.node.server_configs import ConfigFileError, load_server_configs
 
     try:
         config = _initial_config(flags)
+        server_configs = load_server_configs(str(flags["ssl_config_file"]),
+                                             str(flags["monitoring_config_file"]))
     except ConfigParseError as exc:
         print(exc.message, file=sys.stderr)
         return 1
-    except (TfscacheError, OSError) as exc:
+    except ConfigFileError as exc:  # protobuf's log line, then TF Serving's status
+        print(f"{exc.detail}\nFailed to start server. Error: INVALID_ARGUMENT: {exc.message}",
+              file=sys.stderr)
+        return 1
+    except TfscacheError as exc:
+        print(f"Failed to start server. Error: {code_name(exc.grpc_code)}: {exc.message}", file=sys.stderr)
+        return 1
+    except OSError as exc:
         print(f"Failed to start server. Error: {exc}", file=sys.stderr)
         return 1
-    return _serve(flags, config)
+    return _serve(flags, config, server_configs)
+
+
+def check_flags(flags: dict[str, object]) -> None:
+    """Flag values that are wrong whatever else is given; FlagError names the flag."""
+    if int(flags["max_request_tensor_bytes"]) < 0:
+        raise FlagError("Illegal value for flag --max_request_tensor_bytes: "
+                        f"{flags['max_request_tensor_bytes']} (must be >= 0)")
+    if flags["enable_batching"]:
+        raise FlagError("Illegal value for flag --enable_batching: true (tfscache node does no "
+                        "server-side batching: each request runs in its own Session::Run; batch "
+                        "on the client, or serve with tensorflow_model_server; see docs/node.md)")
 
 
 @dataclass
@@ -189,10 +216,11 @@ class _Node:
 
     flags: dict[str, object]
     core: object
+    configs: object  # server_configs.ServerConfigs
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def _serve(flags: dict[str, object], config) -> int:
+def _serve(flags: dict[str, object], config, server_configs) -> int:
     from tfscache.errors import TfscacheError, code_name
     from tfscache.node.manager import ServingCore
 
@@ -207,7 +235,7 @@ def _serve(flags: dict[str, object], config) -> int:
     # TF's modules hold millions of objects; freezing them keeps the full collection
     # that follows every unload fast (it then scans only objects made after start-up).
     gc.freeze()
-    rc = asyncio.run(_run_servers(_Node(flags, core)))
+    rc = asyncio.run(_run_servers(_Node(flags, core, server_configs)))
     core.stop()
     return _exit(rc)
 
@@ -223,7 +251,7 @@ def _exit(rc: int) -> int:
 
 async def _run_servers(node: _Node) -> int:
     from tfscache.node import config as node_config
-    from tfscache.node.grpc_server import build_server
+    from tfscache.node.grpc_server import bind_ports, build_server
 
     flags = node.flags
     ports_file = str(flags["ports_file"])
@@ -233,12 +261,17 @@ async def _run_servers(node: _Node) -> int:
     channel_arguments = node_config.parse_channel_arguments(str(flags["grpc_channel_arguments"]))
     server = build_server(node.core, executor, channel_arguments,
                           int(flags["max_request_tensor_bytes"]) or None)
-    grpc_port = server.add_insecure_port(f"{_host(bind)}:{flags['port']}")
-    if grpc_port == 0:
-        log.error("Failed to bind the gRPC server to %s:%s", bind, flags["port"])
+    tcp_address = f"{_host(bind)}:{flags['port']}"
+    if int(flags["port"]) == 0 and flags["grpc_socket_path"] and not ports_file:
+        tcp_address = ""  # TF Serving: --port=0 with a socket path serves gRPC on the socket only
+    grpc_port = bind_ports(server, tcp_address, str(flags["grpc_socket_path"]), node.configs.credentials)
+    if grpc_port is None:
         return 1
     await server.start()
-    log.info("Running gRPC ModelServer at %s:%d ...", bind, grpc_port)
+    if grpc_port:
+        log.info("Running gRPC ModelServer at %s:%d ...", bind, grpc_port)
+    if flags["grpc_socket_path"]:
+        log.info("Running gRPC ModelServer at UNIX socket %s ...", flags["grpc_socket_path"])
     rest_runner, rest_port = await _start_rest(node, grpc_port)
     if ports_file:
         _write_ports_file(Path(ports_file), grpc_port, rest_port)
@@ -281,7 +314,8 @@ async def _start_rest(node: _Node, grpc_port: int):
         return None, 0
 
     app = make_rest_app(node.core, timeout_ms=int(flags["rest_api_timeout_in_ms"]),
-                        max_tensor_bytes=int(flags["max_request_tensor_bytes"]) or None)
+                        max_tensor_bytes=int(flags["max_request_tensor_bytes"]) or None,
+                        metrics_path=node.configs.metrics_path)
     runner = app_runner(app, "REST API")  # unparsable requests refused quietly (414/431/400)
     await runner.setup()
     site = web.TCPSite(runner, str(flags["bind_address"]), port)

@@ -4,7 +4,9 @@ A thin adapter, like ms/http_rest_api_handler.cc: the URL is matched with TF
 Serving's own regexes, the body converted by json_tensor, the work done by
 inference.py, the response written by json_response, and every error mapped in
 one place (``_respond``) to ``{"error": "<message>"}`` with the error class's
-HTTP status. A request runs in a thread of its own pool, so JSON conversion and
+HTTP status. Every /v1/ request is counted in TF Serving's request_count and, when it
+succeeds, request_latency (entrypoint "REST"; monitoring.py), as ms/http_server.cc does.
+With --monitoring_config_file the Prometheus page is served on its own path. A request runs in a thread of its own pool, so JSON conversion and
 Session.run never block the event loop that also serves gRPC.
 
 Order of work for Predict, as TF Serving's: the URL, then the JSON, then the
@@ -19,6 +21,7 @@ import concurrent.futures
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from urllib.parse import unquote
 
@@ -32,8 +35,8 @@ from tensorflow_serving.apis import (
     regression_pb2,
 )
 
-from tfscache.errors import InvalidArgument, TfscacheError
-from tfscache.node import inference, json_examples, json_response, json_tensor
+from tfscache.errors import InvalidArgument, TfscacheError, code_name
+from tfscache.node import inference, json_examples, json_response, json_tensor, monitoring
 
 log = logging.getLogger("tfscache.node.rest")
 
@@ -171,15 +174,30 @@ class RestHandler:
 
 
 def _respond(handler: RestHandler, http_method: str, path: str, body: bytes) -> tuple[int, str]:
-    """The one place where REST errors become responses."""
+    """The one place where REST errors become responses; each request is counted."""
+    start = time.perf_counter()
+    code = "OK"
     try:
         return 200, handler.process(http_method, path, body)
     except TfscacheError as exc:
         log.debug("REST %s %s failed: %r", http_method, path, exc)
+        code = code_name(exc.grpc_code)
         return exc.http_status, json_response.error_json(exc.message)
     except Exception:
         log.exception("REST %s %s failed with an unexpected error", http_method, path)
+        code = "INTERNAL"
         return 500, json_response.error_json(INTERNAL_ERROR_MESSAGE)
+    finally:
+        monitoring.record_request(*_metric_labels(http_method, path), "REST", code, start)
+
+
+def _metric_labels(http_method: str, path: str) -> tuple[str, str]:
+    """The model_name and API ParseModelInfo gives the metrics ("" where the URL names none)."""
+    regex = {"POST": _PREDICTION_PATH, "GET": _STATUS_PATH}.get(http_method)
+    match = regex.fullmatch(path) if regex is not None else None
+    if match is None:
+        return "", ""
+    return unquote(match.group(1) or ""), match.group(4) if http_method == "POST" else ""
 
 
 def _json_response(status: int, text: str) -> web.Response:
@@ -192,21 +210,28 @@ def _json_response(status: int, text: str) -> web.Response:
 
 
 def make_rest_app(core, *, timeout_ms: int = 30000, threads: int | None = None,
-                  max_tensor_bytes: int | None = None) -> web.Application:
-    """The REST API of a node: TF Serving's URLs, bodies, errors and HTTP codes."""
+                  max_tensor_bytes: int | None = None, metrics_path: str | None = None) -> web.Application:
+    """The REST API of a node: TF Serving's URLs, bodies, errors and HTTP codes.
+
+    ``metrics_path``: serve the Prometheus page there (any method, as TF Serving's
+    registered handler), before the /v1/ dispatcher."""
     handler = RestHandler(core, timeout_ms, max_tensor_bytes)
     pool = concurrent.futures.ThreadPoolExecutor(
         threads or max(4, 4 * (os.cpu_count() or 1)), thread_name_prefix="tfscache-rest")
 
     async def dispatch(request: web.Request) -> web.Response:
         path = request.rel_url.raw_path  # matched and reported undecoded, as evhttp's uri_path
+        if metrics_path is not None and path == metrics_path:
+            return web.Response(body=monitoring.prometheus_page().encode(),
+                                headers={"Content-Type": "text/plain"})
         if not _V1_PATH.fullmatch(path):
             return web.Response(status=404, body=_NOT_FOUND_PAGE,
                                 headers={"Content-Type": "text/html; charset=ISO-8859-1"})
         if request.method == "OPTIONS":  # CORS preflight: an empty body either way
-            if _CORS_ORIGIN.search(request.headers.get("Origin", "")):
-                return web.Response(status=200)
-            return web.Response(status=400)
+            ok = bool(_CORS_ORIGIN.search(request.headers.get("Origin", "")))
+            monitoring.record_request("", "", "REST", "OK" if ok else "FAILED_PRECONDITION",
+                                      time.perf_counter())
+            return web.Response(status=200 if ok else 400)
         body = await request.read()
         loop = asyncio.get_running_loop()
         status, text = await loop.run_in_executor(

@@ -24,6 +24,7 @@ import gc
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +35,7 @@ from tensorflow.core.protobuf import config_pb2, meta_graph_pb2, saved_model_pb2
 from tensorflow.python.client import pywrap_tf_session as tf_session
 
 from tfscache import errors
+from tfscache.node import monitoring
 from tfscache.node.tensor_limits import element_count, shape_problem
 
 log = logging.getLogger("tfscache.node.servable")
@@ -53,8 +55,20 @@ def dtype_name(dtype: int) -> str:
 
 
 def load_servable(name: str, version: int, path: str, *, tags=("serve",)) -> Servable:
-    """Loads the SavedModel at ``path``; raises TfscacheError with TF Serving's text."""
-    path = str(path)
+    """Loads the SavedModel at ``path``; raises TfscacheError with TF Serving's text.
+
+    Counted as LoadSavedModel counts (load_attempt_count, load_latency; monitoring.py)."""
+    start = time.perf_counter()
+    try:
+        servable = _load(name, version, str(path), tags)
+    except BaseException:
+        monitoring.record_load(str(path), start, ok=False)
+        raise
+    monitoring.record_load(str(path), start, ok=True)
+    return servable
+
+
+def _load(name: str, version: int, path: str, tags) -> Servable:
     # Read first, so a missing or unparsable SavedModel gets TF Serving's own text.
     meta_graph = _read_meta_graph(path, tags)
     graph = tf.Graph()
