@@ -142,7 +142,7 @@ class Dnsmasq:
             if not self.alive:
                 raise DnsmasqStartError(f"dnsmasq exited with {self.process.returncode}\n{self.log()}")
             try:
-                resolver.resolve(PROBE, "A", lifetime=0.5)
+                resolver.resolve(PROBE, "A", lifetime=0.1)
                 return
             except dns.exception.DNSException:
                 if time.monotonic() > deadline:
