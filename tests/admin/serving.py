@@ -9,12 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import grpc
+from grpc_health.v1 import health_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from frontend.serving import ServeProcess, start_serve
 from support.requests import predict_request
-from tfscache.wire import health_pb2
-
 
 
 class AdminServe(ServeProcess):

@@ -11,12 +11,13 @@ import os
 import signal
 
 import grpc
+from grpc_health.v1 import health_pb2
 import pytest
 
 from tfscache import errors
 from tfscache import settings as settings_mod
 from tfscache.serve import ServeApp
-from tfscache.wire import admin_pb2, health_pb2
+from tfscache.wire import admin_pb2
 
 
 @pytest.fixture

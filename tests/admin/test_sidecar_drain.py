@@ -9,6 +9,7 @@ request in flight, so the drain is caught deterministically between "left the ri
 from __future__ import annotations
 
 import grpc
+from grpc_health.v1 import health_pb2
 import pytest
 
 from frontend.test_sidecar import node_holds, predict
@@ -17,7 +18,7 @@ from support.sidecars import EMPTY, NODE_FLAGS
 from tfscache import settings as settings_mod
 from tfscache.discovery import Peer
 from tfscache.serve import ServeApp
-from tfscache.wire import admin_pb2, health_pb2
+from tfscache.wire import admin_pb2
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ import concurrent.futures
 import socket
 
 import grpc
+from grpc_health.v1 import health_pb2
 import pytest
 import requests
 from tensorflow_serving.apis import prediction_service_pb2_grpc
@@ -25,7 +26,6 @@ from support.node import start_node
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS
 from support.waiting import wait_until
-from tfscache.wire import health_pb2
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

@@ -51,12 +51,17 @@ class Lifecycle:
         """Serve health through ``add_grpc_handlers`` and start the admin server (``port`` None: none)."""
         health = Health(topology.serving, poll_s=health_poll_s)
         add_grpc_handlers([health.handler()])
+        await health.start()
         drainer = Drainer(topology, operations, grace_s=grace_s, health=health, leave_discovery=leave_discovery,
                           stop_frontends=stop_frontends)
         admin = None
         if port is not None:
             admin = AdminServer(operations, drainer, bind_address=bind_address, port=port, token=token)
-            await admin.start()
+            try:
+                await admin.start()
+            except BaseException:
+                await health.stop()
+                raise
         return cls(health, drainer, admin, stop=stop, grace_s=grace_s)
 
     @property
@@ -83,6 +88,7 @@ class Lifecycle:
         await self.close()
 
     async def close(self) -> None:
-        """Stop the admin server (a second call does nothing)."""
+        """Stop the admin server and health's polling (a second call does nothing)."""
         if self.admin is not None:
             await self.admin.stop()
+        await self.health.stop()
