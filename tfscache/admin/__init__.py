@@ -8,5 +8,5 @@
 * ``lifecycle.Lifecycle``: health, drainer and admin server of one ``tfscache serve``, and its
   shutdown sequence (``ServeApp`` builds it from typed pieces, never handing itself over).
 * ``client.AdminClient``: a small blocking client, used by ``tfscache models|pin|...``
-  (tfscache/adminctl.py) and scripts/prewarm.py, scripts/drain.py.
+  (tfscache/adminctl.py), ``tfscache prewarm`` and ``tfscache drain``.
 """
