@@ -64,7 +64,7 @@ def _node_views(topology: Topology) -> list[NodeView]:
     return [NodeView(b.name, b.cache, bool(b.healthy)) for b in topology.nodes()]
 
 
-def status_document(metrics: Metrics, topology: Topology) -> dict[str, Any]:
+def status_document(metrics: Metrics, topology: Topology, tier=None) -> dict[str, Any]:
     """What ``/status`` serves (see the module docstring)."""
     hits, misses = metrics.hit_counts()
     ring = topology.ring
@@ -81,12 +81,15 @@ def status_document(metrics: Metrics, topology: Topology) -> dict[str, Any]:
         if local:
             node.update(_local_node(backend.cache), unloads_per_minute=rates.get(backend.name, 0.0))
         nodes.append(node)
-    return {"time": time.time(), "hits": hits, "misses": misses,
-            "hit_ratio": hits / (hits + misses) if hits + misses else None,
-            "ring": {"nodes": ring.nodes, "replicas": ring.replicas},
-            "nodes": nodes,
-            "scale": {"advice": advice.value, "reason": advice.reason, "window_s": metrics.unload_rate.window_s,
-                      "unloads_per_minute": rates}}
+    document = {"time": time.time(), "hits": hits, "misses": misses,
+                "hit_ratio": hits / (hits + misses) if hits + misses else None,
+                "ring": {"nodes": ring.nodes, "replicas": ring.replicas},
+                "nodes": nodes,
+                "scale": {"advice": advice.value, "reason": advice.reason, "window_s": metrics.unload_rate.window_s,
+                          "unloads_per_minute": rates}}
+    if tier is not None:  # a bucket's repository: {"url", "directory", "bytes", "cap_bytes", "versions", ...}
+        document["disk_tier"] = tier.describe()
+    return document
 
 
 def _local_node(cache) -> dict[str, Any]:
@@ -111,10 +114,12 @@ class ObserveServer(WebServer):
 
     what = "metrics and status"
 
-    def __init__(self, metrics: Metrics, topology: Topology, *, bind_address: str, port: int) -> None:
+    def __init__(self, metrics: Metrics, topology: Topology, *, bind_address: str, port: int,
+                 tier=None) -> None:
         super().__init__(bind_address, port)
         self.metrics = metrics
         self._topology = topology
+        self._tier = tier  # tfscache.storage.tier.DiskTier of a bucket's repository, else None
 
     def web_app(self) -> web.Application:
         app = web.Application()
@@ -127,4 +132,4 @@ class ObserveServer(WebServer):
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(status_document(self.metrics, self._topology))
+        return web.json_response(status_document(self.metrics, self._topology, self._tier))

@@ -39,5 +39,6 @@ def open_repository(settings: Settings, state_dir: Path, *, events=None) -> Mode
         raise SettingsError(f"bad value for setting model_repository: {url!r} (a bucket needs the storage "
                             f"extra, which is not installed: {exc.name}; install it with: {STORAGE_EXTRA})") from None
     tier = DiskTier(tier_dir(settings, state_dir), settings.storage.cache_bytes, store,
-                    parallel=settings.storage.parallel_downloads, events=events)
-    return RemoteRepository(url, tier)
+                    parallel=settings.storage.parallel_downloads, rescan_s=settings.storage.list_interval_s,
+                    events=events)
+    return RemoteRepository(url, tier, rescan_s=settings.storage.list_interval_s)

@@ -34,11 +34,13 @@ from tfscache.metrics import Metrics
 from tfscache.nodekinds import KINDS
 from tfscache.nodepid import NodeMemory, find_node_pid, is_local_host
 from tfscache.observe import ObserveServer, watch
+from tfscache.repositories import open_repository
 from tfscache.repository import ModelRepository
 from tfscache.requestlog import RequestLog
-from tfscache.settings import Settings
+from tfscache.settings import Settings, remote_url
 from tfscache.statedir import StateDirLock, choose, instance_name
 from tfscache.supervisor import NodeProcess, Supervisor
+from tfscache.tiermetrics import TierMetrics
 from tfscache.tls import PeerTls, ServerTls
 from tfscache.topology import Topology
 
@@ -52,7 +54,8 @@ class ServeApp:
         self.settings = settings
         self.config_file = config_file  # the static discovery backend re-reads it on SIGHUP
         self.discovery: Discovery | None = None
-        self.repository = ModelRepository(settings.model_repository)
+        # A bucket's repository is opened in start(), once the state directory (its tier's default) is known.
+        self.repository = ModelRepository("." if remote_url(settings.model_repository) else settings.model_repository)
         self.kind = KINDS[settings.node.backend]  # TF Serving or Triton: children, client, adapter, APIs
         self.grpc_port: int | None = None
         self.rest_port: int | None = None
@@ -97,6 +100,13 @@ class ServeApp:
         if self.metrics.request_log is not None:  # --request-log: opened (or refused) before anything starts
             await self.metrics.request_log.start()
         self._claim_state_dir()
+        if remote_url(s.model_repository):  # a bucket: a disk tier nodes load from (tfscache.storage)
+            tier_metrics = TierMetrics(self.metrics.registry)
+            self.repository = open_repository(s, self.state_dir, events=tier_metrics)
+            self.repository.set_in_use(lambda key: {b.cache.ledger.use_of(key) for b in self.topology.nodes()
+                                                    if b.cache is not None} - {None})
+            tier_metrics.watch(self.repository.tier)
+        await self.repository.start()
         if s.cache.gpu_memory_per_node:  # NVML only when a GPU cap is asked for
             self._gpu_reader = NvmlReader()
             self.gpu_cap, line = await asyncio.to_thread(gpu_cap, s.cache.gpu_memory_per_node, self._gpu_reader)
@@ -133,7 +143,7 @@ class ServeApp:
             self.admin_port = self.lifecycle.admin_port
             if s.server.metrics_port >= 0:
                 self._observe = ObserveServer(self.metrics, self.topology, bind_address=s.server.bind_address,
-                                              port=s.server.metrics_port)
+                                              port=s.server.metrics_port, tier=getattr(self.repository, "tier", None))
                 self.metrics_port = await self._observe.start()
         except BaseException:
             await self.stop(grace=0)

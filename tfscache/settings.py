@@ -19,6 +19,7 @@ value, and start-up stops there.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import ipaddress
 import os
 import re
@@ -177,6 +178,9 @@ def _check_whole(s: Settings) -> None:
         problem = remote_url(s.model_repository)
         if problem is not True:
             raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} ({problem})")
+        if importlib.util.find_spec("obstore") is None:
+            raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} (a bucket needs "
+                                "the storage extra, which is not installed: pip install 'tfscache[storage]')")
     elif not Path(s.model_repository).is_dir():
         raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} "
                             "(not a directory, nor an s3://, gs:// or az:// URL)")

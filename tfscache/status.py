@@ -29,6 +29,7 @@ import urllib.request
 from typing import Any
 
 from tfscache.cliopts import Parser, host_port, positive
+from tfscache.units import format_bytes
 
 DEFAULT_ADDRESS = os.environ.get("TFSCACHE_STATUS_ADDRESS", "127.0.0.1:8503")
 
@@ -37,14 +38,6 @@ def fetch(address: str, timeout: float = 10.0) -> dict[str, Any]:
     """The /status document of the serve whose metrics port is ``address`` (HOST:PORT)."""
     with urllib.request.urlopen(f"http://{address}/status", timeout=timeout) as reply:
         return json.loads(reply.read())
-
-
-def human_bytes(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def ago(seconds: float) -> str:
@@ -80,7 +73,7 @@ def cap_text(node: dict[str, Any]) -> str:
         parts.append(f"{count}/{caps['max_models']}")
         over = count > caps["max_models"]
     if caps["memory_bytes"]:
-        parts.append(f"{human_bytes(size)}/{human_bytes(caps['memory_bytes'])}")
+        parts.append(f"{format_bytes(size)}/{format_bytes(caps['memory_bytes'])}")
         over = over or size > caps["memory_bytes"]
     if not parts:
         return "none"
@@ -105,7 +98,7 @@ def render(doc: dict[str, Any]) -> str:
         counts = _state_counts(node) if local else ["-", "-", "-"]
         rows.append([node["name"], node["kind"], node.get("address") or "-",
                      "yes" if node["healthy"] else "NO", *counts, cap_text(node) if local else "-",
-                     human_bytes(node["resident_bytes"]) if local else "-",
+                     format_bytes(node["resident_bytes"]) if local else "-",
                      str(node["leases"]) if local else "-", str(len(node["queue"])) if local else "-",
                      _rate(node) if local else "-"])
     lines += _table(["NODE", "KIND", "ADDRESS", "HEALTHY", "AVAILABLE", "LOADING", "UNLOADING", "CAP", "BYTES",
@@ -113,7 +106,7 @@ def render(doc: dict[str, Any]) -> str:
     rows = []
     for node in doc["nodes"]:
         for m in node.get("models", []):
-            size = human_bytes(m["bytes"]) + ("" if m["measured"] else " (estimated)")
+            size = format_bytes(m["bytes"]) + ("" if m["measured"] else " (estimated)")
             rows.append([node["name"], m["name"], str(m["version"]), m["state"], size,
                          ago(doc["time"] - m["last_use"]), str(m["leases"])])
     lines += ["", f"model versions ({len(rows)})"]
@@ -124,8 +117,8 @@ def render(doc: dict[str, Any]) -> str:
                       f"(capacity unloads per minute over {scale['window_s']:g} s)"]
     tier = doc.get("disk_tier")
     if tier is not None:  # a model repository in a bucket (docs/storage.md)
-        lines += ["", f"disk tier {tier['directory']} for {tier['url']}: {human_bytes(tier['bytes'])} of "
-                      f"{human_bytes(tier['cap_bytes'])}, {tier['versions']} version{'s' if tier['versions'] != 1 else ''}"
+        lines += ["", f"disk tier {tier['directory']} for {tier['url']}: {format_bytes(tier['bytes'])} of "
+                      f"{format_bytes(tier['cap_bytes'])}, {tier['versions']} version{'s' if tier['versions'] != 1 else ''}"
                       f" ({tier['held']} in use by nodes), {tier['downloads_in_flight']} downloading"]
     hits, misses, ratio = doc["hits"], doc["misses"], doc["hit_ratio"]
     shown = "n/a (no requests yet)" if ratio is None else f"{100 * ratio:.1f}%"

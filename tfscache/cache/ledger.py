@@ -20,6 +20,7 @@ from tfscache import errors
 Key = tuple[str, int]
 
 LOADING, READY, UNLOADING = "loading", "available", "unloading"
+PENDING = "pending"  # queued for a load: not in the node's config yet (``Ledger.use_of``)
 
 
 class Entry:
@@ -72,9 +73,13 @@ class Ledger:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def uses(self, key: Key) -> bool:
-        """Whether the node loads, serves or is about to load that version (its files must stay)."""
-        return key in self.entries or key in self.pending
+    def use_of(self, key: Key) -> str | None:
+        """What the node does with that version: ``PENDING`` (queued), ``LOADING``, ``READY`` or
+        ``UNLOADING``; None when it is none of those (its files may go)."""
+        if key in self.pending:
+            return PENDING
+        entry = self.entries.get(key)
+        return entry.state if entry is not None else None
 
     def used(self) -> int:
         """Bytes of every entry, leaving ones included (they count until gone)."""

@@ -51,8 +51,8 @@ class RemoteRepository(ModelRepository):
         self._loop_thread = threading.get_ident()
         await self.tier.start()
 
-    def set_in_use(self, in_use: Callable[[tuple[str, int]], bool]) -> None:
-        """Whether a node loads or serves a version now: such a version stays in the tier."""
+    def set_in_use(self, in_use: Callable[[tuple[str, int]], set[str]]) -> None:
+        """What the nodes do with a version now (``DiskTier``'s ``in_use``): one in use stays in the tier."""
         self.tier.in_use = in_use
 
     # -- what the cache calls -----------------------------------------------------------
@@ -65,7 +65,15 @@ class RemoteRepository(ModelRepository):
         await self.tier.fetch(name, version)
 
     def versions(self, name: str) -> dict[int, Path]:
-        return {v: self.root / name / str(v) for v in self._listing(name)}
+        """The bucket's versions of ``name``; with the store unreachable, the ones on disk in the tier
+        (a model the nodes serve keeps serving through an outage), or Unavailable if none."""
+        try:
+            listed = self._listing(name)
+        except errors.Unavailable:
+            listed = [v for n, v in self.tier.resident() if n == name]
+            if not listed:
+                raise
+        return {v: self.root / name / str(v) for v in listed}
 
     def version_path(self, name: str, version: int) -> Path | None:
         """The version's directory in the tier if the bucket lists it (downloaded or not). With the

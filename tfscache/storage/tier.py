@@ -33,16 +33,19 @@ from tfscache.storage.layout import (PARTIAL, Key, VersionListing, check_name, g
 
 log = logging.getLogger("tfscache.storage.tier")
 
+LOADERS = {"pending", "loading"}  # uses of a version that a changed copy may still be swapped in for
+
 
 class DiskTier:
     def __init__(self, root: Path, cap_bytes: int, store: ObjectStore, *, parallel: int = 8,
-                 rescan_s: float = 1.0, in_use: Callable[[Key], bool] | None = None,
+                 rescan_s: float = 1.0, in_use: Callable[[Key], set[str]] | None = None,
                  events: TierEvents | None = None) -> None:
-        """``in_use(key)``: whether a node loads or serves that version now (the caches' ledgers);
-        such a version is never evicted or replaced, as if held."""
+        """``in_use(key)``: what the nodes do with that version now, as states of their caches'
+        ledgers ("pending", "loading", "available", "unloading"; empty: nothing). A version in use
+        is never evicted; one a node serves ("available", "unloading") is never replaced either."""
         self.root, self.cap_bytes, self.store = Path(root), cap_bytes, store
         self.rescan_s = rescan_s
-        self.in_use = in_use or (lambda key: False)
+        self.in_use = in_use or (lambda key: set())
         self.events = events or TierEvents()
         self._files: dict[str, dict[str, tuple[int, str]]] = {}  # the model's own files, as last listed
         self._local_files: dict[tuple[str, str], tuple[int, str]] = {}  # ... and the copies on disk
@@ -196,7 +199,8 @@ class DiskTier:
             raise NotFound(f"version {version} of model {name!r} not found in {self.store.url}")
         await self.sync_model_files(name)
         resident = self._resident.get(key)
-        if resident is not None and (resident[1] == listing.manifest() or key in self.protected()):
+        if resident is not None and (resident[1] == listing.manifest() or key in self._held
+                                     or self.in_use(key) - LOADERS):  # a node serves that copy: keep it
             self.events.hit()
             return self.path(*key)
         self.events.miss()
