@@ -241,7 +241,7 @@ def test_parse_bytes(text, value):
 
 @pytest.mark.parametrize("text", ["", "GiB", "1.5 parsecs", "-1GiB", "1e3"])
 def test_parse_bytes_rejects(text):
-    with pytest.raises(ValueError, match="not a size"):
+    with pytest.raises(ValueError, match="expected bytes"):
         parse_bytes(text)
 
 

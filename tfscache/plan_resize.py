@@ -41,7 +41,7 @@ from tfscache.cliopts import Parser, add_output_flags, bar_disable, positive
 from tfscache.repository import ModelRepository
 from tfscache.ring import Ring
 from tfscache.sections import RingSection
-from tfscache.units import parse_bytes
+from tfscache.units import format_bytes, parse_bytes
 
 NONE = "-"  # no node: a replica created from nothing, or dropped
 
@@ -199,15 +199,6 @@ def plan(models: Iterable[Model], current: Sequence[str], new: Sequence[str], *,
     return result
 
 
-def human(size: int) -> str:
-    value = float(size)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
 def _share(part: int, whole: int) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
@@ -218,18 +209,18 @@ def render(p: Plan, *, list_models: bool = False) -> str:
              f"replicas per model: {p.replicas}, vnodes: {p.vnodes}", ""]
     rows = [("from", "to", "models", "bytes", "")]
     for (src, dst), flow in sorted(p.flows.items()):
-        rows.append((src, dst, f"{flow.models:,}", f"{flow.bytes:,}", human(flow.bytes)))
+        rows.append((src, dst, f"{flow.models:,}", f"{flow.bytes:,}", format_bytes(flow.bytes)))
     copies = p.copies
-    rows.append(("total", "", f"{copies.models:,}", f"{copies.bytes:,}", human(copies.bytes)))
+    rows.append(("total", "", f"{copies.models:,}", f"{copies.bytes:,}", format_bytes(copies.bytes)))
     lines += _table(rows, left=2)
     lines.append("")
     rows = [("node", "models out", "bytes out", "models in", "bytes in")]
     for node, n in p.per_node().items():
-        rows.append((node, f"{n['models_out']:,}", human(n["bytes_out"]), f"{n['models_in']:,}",
-                     human(n["bytes_in"])))
+        rows.append((node, f"{n['models_out']:,}", format_bytes(n["bytes_out"]), f"{n['models_in']:,}",
+                     format_bytes(n["bytes_in"])))
     lines += _table(rows, left=1)
     lines += ["", f"models moving: {p.moving_models:,} of {p.models:,} ({_share(p.moving_models, p.models)}), "
-                  f"{human(p.moving_bytes)} of {human(p.bytes)} ({_share(p.moving_bytes, p.bytes)})"]
+                  f"{format_bytes(p.moving_bytes)} of {format_bytes(p.bytes)} ({_share(p.moving_bytes, p.bytes)})"]
     if list_models:
         lines.append("")
         lines += [f"{m['name']}\t{m['bytes']}\t{','.join(m['from']) or NONE} -> {','.join(m['to']) or NONE}"

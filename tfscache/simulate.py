@@ -18,7 +18,6 @@ import argparse
 import itertools
 import json
 import logging
-import re
 import sys
 import time
 from pathlib import Path
@@ -28,22 +27,9 @@ from tfscache.extras import MissingExtra, require
 from tfscache.sim import build_policy, policy_names
 from tfscache.sim.engine import BELADY, Config, simulate
 from tfscache.sim.trace import TraceError, read_trace
+from tfscache.units import parse_bytes
 
 log = logging.getLogger("tfscache.simulate")
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_FACTORS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-            "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
-
-
-def parse_bytes(text: str) -> int:
-    """'512MiB' -> 536870912, '2GB' -> 2000000000, '0' -> 0 (no cap); ValueError otherwise."""
-    match = _SIZE.match(text)
-    if not match:
-        raise ValueError(f"not a size: {text!r} (e.g. 512MiB, 8GiB, 2GB, 0 for no cap)")
-    unit = (match.group(2) or "").lower().removesuffix("b")
-    return int(float(match.group(1)) * _FACTORS[unit])
-
 
 def _list(convert, what: str):
     def parse(text: str) -> list:

@@ -37,14 +37,14 @@ def test_render_lists_nodes_models_and_the_hit_ratio():
     assert lines[1].split() == ["NODE", "KIND", "ADDRESS", "HEALTHY", "AVAILABLE", "LOADING", "UNLOADING", "CAP",
                                 "BYTES", "LEASES", "QUEUED", "UNLOADS/MIN"]
     # DOC is from a serve before the scaling signal: no unloads_per_minute, no scale line
-    assert lines[2].split() == ["a", "node", "127.0.0.1:9000", "yes", "1", "1", "0", "2/3", "2.0", "MiB", "1", "1",
+    assert lines[2].split() == ["a", "node", "127.0.0.1:9000", "yes", "1", "1", "0", "2/3", "2", "MiB", "1", "1",
                                 "-"]
     assert lines[3].split() == ["b", "peer", "10.0.0.2:8500", "NO", "-", "-", "-", "-", "-", "-", "-", "-"]
     assert not any(line.startswith("scale advice") for line in lines)
     assert "model versions (2)" in lines
     model_rows = [line.split() for line in lines[lines.index("model versions (2)"):] if line.startswith("  a  ")]
-    assert model_rows == [["a", "m", "2", "available", "2.0", "MiB", "10.0", "s", "ago", "1"],
-                          ["a", "n", "7", "loading", "1.0", "MiB", "(estimated)", "10", "min", "ago", "0"]]
+    assert model_rows == [["a", "m", "2", "available", "2", "MiB", "10.0", "s", "ago", "1"],
+                          ["a", "n", "7", "loading", "1", "MiB", "(estimated)", "10", "min", "ago", "0"]]
     assert lines[-1] == "hit ratio: 75.0% (3 hits, 1 miss)"
 
 
@@ -81,8 +81,8 @@ def states(loading=0, available=0, unloading=0, mib=1):
 @pytest.mark.parametrize("model_states, caps, cell", [
     (states(1, 2, 2), {"max_models": 3, "memory_bytes": 0}, "3/3"),  # capped at 3, 5 in the config: held
     (states(1, 3, 0), {"max_models": 3, "memory_bytes": 0}, "4/3 over"),
-    (states(0, 2, 1), {"max_models": 0, "memory_bytes": 4 * MiB}, "2.0 MiB/4.0 MiB"),
-    (states(1, 2, 0, mib=2), {"max_models": 4, "memory_bytes": 4 * MiB}, "3/4 6.0 MiB/4.0 MiB over"),
+    (states(0, 2, 1), {"max_models": 0, "memory_bytes": 4 * MiB}, "2 MiB/4 MiB"),
+    (states(1, 2, 0, mib=2), {"max_models": 4, "memory_bytes": 4 * MiB}, "3/4 6 MiB/4 MiB over"),
     (states(0, 7, 0), {"max_models": 0, "memory_bytes": 0}, "none"),
     (states(0, 0, 0), None, "-"),  # the node is down
 ])

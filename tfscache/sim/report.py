@@ -6,18 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tfscache.sim.engine import BELADY, Result
-
-_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
-
-
-def human_bytes(n: float) -> str:
-    """1536 -> '1.5 KiB'; exact multiples without decimals ('4 GiB')."""
-    for unit, size in _UNITS:
-        if n >= size:
-            value = n / size
-            return f"{value:.0f} {unit}" if value.is_integer() else f"{value:.1f} {unit}"
-    return f"{int(n)} B"
-
+from tfscache.units import format_bytes
 
 def table(results: Sequence[Result]) -> str:
     """One row per configuration, aligned columns; a cap of 0 shows as '-'."""
@@ -27,9 +16,9 @@ def table(results: Sequence[Result]) -> str:
     for r in results:
         c, n = r.config, r.counts
         rows.append((c.policy, str(c.nodes), str(c.max_models or "-"),
-                     human_bytes(c.memory_bytes) if c.memory_bytes else "-", f"{r.hit_ratio:.4f}",
+                     format_bytes(c.memory_bytes) if c.memory_bytes else "-", f"{r.hit_ratio:.4f}",
                      str(n.hits), str(n.requests - n.hits), f"{n.load_seconds:.1f}",
-                     human_bytes(n.peak_bytes), str(n.evictions), str(n.uncacheable)))
+                     format_bytes(n.peak_bytes), str(n.evictions), str(n.uncacheable)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
@@ -73,7 +62,7 @@ def plot(results: Sequence[Result], out: Path) -> None:
             xs_all = {getattr(r.config, axis) for r in panel}
             title = f"{nodes} node{'s' if nodes != 1 else ''}"
             if len(others) > 1 or other_value:
-                cap = human_bytes(other_value) if other == "memory_bytes" else str(other_value)
+                cap = format_bytes(other_value) if other == "memory_bytes" else str(other_value)
                 title += f", {other} {cap if other_value else 'uncapped'}"
             for offset, (label, metric) in enumerate(metrics):
                 ax = axes[2 * block + offset][col]
