@@ -147,3 +147,13 @@ def test_node_serves_logs_rss_follows_its_config_file_and_exits_0_on_sigterm(tmp
         assert node.returncode is None
     finally:
         assert node.stop() == 0
+
+
+def test_a_socket_path_that_cannot_be_bound_fails_the_start(tmp_path, test_models):
+    result = run_node("--port=0", "--model_name=half_plus_two",
+                      f"--model_base_path={test_models / 'half_plus_two'}",
+                      f"--grpc_socket_path={tmp_path / 'no-such-dir' / 'grpc.sock'}")
+    assert result.returncode == 1
+    assert "ERROR tfscache.node.grpc_server: Failed to bind the gRPC server to unix:" in result.stderr
+    assert result.stderr.rstrip().endswith(
+        "Failed to start server. Error: INVALID_ARGUMENT: Failed to BuildAndStart gRPC server"), result.stderr

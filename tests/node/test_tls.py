@@ -136,6 +136,13 @@ async def test_one_way_tls_without_client_verify(ca, server_cert):
         await server.stop(None)
 
 
+def test_a_custom_ca_that_is_not_pem_fails_before_serving(server_cert):
+    config = SSLConfig(server_key=pem(server_cert.private_key_pem), server_cert=chain(server_cert),
+                       custom_ca="garbage", client_verify=True)
+    with pytest.raises(InvalidArgument, match=r"^Failed to BuildAndStart gRPC server: "):
+        server_credentials(config)
+
+
 def test_client_verify_needs_a_custom_ca(server_cert):
     config = SSLConfig(server_key=pem(server_cert.private_key_pem), server_cert=chain(server_cert),
                        client_verify=True)
@@ -153,6 +160,9 @@ def test_client_verify_needs_a_custom_ca(server_cert):
     ('custom_ca: "x"',
      r"^Failed to start server\. Error: INVALID_ARGUMENT: SSLConfig needs both server_key and "
      r"server_cert \(PEM text\)$"),
+    ('server_key: "not PEM" server_cert: "not PEM either"',
+     r"^Failed to start server\. Error: INVALID_ARGUMENT: Failed to BuildAndStart gRPC server: gRPC "
+     r"does not accept the SSLConfig's server_key, server_cert or custom_ca"),
 ])
 def test_node_with_a_bad_ssl_config_exits_1(tmp_path, content, expected):
     (tmp_path / "ssl.config").write_text(content)

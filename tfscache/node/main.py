@@ -265,7 +265,9 @@ async def _run_servers(node: _Node) -> int:
     if int(flags["port"]) == 0 and flags["grpc_socket_path"] and not ports_file:
         tcp_address = ""  # TF Serving: --port=0 with a socket path serves gRPC on the socket only
     grpc_port = bind_ports(server, tcp_address, str(flags["grpc_socket_path"]), node.configs.credentials)
-    if grpc_port is None:
+    if grpc_port is None:  # logged by bind_ports
+        print("Failed to start server. Error: INVALID_ARGUMENT: Failed to BuildAndStart gRPC server",
+              file=sys.stderr)
         return 1
     await server.start()
     if grpc_port:

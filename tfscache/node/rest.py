@@ -221,9 +221,9 @@ def make_rest_app(core, *, timeout_ms: int = 30000, threads: int | None = None,
 
     async def dispatch(request: web.Request) -> web.Response:
         path = request.rel_url.raw_path  # matched and reported undecoded, as evhttp's uri_path
-        if metrics_path is not None and path == metrics_path:
-            return web.Response(body=monitoring.prometheus_page().encode(),
-                                headers={"Content-Type": "text/plain"})
+        if metrics_path is not None and path == metrics_path:  # thousands of series: off the loop
+            page = await asyncio.get_running_loop().run_in_executor(pool, monitoring.prometheus_page)
+            return web.Response(body=page.encode(), headers={"Content-Type": "text/plain"})
         if not _V1_PATH.fullmatch(path):
             return web.Response(status=404, body=_NOT_FOUND_PAGE,
                                 headers={"Content-Type": "text/html; charset=ISO-8859-1"})

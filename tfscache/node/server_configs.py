@@ -15,6 +15,8 @@ the parse error). ``server_credentials`` builds the gRPC server credentials as
 
 from __future__ import annotations
 
+import concurrent.futures
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,10 +102,30 @@ def server_credentials(config) -> grpc.ServerCredentials:
                               "that signs the client certificates")
     if not config.server_key or not config.server_cert:
         raise InvalidArgument("SSLConfig needs both server_key and server_cert (PEM text)")
-    return grpc.ssl_server_credentials(
+    credentials = grpc.ssl_server_credentials(
         [(config.server_key.encode(), config.server_cert.encode())],
         root_certificates=config.custom_ca.encode() or None,
         require_client_auth=config.client_verify)
+    _check_credentials(credentials)
+    return credentials
+
+
+def _check_credentials(credentials: grpc.ServerCredentials) -> None:
+    """gRPC checks the PEM text only when a port is added: add one now, on a UNIX socket in
+    a private directory of a server never started, so bad PEM fails before models load."""
+    with tempfile.TemporaryDirectory(prefix="tfscache-ssl-") as directory:
+        executor = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        server = grpc.server(executor)
+        try:
+            server.add_secure_port(f"unix:{directory}/probe.sock", credentials)
+        except RuntimeError as exc:
+            raise InvalidArgument(
+                "Failed to BuildAndStart gRPC server: gRPC does not accept the SSLConfig's "
+                "server_key, server_cert or custom_ca (PEM text expected; its log above says "
+                "which)") from exc
+        finally:
+            server.stop(None)
+            executor.shutdown()
 
 
 @dataclass(frozen=True)
