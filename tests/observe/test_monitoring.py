@@ -26,6 +26,7 @@ import requests
 import yaml
 
 from admin.serving import start_admin_serve
+from deploy import manifests
 from frontend.serving import link_repository
 from support import fixtures
 from support.node import PYTHON, REPO
@@ -152,6 +153,12 @@ def test_the_monitoring_files_cover_what_the_issue_asks():
     assert [e["port"] for e in monitor["spec"]["endpoints"]] == [p["name"] for p in service["spec"]["ports"]]
     kustomization = yaml.safe_load((MONITORING / "kustomization.yaml").read_text())
     assert set(kustomization["resources"]) == {"service-metrics.yaml", "servicemonitor.yaml", "prometheusrule.yaml"}
+    # The Service selects the StatefulSet's pods and their metrics port, at the port they listen on.
+    pods = manifests.load_k8s()[("StatefulSet", "tfscache")]["spec"]["template"]  # as kustomize renders deploy/k8s
+    assert service["spec"]["selector"].items() <= pods["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for c in pods["spec"]["containers"] for p in c.get("ports", [])}
+    [port] = service["spec"]["ports"]
+    assert ports[port["targetPort"]] == port["port"]
 
 
 def test_every_metric_the_dashboard_and_alerts_query_is_exported(serve, driven):
