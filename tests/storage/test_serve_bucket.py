@@ -19,65 +19,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import threading
-from pathlib import Path
 
 import grpc
 import pytest
 import requests
-from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import start_serve
-from support.requests import predict_request
+from support.buckets import MARKER, gets, in_tier, metrics_port, predict, predict_error, serve_bucket, upload, \
+    version_bytes
 from support.tfs_traffic import Traffic
 from support.waiting import wait_until
-
-MARKER = ".tfscache-complete"
-
-
-def upload(bucket, base: Path, name: str | None = None) -> dict[str, int]:
-    """Every file of model directory ``base`` under ``NAME/`` in the bucket; {key: size}."""
-    name = name or base.name
-    sizes = {}
-    for path in sorted(p for p in base.rglob("*") if p.is_file()):
-        key = f"{name}/{path.relative_to(base).as_posix()}"
-        bucket.put(key, path.read_bytes())
-        sizes[key] = path.stat().st_size
-    return sizes
-
-
-def version_bytes(sizes: dict[str, int], name: str, version: int = 1) -> int:
-    return sum(size for key, size in sizes.items() if key.startswith(f"{name}/{version}/"))
-
-
-def serve_bucket(tmp_path, bucket, tier: Path, *args: str):
-    return start_serve(tmp_path, bucket.url, "--disk-cache-dir", str(tier), "--metrics-port", "0",
-                       *args, env=bucket.server.env)
-
-
-def metrics_port(serve) -> int:
-    return json.loads((serve.directory / "ports.json").read_text())["metrics"]
-
-
-def predict(serve, name: str, x: float = 1.0, **kw) -> list[float]:
-    with grpc.insecure_channel(serve.grpc_target) as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        return list(stub.Predict(predict_request(name, x, **kw), timeout=120).outputs["y"].float_val)
-
-
-def predict_error(serve, name: str) -> grpc.RpcError:
-    with pytest.raises(grpc.RpcError) as caught:
-        predict(serve, name)
-    return caught.value
-
-
-def in_tier(tier: Path) -> set[str]:
-    return {f"{p.parent.parent.name}:{p.parent.name}" for p in tier.glob(f"*/*/{MARKER}")}
-
-
-def gets(bucket, sizes: dict[str, int], name: str) -> dict[str, int]:
-    return {key: bucket.gets(key) for key in sizes if key.startswith(f"{name}/")}
-
 
 @pytest.fixture(scope="module")
 def models(synthetic_models):
@@ -110,7 +62,7 @@ def test_lazy_loads_through_serve_from_s3(tmp_path, bucket, models):
         assert "tfscache_disk_tier_misses_total 2.0" in metrics
         assert f"tfscache_downloaded_bytes_total {float(status['disk_tier']['bytes'])}" in metrics
         assert "tfscache_download_duration_seconds_count 2.0" in metrics
-        text = subprocess.run([str(Path(os.sys.executable)), "-m", "tfscache", "status", "--address",
+        text = subprocess.run([sys.executable, "-m", "tfscache", "status", "--address",
                                f"127.0.0.1:{metrics_port(serve)}"], capture_output=True, text=True, timeout=60)
         assert text.returncode == 0, text.stderr
         assert "disk tier" in text.stdout and "2 versions" in text.stdout
