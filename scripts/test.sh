@@ -24,7 +24,8 @@ if [ ${#packages[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${packages[@]}" >/dev/null
 fi
 python3.11 -m venv .venv
-.venv/bin/pip install -q -e '.[test]'
-.venv/bin/pip install -q --no-deps 'nvidia-pytriton==0.7.0'
+# constraints.txt: the exact versions the suite last passed with (pyproject.toml has ranges)
+.venv/bin/pip install -q -c constraints.txt -e '.[test]'
+.venv/bin/pip install -q -c constraints.txt --no-deps 'nvidia-pytriton==0.7.0'
 bash scripts/install_azurite.sh   # Microsoft's Azure Storage emulator, from npm, into .azurite/
 exec .venv/bin/python -m pytest "$@"

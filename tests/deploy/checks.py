@@ -47,9 +47,13 @@ def check_dockerfile(text: str, ignore_text: str) -> list[str]:
             words = shlex.split(command)
             if "pip" not in words or "install" not in words:
                 continue
-            targets = [w for w in words[words.index("install") + 1:] if not w.startswith("-")]
+            args = words[words.index("install") + 1:]
+            constraints = [value for flag, value in zip(args, args[1:]) if flag in ("-c", "--constraint")]
+            targets = [w for w in args if not w.startswith("-") and w not in constraints]
             if targets != ["."]:
                 problems.append(f"pip must install the project alone, without extras: {command.strip()!r}")
+            if constraints != ["constraints.txt"]:
+                problems.append(f"pip must install with -c constraints.txt (the tested versions): {command.strip()!r}")
             if any("tensorflow" in w for w in words):
                 problems.append(f"the sidecar image must not install tensorflow: {command.strip()!r}")
     base_deps = pyproject()["project"]["dependencies"]

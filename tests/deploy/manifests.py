@@ -117,6 +117,12 @@ def pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
+def constraints() -> list[str]:
+    """constraints.txt's requirements (the exact versions installed), comments left out."""
+    return [line for line in (ROOT / "constraints.txt").read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
 def pinned_version(requirements: list[str], package: str) -> str | None:
     for requirement in requirements:
         name, _, version = requirement.partition("==")

@@ -11,6 +11,7 @@ import copy
 import dataclasses
 
 import pytest
+from packaging.requirements import Requirement
 
 from tfscache import settings as settings_mod
 
@@ -92,9 +93,11 @@ def test_empty_config_check_can_fail(tmp_path, text):
 
 
 def test_tfserving_image_is_the_version_tfscache_targets(pair):
-    # tfscache node reproduces tensorflow-serving-api's version (pyproject's node extra).
-    node_extra = manifests.pyproject()["project"]["optional-dependencies"]["node"]
-    version = manifests.pinned_version(node_extra, "tensorflow-serving-api")
+    # tfscache node reproduces tensorflow-serving-api's version: the one constraints.txt installs,
+    # within pyproject's node extra.
+    version = manifests.pinned_version(manifests.constraints(), "tensorflow-serving-api")
+    node_extra = [Requirement(r) for r in manifests.pyproject()["project"]["optional-dependencies"]["node"]]
+    assert any(r.name == "tensorflow-serving-api" and version in r.specifier for r in node_extra)
     assert pair.tfserving_image == f"tensorflow/serving:{version}"
 
 
