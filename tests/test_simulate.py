@@ -291,7 +291,7 @@ def test_the_plot_of_a_memory_axis(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--policies", "lru,mru"], "unknown policy 'mru'; known: cost, fifo, lfu, lru"),
+    (["--policies", "lru,mru"], "unknown policy 'mru'; known: cost, fifo, gdsf, lfu, lru"),
     (["--nodes", "0"], "--nodes: a node count must be at least 1"),
     (["--nodes", "two"], "bad node count 'two'"),
     (["--max-models", "-3"], "model count must not be negative"),

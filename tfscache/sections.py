@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from tfscache.cache.policy import POLICIES
+from tfscache.cache.policy import AUTO, POLICIES
 from tfscache.discovery.peer import parse_dns_server, parse_peers
 from tfscache.units import parse_bytes
 
@@ -61,10 +61,14 @@ class CacheSection:
                                         check=_at_least(0), flag="--max-models-per-node")
     memory_per_node: int = setting(0, "most bytes of models on one node, e.g. 4GiB (0 = no cap)",
                                     parse=parse_bytes, flag="--memory-per-node")
-    policy: str = setting("lru", "eviction policy, by name (tfscache.cache.policy): lru, fifo, lfu, cost or oldest",
-                           check=lambda v: None if v in POLICIES else f"must be one of {', '.join(sorted(POLICIES))}")
+    policy: str = setting(AUTO, "eviction policy, by name (tfscache.cache.policy): lru, fifo, lfu, cost, oldest, gdsf, "
+                           "or auto (gdsf with a memory cap, else lru)", check=lambda v: None if v in POLICIES or v == AUTO
+                           else f"must be one of {', '.join(sorted([*POLICIES, AUTO]))}")
     policy_window_s: float = setting(60.0, "policy oldest: the window its request counts cover (a model idle "
                                       "this long is cold)", check=lambda v: None if v > 0 else "must be > 0")
+    policy_halflife_requests: float = setting(2000.0, "policy gdsf: requests to a node after which an earlier "
+                                              "request counts half in a model's frequency",
+                                              check=lambda v: None if v > 0 else "must be > 0")
     gpu_memory_per_node: int = setting(0, "most GPU bytes of models on one node, measured with NVML, e.g. 20GiB "
                                         "(0 = no cap; off without a GPU; docs/gpu.md)",
                                         parse=parse_bytes, flag="--gpu-memory-per-node")

@@ -10,10 +10,10 @@ from tfscache import settings as settings_mod
 from tfscache.settings import CacheSection, SettingsError
 
 
-def test_defaults_have_no_caps_and_lru():
+def test_defaults_have_no_caps_and_auto():
     s = CacheSection()
     assert (s.max_models_per_node, s.memory_per_node, s.policy, s.estimate_factor, s.health_retry_s) == (
-        0, 0, "lru", 1.2, 5.0)
+        0, 0, "auto", 1.2, 5.0)
 
 
 @pytest.mark.parametrize("field", ["max_models_per_node", "room_timeout_s", "failure_backoff_s",
@@ -27,7 +27,8 @@ def test_negative_values_fail_naming_the_field(field):
 def test_every_cache_field_can_be_set(source, tmp_path):
     values = {"max_models_per_node": 3, "memory_per_node": 1 << 30, "policy": "lfu", "load_timeout_s": 7.0,
               "room_timeout_s": 2.0, "failure_backoff_s": 3.0, "rpc_deadline_s": 4.0, "reload_deadline_s": 5.0,
-              "estimate_factor": 1.5, "health_retry_s": 0.5, "policy_window_s": 30.0, "gpu_memory_per_node": 1 << 33}
+              "estimate_factor": 1.5, "health_retry_s": 0.5, "policy_window_s": 30.0, "gpu_memory_per_node": 1 << 33,
+              "policy_halflife_requests": 500.0}
     assert set(values) == {f.name for f in dataclasses.fields(CacheSection)}  # every field
     if source == "env":
         env = {f"TFSCACHE_CACHE_{k.upper()}": str(v) for k, v in values.items()}
@@ -39,7 +40,7 @@ def test_every_cache_field_can_be_set(source, tmp_path):
 
 
 def test_unknown_policy_fails_naming_the_known_ones():
-    with pytest.raises(SettingsError, match=r"cache\.policy.*must be one of cost, fifo, lfu, lru, oldest"):
+    with pytest.raises(SettingsError, match=r"cache\.policy.*must be one of auto, cost, fifo, gdsf, lfu, lru, oldest"):
         settings_mod.load(env={}, overrides={"model_repository": "/m", "cache.policy": "nope"})
 
 

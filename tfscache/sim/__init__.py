@@ -6,7 +6,7 @@ caches driven by the very policy classes the cache manager uses.
 
 from __future__ import annotations
 
-from tfscache.cache.policy import POLICIES, EvictionPolicy, make_policy
+from tfscache.cache.policy import POLICIES, EvictionPolicy, make_policy, resolve
 
 
 def policy_names() -> list[str]:
@@ -19,6 +19,6 @@ def build_policy(name: str, max_models: int = 0, memory_bytes: int = 0) -> Evict
 
     ValueError names the known policies.
     """
-    policy = make_policy(name)
+    policy = make_policy(resolve(name, memory_bytes))
     policy.set_caps(max_models, memory_bytes)
     return policy

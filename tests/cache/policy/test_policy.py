@@ -24,7 +24,7 @@ def test_every_policy_honours_the_contract(name):
 
 
 def test_unknown_policy_names_the_known_ones():
-    with pytest.raises(ValueError, match=r"^unknown eviction policy 'mru'; known: cost, fifo, lfu, lru, oldest$"):
+    with pytest.raises(ValueError, match=r"^unknown eviction policy 'mru'; known: cost, fifo, gdsf, lfu, lru, oldest$"):
         make_policy("mru")
 
 

@@ -7,7 +7,8 @@ it never asks about a model with a lease (those are not candidates).
 
 Keys are opaque hashables (the cache uses ``(name, version)``); ``now`` is any
 monotonic clock in seconds, supplied by the caller so a simulator can replay time.
-Policies are picked by name from ``POLICIES``.
+Policies are picked by name from ``POLICIES``; ``auto`` (the setting's default) is ``gdsf``
+when the node has a memory cap and ``lru`` otherwise (docs/policy.md has the figures).
 """
 
 from __future__ import annotations
@@ -60,14 +61,26 @@ POLICIES: dict[str, str] = {
     "lfu": "tfscache.cache.policy.lfu:LFUPolicy",
     "cost": "tfscache.cache.policy.cost:CostAwarePolicy",
     "oldest": "tfscache.cache.policy.oldest:OldestPolicy",
+    "gdsf": "tfscache.cache.policy.gdsf:GDSFPolicy",
 }
+
+AUTO = "auto"
+"""Not a policy: ``gdsf`` under a memory cap (where it wins, docs/policy.md), else ``lru``."""
+
+
+def resolve(name: str, memory_bytes: int) -> str:
+    """The policy ``name`` stands for on a node with a memory cap of ``memory_bytes`` (0: none)."""
+    if name != AUTO:
+        return name
+    return "gdsf" if memory_bytes else "lru"
 
 
 def make_policy(name: str = "lru", section: Any = None) -> EvictionPolicy:
-    """A new policy by its name in ``POLICIES``, configured from the cache ``section`` if given.
+    """A new policy by its name in ``POLICIES`` (or ``auto``), configured from the cache ``section`` if given.
 
     ValueError names the known ones.
     """
+    name = resolve(name, section.memory_per_node if section is not None else 0)
     try:
         target = POLICIES[name]
     except KeyError:
