@@ -232,6 +232,8 @@ class StorageSection:
                                 parse=parse_bytes, check=_at_least(1), flag="--disk-cache-bytes")
     parallel_downloads: int = setting(8, "objects downloaded at once (all downloads together)",
                                        check=_at_least(1))
+    list_interval_s: float = setting(1.0, "how long a model's listing of the bucket is reused (as a local "
+                                     "directory's scan is): a new version shows within this", check=_at_least(0))
 
 
 def _readable_file(path: str) -> str | None:
