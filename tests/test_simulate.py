@@ -266,8 +266,15 @@ def test_the_command_writes_a_plot_and_a_json_report(tmp_path, capsys):
     report = json.loads(out)
     assert (report["requests"], report["log"]) == (300, str(log))
     results = report["results"]
-    assert len(results) == 2 * 3 * 2 * 5  # nodes x max_models x memory x (4 policies + belady)
-    assert {r["policy"] for r in results} == {"lru", "fifo", "lfu", "cost", BELADY}
+    assert len(results) == 2 * 3 * 2 * 6  # nodes x max_models x memory x (5 policies + belady)
+    assert {r["policy"] for r in results} == {"lru", "fifo", "lfu", "cost", "gdsf", BELADY}
+    assert len(report["bounds"]) == 2 * 3 * 2  # one per node count and caps, each a lower bound of every row
+    bounds = {(b["nodes"], b["max_models"], b["memory_bytes"]): b for b in report["bounds"]}
+    for r in results:
+        bound = bounds[(r["nodes"], r["max_models"], r["memory_bytes"])]
+        assert bound["exact"] == (not r["memory_bytes"])
+        assert r["load_vs_bound"] == pytest.approx(r["load_seconds"] / bound["load_seconds"])
+        assert r["load_vs_bound"] >= 1 - 1e-9, r
     assert all(r["hits"] + r["misses"] == 300 for r in results)
     assert all(r["peak_bytes"] <= 12 * 2**20 for r in results if r["memory_bytes"])
 
@@ -278,9 +285,10 @@ def test_the_command_prints_a_table(tmp_path, capsys):
     out, err = capsys.readouterr()
     lines = out.splitlines()
     assert lines[0].split() == ["policy", "nodes", "max_models", "memory", "hit_ratio", "hits", "misses",
-                                "load_s", "peak_mem", "evictions", "uncacheable"]
-    assert [line.split()[0] for line in lines[1:]] == ["lru", "cost", BELADY]
+                                "load_s", "peak_mem", "evictions", "uncacheable", "vs_bound"]
+    assert [line.split()[0] for line in lines[1:]] == ["lru", "cost", BELADY, "lp-bound"]
     assert lines[1].split()[1:4] == ["1", "3", "8"]  # "8 MiB" splits in two
+    assert lines[4].split()[-1] == "1.000" and all(float(line.split()[-1]) >= 1.0 for line in lines[1:4])
     assert "3 configurations of 300 requests" in err  # summary line; no progress bar off a TTY
 
 

@@ -5,30 +5,66 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from tfscache.sim.bound import Bound
 from tfscache.sim.engine import BELADY, Result
 from tfscache.units import format_bytes
 
-def table(results: Sequence[Result]) -> str:
-    """One row per configuration, aligned columns; a cap of 0 shows as '-'."""
+Bounds = dict[tuple[int, int, int], Bound]  # (nodes, max_models, memory_bytes) -> bound
+OPTIMUM, LOWER_BOUND = "optimum", "lp-bound"
+
+
+def _group(r: Result) -> tuple[int, int, int]:
+    return r.config.nodes, r.config.max_models, r.config.memory_bytes
+
+
+def vs_bound(r: Result, bounds: Bounds) -> float | None:
+    """``r``'s load seconds over its bound (None: no bound; a bound of 0 and no load seconds: 1)."""
+    bound = bounds.get(_group(r))
+    if bound is None:
+        return None
+    if bound.load_seconds <= 0:
+        return 1.0 if r.counts.load_seconds <= 0 else float("inf")
+    return r.counts.load_seconds / bound.load_seconds
+
+
+def table(results: Sequence[Result], bounds: Bounds | None = None) -> str:
+    """One row per configuration, aligned columns; a cap of 0 shows as '-'.
+
+    With ``bounds``: a ``vs_bound`` column, and after each group's last row a row for its
+    bound (``optimum`` when exact, else ``lp-bound``) with its load seconds.
+    """
+    bounds = bounds or {}
     header = ("policy", "nodes", "max_models", "memory", "hit_ratio", "hits", "misses",
-              "load_s", "peak_mem", "evictions", "uncacheable")
+              "load_s", "peak_mem", "evictions", "uncacheable") + (("vs_bound",) if bounds else ())
     rows = [header]
-    for r in results:
+    last = {_group(r): i for i, r in enumerate(results)}
+    for i, r in enumerate(results):
         c, n = r.config, r.counts
-        rows.append((c.policy, str(c.nodes), str(c.max_models or "-"),
-                     format_bytes(c.memory_bytes) if c.memory_bytes else "-", f"{r.hit_ratio:.4f}",
+        caps = (str(c.nodes), str(c.max_models or "-"), format_bytes(c.memory_bytes) if c.memory_bytes else "-")
+        ratio = vs_bound(r, bounds)
+        rows.append((c.policy, *caps, f"{r.hit_ratio:.4f}",
                      str(n.hits), str(n.requests - n.hits), f"{n.load_seconds:.1f}",
-                     format_bytes(n.peak_bytes), str(n.evictions), str(n.uncacheable)))
+                     format_bytes(n.peak_bytes), str(n.evictions), str(n.uncacheable))
+                    + ((f"{ratio:.3f}" if ratio is not None else "-",) if bounds else ()))
+        bound = bounds.get(_group(r))
+        if bound is not None and last[_group(r)] == i:
+            rows.append((OPTIMUM if bound.exact else LOWER_BOUND, *caps, "-", "-", "-",
+                         f"{bound.load_seconds:.1f}", "-", "-", "-", "1.000"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
              for row in rows]
     return "\n".join(lines)
 
 
-def document(results: Sequence[Result], log: str, requests: int, models: int, wall_seconds: float) -> dict:
-    """The JSON report: the log, its size, and every configuration's counts."""
+def document(results: Sequence[Result], log: str, requests: int, models: int, wall_seconds: float,
+             bounds: Bounds | None = None) -> dict:
+    """The JSON report: the log, its size, every configuration's counts (with ``load_vs_bound``),
+    and the bounds: ``exact`` true for the optimum under a count cap, false for a lower bound."""
+    bounds = bounds or {}
     return {"log": log, "requests": requests, "models": models, "wall_seconds": round(wall_seconds, 3),
-            "results": [r.as_dict() for r in results]}
+            "results": [{**r.as_dict(), "load_vs_bound": vs_bound(r, bounds)} for r in results],
+            "bounds": [{"nodes": g[0], "max_models": g[1], "memory_bytes": g[2], "load_seconds": b.load_seconds,
+                        "exact": b.exact} for g, b in bounds.items()]}
 
 
 def plot(results: Sequence[Result], out: Path) -> None:
