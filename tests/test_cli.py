@@ -67,6 +67,11 @@ SERVE_MISTAKES = [
     (["--set", "cache.nope=1"], {}, ["unknown setting in --set: 'cache.nope=1'"]),
     (["--max-models-per-node", "-1"], {}, ["bad value for setting cache.max_models_per_node: '-1'"]),
     (["--bogus-flag"], {}, ["unrecognized arguments: --bogus-flag"]),
+    (["--bind-address", "999.1.1.1"], {}, ["bad value for setting server.bind_address: '999.1.1.1'"]),
+    (["--ports-file", "/nonexistent-tfscache/p.json"], {},
+     ["bad value for setting server.ports_file: '/nonexistent-tfscache/p.json' (cannot write in /nonexistent-tfscache"]),
+    (["--set", "node.state_dir=/dev/null/state"], {},
+     ["bad value for setting node.state_dir: '/dev/null/state' (cannot write in /dev/null: Not a directory)"]),
 ]
 
 
