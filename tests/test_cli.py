@@ -178,6 +178,13 @@ def test_a_sidecar_needs_no_node_extra(spy, monkeypatch, blocked):
         preflight.check(settings.load(env={}, overrides={"model_repository": repo, "node.backend": backend}))
 
 
+def test_a_gpu_cap_without_nvml_names_the_pip_command(spy):
+    run = serve(spy, "--gpu-memory-per-node", "20GiB", blocked="pynvml")
+    assert_refused(run, "tfscache serve: cache.gpu_memory_per_node = 21474836480 needs the [gpu] extra (pynvml not "
+                        "installed): pip install 'tfscache[gpu]'")
+    assert not (spy / "started").exists()
+
+
 def test_simulate_plot_without_matplotlib_fails_before_simulating(tmp_path):
     log = tmp_path / "log.csv"
     log.write_text("time,model,load_seconds,bytes\n" + "".join(f"{t},m{t % 3},1,100\n" for t in range(50)))

@@ -9,6 +9,7 @@ importing them: looking for tensorflow costs nothing, importing it costs seconds
     tfscache simulate --plot            [sim]      matplotlib
     tfscache serve --backend triton     [triton]   numpy, and the nvidia-pytriton wheel
     tfscache serve with s3://, gs://, az://  [storage]  obstore (checked by tfscache.settings)
+    tfscache serve --gpu-memory-per-node   [gpu]      pynvml (nvidia-ml-py)
 """
 
 from __future__ import annotations

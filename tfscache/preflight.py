@@ -33,6 +33,8 @@ def check(settings: Settings) -> None:
     for dotted, value in (("node.state_dir", settings.node.state_dir), ("storage.cache_dir", settings.storage.cache_dir)):
         if value:
             _check_writable(dotted, value, Path(value))
+    if settings.cache.gpu_memory_per_node:  # without a GPU the cap is off (a log line); without pynvml, a mistake
+        require("gpu", f"cache.gpu_memory_per_node = {settings.cache.gpu_memory_per_node}")
     node = settings.node
     if settings.sidecar:
         return  # the node is someone else's process
