@@ -69,7 +69,8 @@ SERVE_MISTAKES = [
     (["--bogus-flag"], {}, ["unrecognized arguments: --bogus-flag"]),
     (["--bind-address", "999.1.1.1"], {}, ["bad value for setting server.bind_address: '999.1.1.1'"]),
     (["--ports-file", "/nonexistent-tfscache/p.json"], {},
-     ["bad value for setting server.ports_file: '/nonexistent-tfscache/p.json' (cannot write in /nonexistent-tfscache"]),
+     ["bad value for setting server.ports_file: '/nonexistent-tfscache/p.json' "
+      "(cannot write in /nonexistent-tfscache"]),
     (["--set", "node.state_dir=/dev/null/state"], {},
      ["bad value for setting node.state_dir: '/dev/null/state' (cannot write in /dev/null: Not a directory)"]),
 ]
@@ -110,7 +111,8 @@ MISTAKES = [
     (["evict"], "the following arguments are required: model"),
     (["drain", "--grace", "-1"], "tfscache drain: error: argument --grace: '-1': must be >= 0"),
     (["drain", "--exit-timeout", "0"], "argument --exit-timeout: '0': must be > 0"),
-    (["drain", "--address", "tfscache-3"], "argument --address: 'tfscache-3' is not HOST:PORT (give --address-template"),
+    (["drain", "--address", "tfscache-3"],
+     "argument --address: 'tfscache-3' is not HOST:PORT (give --address-template"),
     (["drain", "--address", "b", "--address-template", "b.svc:8502"], "'b.svc:8502' lacks {node}"),
     (["plan-resize", "--current", "a", "--new", "b", "--models-file", "x", "--vnodes", "0"],
      "tfscache plan-resize: error: argument --vnodes: '0': must be > 0"),

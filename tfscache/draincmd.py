@@ -54,7 +54,7 @@ def wait_gone(address: str, token: str, timeout_s: float) -> bool:
 
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tfscache drain", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--address", default=os.environ.get("TFSCACHE_ADMIN_ADDRESS", DEFAULT_ADDRESS),
                         help="the admin API, HOST:PORT, or a ring name with --address-template "
                              "(default %(default)s, or $TFSCACHE_ADMIN_ADDRESS)")

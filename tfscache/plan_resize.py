@@ -238,7 +238,7 @@ def _table(rows: list[tuple[str, ...]], left: int) -> list[str]:
 def _parser() -> argparse.ArgumentParser:
     defaults = RingSection()
     parser = Parser(prog="tfscache plan-resize", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--current", required=True, help="current members, comma-separated: a,b,c")
     parser.add_argument("--new", required=True, help="new members, comma-separated: a,b,c,d")
     parser.add_argument("--replicas", type=positive(int), default=defaults.replicas_per_model,

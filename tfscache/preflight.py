@@ -30,7 +30,8 @@ def check(settings: Settings) -> None:
     if settings.server.ports_file:
         _check_writable("server.ports_file", settings.server.ports_file, Path(settings.server.ports_file).parent,
                         create=False)
-    for dotted, value in (("node.state_dir", settings.node.state_dir), ("storage.cache_dir", settings.storage.cache_dir)):
+    for dotted, value in (("node.state_dir", settings.node.state_dir),
+                          ("storage.cache_dir", settings.storage.cache_dir)):
         if value:
             _check_writable(dotted, value, Path(value))
     if settings.cache.gpu_memory_per_node:  # without a GPU the cap is off (a log line); without pynvml, a mistake

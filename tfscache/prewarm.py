@@ -161,11 +161,12 @@ def prewarm(jobs: list[tuple[str, str]], address_of, token: str, parallel: int, 
 
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tfscache prewarm", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--plan", metavar="FILE", help="tfscache plan-resize --json output")
     source.add_argument("--models", help="comma-separated model names (with --target)")
-    parser.add_argument("--target", type=host_port, metavar="HOST:PORT", help="with --models: the admin API to preload on")
+    parser.add_argument("--target", type=host_port, metavar="HOST:PORT",
+                        help="with --models: the admin API to preload on")
     parser.add_argument("--address", action="append", default=[], metavar="NAME=HOST:PORT",
                         help="admin API of a node of the plan (repeat)")
     parser.add_argument("--address-template", default="", metavar="TEMPLATE",

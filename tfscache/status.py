@@ -129,8 +129,8 @@ def render(doc: dict[str, Any]) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tfscache status",
-                                     description="Show nodes, resident models, leases and the hit ratio "
-                                                 "of a running tfscache serve (read from its metrics port).")
+                    description="Show nodes, resident models, leases and the hit ratio "
+                                "of a running tfscache serve (read from its metrics port).")
     parser.add_argument("--address", type=host_port, default=DEFAULT_ADDRESS, metavar="HOST:PORT",
                         help=f"the serve's metrics port (server.metrics_port; default {DEFAULT_ADDRESS}, "
                              "or $TFSCACHE_STATUS_ADDRESS)")
