@@ -321,7 +321,13 @@ def test_a_bad_log_exits_2_naming_the_line(tmp_path, capsys):
 
 
 def test_an_unwritable_plot_exits_2(tmp_path, capsys):
-    assert main([str(_small_log(tmp_path)), "--plot", str(tmp_path / "no" / "dir" / "x.png"), "--quiet"]) == 2
+    with pytest.raises(SystemExit) as info:  # a missing directory: refused before simulating
+        main([str(_small_log(tmp_path)), "--plot", str(tmp_path / "no" / "dir" / "x.png"), "--quiet"])
+    out, err = capsys.readouterr()
+    assert (info.value.code, out) == (2, "")
+    assert "argument --plot: cannot write the plot" in err and "no directory" in err
+    (tmp_path / "x.png").mkdir()  # a directory where the file should go: found only when writing
+    assert main([str(_small_log(tmp_path)), "--plot", str(tmp_path / "x.png"), "--quiet"]) == 2
     assert "cannot write the plot" in capsys.readouterr().err
 
 

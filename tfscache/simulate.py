@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.policies:
         parser.error("--policies: name at least one policy")
     if args.plot is not None:
+        if not args.plot.parent.is_dir():  # found now, not after the whole simulation
+            parser.error(f"argument --plot: cannot write the plot {str(args.plot)!r}: "
+                         f"no directory {str(args.plot.parent)!r}")
         try:
             require("sim", "--plot")
         except MissingExtra as exc:
