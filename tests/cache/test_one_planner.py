@@ -2,7 +2,10 @@
 
 The trace is replayed through ``tfscache simulate``'s engine and, request by request, through
 a CacheManager on a real ``tfscache node``. Each policy whose order depends only on the order
-of requests (not on measured load times or sizes) must give the same sequence in both.
+of requests (not on measured load times or sizes) must give the same sequence in both. The
+size-aware ``gdsf`` orders by what the live cache measured: the simulator replays the trace
+with the load seconds and bytes the live cache recorded for each of its loads, and must
+then choose the same victims.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from tfscache.cache.events import CacheEvents
 from tfscache.cache.manager import CacheManager
 from tfscache.settings import CacheSection
 from tfscache.cache.policy import make_policy
+from tfscache.cache.policy.gdsf import GDSFPolicy
 from tfscache.sim.engine import replay
 
 MODELS = [f"addk_{k}" for k in range(1, 9)]
@@ -63,4 +67,52 @@ async def test_the_simulator_and_the_cache_load_and_evict_alike(policy, node, re
         await client.close()
     expected = simulated(policy, requests, 3)
     assert sum(what == "evict" for what, _ in expected) >= 10  # the trace churns
+    assert events.sequence == expected
+
+
+class MeasuredGDSF(GDSFPolicy):
+    """gdsf, keeping what each load told it: (key, bytes, seconds)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.loads: list[tuple[object, int, float]] = []
+
+    def record_load(self, key, size_bytes, load_seconds, now) -> None:
+        self.loads.append((key, size_bytes, load_seconds))
+        super().record_load(key, size_bytes, load_seconds, now)
+
+
+async def test_gdsf_evicts_alike_live_and_replayed_with_the_live_measurements(node, repository):
+    requests = trace(seed=11, length=60)
+    events = Recording()
+    live_policy = MeasuredGDSF(halflife=20)  # a short half-life: decay matters within 60 requests
+    client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
+    cache = CacheManager(client, repository, CacheSection(max_models_per_node=3, policy="gdsf",
+                                                          reload_deadline_s=60.0),
+                         policy=live_policy, node_pid=node.pid, events=events)
+    await cache.start()
+    await cache.wait_synced(60)
+    measured: list[tuple[int, float]] = []  # per request: what its load measured ((0, 0.0): a hit)
+    try:
+        for k in requests:
+            before = len(live_policy.loads)
+            async with await cache.acquire(MODELS[k]):
+                pass
+            if len(live_policy.loads) > before:
+                [(key, size, seconds)] = live_policy.loads[before:]
+                assert key[0] == MODELS[k]
+                measured.append((size, seconds))
+            else:
+                measured.append((0, 0.0))
+    finally:
+        await cache.stop()
+        await client.close()
+    assert len({seconds for _, seconds in measured if seconds}) > 1  # measured, so not all alike
+    rows = [(k, float(t), size, seconds, 0) for t, (k, (size, seconds)) in enumerate(zip(requests, measured))]
+    expected: list[tuple[str, str]] = []
+    replayed = GDSFPolicy(halflife=20)
+    replayed.set_caps(3, 0)
+    replay(rows, replayed, 3, 0, record=lambda what, key: expected.append((what, MODELS[key])))
+    assert sum(what == "evict" for what, _ in expected) >= 10  # the trace churns
+    assert expected != simulated("lru", requests, 3)  # the measurements and counts decide, not recency alone
     assert events.sequence == expected

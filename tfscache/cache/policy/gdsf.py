@@ -12,7 +12,8 @@ A model's worth is ``F * C / R``:
   is *remembered across evictions* (for at most ``history`` models not resident, the
   least recently requested forgotten first), so a steadily popular model comes back with
   its history instead of starting again from one request. A model that stops being
-  requested (a daily shift) loses half its weight every ``halflife`` requests.
+  requested (a daily shift) loses half its weight every ``halflife`` requests. A model loaded
+  and not yet requested (re-adopted at start-up) has ``F`` = 0 and goes first.
 
 The idle model with the lowest worth *now* goes first. Every ``F`` decays by the same factor
 per request, so that order never changes between requests, and a heap keyed at each
@@ -143,9 +144,9 @@ class GDSFPolicy(EvictionPolicy):
         return count * math.exp2((when - self._clock) / self.halflife) if when != self._clock else count
 
     def worth(self, key: Key) -> float:
-        """``F * C / R`` now (``F`` at least 1: a model loaded before its first request counts one)."""
+        """``F * C / R`` now (0 for a model never requested: it goes first, as a key no policy saw)."""
         cost = self._cost.get(key) or (self._cost_sum / self._cost_n if self._cost_n else 1.0)
-        return max(self.frequency(key), 1.0) * cost / self.room(key)
+        return self.frequency(key) * cost / self.room(key)
 
     def room(self, key: Key) -> float:
         """The share of the caps ``key`` holds (its bytes while no cap is known)."""
