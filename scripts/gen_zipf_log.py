@@ -15,7 +15,8 @@
   favourites are today's long tail.
 * ``--pipeline P`` (pipelines where B follows A): each model has one follower, fixed for
   the log; a request is followed, with probability P, by a request for its model's follower
-  10 ms later (as a two-stage inference would send it). ``--requests`` counts both.
+  10 ms later (as a two-stage inference would send it), before the next arrival.
+  ``--requests`` counts both.
 
 Each model keeps its size and load time on every line. The output is the same for
 the same arguments (Python's own ``random`` with the seed; no numpy). ``.csv`` gets a
@@ -75,7 +76,8 @@ def generate(count: int, requests: int, alpha: float, seed: int, rate: float, da
         rows.append((round(now, 6), name, load, size))
         if pipeline and len(rows) < requests and rng.random() < pipeline:
             name, size, load = follower[model]
-            rows.append((round(now + FOLLOW_S, 6), name, load, size))
+            now += FOLLOW_S  # the next arrival comes after it: the log stays in time order
+            rows.append((round(now, 6), name, load, size))
     return rows
 
 

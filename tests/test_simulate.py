@@ -363,6 +363,26 @@ def test_the_generator_is_deterministic_zipf_and_readable(tmp_path):
     assert small and large and sum(small) / len(small) < sum(large) / len(large)
 
 
+
+def test_the_generator_shifts_popularity_daily_and_writes_pipelines(tmp_path):
+    gen = _generator()
+    args = ["--models", "50", "--requests", "6000", "--seed", "3"]
+    assert gen.main([*args, "--days", "3", "--out", str(tmp_path / "shift.csv")]) == 0
+    shift = read_trace(tmp_path / "shift.csv")
+    assert len(shift) == 6000 and 2 * 86_400 < shift.times[-1] < 3.5 * 86_400
+    days = [[k for k, t in zip(shift.keys, shift.times) if int(t // 86_400) == d] for d in range(3)]
+    tops = [max(set(day), key=day.count) for day in days]
+    assert len(set(tops)) > 1  # each day has its own favourite (with 50 models, a repeat is unlikely)
+    assert gen.main([*args, "--pipeline", "1", "--out", str(tmp_path / "pipe.csv")]) == 0
+    pipe = read_trace(tmp_path / "pipe.csv")
+    assert len(pipe) == 6000
+    followers = {}
+    for i in range(0, 6000, 2):  # every request is followed by its model's follower, 10 ms later
+        assert pipe.times[i + 1] == pytest.approx(pipe.times[i] + 0.01)
+        assert followers.setdefault(pipe.keys[i], pipe.keys[i + 1]) == pipe.keys[i + 1]
+    with pytest.raises(SystemExit):
+        gen.main([*args, "--pipeline", "1.5", "--out", str(tmp_path / "bad.csv")])
+
 def test_the_tfscache_command_dispatches_to_the_simulator(tmp_path, capsys):
     from tfscache.cli import main as tfscache
 
