@@ -27,12 +27,12 @@ model's ``H`` from the ``L`` of that moment (recency), and a model not requested
 falls behind every model that is (Cao & Irani's GreedyDual-Size; Cherkasova's GDSF adds
 ``F``; the exponential weighting of past requests is LRFU's, Lee et al. 2001).
 
-Why this member of the family, measured (docs/policy.md): GDSF with the additive inflation
-``L`` = the last evicted priority and counts since the load only is the ``cost`` policy;
-remembering counts across evictions takes 8-15 % off its load seconds under memory caps on
-stationary Zipf logs, and decaying them (rather than ageing through ``L``) keeps that on a
-log whose popularity is reshuffled daily. ``halflife`` trades the two: longer is better on
-a stable log, shorter after a shift.
+Why this member of the family, measured (docs/policy.md, scripts/bench_policy.py): GDSF with
+the additive inflation ``L`` = the last evicted priority and counts since the load only is
+the ``cost`` policy; remembering decayed counts across evictions spends 5-10 % fewer load
+seconds than it under memory caps on stationary Zipf and pipeline logs (0-13 % on a log
+whose popularity is reshuffled daily), and comes within 3 % of a cache told every model's
+popularity in advance at 8 GiB per node. ``halflife`` trades stable logs (longer is better) against shifts (shorter).
 
 Cost: ``record_access`` is O(log n) (a push on a heap with lazy deletion; stale entries
 are skipped, or swept when they outnumber the live ones); ``victims`` sorts the m
