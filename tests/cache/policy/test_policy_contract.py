@@ -118,7 +118,7 @@ def test_the_simulator_counts_the_same_through_victims_alone(name):
         assert fast.evictions > 100  # the caps bound: this compared real eviction orders
 
 
-@pytest.mark.parametrize("name", [n for n in ("lfu", "cost") if n in ALL])
+@pytest.mark.parametrize("name", [n for n in ("lfu", "cost", "gdsf") if n in ALL])
 def test_the_heap_of_stale_entries_stays_bounded(name):
     policy = build_policy(name)
     for key in "abc":

@@ -6,6 +6,8 @@ import random
 
 import pytest
 
+from tfscache.cache.ledger import READY, Entry, Ledger, Pending
+from tfscache.cache.planner import Caps, plan
 from tfscache.cache.policy import make_policy, resolve
 from tfscache.cache.policy.gdsf import GDSFPolicy
 from tfscache.cache.policy.lru import LRUPolicy
@@ -136,3 +138,34 @@ def test_auto_is_gdsf_under_a_memory_cap_and_lru_otherwise():
     assert isinstance(policy, GDSFPolicy) and policy.halflife == 123.0
     assert isinstance(make_policy("auto", CacheSection(max_models_per_node=5)), LRUPolicy)
     assert isinstance(make_policy("auto"), LRUPolicy)
+
+
+class _Waiting:
+    @staticmethod
+    def done() -> bool:
+        return False
+
+
+@pytest.mark.parametrize("held", ["leased", "pinned"])
+def test_the_planner_keeps_its_rules_under_gdsf(held):
+    # gdsf would take "big" first (least worth per byte); held, it is skipped, and the load
+    # takes the next two. With everything held, the load waits for room.
+    policy = GDSFPolicy(memory_bytes=100)
+    ledger = Ledger()
+    for name, size, seconds in (("big", 50, 1.0), ("mid", 25, 1.0), ("small", 25, 4.0)):
+        key = (name, 1)
+        ledger.entries[key] = Entry(key, READY, size, True, 0.0)
+        loaded(policy, key, size, seconds)
+    assert policy.victims(list(ledger.entries), 0.0)[0] == ("big", 1)
+    if held == "leased":
+        ledger.entries[("big", 1)].leases = 1
+    else:
+        ledger.pinned.add(("big", 1))
+    pending = ledger.pending[("new", 1)] = Pending(("new", 1), 40, 40, 0.0)
+    pending.waiters.append(_Waiting())
+    decided = plan(ledger, Caps(memory_bytes=100), policy, 0.0)
+    assert (decided.victims, decided.admit) == ([("mid", 1), ("small", 1)], [("new", 1)])
+    for key in (("mid", 1), ("small", 1)):
+        ledger.entries[key].leases = 1
+    decided = plan(ledger, Caps(memory_bytes=100), policy, 0.0)
+    assert (decided.victims, decided.admit, decided.blocked) == ([], [], [("new", 1)])
