@@ -164,6 +164,7 @@ def _bounds(trace, configs: list[Config], limit: int, quiet: bool) -> dict[tuple
         return {}
     groups = list(dict.fromkeys((c.nodes, c.max_models, c.memory_bytes) for c in configs))
     if not quiet:
-        print(f"solving the offline bound for {len(groups)} node counts and caps", file=sys.stderr)
+        print(f"solving the offline bound for {len(groups)} combination{'s' if len(groups) != 1 else ''} "
+              f"of node count and caps", file=sys.stderr)
     splits = {nodes: split(trace, nodes) for nodes in {g[0] for g in groups}}
     return {g: cluster_bound(splits[g[0]], g[1], g[2]) for g in groups}
