@@ -236,8 +236,8 @@ def check_ops_ports(sidecar: settings_mod.Settings, env: Mapping[str, str],
     s = sidecar.server
     defaults = cli_defaults()
     if s.admin_port <= 0:
-        problems.append(f"server.admin_port is {s.admin_port}: scripts/drain.py, scripts/prewarm.py and "
-                        "tfscache drain need the admin API on a fixed port")
+        problems.append(f"server.admin_port is {s.admin_port}: tfscache drain and tfscache prewarm "
+                        "need the admin API on a fixed port")
     elif s.admin_bind_address != "127.0.0.1":
         problems.append(f"server.admin_bind_address {s.admin_bind_address!r}: keep the admin API on 127.0.0.1")
     admin_address = env.get("TFSCACHE_ADMIN_ADDRESS", defaults["TFSCACHE_ADMIN_ADDRESS"])

@@ -128,7 +128,7 @@ def test_sidecar_config_check_can_fail(pair, tmp_path):
 
 
 def test_admin_api_and_metrics_are_on_where_the_tools_look(pair, sidecar_settings):
-    # drain.py/prewarm.py and `tfscache models|drain` reach the admin API, Prometheus and
+    # `tfscache prewarm` and `tfscache models|drain` reach the admin API, Prometheus and
     # `tfscache status` the metrics port, with the CLIs' defaults inside the sidecar.
     assert checks.check_ops_ports(sidecar_settings, pair.sidecar_env) == []
     assert sidecar_settings.server.admin_port == int(manifests.cli_defaults()["TFSCACHE_ADMIN_ADDRESS"].split(":")[1])

@@ -69,6 +69,14 @@ def test_enable_batching_is_refused_not_ignored():
                                       "does no server-side batching")
 
 
+@pytest.mark.parametrize("flag", ["--port=99999", "--rest_api_port=-2"])
+def test_a_port_out_of_range_is_refused_before_anything_loads(flag):
+    with pytest.raises(FlagError) as info:
+        check_flags(parse_flags([flag]))
+    name, value = flag[2:].split("=")
+    assert str(info.value) == f"Illegal value for flag --{name}: {value} (must be a port number 0..65535)"
+
+
 @pytest.mark.parametrize("flag, message", [
     ("--enable_batching", "Illegal value for flag --enable_batching: true"),
     ("--batching_parameters_file=b.config", "Unknown argument --batching_parameters_file=b.config"),
