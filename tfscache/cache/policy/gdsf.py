@@ -41,18 +41,15 @@ candidates (O(m log m)); ``next_victim`` is O(log n) amortised.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections import OrderedDict
-from collections.abc import Iterable
 from typing import Any
 
 from tfscache.cache.policy import EvictionPolicy, Key
+from tfscache.cache.policy.heaporder import HeapOrdered
 
-_UNKNOWN = (float("-inf"), -1)  # sorts before every real priority
 
-
-class GDSFPolicy(EvictionPolicy):
+class GDSFPolicy(HeapOrdered, EvictionPolicy):
     """Evict the lowest decayed ``F * C / R`` (heap keyed by ``L + log2(F * C / R)``)."""
 
     name = "gdsf"
@@ -63,9 +60,7 @@ class GDSFPolicy(EvictionPolicy):
             raise ValueError(f"halflife must be > 0 and history >= 0, got halflife={halflife!r}, history={history!r}")
         self.halflife, self.history = float(halflife), history
         self._clock = 0  # requests seen: L = clock / halflife
-        self._prio: dict[Key, tuple[float, int]] = {}  # resident key -> (H, sequence number)
-        self._heap: list[tuple[float, int, Key]] = []
-        self._seq = 0
+        self._init_order()  # resident key -> (H, sequence number)
         self._freq: OrderedDict[Key, tuple[float, int]] = OrderedDict()  # key -> (F, clock when F was set)
         self._cost: dict[Key, float] = {}  # kept after an eviction: a model comes back priced by its own load
         self._size: dict[Key, int] = {}
@@ -116,28 +111,6 @@ class GDSFPolicy(EvictionPolicy):
             else:
                 self._drop(old)
 
-    def victims(self, candidates: Iterable[Key], now: float) -> list[Key]:
-        prio = self._prio
-        return sorted(set(candidates), key=lambda key: prio.get(key, _UNKNOWN))  # sequence numbers are unique
-
-    def next_victim(self, now: float) -> Key | None:
-        """The first of every resident key in eviction order (O(log n) amortised); None when empty."""
-        heap, prio = self._heap, self._prio
-        while heap:
-            _, seq, key = heap[0]
-            current = prio.get(key)
-            if current is not None and current[1] == seq:
-                return key
-            heapq.heappop(heap)  # stale: re-prioritised or forgotten since
-        return None
-
-    # -- for tests and status pages ------------------------------------------------------
-
-    def priority(self, key: Key) -> float | None:
-        """``key``'s ``H`` (None if not resident)."""
-        prio = self._prio.get(key)
-        return None if prio is None else prio[0]
-
     def frequency(self, key: Key) -> float:
         """``key``'s decayed request count now (0 for a key never requested, or forgotten)."""
         count, when = self._freq.get(key, (0.0, self._clock))
@@ -164,11 +137,4 @@ class GDSFPolicy(EvictionPolicy):
 
     def _set(self, key: Key) -> None:
         worth = self.worth(key)
-        self._seq = seq = self._seq + 1
-        value = self._clock / self.halflife + (math.log2(worth) if worth > 0 else float("-inf"))
-        self._prio[key] = (value, seq)
-        heap = self._heap
-        heapq.heappush(heap, (value, seq, key))
-        if len(heap) > 2 * len(self._prio) + 64:  # sweep stale entries: amortised O(1)
-            self._heap = [(p[0], p[1], k) for k, p in self._prio.items()]
-            heapq.heapify(self._heap)
+        self._push(key, self._clock / self.halflife + (math.log2(worth) if worth > 0 else float("-inf")))

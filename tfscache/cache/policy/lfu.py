@@ -19,24 +19,18 @@ The cache manager reports an eviction by ``forget(key)``; it also forgets a mode
 vanished from the repository or failed, and those rare cases raise ``L`` too (at worst
 ageing the cache a little early). Keys the policy never saw are evicted first.
 
-Bookkeeping is a heap with lazy deletion: a use pushes a new entry (O(log n)) and stale
-entries are skipped, or swept when they outnumber the live ones. ``victims()`` sorts the
-candidates (O(m log m)); ``next_victim()`` peeks the heap for a simulator.
+Bookkeeping is a heap with lazy deletion (``heaporder.HeapOrdered``, shared with gdsf).
 
 ``CostAwarePolicy`` (cost.py) is this policy with ``F`` weighted by load cost and size.
 """
 
 from __future__ import annotations
 
-import heapq
-from collections.abc import Iterable
-
 from tfscache.cache.policy import EvictionPolicy, Key
+from tfscache.cache.policy.heaporder import HeapOrdered
 
-_UNKNOWN = (float("-inf"), -1, 0, 0.0)  # sorts before every real priority
 
-
-class LFUPolicy(EvictionPolicy):
+class LFUPolicy(HeapOrdered, EvictionPolicy):
     """LFU-DA: priority ``L + F``; evict the lowest; ``L`` becomes the evicted priority."""
 
     name = "lfu"
@@ -44,10 +38,7 @@ class LFUPolicy(EvictionPolicy):
     def __init__(self) -> None:
         self.age = 0.0
         """``L``: the priority of the last model evicted (never decreases)."""
-        # key -> (K, sequence number, uses, L when K was set); the sequence number breaks ties
-        self._prio: dict[Key, tuple[float, int, int, float]] = {}
-        self._heap: list[tuple[float, int, Key]] = []
-        self._seq = 0
+        self._init_order()  # key -> (K, sequence number, uses, L when K was set)
 
     # -- what a subclass may change ----------------------------------------------------
 
@@ -77,34 +68,7 @@ class LFUPolicy(EvictionPolicy):
         if prio is not None and prio[0] > self.age:
             self.age = prio[0]
 
-    def victims(self, candidates: Iterable[Key], now: float) -> list[Key]:
-        prio = self._prio
-        return sorted(set(candidates), key=lambda key: prio.get(key, _UNKNOWN))  # sequence numbers are unique
-
-    def next_victim(self, now: float) -> Key | None:
-        """The first of every tracked key in eviction order (O(log n) amortised); None when empty."""
-        heap, prio = self._heap, self._prio
-        while heap:
-            _, seq, key = heap[0]
-            current = prio.get(key)
-            if current is not None and current[1] == seq:
-                return key
-            heapq.heappop(heap)  # stale: re-prioritised or forgotten since
-        return None
-
-    def priority(self, key: Key) -> float | None:
-        """``key``'s current priority (None if not tracked); for tests and status pages."""
-        prio = self._prio.get(key)
-        return None if prio is None else prio[0]
-
     # -- internals -----------------------------------------------------------------------
 
     def _set(self, key: Key, uses: int, base: float) -> None:
-        self._seq = seq = self._seq + 1
-        value = base + self._value(key, uses)
-        self._prio[key] = (value, seq, uses, base)
-        heap = self._heap
-        heapq.heappush(heap, (value, seq, key))
-        if len(heap) > 2 * len(self._prio) + 64:  # sweep stale entries: amortised O(1)
-            self._heap = [(p[0], p[1], k) for k, p in self._prio.items()]
-            heapq.heapify(self._heap)
+        self._push(key, base + self._value(key, uses), uses, base)
