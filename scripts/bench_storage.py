@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Cold requests from a bucket, from the disk tier, from a local path and from a tier on /dev/shm.
 
-    .venv/bin/python scripts/bench_storage.py [--sizes 50,200] [--rounds 3] [--json F]
+    .venv/bin/python scripts/bench_storage.py [--sizes 50,200] [--rounds 7] [--json F]
 
 One moto S3 server (its own process) holds addk models of about 50 MB and 200 MB (a padding
 variable; ``tfscache.node.testmodels``). Every figure is the wall time of one REST predict
@@ -14,8 +14,11 @@ of a model that is not on the node (plain HTTP, a fresh request each time):
 * shm cold / shm hit: as the first two with ``--disk-cache-dir /dev/shm/...``.
 
 Download throughput: tfscache's (``tfscache_downloaded_bytes_total`` over
-``tfscache_download_duration_seconds_sum``, from /metrics) against obstore's own concurrent
-download of the same objects (8 in flight, ``get_async`` streamed to files) in the same run.
+``tfscache_download_duration_seconds_sum``, from /metrics), into the disk tier and into the
+/dev/shm tier, against obstore's own concurrent download of the same objects (8 in flight,
+``get_async`` streamed to files; tests/storage/bench_download.py) in the same run: onto disk,
+onto disk followed by an fsync of every file (the tier makes each version durable before its
+marker), and onto /dev/shm.
 
 Prints Markdown (medians, and each round) for docs/BENCHMARKS.md. Loopback only; every
 process it starts is stopped on exit.
@@ -27,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -40,10 +44,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").exists() else sys.executable
 
+from storage.bench_download import with_obstore  # noqa: E402 (obstore's own bulk download)
 from support.s3 import MotoServer  # noqa: E402
 from tfscache.admin.client import AdminClient  # noqa: E402
 
 BUCKET = "bench"
+POLL_S = 0.1  # node.file_system_poll_wait_seconds (its default)
+JITTER = random.Random(7)
 
 
 def build_models(root: Path, sizes_mb: list[int]) -> dict[str, Path]:
@@ -82,7 +89,13 @@ class Serve:
         self.ports = json.loads(ports.read_text())
 
     def predict(self, name: str) -> float:
-        """Seconds for one REST predict of ``name`` (checked: y = x + k)."""
+        """Seconds for one REST predict of ``name`` (checked: y = x + k).
+
+        A new model is loaded at the node's next file-system poll (TF Serving's behaviour;
+        ``node.file_system_poll_wait_seconds`` = 0.1 s), so a loop of evict-then-predict
+        lands at one phase of that poll every time: each request first waits a random
+        0..0.1 s, so every case samples the poll's phase alike."""
+        time.sleep(JITTER.uniform(0.0, POLL_S))
         body = json.dumps({"instances": [1.0]}).encode()
         request = urllib.request.Request(f"http://127.0.0.1:{self.ports['rest']}/v1/models/{name}:predict",
                                          data=body, headers={"Content-Type": "application/json"})
@@ -114,33 +127,10 @@ class Serve:
         self.log.close()
 
 
-async def obstore_bulk(endpoint: str, prefix: str, dest: Path) -> int:
-    """obstore's own concurrent download of every object under ``prefix`` (8 in flight); bytes."""
-    import obstore  # noqa: PLC0415
-    from obstore.store import S3Store  # noqa: PLC0415
-
-    store = S3Store(BUCKET, endpoint=endpoint, region="us-east-1", access_key_id="testing",
-                    secret_access_key="testing", client_options={"allow_http": True})
-    listed = [o for batch in obstore.list(store, prefix) for o in batch]
-    gate = asyncio.Semaphore(8)
-
-    async def one(path: str) -> None:
-        async with gate:
-            target = dest / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            result = await obstore.get_async(store, path)
-            with open(target, "wb") as out:
-                async for chunk in result.stream(min_chunk_size=1 << 20):
-                    out.write(chunk)
-
-    await asyncio.gather(*(one(o["path"]) for o in listed))
-    return sum(o["size"] for o in listed)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="50,200", help="model sizes in MB, comma-separated")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", help="also write the raw figures here")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -155,7 +145,7 @@ def main() -> None:
         upload(server, models)
         env = {**server.env}
         url = f"s3://{BUCKET}/models"
-        throughput = []
+        throughput: dict[str, list[float]] = {}
         for tier_root, cold, hit in ((work, "s3 cold", "tier hit"), (Path("/dev/shm"), "shm cold", "shm hit")):
             for _ in range(args.rounds):
                 tier = Path(tempfile.mkdtemp(dir=tier_root, prefix="tfscache-bench-tier-"))
@@ -166,9 +156,8 @@ def main() -> None:
                         serve.evict(name)
                         record(hit, name, serve.predict(name))
                         serve.evict(name)
-                    if cold == "s3 cold":
-                        throughput.append(serve.metric("tfscache_downloaded_bytes_total")
-                                          / serve.metric("tfscache_download_duration_seconds_sum"))
+                    throughput.setdefault(cold, []).append(serve.metric("tfscache_downloaded_bytes_total")
+                                                          / serve.metric("tfscache_download_duration_seconds_sum"))
                 finally:
                     serve.stop()
                     shutil.rmtree(tier, ignore_errors=True)
@@ -182,13 +171,20 @@ def main() -> None:
                     local.evict(name)
         finally:
             local.stop()
-        bulk = []
+        bulk: dict[str, list[float]] = {}
         for i in range(args.rounds):
-            dest = work / f"bulk{i}"
-            started = time.perf_counter()
-            size = asyncio.run(obstore_bulk(server.endpoint, "models/", dest))
-            bulk.append(size / (time.perf_counter() - started))
-            shutil.rmtree(dest)
+            for where, root in (("disk", work), ("disk+fsync", work), ("shm", Path("/dev/shm"))):
+                dest = Path(tempfile.mkdtemp(dir=root, prefix="tfscache-bench-bulk-"))
+                started = time.perf_counter()
+                size = asyncio.run(with_obstore(server, dest, BUCKET, "models/"))
+                if where == "disk+fsync":  # what the tier does before its marker: every file on disk
+                    for path in dest.rglob("*"):
+                        if path.is_file():
+                            fd = os.open(path, os.O_RDONLY)
+                            os.fsync(fd)
+                            os.close(fd)
+                bulk.setdefault(where, []).append(size / (time.perf_counter() - started))
+                shutil.rmtree(dest)
 
     cpu = os.cpu_count()
     print(f"machine: {cpu} cores; models of {', '.join(f'{s} MB' for s in sizes)}; {args.rounds} rounds; "
@@ -206,10 +202,19 @@ def main() -> None:
               f"shm hit / local path = {statistics.median(figures['shm hit'][name]) / local_s:.2f}; "
               f"s3 cold / local path = {statistics.median(figures['s3 cold'][name]) / local_s:.2f}")
     mib = 1 << 20
-    print(f"\ndownload throughput: tfscache {statistics.median(throughput) / mib:.0f} MiB/s "
-          f"(per round: {', '.join(f'{t / mib:.0f}' for t in throughput)}); obstore bulk "
-          f"{statistics.median(bulk) / mib:.0f} MiB/s (per round: {', '.join(f'{t / mib:.0f}' for t in bulk)}); "
-          f"ratio {statistics.median(throughput) / statistics.median(bulk):.2f}")
+
+    def rates(values: list[float]) -> str:
+        return f"{statistics.median(values) / mib:.0f} MiB/s (rounds: {', '.join(f'{v / mib:.0f}' for v in values)})"
+
+    print("\ndownload throughput (median of rounds):")
+    print(f"  tfscache into a disk tier:      {rates(throughput['s3 cold'])}")
+    print(f"  tfscache into a /dev/shm tier:  {rates(throughput['shm cold'])}")
+    for where, values in bulk.items():
+        print(f"  obstore bulk, {where + ':':<17}{rates(values)}")
+    disk, shm = statistics.median(throughput["s3 cold"]), statistics.median(throughput["shm cold"])
+    print(f"  ratios: disk tier / bulk on disk {disk / statistics.median(bulk['disk']):.2f}; disk tier / bulk on "
+          f"disk + fsync {disk / statistics.median(bulk['disk+fsync']):.2f}; shm tier / bulk on shm "
+          f"{shm / statistics.median(bulk['shm']):.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"figures": figures, "throughput": throughput, "bulk": bulk}))
 

@@ -75,3 +75,11 @@ def link_repository(root: Path, bases) -> Path:
         base = Path(base)
         (root / base.name).symlink_to(base, target_is_directory=True)
     return root
+
+
+def add_broken_model(root: Path) -> Path:
+    """``root/broken/1``: a version whose saved_model.pb is not a SavedModel (every load fails)."""
+    broken = Path(root) / "broken" / "1"
+    broken.mkdir(parents=True)
+    (broken / "saved_model.pb").write_bytes(b"this is not a SavedModel")
+    return Path(root)

@@ -27,7 +27,7 @@ import yaml
 
 from admin.serving import start_admin_serve
 from deploy import manifests
-from frontend.serving import link_repository
+from frontend.serving import add_broken_model, link_repository
 from support import fixtures
 from support.node import PYTHON, REPO
 from support.requests import predict_request
@@ -43,11 +43,7 @@ GRAFANA_VARIABLES = {"$__rate_interval": "5m"}  # what Grafana puts in before a 
 
 @pytest.fixture(scope="module")
 def repo(synthetic_models, tmp_path_factory):
-    root = link_repository(tmp_path_factory.mktemp("monitoring") / "models", synthetic_models([1, 2]))
-    broken = root / "broken" / "1"
-    broken.mkdir(parents=True)
-    (broken / "saved_model.pb").write_bytes(b"this is not a SavedModel")
-    return root
+    return add_broken_model(link_repository(tmp_path_factory.mktemp("monitoring") / "models", synthetic_models([1, 2])))
 
 
 @pytest.fixture(scope="module")

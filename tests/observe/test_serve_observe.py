@@ -15,7 +15,7 @@ import grpc
 import pytest
 import requests
 
-from frontend.serving import link_repository, start_serve
+from frontend.serving import add_broken_model, link_repository, start_serve
 from support import fixtures
 from support.node import PYTHON, REPO
 from support.requests import predict_request
@@ -27,11 +27,7 @@ CAP = 2
 
 @pytest.fixture(scope="module")
 def repo(synthetic_models, tmp_path_factory):
-    root = link_repository(tmp_path_factory.mktemp("observe") / "models", synthetic_models([1, 2, 3]))
-    broken = root / "broken" / "1"
-    broken.mkdir(parents=True)
-    (broken / "saved_model.pb").write_bytes(b"this is not a SavedModel")
-    return root
+    return add_broken_model(link_repository(tmp_path_factory.mktemp("observe") / "models", synthetic_models([1, 2, 3])))
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,14 @@ def seed(server: MotoServer) -> int:
     return sum(OBJECTS.values())
 
 
-async def with_obstore(server: MotoServer, dest: Path) -> None:
+async def with_obstore(server: MotoServer, dest: Path, bucket: str = BUCKET, prefix: str = PREFIX) -> int:
+    """obstore's own concurrent download of every object under ``prefix`` (8 in flight); the bytes."""
     import obstore
     from obstore.store import S3Store
 
-    store = S3Store(BUCKET, endpoint=server.endpoint, region="us-east-1", access_key_id="testing",
+    store = S3Store(bucket, endpoint=server.endpoint, region="us-east-1", access_key_id="testing",
                     secret_access_key="testing", client_options={"allow_http": True})
-    listed = [o for batch in obstore.list(store, PREFIX) for o in batch]
+    listed = [o for batch in obstore.list(store, prefix) for o in batch]
     gate = asyncio.Semaphore(8)
 
     async def one(path: str) -> None:
@@ -54,6 +55,7 @@ async def with_obstore(server: MotoServer, dest: Path) -> None:
                     out.write(chunk)
 
     await asyncio.gather(*(one(o["path"]) for o in listed))
+    return sum(o["size"] for o in listed)
 
 
 def with_s3fs(server: MotoServer, dest: Path) -> None:
