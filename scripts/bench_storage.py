@@ -16,7 +16,8 @@ of a model that is not on the node (plain HTTP, a fresh request each time):
 Download throughput: tfscache's (``tfscache_downloaded_bytes_total`` over
 ``tfscache_download_duration_seconds_sum``, from /metrics), into the disk tier and into the
 /dev/shm tier, against obstore's own concurrent download of the same objects (8 in flight,
-``get_async`` streamed to files; tests/storage/bench_download.py) in the same run: onto disk,
+``get_async`` streamed to files; tests/storage/bench_download.py), one version at a time as
+the tier fetches them here, in the same run: onto disk,
 onto disk followed by an fsync of every file (the tier makes each version durable before its
 marker), and onto /dev/shm.
 
@@ -174,17 +175,20 @@ def main() -> None:
         bulk: dict[str, list[float]] = {}
         for i in range(args.rounds):
             for where, root in (("disk", work), ("disk+fsync", work), ("shm", Path("/dev/shm"))):
-                dest = Path(tempfile.mkdtemp(dir=root, prefix="tfscache-bench-bulk-"))
-                started = time.perf_counter()
-                size = asyncio.run(with_obstore(server, dest, BUCKET, "models/"))
-                if where == "disk+fsync":  # what the tier does before its marker: every file on disk
-                    for path in dest.rglob("*"):
-                        if path.is_file():
-                            fd = os.open(path, os.O_RDONLY)
-                            os.fsync(fd)
-                            os.close(fd)
-                bulk.setdefault(where, []).append(size / (time.perf_counter() - started))
-                shutil.rmtree(dest)
+                size = seconds = 0.0
+                for name in models:  # one version at a time, as the tier downloads them here
+                    dest = Path(tempfile.mkdtemp(dir=root, prefix="tfscache-bench-bulk-"))
+                    started = time.perf_counter()
+                    size += asyncio.run(with_obstore(server, dest, BUCKET, f"models/{name}/"))
+                    if where == "disk+fsync":  # what the tier does before its marker: every file on disk
+                        for path in dest.rglob("*"):
+                            if path.is_file():
+                                fd = os.open(path, os.O_RDONLY)
+                                os.fsync(fd)
+                                os.close(fd)
+                    seconds += time.perf_counter() - started
+                    shutil.rmtree(dest)
+                bulk.setdefault(where, []).append(size / seconds)
 
     cpu = os.cpu_count()
     print(f"machine: {cpu} cores; models of {', '.join(f'{s} MB' for s in sizes)}; {args.rounds} rounds; "
