@@ -61,6 +61,7 @@ class Dnsmasq:
         self.process: subprocess.Popen | None = None
         self._hosts: dict[str, list[str]] = {}
         self._srv: list[tuple[str, str, int]] = []
+        self._generation = 0  # of the hosts file (its probe record)
         self._write_hosts()
 
     @property
@@ -85,11 +86,13 @@ class Dnsmasq:
         self.start()
 
     def set_hosts(self, hosts: Mapping[str, Iterable[str]]) -> None:
-        """Replace every A/AAAA record (name -> addresses) and make dnsmasq re-read them (SIGHUP)."""
+        """Replace every A/AAAA record (name -> addresses) and make dnsmasq re-read them (SIGHUP);
+        returns once it answers from the new file (dnsmasq handles the signal in its own time)."""
         self._hosts = {name: list(addresses) for name, addresses in hosts.items()}
         self._write_hosts()
         if self.alive:
             self.process.send_signal(signal.SIGHUP)
+            self._wait_answering(self._generation_probe())
 
     def set_srv(self, records: Iterable[tuple[str, str, int]]) -> None:
         """Replace every SRV record ((name, target, port), priority 0) and restart dnsmasq on its port."""
@@ -98,9 +101,14 @@ class Dnsmasq:
             self.stop()
             self.start()
 
+    def _generation_probe(self) -> str:
+        """A record only this version of the hosts file has: answered means the file was read."""
+        return f"gen-{self._generation}.{PROBE}"
+
     def _write_hosts(self) -> None:
-        lines = ["127.0.0.1 " + PROBE] + [f"{address} {name}" for name, addresses in self._hosts.items()
-                                          for address in addresses]
+        self._generation += 1
+        lines = ["127.0.0.1 " + PROBE, "127.0.0.1 " + self._generation_probe()] + [
+            f"{address} {name}" for name, addresses in self._hosts.items() for address in addresses]
         tmp = self.hosts_path.with_suffix(".tmp")
         tmp.write_text("\n".join(lines) + "\n")
         tmp.replace(self.hosts_path)  # SIGHUP never reads a half-written file
@@ -134,15 +142,16 @@ class Dnsmasq:
                 self.port = 0
         raise DnsmasqStartError(f"dnsmasq could not bind 127.0.0.1:{self.port}\n{self.log()}")
 
-    def _wait_answering(self) -> None:
+    def _wait_answering(self, probe: str = PROBE) -> None:
         resolver = dns.resolver.Resolver(configure=False)
         resolver.nameservers, resolver.port = ["127.0.0.1"], self.port
+        resolver.cache = None
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             if not self.alive:
                 raise DnsmasqStartError(f"dnsmasq exited with {self.process.returncode}\n{self.log()}")
             try:
-                resolver.resolve(PROBE, "A", lifetime=0.1)
+                resolver.resolve(probe, "A", lifetime=0.1)
                 return
             except dns.exception.DNSException:
                 if time.monotonic() > deadline:
