@@ -92,6 +92,23 @@ def test_repository_required_and_must_exist(tmp_path):
         s.load(env={}, overrides={"model_repository": str(tmp_path / "missing")})
 
 
+@pytest.mark.parametrize("url", ["s3://bucket/models", "gs://bucket", "az://container/a/b"])
+def test_a_bucket_url_is_a_repository(url):
+    assert s.load(env={}, overrides={"model_repository": url}).model_repository == url
+
+
+@pytest.mark.parametrize("url, problem", [
+    ("ftp://b/p", "unsupported scheme ftp://: expected a directory or one of s3://BUCKET/PREFIX, "
+                  "gs://BUCKET/PREFIX, az://CONTAINER/PREFIX"),
+    ("az:///models", "must be az://CONTAINER/PREFIX"),
+    ("s3://b/p?versionId=3", "must be s3://BUCKET/PREFIX"),
+])
+def test_a_bad_bucket_url_names_the_form_it_needs(url, problem):
+    with pytest.raises(SettingsError) as info:
+        s.load(env={}, overrides={"model_repository": url})
+    assert str(info.value) == f"bad value for setting model_repository: {url!r} ({problem})"
+
+
 def test_sidecar_peers(tmp_path, repo):
     config = tmp_path / "peers.toml"
     config.write_text('[ring]\nself_name = "b"\npeers = [\n'

@@ -34,6 +34,7 @@ from tfscache.sections import (CacheSection, DiscoverySection, NodeSection, Ring
 from tfscache.units import parse_bytes
 
 REMOTE_SCHEMES = ("s3", "gs", "az")  # tfscache.storage.STORES' keys (that package imports obstore)
+_BUCKET = {"s3": "BUCKET", "gs": "BUCKET", "az": "CONTAINER"}
 
 __all__ = ["CacheSection", "DiscoverySection", "NodeSection", "RingSection", "ScaleSection", "ServerSection",
            "Settings", "SettingsError", "StorageSection", "TlsSection", "describe", "from_args", "load",
@@ -205,10 +206,10 @@ def remote_url(url: str) -> bool | str:
         return False
     if scheme not in REMOTE_SCHEMES:
         return f"unsupported scheme {scheme}://: expected a directory or one of " + \
-            ", ".join(f"{s}://BUCKET/PREFIX" for s in REMOTE_SCHEMES)
+            ", ".join(f"{s}://{_BUCKET[s]}/PREFIX" for s in REMOTE_SCHEMES)
     bucket = rest.partition("/")[0]
     if not bucket or "?" in rest or "#" in rest:
-        return f"must be {scheme}://BUCKET/PREFIX"
+        return f"must be {scheme}://{_BUCKET[scheme]}/PREFIX"
     return True
 
 
