@@ -20,7 +20,6 @@ from tfscache import errors
 Key = tuple[str, int]
 
 LOADING, READY, UNLOADING = "loading", "available", "unloading"
-PENDING = "pending"  # queued for a load: not in the node's config yet (``Ledger.use_of``)
 
 
 class Entry:
@@ -74,10 +73,10 @@ class Ledger:
         return len(self.entries)
 
     def use_of(self, key: Key) -> str | None:
-        """What the node does with that version: ``PENDING`` (queued), ``LOADING``, ``READY`` or
-        ``UNLOADING``; None when it is none of those (its files may go)."""
-        if key in self.pending:
-            return PENDING
+        """What the node does with that version's files: ``LOADING`` (admitted: being downloaded or
+        loaded), ``READY`` or ``UNLOADING``; None otherwise (they may go). A version only queued
+        (pending) does not count: it is fetched again when admitted, and holding the files of every
+        queued version would fill a disk tier sized for what the nodes hold."""
         entry = self.entries.get(key)
         return entry.state if entry is not None else None
 

@@ -33,7 +33,7 @@ from tfscache.storage.layout import (PARTIAL, Key, VersionListing, check_name, g
 
 log = logging.getLogger("tfscache.storage.tier")
 
-LOADERS = {"pending", "loading"}  # uses of a version that a changed copy may still be swapped in for
+LOADERS = {"loading"}  # the use of a version that a changed copy may still be swapped in for
 
 
 class DiskTier:
@@ -41,8 +41,8 @@ class DiskTier:
                  rescan_s: float = 1.0, in_use: Callable[[Key], set[str]] | None = None,
                  events: TierEvents | None = None) -> None:
         """``in_use(key)``: what the nodes do with that version now, as states of their caches'
-        ledgers ("pending", "loading", "available", "unloading"; empty: nothing). A version in use
-        is never evicted; one a node serves ("available", "unloading") is never replaced either."""
+        ledgers ("loading", "available", "unloading"; empty: nothing). A version in use is never
+        evicted; one a node serves ("available", "unloading") is never replaced either."""
         self.root, self.cap_bytes, self.store = Path(root), cap_bytes, store
         self.rescan_s = rescan_s
         self.in_use = in_use or (lambda key: set())
