@@ -119,7 +119,7 @@ def render(doc: dict[str, Any]) -> str:
     if tier is not None:  # a model repository in a bucket (docs/storage.md)
         lines += ["", f"disk tier {tier['directory']} for {tier['url']}: {format_bytes(tier['bytes'])} of "
                       f"{format_bytes(tier['cap_bytes'])}, {tier['versions']} version{'s' if tier['versions'] != 1 else ''}"
-                      f" ({tier['held']} in use by nodes), {tier['downloads_in_flight']} downloading"]
+                      f" ({tier['in_use']} in use by nodes), {tier['downloads_in_flight']} downloading"]
     hits, misses, ratio = doc["hits"], doc["misses"], doc["hit_ratio"]
     shown = "n/a (no requests yet)" if ratio is None else f"{100 * ratio:.1f}%"
     lines += ["", f"hit ratio: {shown} ({hits} hit{'s' if hits != 1 else ''}, "

@@ -66,27 +66,29 @@ async def test_sixteen_concurrent_fetches_download_once(bucket, root):
     assert bucket.gets("m/1/saved_model.pb") == 1
 
 
-async def test_lru_by_bytes_never_evicts_a_held_version(bucket, root):
+async def test_lru_by_bytes_never_evicts_a_version_in_use(bucket, root):
     for name in "abcde":
         seed(bucket, name, size=100_000)  # 150 kB each
-    tier = tier_for(bucket, root, cap=460_000)  # room for three
+    used: dict[tuple[str, int], set[str]] = {}  # what the nodes do with each version (the caches' ledgers)
+    tier = tier_for(bucket, root, cap=460_000, in_use=lambda key: used.get(key, set()))  # room for three
     await tier.start()
-    await tier.fetch("a", 1, hold=True)
+    await tier.fetch("a", 1)
+    used[("a", 1)] = {"available"}
     await tier.fetch("b", 1)
     await tier.fetch("c", 1)
-    await tier.fetch("d", 1)  # evicts b: a is older but held
+    await tier.fetch("d", 1)  # evicts b: a is older but served
     assert list(tier.resident()) == [("a", 1), ("c", 1), ("d", 1)]
     assert not (root / "b" / "1").exists() and (root / "a" / "1" / "saved_model.pb").exists()
     await tier.fetch("c", 1)  # c is now the most recent
     await tier.fetch("e", 1)  # evicts d
     assert list(tier.resident()) == [("a", 1), ("c", 1), ("e", 1)]
     assert tier.used_bytes <= 460_000
-    tier.hold("c", 1)
-    tier.hold("e", 1)
+    used[("c", 1)] = {"loading"}
+    used[("e", 1)] = {"available", "unloading"}
     with pytest.raises(ResourceExhausted, match=r"disk tier full.*storage.cache_bytes = 460000"):
         await tier.fetch("b", 1)
     assert list(tier.resident()) == [("a", 1), ("c", 1), ("e", 1)]
-    tier.release("a", 1)
+    del used[("a", 1)]  # unloaded from its node
     await tier.fetch("b", 1)
     assert list(tier.resident()) == [("c", 1), ("e", 1), ("b", 1)]
 
@@ -139,15 +141,17 @@ async def test_a_changed_object_is_downloaded_again(bucket, root):
     assert tier.resident() == {("m", 1): 50_000 + len(b"new contents")}
 
 
-async def test_a_held_version_is_not_replaced_when_it_changes(bucket, root):
+async def test_a_served_version_is_not_replaced_when_it_changes(bucket, root):
     files = seed(bucket)
-    tier = tier_for(bucket, root)
+    used: set[str] = set()
+    tier = tier_for(bucket, root, in_use=lambda key: used)
     await tier.start()
-    await tier.fetch("m", 1, hold=True)
+    await tier.fetch("m", 1)
+    used.add("available")  # a node serves it
     bucket.put("m/1/saved_model.pb", b"new contents")
     path = await tier.fetch("m", 1)
     assert (path / "saved_model.pb").read_bytes() == files["saved_model.pb"]
-    tier.release("m", 1)
+    used.clear()  # unloaded: the next load may take the new copy
     assert (await tier.fetch("m", 1) / "saved_model.pb").read_bytes() == b"new contents"
 
 

@@ -80,15 +80,15 @@ def model_files(name: str, objects: list[ObjectInfo]) -> dict[str, tuple[int, st
     return found
 
 
-def plan_eviction(resident: dict[Key, int], order: list[Key], held: set[Key], used: int,
+def plan_eviction(resident: dict[Key, int], order: list[Key], keep: set[Key], used: int,
                   need: int, cap: int) -> list[Key] | None:
-    """Victims (least recently used first, never held) that make room for ``need`` bytes
-    when ``used`` are taken; None if even evicting every unheld version cannot."""
+    """Victims (least recently used first, never one in ``keep``) that make room for ``need`` bytes
+    when ``used`` are taken; None if even evicting every version not kept cannot."""
     victims: list[Key] = []
     for key in order:
         if used + need <= cap:
             break
-        if key not in held and key in resident:
+        if key not in keep and key in resident:
             victims.append(key)
             used -= resident[key]
     return victims if used + need <= cap else None

@@ -3,15 +3,14 @@
     tier = DiskTier(Path("/dev/shm/tfscache"), 20 << 30, open_store("s3://bucket/models"))
     await tier.start()                       # adopt complete versions, remove partial ones
     await tier.versions("half_plus_two")     # {123: VersionListing, ...}: one listing per rescan
-    path = await tier.fetch("half_plus_two", 123, hold=True)   # ROOT/half_plus_two/123
-    tier.release("half_plus_two", 123)       # the node unloaded it: it may be evicted again
+    path = await tier.fetch("half_plus_two", 123)   # ROOT/half_plus_two/123
 
 A cold fetch downloads the version once however many ask (one future per version), at
 most ``parallel`` objects at a time, into ROOT/.partial, checks every size (and each
 object's ETag, sent as If-Match), writes the marker last and renames the directory into
-place. Room is made first by evicting least recently used versions that nobody holds;
+place. Room is made first by evicting least recently used versions no node uses (``in_use``);
 a version larger than the whole tier fails at once. A version whose listing no longer
-matches its marker is downloaded again (unless held: a node serves the copy it loaded).
+matches its marker is downloaded again (unless a node serves the copy it loaded).
 Files are touched only in worker threads.
 """
 
@@ -53,7 +52,6 @@ class DiskTier:
         self._gate = asyncio.Semaphore(parallel)
         self._resident: OrderedDict[Key, tuple[int, dict]] = OrderedDict()  # LRU first; (bytes, manifest)
         self._reserved: dict[Key, int] = {}
-        self._held: dict[Key, int] = {}
         self._flights: dict[Key, asyncio.Future] = {}
         self._listings: dict[str, tuple[float, dict[int, VersionListing]]] = {}
         self._listing_flights: dict[str, asyncio.Future] = {}
@@ -87,23 +85,14 @@ class DiskTier:
         """The tier in ``/status`` and ``tfscache status``."""
         return {"url": self.store.url, "directory": str(self.root), "bytes": self.used_bytes,
                 "cap_bytes": self.cap_bytes, "versions": len(self._resident),
-                "downloads_in_flight": self.downloads_in_flight, "held": len(self.protected())}
+                "downloads_in_flight": self.downloads_in_flight, "in_use": len(self.protected())}
 
     def path(self, name: str, version: int) -> Path:
         return self.root / check_name(name) / str(version)
 
     def protected(self) -> set[Key]:
-        """Versions that must stay: held, or loaded or served by a node."""
-        return set(self._held) | {key for key in self._resident if self.in_use(key)}
-
-    def hold(self, name: str, version: int) -> None:
-        """A node loads (or serves) this version: never evict it until ``release``."""
-        self._held[(name, version)] = self._held.get((name, version), 0) + 1
-
-    def release(self, name: str, version: int) -> None:
-        count = self._held.pop((name, version), 0) - 1
-        if count > 0:
-            self._held[(name, version)] = count
+        """Versions on disk that must stay: a node loads or serves them."""
+        return {key for key in self._resident if self.in_use(key)}
 
     # --- listing ---
 
@@ -147,11 +136,7 @@ class DiskTier:
                 continue
             temp = self.root / PARTIAL / f"{name}.{secrets.token_hex(4)}.file"
             try:
-                await asyncio.to_thread(temp.parent.mkdir, parents=True, exist_ok=True)
-                written = await self.store.download(f"{name}/{rel}", temp, etag=etag or None)
-                if written != size:
-                    raise DataLoss(f"object {name}/{rel} in {self.store.url}: downloaded {written} bytes, "
-                                   f"listed {size} (truncated or changed); nothing was kept")
+                await self._get(f"{name}/{rel}", temp, size, etag)
                 await asyncio.to_thread(_replace, temp, self.root / name / rel)
             except BaseException:
                 await asyncio.shield(asyncio.to_thread(remove, temp))
@@ -163,16 +148,13 @@ class DiskTier:
 
     # --- fetch ---
 
-    async def fetch(self, name: str, version: int, *, hold: bool = False) -> Path:
-        """The local directory of a complete copy of ``name``/``version``, downloaded if needed.
-        With ``hold``, the version is held before this returns (see ``hold``)."""
+    async def fetch(self, name: str, version: int) -> Path:
+        """The local directory of a complete copy of ``name``/``version``, downloaded if needed."""
         key = (check_name(name), version)
         while True:
             path = await self._single(self._flights, key, self._fetch(key))
             if key in self._resident:  # re-checked: another fetch may have evicted it meanwhile
                 self._resident.move_to_end(key)
-                if hold:
-                    self.hold(name, version)
                 return path
 
     async def _single(self, flights: dict, key, work) -> object:
@@ -199,7 +181,7 @@ class DiskTier:
             raise NotFound(f"version {version} of model {name!r} not found in {self.store.url}")
         await self.sync_model_files(name)
         resident = self._resident.get(key)
-        if resident is not None and (resident[1] == listing.manifest() or key in self._held
+        if resident is not None and (resident[1] == listing.manifest()
                                      or self.in_use(key) - LOADERS):  # a node serves that copy: keep it
             self.events.hit()
             return self.path(*key)
@@ -234,7 +216,7 @@ class DiskTier:
             raise ResourceExhausted(
                 f"disk tier full: model {key[0]!r} version {key[1]} needs {need} bytes and only "
                 f"{self.cap_bytes - used} of storage.cache_bytes = {self.cap_bytes} can be freed now; "
-                f"the rest is held by loaded versions or downloads")
+                f"the rest is in use by nodes or being downloaded")
         return victims
 
     async def _evict(self, victims: list[tuple[Key, int]]) -> None:
@@ -267,13 +249,17 @@ class DiskTier:
         if not dest.resolve().is_relative_to(temp.resolve()):  # belt and braces over safe_relpath
             raise AssertionError(f"{dest} escapes {temp}")
         async with self._gate:
-            try:
-                await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
-            except OSError as exc:
-                raise disk_error(exc, dest) from exc
-            written = await self.store.download(f"{key[0]}/{key[1]}/{rel}", dest, etag=etag or None)
+            await self._get(f"{key[0]}/{key[1]}/{rel}", dest, size, etag)
+
+    async def _get(self, key: str, dest: Path, size: int, etag: str) -> None:
+        """Object ``key`` into file ``dest`` (its directory made), as listed: ``size`` bytes, ``etag``."""
+        try:
+            await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise disk_error(exc, dest) from exc
+        written = await self.store.download(key, dest, etag=etag or None)
         if written != size:
-            raise DataLoss(f"object {key[0]}/{key[1]}/{rel} in {self.store.url}: downloaded {written} bytes, "
+            raise DataLoss(f"object {key} in {self.store.url}: downloaded {written} bytes, "
                            f"listed {size} (truncated or changed); nothing was kept")
 
     @staticmethod
