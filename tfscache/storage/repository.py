@@ -38,6 +38,8 @@ T = TypeVar("T")
 class RemoteRepository(ModelRepository):
     """The models under a bucket URL, downloaded on demand into ``tier``."""
 
+    local = False  # nodes read the tier, which the cache fills before each load (``prepare``)
+
     def __init__(self, url: str, tier: DiskTier, *, rescan_s: float = 1.0) -> None:
         super().__init__(tier.root, rescan_s=rescan_s)
         self.url = url
@@ -56,8 +58,6 @@ class RemoteRepository(ModelRepository):
         self.tier.in_use = in_use
 
     # -- what the cache calls -----------------------------------------------------------
-
-    local = False
 
     async def prepare(self, name: str, version: int) -> None:
         """Download the version into the tier unless it is there and current (one download however
@@ -107,7 +107,6 @@ class RemoteRepository(ModelRepository):
 
     def exists(self, name: str) -> bool:
         return bool(self._listing(name))
-
 
     async def refresh_labels(self, name: str) -> None:
         """Copy the bucket's labels.json beside the versions (if listed or changed), then read it."""
