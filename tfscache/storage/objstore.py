@@ -24,7 +24,7 @@ from pathlib import Path
 from tfscache.errors import Aborted, FailedPrecondition, NotFound, TfscacheError, Unavailable, shorten
 from tfscache.storage.base import ChunkHook, ObjectInfo, disk_error
 
-CHUNK_BYTES = 2 << 20  # measured (docs/storage.md): 1 MiB loses ~10 % to thread hand-offs on tmpfs, 4 MiB ~15 % on disk
+CHUNK_BYTES = 2 << 20  # chosen with scripts/bench_storage.py over 1, 2 and 4 MiB (docs/storage.md)
 CLIENT_OPTIONS = {"connect_timeout": timedelta(seconds=5), "read_timeout": timedelta(seconds=30),
                   "timeout": timedelta(hours=1)}
 RETRY = {"max_retries": 3, "retry_timeout": timedelta(seconds=20),
