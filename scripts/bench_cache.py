@@ -37,8 +37,8 @@ sys.path.insert(0, str(REPO))
 
 from tfscache.cache.manager import CacheManager  # noqa: E402
 from tfscache.settings import CacheSection  # noqa: E402
-from tfscache.nodeclient import END, NodeClient  # noqa: E402
-from tfscache.repository import ModelRepository  # noqa: E402
+from tfscache.kinds.tfserving.client import END, NodeClient  # noqa: E402
+from tfscache.repository.local import ModelRepository  # noqa: E402
 from tfscache.wire import serving_pb2 as pb  # noqa: E402
 
 

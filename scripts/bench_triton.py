@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_triton.py [--requests 1000] [--seconds 10] [--rounds 11] [--json F]
 
-1. Builds a Triton repository of python-backend models (tfscache/tritonmodels.py, no
+1. Builds a Triton repository of python-backend models (tfscache/kinds/triton/testmodels.py, no
    tensorflow): addk_1 .. addk_N (y = x + k, tiny) and ``sleep_ms`` sleeping --sleep-ms
    (5) ms per request, the counterparts of half_plus_two and slow_5ms in
    scripts/bench_frontend.py.
@@ -56,7 +56,7 @@ from tritonclient.grpc import service_pb2
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tfscache import tritonmodels  # noqa: E402
+from tfscache.kinds.triton import testmodels as tritonmodels  # noqa: E402
 from tfscache.admin.client import AdminClient  # noqa: E402
 
 PYTHON = sys.executable

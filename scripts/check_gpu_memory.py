@@ -4,11 +4,11 @@
     .venv/bin/pip install -e '.[gpu,triton]'      # nvidia-ml-py, and Triton (docs/triton.md)
     .venv/bin/python scripts/check_gpu_memory.py [--bytes 512MiB] [--json]
 
-Starts ``tritonserver`` (tfscache.tritonbin) on a fresh model repository holding one
+Starts ``tritonserver`` (tfscache.kinds.triton.launcher) on a fresh model repository holding one
 Python-backend model, ``gpu_alloc``, whose ``initialize()`` allocates and fills ``--bytes``
 of device memory with torch or cupy (whichever imports here; the backend's stub runs this
 environment's Python). Then, reading the node's process tree through NVML
-(tfscache.gpumem, as the cache does):
+(tfscache.kinds.gpumem, as the cache does):
 
 1. before the load;
 2. after ``POST /v2/repository/models/gpu_alloc/load``: the growth must be at least the
@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tfscache.gpumem import NvmlReader, process_tree  # noqa: E402
+from tfscache.kinds.gpumem import NvmlReader, process_tree  # noqa: E402
 from tfscache.units import parse_bytes  # noqa: E402
 
 MODEL = "gpu_alloc"
@@ -100,8 +100,8 @@ def wait_until(what: str, ready, timeout_s: float) -> None:
 
 
 def start_triton(repository: Path) -> tuple[subprocess.Popen, int]:
-    from tfscache.supervisor import free_port
-    from tfscache.tritonbin import TritonNotFound, command, find_tritonserver
+    from tfscache.kinds.supervisor import free_port
+    from tfscache.kinds.triton.launcher import TritonNotFound, command, find_tritonserver
 
     try:
         binary = find_tritonserver()
@@ -128,7 +128,7 @@ def check(size: int) -> dict:
     if not reader.available():
         raise CannotCheck(f"no GPU to check: {reader.reason}")
     library = gpu_library()
-    from tfscache.tritonmodels import write_model
+    from tfscache.kinds.triton.testmodels import write_model
 
     with tempfile.TemporaryDirectory(prefix="tfscache-gpu-") as tmp:
         write_model(Path(tmp), MODEL, _MODEL_PY, {"gpu_bytes": str(size), "library": library})

@@ -10,7 +10,7 @@ DEST/addk_N (version 1, y = x + k, about S MB each). See tfscache/node/testmodel
 
 With --triton, DEST is a Triton model repository of python-backend models instead (no
 tensorflow): addk_1 .. addk_N (input x, output y = x + k, FP32; each holding S MB while
-loaded) and, with --sleep-ms T, sleep_ms (y = x after T ms). See tfscache/tritonmodels.py.
+loaded) and, with --sleep-ms T, sleep_ms (y = x after T ms). See tfscache/kinds/triton/testmodels.py.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _triton(args: argparse.Namespace) -> int:
-    from tfscache import tritonmodels
+    from tfscache.kinds.triton import testmodels as tritonmodels
 
     built = tritonmodels.build_triton_models(args.triton, synthetic=args.synthetic,
                                              padding_bytes=int(args.padding_mb * 1_000_000),

@@ -10,7 +10,7 @@
 * ``support.node.start_node`` starts real nodes (see tests/support/node.py).
 * ``_private_state_home`` (session, autouse): ``XDG_STATE_HOME`` points at a directory of
   the session's own, in ``os.environ`` so subprocesses inherit it: no test writes to the
-  real user's state directory (``tfscache.statedir``'s default).
+  real user's state directory (``tfscache.settings.statedir``'s default).
 
 The builders use explicit ``tf.Graph``s and ``tf.saved_model.save``, so they work in a
 test process that has already imported tensorflow (the tensorflow_serving stubs do).

@@ -13,7 +13,9 @@ import sys
 import pytest
 
 from support.node import PYTHON, REPO
-from tfscache import cliopts, preflight, settings
+from tfscache import settings
+from tfscache.cli import options as cliopts
+from tfscache.kinds import preflight
 from tfscache.extras import MissingExtra
 
 # Runs the CLI with the named modules blocked, as if their extra were not installed.

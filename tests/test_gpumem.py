@@ -1,4 +1,4 @@
-"""tfscache.gpumem: the NVML reader over a scripted pynvml, the node's process tree, growth across a load."""
+"""tfscache.kinds.gpumem: the NVML reader over a scripted pynvml, the node's process tree, growth across a load."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tfscache.gpumem import NodeGpuMemory, NvmlReader, ScriptedReader, gpu_cap, process_tree, share_growth
+from tfscache.kinds.gpumem import NodeGpuMemory, NvmlReader, ScriptedReader, gpu_cap, process_tree, share_growth
 
 GiB = 1 << 30
 

@@ -1,4 +1,4 @@
-"""tfscache.health: grpcio-health-checking's servicer on a real grpc.aio server, in-process.
+"""tfscache.frontend.health: grpcio-health-checking's servicer on a real grpc.aio server, in-process.
 
 The status callable is a flag the test flips; Watch streams are read with a deadline,
 so "nothing changed" is a short wait that fails when a status arrives.
@@ -13,7 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from tfscache.health import Health
+from tfscache.frontend.health import Health
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING

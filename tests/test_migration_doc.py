@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from tfscache import settings
-from tfscache.repository import ModelRepository
+from tfscache.repository.local import ModelRepository
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "migration.md").read_text()
 

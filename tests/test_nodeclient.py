@@ -7,7 +7,7 @@ import pytest
 
 from support import fixtures
 from tfscache import errors
-from tfscache.nodeclient import AVAILABLE, END, NodeClient
+from tfscache.kinds.tfserving.client import AVAILABLE, END, NodeClient
 from tfscache.wire import serving_pb2 as pb
 
 

@@ -1,4 +1,4 @@
-"""tfscache plan-resize (tfscache.plan_resize): which models change nodes when the sidecar membership changes."""
+"""tfscache plan-resize (tfscache.cli.plan_resize): which models change nodes when the sidecar membership changes."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 from tfscache.settings import RingSection
 
-from tfscache import plan_resize
+from tfscache.cli import plan_resize
 
 VNODES = RingSection().vnodes
 MODELS = [plan_resize.Model(f"tenant-{i:04d}", 1_000_000 + 7919 * i) for i in range(2000)]

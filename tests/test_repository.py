@@ -6,7 +6,7 @@ import grpc
 import pytest
 
 from tfscache import errors
-from tfscache.repository import ModelRepository, check_name, parse_version
+from tfscache.repository.local import ModelRepository, check_name, parse_version
 
 
 @pytest.fixture

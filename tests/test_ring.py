@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 NAMES = [f"model_{i}" for i in range(5000)]
 

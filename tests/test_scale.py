@@ -1,10 +1,10 @@
-"""tfscache.scale alone: the unload rate over a sliding window and the advice, with a fake clock."""
+"""tfscache.observe.scale alone: the unload rate over a sliding window and the advice, with a fake clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from tfscache.scale import FEWER, HOLD, MORE, NodeLoad, UnloadRate, advise
+from tfscache.observe.scale import FEWER, HOLD, MORE, NodeLoad, UnloadRate, advise
 from tfscache.settings import ScaleSection
 
 

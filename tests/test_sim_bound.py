@@ -17,7 +17,7 @@ from tfscache.sim import build_policy, policy_names
 from tfscache.sim.bound import cluster_bound, node_bound
 from tfscache.sim.engine import BELADY, Config, simulate, split
 from tfscache.sim.trace import Trace
-from tfscache.simulate import main
+from tfscache.cli.simulate import main
 
 
 def _log(rng: random.Random, requests: int, models: int, sizes=(1, 4), loads=(0.1, 5.0)) -> Trace:

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 from tfscache.sim import build_policy, policy_names
 from tfscache.sim.engine import BELADY, Config, replay, replay_belady, simulate, split
 from tfscache.sim.trace import Trace, TraceError, read_trace
-from tfscache.simulate import main, parse_bytes
+from tfscache.cli.simulate import main, parse_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = "time,model,version,load_seconds,bytes\n"
@@ -395,7 +395,7 @@ def test_the_simulator_and_policies_never_import_tensorflow():
     import subprocess
     import sys
 
-    code = ("import sys, tfscache.simulate, tfscache.sim.report, tfscache.cache.policy.fifo, tfscache.cache.policy.lfu, "
+    code = ("import sys, tfscache.cli.simulate, tfscache.sim.report, tfscache.cache.policy.fifo, tfscache.cache.policy.lfu, "
             "tfscache.cache.policy.cost; sys.exit('tensorflow' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tfscache import statedir
-from tfscache.statedir import claim, default_state_dir, instance_name, state_home
+from tfscache.settings import statedir
+from tfscache.settings.statedir import claim, default_state_dir, instance_name, state_home
 
 
 @pytest.fixture
@@ -136,7 +136,7 @@ def test_claim_creates_the_directory_and_excludes_a_second_holder(tmp_path):
 def test_claim_is_refused_while_another_process_holds_it(tmp_path):
     path = tmp_path / "sidecar-h-1"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from tfscache.statedir import claim; lock = claim(sys.argv[1]); "
+        [sys.executable, "-c", "import sys; from tfscache.settings.statedir import claim; lock = claim(sys.argv[1]); "
                                "print(lock is not None, flush=True); sys.stdin.read()", str(path)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -164,6 +164,6 @@ def test_the_test_session_never_uses_the_real_state_home():
     """tests/conftest.py points XDG_STATE_HOME at the session's own directory."""
     home = Path(os.environ["XDG_STATE_HOME"])
     assert home.is_absolute() and "xdg_state_home" in home.name
-    done = subprocess.run([sys.executable, "-c", "from tfscache.statedir import state_home; print(state_home())"],
+    done = subprocess.run([sys.executable, "-c", "from tfscache.settings.statedir import state_home; print(state_home())"],
                           capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == str(home)

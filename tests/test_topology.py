@@ -1,4 +1,4 @@
-"""tfscache.topology alone: the one ring builder, drained nodes, join rules, the atomic swap.
+"""tfscache.cluster.topology alone: the one ring builder, drained nodes, join rules, the atomic swap.
 
 No process runs: local nodes are real ``NodeBackend``s with nothing attached, peers are
 ``FakePeer``s (``PeerBackend``s whose upstream only records ``retire``/``close``).
@@ -14,8 +14,8 @@ import pytest
 from tfscache import errors
 from tfscache.frontend.backends import Backend, NodeBackend, PeerBackend
 from tfscache.frontend.router import Router
-from tfscache.ring import Ring
-from tfscache.topology import Topology, ring_nodes
+from tfscache.cluster.ring import Ring
+from tfscache.cluster.topology import Topology, ring_nodes
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from tfscache.tritonbin import INSTALL_HINT as TRITON_HINT
+from tfscache.kinds.triton.launcher import INSTALL_HINT as TRITON_HINT
 
 # extra -> the top-level modules it brings
 EXTRAS: dict[str, tuple[str, ...]] = {

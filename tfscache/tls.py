@@ -27,7 +27,7 @@ from pathlib import Path
 
 import grpc
 
-from tfscache.sections import TlsSection
+from tfscache.settings.sections import TlsSection
 
 log = logging.getLogger("tfscache.tls")
 

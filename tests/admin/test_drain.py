@@ -20,7 +20,7 @@ import pytest
 
 from admin.serving import health_check, predict, start_admin_serve
 from tfscache.admin.client import AdminClient
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 MODELS = [f"addk_{k}" for k in range(1, 7)]
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING

@@ -16,7 +16,7 @@ import pytest
 
 from tfscache import errors
 from tfscache import settings as settings_mod
-from tfscache.serve import ServeApp
+from tfscache.app import ServeApp
 from tfscache.wire import admin_pb2
 
 

@@ -2,7 +2,7 @@
 
 No ``node.state_dir``: `tfscache serve` keeps its state in the instance's persistent
 default, ``$XDG_STATE_HOME/tfscache/embedded-<hash of the repository path>``
-(tfscache.statedir, docs/state.md). A model pinned with `tfscache pin` is pinned and
+(tfscache.settings.statedir, docs/state.md). A model pinned with `tfscache pin` is pinned and
 resident again after the process was SIGKILLed (its node children get SIGTERM from
 PR_SET_PDEATHSIG) and started again the same way; an unpinned one is not brought back.
 """
@@ -24,7 +24,7 @@ from support.process import ServerProcess, launch, wait_for_ports
 from support.requests import predict_request
 from support.waiting import process_ended, wait_until
 from tfscache.admin.client import AdminClient
-from tfscache.statedir import claim, instance_name
+from tfscache.settings.statedir import claim, instance_name
 
 
 class ServeStartError(RuntimeError):

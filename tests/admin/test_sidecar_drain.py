@@ -17,7 +17,7 @@ from support.node import start_node
 from support.sidecars import EMPTY, NODE_FLAGS
 from tfscache import settings as settings_mod
 from tfscache.discovery import Peer
-from tfscache.serve import ServeApp
+from tfscache.app import ServeApp
 from tfscache.wire import admin_pb2
 
 

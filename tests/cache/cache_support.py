@@ -11,7 +11,7 @@ from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from tfscache.nodeclient import NodeClient
+from tfscache.kinds.tfserving.client import NodeClient
 
 NUM_MODELS = 12
 MODEL_BYTES = 200_000  # the padding variable; each version directory is a little larger

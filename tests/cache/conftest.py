@@ -21,9 +21,9 @@ from cache.cache_support import MODEL_BYTES, NODE_FLAGS, NUM_MODELS, AsyncNode, 
 from support.node import start_node
 from tfscache.cache.manager import CacheManager
 from tfscache.settings import CacheSection
-from tfscache.cache.tfserving import TFServingAdapter
-from tfscache.nodeclient import NodeClient
-from tfscache.repository import ModelRepository
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
+from tfscache.kinds.tfserving.client import NodeClient
+from tfscache.repository.local import ModelRepository
 
 
 @pytest.fixture(scope="module")

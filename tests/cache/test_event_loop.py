@@ -17,7 +17,7 @@ from tfscache import errors
 from cache.cache_support import RecordingClient
 from tfscache.cache.manager import CacheManager
 from tfscache.settings import CacheSection
-from tfscache.repository import ModelRepository
+from tfscache.repository.local import ModelRepository
 
 DELAY_S = 0.2
 MAX_LAG_S = 0.05

@@ -1,6 +1,6 @@
 """The GPU cap wired through a live cache: sizes learned from a scripted NVML reader around each load.
 
-This machine has no GPU; the reader is scripted (tfscache.gpumem.ScriptedReader, keyed by pid),
+This machine has no GPU; the reader is scripted (tfscache.kinds.gpumem.ScriptedReader, keyed by pid),
 and the node is a real `tfscache node`. A model's GPU size is the growth of its node's GPU
 memory across its load, and the cap then holds as the count and memory caps do.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from cache.cache_support import RecordingClient, wait_for_condition
 from support.node import version_status_at
 from tfscache.cache.manager import CacheManager
-from tfscache.gpumem import NodeGpuMemory, ScriptedReader
+from tfscache.kinds.gpumem import NodeGpuMemory, ScriptedReader
 from tfscache.settings import CacheSection
 
 GiB = 1 << 30

@@ -1,4 +1,4 @@
-"""The planner's third cap: GPU bytes, learned per model from the growth across its load (tfscache.gpumem)."""
+"""The planner's third cap: GPU bytes, learned per model from the growth across its load (tfscache.kinds.gpumem)."""
 
 from __future__ import annotations
 

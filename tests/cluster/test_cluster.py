@@ -31,7 +31,7 @@ import subprocess
 import time
 
 from support.node import PYTHON, REPO
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 from .conftest import MODELS, REPLICAS, Client, Traffic, wait_until
 

@@ -1,4 +1,4 @@
-"""tfscache.nodepid finds the process of a sidecar's node, so the sidecar measures the node's memory."""
+"""tfscache.kinds.nodepid finds the process of a sidecar's node, so the sidecar measures the node's memory."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 
 from support.etcd import free_ports
 from support.node import start_node
-from tfscache import nodepid
+from tfscache.kinds import nodepid
 from tfscache import settings as settings_mod
-from tfscache.serve import ServeApp
+from tfscache.app import ServeApp
 
 from .conftest import EMPTY, NODE_FLAGS
 
@@ -39,7 +39,7 @@ def test_found_by_its_command_line_when_sockets_are_not_readable(node, monkeypat
     monkeypatch.setattr(psutil, "net_connections", denied)
     with pytest.raises(psutil.AccessDenied):
         nodepid.listening_pid(node.grpc_port)
-    with caplog.at_level(logging.INFO, logger="tfscache.nodepid"):
+    with caplog.at_level(logging.INFO, logger="tfscache.kinds.nodepid"):
         assert nodepid.find_node_pid("127.0.0.1", node.grpc_port) == node.pid
     assert "found by its command line (listening sockets not readable)" in caplog.text
     assert nodepid.cmdline_pid(node.rest_port) is None  # --rest_api_port is not --port
@@ -47,12 +47,12 @@ def test_found_by_its_command_line_when_sockets_are_not_readable(node, monkeypat
 
 def test_not_found_is_none_and_logged_once(node, caplog):
     free = free_ports(1)[0]
-    with caplog.at_level(logging.WARNING, logger="tfscache.nodepid"):
+    with caplog.at_level(logging.WARNING, logger="tfscache.kinds.nodepid"):
         assert nodepid.find_node_pid("127.0.0.1", free) is None
         assert nodepid.find_node_pid("127.0.0.1", free) is None
         assert nodepid.find_node_pid("192.0.2.1", node.grpc_port) is None  # TEST-NET-1: not this host
         assert nodepid.find_node_pid("192.0.2.1", node.grpc_port) is None
-    assert [r.getMessage() for r in caplog.records if r.name == "tfscache.nodepid"] == [
+    assert [r.getMessage() for r in caplog.records if r.name == "tfscache.kinds.nodepid"] == [
         f"no process found serving node port {free} on this host (listening socket or "
         f"tensorflow_model_server --port={free}); model sizes stay estimates",
         f"node 192.0.2.1:{node.grpc_port} is not on this host; model sizes stay estimates"]

@@ -35,7 +35,7 @@ K8S = DEPLOY / "k8s"
 # deploy/k8s's variants (kustomize overlays of deploy/k8s/base) checked like the default.
 K8S_VARIANTS = ("consul", "pvc")
 
-# The discovery settings agreed with the engineer adding them to tfscache/settings.py
+# The discovery settings agreed with the engineer adding them to tfscache/settings/__init__.py
 # (issue 5). Used only while settings.py has no [discovery] section; once it has one,
 # the manifests are checked against the real names instead.
 PLANNED_DISCOVERY = {"backend", "consul_address", "service_name", "advertise_host"}
@@ -65,16 +65,16 @@ def sidecar_ports() -> dict[str, int]:
 def cli_defaults() -> dict[str, str]:
     """Environment variable -> default address of the operator commands run inside a sidecar.
 
-    ``TFSCACHE_ADMIN_ADDRESS``: tfscache models/pin/preload/evict/drain (tfscache.adminctl,
+    ``TFSCACHE_ADMIN_ADDRESS``: tfscache models/pin/preload/evict/drain (tfscache.cli.admin,
     default tfscache.admin.client.DEFAULT_ADDRESS); ``TFSCACHE_STATUS_ADDRESS``: tfscache
-    status (tfscache.status; its default is read from the source, since the module applies
+    status (tfscache.cli.status; its default is read from the source, since the module applies
     the variable at import).
     """
     from tfscache.admin.client import DEFAULT_ADDRESS as admin_default
 
     source = (ROOT / "tfscache" / "status.py").read_text()
     match = re.search(r'os\.environ\.get\("TFSCACHE_STATUS_ADDRESS", "([^"]+)"\)', source)
-    assert match, "tfscache/status.py no longer reads TFSCACHE_STATUS_ADDRESS with a literal default"
+    assert match, "tfscache/cli/status.py no longer reads TFSCACHE_STATUS_ADDRESS with a literal default"
     return {"TFSCACHE_ADMIN_ADDRESS": admin_default, "TFSCACHE_STATUS_ADDRESS": match.group(1)}
 
 

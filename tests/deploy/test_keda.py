@@ -7,7 +7,7 @@ import re
 import yaml
 from prometheus_client import generate_latest
 
-from tfscache.metrics import Metrics, NodeView
+from tfscache.observe.metrics import Metrics, NodeView
 from tfscache.settings import CacheSection
 
 from . import manifests

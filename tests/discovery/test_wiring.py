@@ -11,7 +11,7 @@ from tfscache.discovery import Peer, advertise_peer, from_settings
 from tfscache.discovery.consul import ConsulDiscovery
 from tfscache.discovery.etcd import EtcdDiscovery
 from tfscache.discovery.static import StaticDiscovery
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 from .conftest import StaticHarness, names
 

@@ -21,7 +21,7 @@ from frontend.serving import start_serve
 from support import fixtures
 from support.requests import (example_request, float_tensor, metadata_request, predict_request,
                               regress_and_classify_request)
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 MAX_RECEIVE = 4 << 20  # a small limit so the over-size case sends only a few MiB
 

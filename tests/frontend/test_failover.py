@@ -14,7 +14,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from frontend.serving import start_serve
 from support.requests import predict_request
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 MODELS = [f"addk_{k}" for k in range(1, 7)]
 

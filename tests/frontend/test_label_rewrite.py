@@ -12,9 +12,9 @@ from tensorflow_serving.apis import get_model_status_pb2, inference_pb2, predict
 
 from frontend.test_embedded import float_tensor
 from tfscache import errors
-from tfscache.frontend.methods import METHODS, RouteKey
-from tfscache.frontend.rest import parse_url
-from tfscache.repository import ModelRepository
+from tfscache.frontend.protocols.tfserving.methods import METHODS, RouteKey
+from tfscache.frontend.protocols.tfserving.rest import parse_url
+from tfscache.repository.local import ModelRepository
 
 PREDICT = METHODS["/tensorflow.serving.PredictionService/Predict"]
 MULTI = METHODS["/tensorflow.serving.PredictionService/MultiInference"]

@@ -11,8 +11,8 @@ import pytest
 from tritonclient.grpc import service_pb2 as triton
 
 from tfscache import errors
-from tfscache.frontend.methods import RouteKey
-from tfscache.frontend.oip_methods import (METHODS, MODEL_READY_PATH, REFUSED, REPOSITORY_REFUSED, name_request,
+from tfscache.frontend.protocols.tfserving.methods import RouteKey
+from tfscache.frontend.protocols.oip.methods import (METHODS, MODEL_READY_PATH, REFUSED, REPOSITORY_REFUSED, name_request,
                                            parse_version, read_ready, ready_response, unknown_model)
 from tfscache.wire import oip_heads_pb2
 
@@ -149,7 +149,7 @@ def test_unknown_model_texts_are_tritons():
 
 
 def test_front_end_imports_no_tritonclient():
-    code = ("import sys, tfscache.frontend.oip_methods, tfscache.frontend.oip_rest, tfscache.frontend.probe\n"
+    code = ("import sys, tfscache.frontend.protocols.oip.methods, tfscache.frontend.protocols.oip.rest, tfscache.frontend.protocols.tfserving.probe\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tritonclient', 'tensorflow'))\n"
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

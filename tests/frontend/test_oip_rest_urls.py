@@ -8,9 +8,9 @@ import json
 import pytest
 
 from tfscache import errors
-from tfscache.frontend.methods import RouteKey
-from tfscache.frontend.oip_methods import REPOSITORY_REFUSED
-from tfscache.frontend.oip_rest import error_response, parse_url
+from tfscache.frontend.protocols.tfserving.methods import RouteKey
+from tfscache.frontend.protocols.oip.methods import REPOSITORY_REFUSED
+from tfscache.frontend.protocols.oip.rest import error_response, parse_url
 
 
 @pytest.mark.parametrize("path, method, http_method, key", [

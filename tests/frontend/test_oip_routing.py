@@ -21,13 +21,13 @@ from frontend.test_router import FakeCache, RecordingServer
 from tfscache import errors
 from tfscache.frontend.backends import NodeBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
-from tfscache.frontend.oip_methods import METHODS, REFUSED, REPOSITORY_REFUSED
-from tfscache.frontend.oip_rest import OipRestApi
-from tfscache.frontend.rest import RestFrontend
+from tfscache.frontend.protocols.oip.methods import METHODS, REFUSED, REPOSITORY_REFUSED
+from tfscache.frontend.protocols.oip.rest import OipRestApi
+from tfscache.frontend.protocols.tfserving.rest import RestFrontend
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
-from tfscache.repository import not_found
-from tfscache.ring import Ring
+from tfscache.repository.local import not_found
+from tfscache.cluster.ring import Ring
 
 SERVICE = "/inference.GRPCInferenceService/"
 ON_DISK = {"m": [1, 2], "n": [4]}

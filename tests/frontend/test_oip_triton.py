@@ -18,20 +18,20 @@ from tritonclient.utils import InferenceServerException
 
 from support.triton import start_triton
 from tfscache.cache.manager import CacheManager
-from tfscache.cache.triton import TritonAdapter
+from tfscache.kinds.triton.adapter import TritonAdapter
 from tfscache.frontend.backends import NodeBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
-from tfscache.frontend.oip_methods import METHODS, REFUSED, REPOSITORY_REFUSED
-from tfscache.frontend.oip_rest import OipRestApi
-from tfscache.frontend.rest import RestFrontend
+from tfscache.frontend.protocols.oip.methods import METHODS, REFUSED, REPOSITORY_REFUSED
+from tfscache.frontend.protocols.oip.rest import OipRestApi
+from tfscache.frontend.protocols.tfserving.rest import RestFrontend
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
-from tfscache.nodepid import NodeMemory
-from tfscache.oipclient import READY, OipClient
-from tfscache.repository import ModelRepository
-from tfscache.ring import Ring
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.kinds.triton.client import READY, OipClient
+from tfscache.repository.local import ModelRepository
+from tfscache.cluster.ring import Ring
 from tfscache.settings import CacheSection
-from tfscache.tritonmodels import build_triton_models
+from tfscache.kinds.triton.testmodels import build_triton_models
 
 LIMIT = 1 << 26
 

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from tfscache import errors
-from tfscache.frontend.methods import RouteKey
-from tfscache.frontend.rest import error_response, parse_url
+from tfscache.frontend.protocols.tfserving.methods import RouteKey
+from tfscache.frontend.protocols.tfserving.rest import error_response, parse_url
 
 
 @pytest.mark.parametrize("method, path, key, verb", [

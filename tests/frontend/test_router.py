@@ -20,7 +20,7 @@ from tfscache.frontend.backends import NodeBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 from tfscache.wire import serving_pb2
 
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
@@ -326,7 +326,7 @@ async def test_retries_and_forwards_are_counted_per_backend(world):
     from prometheus_client import generate_latest
 
     from observe.promtext import Scrape
-    from tfscache.metrics import Metrics
+    from tfscache.observe.metrics import Metrics
 
     metrics = Metrics(process=False)
     router = world["router"]

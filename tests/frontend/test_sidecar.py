@@ -18,8 +18,8 @@ from support.requests import predict_request
 from support.sidecars import running_sidecars, sidecar_settings
 from tfscache.discovery import Peer
 from tfscache.frontend.backends import FORWARDED_KEY
-from tfscache.ring import Ring
-from tfscache.serve import ServeApp
+from tfscache.cluster.ring import Ring
+from tfscache.app import ServeApp
 
 @pytest.fixture
 async def sidecars(nodes, frontend_repo, tmp_path):

@@ -14,7 +14,7 @@ from frontend.test_sidecar import predict
 from support.etcd import EtcdCluster
 from support.sidecars import sidecar_settings
 from tfscache import settings as settings_mod
-from tfscache.serve import ServeApp
+from tfscache.app import ServeApp
 
 
 def _settings(name, node, repo, state_dir, discovery: dict):

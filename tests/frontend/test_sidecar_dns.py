@@ -8,7 +8,7 @@ import asyncio
 from frontend.test_sidecar import predict
 from support.dnsmasq import Dnsmasq
 from support.sidecars import sidecar_settings
-from tfscache.serve import ServeApp
+from tfscache.app import ServeApp
 
 SERVICE = "tfscache-headless.tfs.test"
 

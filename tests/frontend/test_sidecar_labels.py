@@ -13,7 +13,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from support.requests import predict_request
 from support.sidecars import running_sidecars
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ requests, as it does against TF Serving, which loads every model at start-up. Th
 tfscache such a poll loads and evicts nothing: for a version not on its node the front
 end answers AVAILABLE for the version a request would get (END with the error while a
 failed load backs off), in TF Serving's own form; a version loading or resident there is
-answered by the node (tfscache.frontend.probe).
+answered by the node (tfscache.frontend.protocols.tfserving.probe).
 
 One real `tfscache serve` (one embedded node, at most 2 models, metrics on a picked
 port) over addk_1 .. addk_10 (y = x + k) and a corrupt model; the node's loads wait while

@@ -26,8 +26,8 @@ from support.node import REPO, version_status_at
 from support.requests import predict_request
 from tfscache import settings as settings_mod
 from tfscache.discovery import Peer
-from tfscache.ring import Ring
-from tfscache.serve import ServeApp
+from tfscache.cluster.ring import Ring
+from tfscache.app import ServeApp
 
 SIDECAR_NAME = "sidecar.tfscache.test"  # the only name on the sidecars' certificate in the two-sidecar test
 

@@ -10,7 +10,7 @@ from tensorflow_serving.apis import (classification_pb2, get_model_metadata_pb2,
                                      inference_pb2, model_management_pb2, predict_pb2, regression_pb2)
 
 from tfscache import errors
-from tfscache.frontend.methods import METHODS, RELOAD_PATH, RouteKey
+from tfscache.frontend.protocols.tfserving.methods import METHODS, RELOAD_PATH, RouteKey
 from tfscache.wire import serving_pb2
 
 REQUESTS = {
@@ -107,8 +107,8 @@ def test_wire_messages_round_trip_with_official_ones():
 
 
 def test_front_end_imports_no_tensorflow():
-    code = ("import sys, tfscache.serve, tfscache.supervisor, tfscache.frontend.grpc_server, "
-            "tfscache.frontend.rest, tfscache.cache, tfscache.nodeclient\n"
+    code = ("import sys, tfscache.app, tfscache.kinds.supervisor, tfscache.frontend.grpc_server, "
+            "tfscache.frontend.protocols.tfserving.rest, tfscache.cache, tfscache.kinds.tfserving.client\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'tensorflow_serving'))\n"
             "print(bad); sys.exit(1 if bad else 0)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

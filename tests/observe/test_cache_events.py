@@ -18,9 +18,9 @@ from support import fixtures
 from tfscache import errors
 from tfscache.cache.manager import CacheManager
 from tfscache.settings import CacheSection
-from tfscache.metrics import Metrics, NodeEvents, NodeView
-from tfscache.nodeclient import NodeClient
-from tfscache.repository import ModelRepository
+from tfscache.observe.metrics import Metrics, NodeEvents, NodeView
+from tfscache.kinds.tfserving.client import NodeClient
+from tfscache.repository.local import ModelRepository
 
 from .promtext import Scrape
 

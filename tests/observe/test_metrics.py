@@ -1,4 +1,4 @@
-"""tfscache.metrics alone: a fake stream of cache events and fake caches, read back by scraping."""
+"""tfscache.observe.metrics alone: a fake stream of cache events and fake caches, read back by scraping."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import tfscache
 from tfscache import errors
 from tfscache.cache.events import CacheEvents
 from tfscache.settings import CacheSection
-from tfscache.metrics import STATES, Metrics, NodeEvents, NodeView
+from tfscache.observe.metrics import STATES, Metrics, NodeEvents, NodeView
 
 from .promtext import Scrape
 

@@ -32,7 +32,7 @@ from support import fixtures
 from support.node import PYTHON, REPO
 from support.requests import predict_request
 from support.waiting import wait_until
-from tfscache.requestlog import COLUMNS
+from tfscache.observe.requestlog import COLUMNS
 
 from .promtext import Scrape
 

@@ -52,7 +52,7 @@ def test_rest_request_lines_carry_model_node_and_the_callers_request_id(serve):
     found = lines_of(serve, "req-rest-1")
     assert found
     assert all((d["model"], d["node"]) == ("addk_2", "node0") for d in found)
-    assert [d["message"] for d in found if d["logger"] == "tfscache.frontend.rest"] == [
+    assert [d["message"] for d in found if d["logger"] == "tfscache.frontend.protocols.tfserving.rest"] == [
         "POST /v1/models/addk_2:predict: 200"]
 
 

@@ -1,4 +1,4 @@
-"""tfscache.requestlog and the request accounting of tfscache.metrics, without a server: rows
+"""tfscache.observe.requestlog and the request accounting of tfscache.observe.metrics, without a server: rows
 written by the writer thread, read back by the simulator's own reader."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 from prometheus_client import generate_latest
 
 from tfscache import logs
-from tfscache.gauges import lru_idle_age
-from tfscache.metrics import Metrics
-from tfscache.requestlog import COLUMNS, RequestLog, RequestLogError
+from tfscache.observe.gauges import lru_idle_age
+from tfscache.observe.metrics import Metrics
+from tfscache.observe.requestlog import COLUMNS, RequestLog, RequestLogError
 from tfscache.sim.trace import read_trace
 
 from .promtext import Scrape

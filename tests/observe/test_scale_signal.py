@@ -6,8 +6,8 @@ import pytest
 
 from tfscache.cache.ledger import ResidentModel
 from tfscache.frontend.backends import NodeBackend
-from tfscache.metrics import Metrics, NodeView
-from tfscache.observe import status_document
+from tfscache.observe.metrics import Metrics, NodeView
+from tfscache.observe.server import status_document
 from tfscache.settings import ScaleSection
 
 from .promtext import Scrape

@@ -211,5 +211,5 @@ def test_the_log_has_one_json_line_per_load_unload_and_eviction(serve):
     assert all(d["measured"] is True for d in loaded)
     # Every line tfscache serve itself wrote is JSON (TensorFlow may write text of its own).
     text = [line for line in serve.log_text().splitlines() if not line.startswith("{")]
-    assert not [line for line in text if " tfscache.cache" in line or " tfscache.serve" in line
-                or " tfscache.frontend" in line or " tfscache.supervisor" in line]
+    assert not [line for line in text if " tfscache.cache" in line or " tfscache.app" in line
+                or " tfscache.frontend" in line or " tfscache.kinds.supervisor" in line]

@@ -8,7 +8,8 @@ import subprocess
 import pytest
 
 from support.node import PYTHON, REPO
-from tfscache import cli, status
+from tfscache import cli
+from tfscache.cli import status
 
 DOC = {
     "time": 1000.0, "hits": 3, "misses": 1, "hit_ratio": 0.75,
@@ -106,7 +107,7 @@ def test_render_a_document_from_an_older_serve():
 
 
 def test_status_is_a_tfscache_command():
-    assert cli.COMMANDS["status"][0] == "tfscache.status"
+    assert cli.COMMANDS["status"][0] == "tfscache.cli.status"
 
 
 def test_status_cannot_reach_a_server():

@@ -1,4 +1,4 @@
-"""tfscache.observe.status_document alone: a node's models by state and its caps (issue 10)."""
+"""tfscache.observe.server.status_document alone: a node's models by state and its caps (issue 10)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from tfscache.cache.ledger import QueuedLoad, ResidentModel
 from tfscache.settings import CacheSection
 from tfscache.discovery import Peer
 from tfscache.frontend.backends import NodeBackend, PeerBackend
-from tfscache.metrics import Metrics
-from tfscache.observe import status_document
-from tfscache.topology import Topology
+from tfscache.observe.metrics import Metrics
+from tfscache.observe.server import status_document
+from tfscache.cluster.topology import Topology
 
 
 class FakeCache:

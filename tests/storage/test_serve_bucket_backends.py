@@ -17,7 +17,7 @@ from frontend.serving import start_serve
 from support import azure
 from support.buckets import MARKER, in_tier, predict
 from support.triton import oip_infer, resident_models, serve_triton_nodes
-from tfscache.tritonmodels import build_triton_models
+from tfscache.kinds.triton.testmodels import build_triton_models
 
 azurite = azure.azurite
 

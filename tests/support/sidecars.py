@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tfscache import settings as settings_mod
 from tfscache.discovery import Peer
-from tfscache.serve import ServeApp
+from tfscache.app import ServeApp
 
 EMPTY = "model_config_list {\n}\n"
 NODE_FLAGS = ["--max_num_load_retries=0", "--num_load_threads=2"]

@@ -6,10 +6,10 @@
         client = tritonclient.grpc.InferenceServerClient(triton.grpc_target)
 
 Each server gets its own directory ``tmp_path/triton-*`` with its log (``triton.log``: stdout
-and stderr). Its command line is ``tfscache.tritonbin.command``'s: explicit model control,
+and stderr). Its command line is ``tfscache.kinds.triton.launcher.command``'s: explicit model control,
 no start-up models, bound to 127.0.0.1; ``extra`` flags come last and so win. Triton cannot
 report a port it picked, so the ports are chosen free just before (bind, read, close: the
-accepted race, as ``tfscache.supervisor.free_port``). ``start_triton`` returns once
+accepted race, as ``tfscache.kinds.supervisor.free_port``). ``start_triton`` returns once
 ``GET /v2/health/live`` answers 200; if the process exits first, or ``timeout`` passes, it
 raises ``TritonStartError`` with the log.
 """
@@ -29,8 +29,8 @@ from pathlib import Path
 from support.process import ServerProcess
 from support.traffic import ClientLoop
 
-from tfscache import tritonbin
-from tfscache.supervisor import free_port
+from tfscache.kinds.triton import launcher as tritonbin
+from tfscache.kinds.supervisor import free_port
 
 
 class TritonStartError(RuntimeError):

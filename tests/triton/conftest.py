@@ -1,7 +1,7 @@
 """Fixtures for tests against a real NVIDIA Triton (tests/support/triton.py).
 
 * ``triton_repository`` (session): a Triton model repository of python-backend models built
-  once by tfscache.tritonmodels: ``addk_1`` .. ``addk_12`` (y = x + k, no padding),
+  once by tfscache.kinds.triton.testmodels: ``addk_1`` .. ``addk_12`` (y = x + k, no padding),
   ``addk_pad`` (y = x + 7, holding ``PADDING_BYTES`` while loaded) and ``sleep_ms``
   (y = x after ``SLEEP_MS`` ms per request).
 * ``triton`` (module): a running ``tritonserver`` over that repository, explicit model
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from support.triton import TritonProcess, start_triton
 
-from tfscache import tritonmodels
+from tfscache.kinds.triton import testmodels as tritonmodels
 
 ADDK_COUNT = 12
 PADDING_BYTES = 64 * 1024 * 1024

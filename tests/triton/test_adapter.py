@@ -1,4 +1,4 @@
-"""The Triton node adapter (tfscache.cache.triton) against a real tritonserver.
+"""The Triton node adapter (tfscache.kinds.triton.adapter) against a real tritonserver.
 
 Every result is read back from Triton's own index (RepositoryIndex), never from the
 adapter's word. A model that fails in initialize() and one whose initialize() waits on a
@@ -19,12 +19,12 @@ import tritonclient.grpc.aio as tritongrpc
 from tfscache import errors
 from tfscache.cache.adapter import adapter_class
 from tfscache.cache.manager import CacheManager
-from tfscache.cache.triton import TritonAdapter
-from tfscache.nodepid import NodeMemory
-from tfscache.oipclient import LOADING, READY, UNLOADING, OipClient
-from tfscache.repository import ModelRepository
+from tfscache.kinds.triton.adapter import TritonAdapter
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.kinds.triton.client import LOADING, READY, UNLOADING, OipClient
+from tfscache.repository.local import ModelRepository
 from tfscache.settings import CacheSection
-from tfscache.tritonmodels import build_addk, write_model
+from tfscache.kinds.triton.testmodels import build_addk, write_model
 
 from .conftest import PADDING_BYTES
 

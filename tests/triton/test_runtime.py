@@ -1,6 +1,6 @@
 """The Triton runtime the Triton node kind stands on, driven by the official, unmodified
 tritonclient: the binary is found, the repository API loads and unloads, the test models
-behave as tfscache.tritonmodels says (docs/triton.md)."""
+behave as tfscache.kinds.triton.testmodels says (docs/triton.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from triton.conftest import PADDING_BYTES, SLEEP_MS
-from tfscache import tritonbin
+from tfscache.kinds.triton import launcher as tritonbin
 
 
 def _input(module, values: list[float]):

@@ -13,7 +13,7 @@ import pytest
 from admin.serving import start_admin_serve
 from support.node import PYTHON
 from support.triton import oip_infer, resident_models, serve_triton_nodes
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 
 @pytest.fixture(scope="module")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from tfscache import errors
 from tfscache.admin.operations import AdminOperations
-from tfscache.topology import Topology
+from tfscache.cluster.topology import Topology
 
 log = logging.getLogger("tfscache.admin.drain")
 

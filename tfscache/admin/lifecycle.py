@@ -24,8 +24,8 @@ import grpc
 from tfscache.admin.drain import Drainer
 from tfscache.admin.operations import AdminOperations
 from tfscache.admin.server import AdminServer
-from tfscache.health import Health
-from tfscache.topology import Topology
+from tfscache.frontend.health import Health
+from tfscache.cluster.topology import Topology
 
 log = logging.getLogger("tfscache.admin")
 

@@ -23,8 +23,8 @@ from collections.abc import Awaitable, Callable
 from tfscache import errors
 from tfscache.cache.ledger import ResidentModel
 from tfscache.cache.manager import CacheManager
-from tfscache.repository import ModelRepository
-from tfscache.topology import Topology
+from tfscache.repository.local import ModelRepository
+from tfscache.cluster.topology import Topology
 
 
 @dataclass(frozen=True)

@@ -62,8 +62,8 @@ class NodeAdapter(Protocol):
 
 # kind -> "module:Class"; imported only when chosen.
 ADAPTERS: dict[str, str] = {
-    "tfserving": "tfscache.cache.tfserving:TFServingAdapter",
-    "triton": "tfscache.cache.triton:TritonAdapter",
+    "tfserving": "tfscache.kinds.tfserving.adapter:TFServingAdapter",
+    "triton": "tfscache.kinds.triton.adapter:TritonAdapter",
 }
 
 

@@ -1,4 +1,4 @@
-"""What a node's cache reports as it works (tfscache.metrics counts it)."""
+"""What a node's cache reports as it works (tfscache.observe.metrics counts it)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from tfscache.cache.ledger import Key
 
 
 class CacheEvents:
-    """What a CacheManager reports as it works; these do nothing (tfscache.metrics counts them).
+    """What a CacheManager reports as it works; these do nothing (tfscache.observe.metrics counts them).
 
     Called synchronously on the event loop: implementations must not block or raise.
     """

@@ -37,7 +37,7 @@ class Entry:
         self.leases = 0
         self.last_use = last_use  # wall-clock seconds
         self.waiters: list[asyncio.Future] = []
-        self.gpu = 0  # GPU bytes: learned from the growth across a load (tfscache.gpumem); 0 = none known
+        self.gpu = 0  # GPU bytes: learned from the growth across a load (tfscache.kinds.gpumem); 0 = none known
 
 
 class Pending:
@@ -93,7 +93,7 @@ class Ledger:
         return self.learned_gpu.get(key, 0)
 
     def learn_gpu(self, key: Key, size: int) -> None:
-        """``key``'s load grew its node's GPU memory by ``size`` bytes (tfscache.gpumem.share_growth)."""
+        """``key``'s load grew its node's GPU memory by ``size`` bytes (tfscache.kinds.gpumem.share_growth)."""
         self.learned_gpu[key] = size
         entry = self.entries.get(key)
         if entry is not None:

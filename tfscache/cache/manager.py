@@ -30,11 +30,11 @@ from tfscache.cache.policy import EvictionPolicy, make_policy
 from tfscache.cache.reloader import Reloader
 from tfscache.cache.signals import Signals, copy_error
 from tfscache.cache.state import CacheState, StateWriter, ledger_state, load_state
-from tfscache.cache.tfserving import TFServingAdapter
-from tfscache.gpumem import NodeGpuMemory
-from tfscache.nodeclient import NodeClient
-from tfscache.nodepid import NodeMemory
-from tfscache.repository import ModelRepository, check_name
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
+from tfscache.kinds.gpumem import NodeGpuMemory
+from tfscache.kinds.tfserving.client import NodeClient
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.repository.local import ModelRepository, check_name
 from tfscache.settings import CacheSection
 
 
@@ -47,7 +47,7 @@ class CacheManager:
                  find_node_pid: Callable[[], int | None] | None = None,
                  adapter: NodeAdapter | None = None, gpu: NodeGpuMemory | None = None,
                  gpu_cap: int = 0) -> None:
-        """``gpu`` and ``gpu_cap``: with a GPU cap in force (tfscache.gpumem.gpu_cap), the node's GPU
+        """``gpu`` and ``gpu_cap``: with a GPU cap in force (tfscache.kinds.gpumem.gpu_cap), the node's GPU
         memory, read around each load to learn each model's GPU size, and the cap in bytes."""
         self.node = node
         self.target = node.target

@@ -14,7 +14,7 @@ the live cache (the simulator and the cache cannot disagree). The rules:
    until the node reports it gone, so the caps hold at every instant.
 
 A third cap, ``gpu_bytes``, bounds the GPU memory of the models (``Entry.gpu``, learned from
-the growth across a load; tfscache.gpumem). A model never loaded before counts 0 GPU bytes
+the growth across a load; tfscache.kinds.gpumem). A model never loaded before counts 0 GPU bytes
 until its first load is measured; if that load takes the node over the GPU cap, rule 1
 unloads idle models until it fits again.
 """

@@ -23,8 +23,8 @@ from tfscache.cache.policy import EvictionPolicy
 from tfscache.cache.recovery import recover, startup
 from tfscache.cache.signals import Signals, fail
 from tfscache.cache.state import CacheState
-from tfscache.gpumem import share_growth
-from tfscache.repository import ModelRepository, not_found
+from tfscache.kinds.gpumem import share_growth
+from tfscache.repository.local import ModelRepository, not_found
 
 log = logging.getLogger("tfscache.cache")
 
@@ -43,7 +43,7 @@ class Reloader:
         self.signals = signals
         self.settings = settings
         self.events = events
-        self.gpu = None  # tfscache.gpumem.NodeGpuMemory when a GPU cap is in force: sizes learned per load
+        self.gpu = None  # tfscache.kinds.gpumem.NodeGpuMemory when a GPU cap is in force: sizes learned per load
 
     def memory_now(self) -> tuple[int | None, int | None]:
         """In a worker thread: the node's host memory and (with a GPU cap) its GPU memory now."""

@@ -30,7 +30,6 @@ lost its state, not that every sidecar died.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import logging
 import random
@@ -41,6 +40,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tfscache.importer import load
 from tfscache.discovery.peer import Peer, parse_peers
 
 if TYPE_CHECKING:
@@ -272,12 +272,7 @@ class WatchingDiscovery(Discovery):
 
 def make_discovery(name: str, **options) -> Discovery:
     """A new Discovery by its name in ``BACKENDS``; ValueError names the known ones."""
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown discovery backend {name!r}; known: {', '.join(sorted(BACKENDS))}") from None
-    module_name, class_name = target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)(**options)
+    return load(BACKENDS, name, "discovery backend")(**options)
 
 
 def from_settings(settings: Any, config_file: str | Path | None = None) -> Discovery:

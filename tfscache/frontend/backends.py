@@ -10,7 +10,7 @@ request" from TF Serving, "Request for unknown model:" from Triton) has lost it 
 restarted behind a sidecar, at the same address): the cache rechecks and restores what it
 lost, and the request is sent once more.
 ``GetModelStatus`` (and the Open Inference Protocol's ModelReady) takes no lease and
-loads nothing (``tfscache.frontend.probe``).
+loads nothing (``tfscache.frontend.protocols.tfserving.probe``).
 Both kinds say when they can serve again (``wait_serving``), for the router to wait
 on a node that restarts.
 
@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 from tfscache import errors
-from tfscache.frontend import probe
-from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.protocols.tfserving import probe
+from tfscache.frontend.protocols.tfserving.methods import RouteKey
 from tfscache.frontend.upstream import RestReply, Upstream
 
 FORWARDED_KEY = "x-tfscache-forwarded"  # gRPC metadata key / HTTP header on a forwarded request

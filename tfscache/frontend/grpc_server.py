@@ -26,7 +26,7 @@ import grpc
 
 from tfscache import errors, logs
 from tfscache.frontend.backends import FORWARDED_KEY
-from tfscache.frontend.methods import METHODS, RELOAD_PATH, RELOAD_REFUSED, Method, RouteKey
+from tfscache.frontend.protocols.tfserving.methods import METHODS, RELOAD_PATH, RELOAD_REFUSED, Method, RouteKey
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import forwardable_metadata
 
@@ -60,7 +60,7 @@ class _Handlers(grpc.GenericRpcHandler):
     def __init__(self, router: Router, metrics, methods: Mapping[str, Method],
                  refused: Mapping[str, errors.TfscacheError]) -> None:
         self._router = router
-        self._metrics = metrics  # tfscache.metrics.Metrics: requests counted by method and code
+        self._metrics = metrics  # tfscache.observe.metrics.Metrics: requests counted by method and code
         self._handlers = {path: grpc.unary_unary_rpc_method_handler(self._behavior(method))
                           for path, method in methods.items()}
         for path, error in refused.items():

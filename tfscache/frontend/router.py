@@ -29,9 +29,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from tfscache import errors, logs
-from tfscache.frontend.methods import STATUS_PATH, RouteKey, status_not_found
+from tfscache.frontend.protocols.tfserving.methods import STATUS_PATH, RouteKey, status_not_found
 from tfscache.frontend.upstream import RestReply
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 log = logging.getLogger("tfscache.frontend.router")
 
@@ -53,15 +53,15 @@ class Router:
 
     def __init__(self, ring: Ring, backends: dict, local: str | None = None, repository=None,
                  wait_s: float = 600.0, metrics=None) -> None:
-        self.metrics = metrics  # tfscache.metrics.Metrics: forwards to peers and retries counted per backend
+        self.metrics = metrics  # tfscache.observe.metrics.Metrics: forwards to peers and retries counted per backend
         self.ring = ring
         self.backends = backends  # ring node name -> Backend (tfscache.frontend.backends)
         self.local = local  # sidecar mode: the name of this sidecar's own node
-        self.repository = repository  # tfscache.repository.ModelRepository: version labels
+        self.repository = repository  # tfscache.repository.local.ModelRepository: version labels
         self.wait_s = wait_s  # how long a request without a deadline waits for a node to come back
 
     def update(self, ring: Ring, backends: Mapping) -> None:
-        """Route over ``ring`` and ``backends`` from now on (tfscache.topology.Topology calls this).
+        """Route over ``ring`` and ``backends`` from now on (tfscache.cluster.topology.Topology calls this).
 
         Both change together: a request that looks up a ring node finds its backend.
         """

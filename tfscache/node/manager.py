@@ -47,7 +47,7 @@ from tfscache.node.loader_harness import (
 )
 from tfscache.node.monitor import StateMonitor
 from tfscache.node.source import FileSystemSource
-from tfscache.repository import check_name_length
+from tfscache.repository.local import check_name_length
 
 log = logging.getLogger("tfscache.node.manager")
 

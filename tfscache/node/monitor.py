@@ -23,7 +23,7 @@ from tensorflow_serving.apis import get_model_status_pb2
 
 from tfscache.errors import DeadlineExceeded, InvalidArgument, NotFound, Unknown, code_name
 from tfscache.node.loader_harness import ServableState, State
-from tfscache.repository import check_name_length
+from tfscache.repository.local import check_name_length
 
 
 @dataclass(eq=False)

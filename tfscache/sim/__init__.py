@@ -1,6 +1,6 @@
 """The policy simulator's parts: trace reading, the replay engine, and its reports.
 
-``tfscache simulate`` (tfscache/simulate.py) replays a request log through per-node
+``tfscache simulate`` (tfscache/cli/simulate.py) replays a request log through per-node
 caches driven by the very policy classes the cache manager uses.
 """
 

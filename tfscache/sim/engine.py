@@ -1,6 +1,6 @@
 """Replay a trace through per-node caches: a policy's counts, and Belady's.
 
-Routing is tfscache's own: ``tfscache.ring.Ring`` over nodes ``node0 .. node{N-1}``
+Routing is tfscache's own: ``tfscache.cluster.ring.Ring`` over nodes ``node0 .. node{N-1}``
 (the names the embedded supervisor gives), one replica per model, each request going
 to its model's home node. Nodes share nothing, so each node's requests are replayed
 alone, through its own policy instance, in time order.
@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 from tfscache.cache.ledger import READY, Ledger, Pending
 from tfscache.cache.planner import Caps, plan
 from tfscache.cache.policy import EvictionPolicy
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 from tfscache.sim.trace import Trace
 
 BELADY = "belady"

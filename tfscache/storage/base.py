@@ -42,7 +42,7 @@ def disk_error(exc: OSError, path: Path) -> TfscacheError:
 
 
 class TierEvents:
-    """What the disk tier reports as it works (no-ops; ``tfscache.tiermetrics`` counts them)."""
+    """What the disk tier reports as it works (no-ops; ``tfscache.observe.tiermetrics`` counts them)."""
 
     def hit(self) -> None:
         """A fetch found its version complete and current on disk (concurrent fetches of one

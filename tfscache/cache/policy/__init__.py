@@ -13,10 +13,11 @@ when the node has a memory cap and ``lru`` otherwise (docs/policy.md has the fig
 
 from __future__ import annotations
 
-import importlib
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable
 from typing import Any
+
+from tfscache.importer import load
 
 Key = Hashable
 
@@ -81,10 +82,5 @@ def make_policy(name: str = "lru", section: Any = None) -> EvictionPolicy:
     ValueError names the known ones.
     """
     name = resolve(name, section.memory_per_node if section is not None else 0)
-    try:
-        target = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown eviction policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    module_name, class_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls = load(POLICIES, name, "eviction policy")
     return cls() if section is None else cls.from_settings(section)

@@ -1,0 +1,176 @@
+"""The Open Inference Protocol's (KServe v2) REST API, for Triton nodes: ``RestFrontend(api=OipRestApi)``.
+
+URLs are matched with Triton's own patterns (http_server.cc) only to find the model
+name and version for routing; bodies are not parsed. A request goes to the chosen
+node's REST port with its body and its ``Content-Type``, ``Content-Encoding`` and
+``Inference-Header-Content-Length`` headers unchanged (the binary tensor extension),
+and the node's reply comes back with its status, body, ``Content-Type`` and
+``Inference-Header-Content-Length`` unchanged.
+
+* ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready`` and ``/v2/models/stats`` name no
+  model: any healthy node answers (a sidecar's own node).
+* ``GET /v2/models/NAME[/versions/V]`` (metadata), ``.../config``, ``.../stats`` and
+  ``POST .../infer``, ``.../generate`` take a lease: the model loads.
+* ``GET .../ready`` is a readiness probe and loads nothing: it is asked as gRPC ModelReady
+  (``oip_methods``, ``probe``) and answered as Triton does, 200 with no body or 400
+  ``{"error":"Model version not ready"}``.
+* A model the repository lacks is asked of a node without a lease, for Triton's own 404.
+* ``/v2/repository/...`` is refused (400, ``oip_methods.REPOSITORY_REFUSED``); shared
+  memory, trace and log settings and ``generate_stream`` are not served (501).
+
+Errors raised here are mapped in one place to Triton's body ``{"error":"<message>"}``
+with the error's HTTP status.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from tfscache import errors, logs
+from tfscache.frontend.backends import FORWARDED_KEY
+from tfscache.frontend.grpc_server import REQUEST_ID_KEY, new_request_id
+from tfscache.frontend.protocols.tfserving.methods import RouteKey
+from tfscache.frontend.protocols.oip.methods import (MODEL_READY_PATH, REPOSITORY_REFUSED, name_request, parse_version,
+                                           read_ready, unknown_model)
+from tfscache.frontend.protocols.tfserving.rest import REQUEST_ID_HEADER
+from tfscache.frontend.router import Router
+
+log = logging.getLogger("tfscache.frontend.protocols.oip.rest")
+
+_SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
+_MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
+                    r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
+_REPOSITORY = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
+_UNSERVED = re.compile(r"/v2/(?:systemsharedmemory|cudasharedmemory|trace|logging)(?:/.*)?")
+_ALL_STATS = "/v2/models/stats"
+_FORWARD_HEADERS = ("Content-Type", "Accept", "Accept-Encoding", "Content-Encoding", "Inference-Header-Content-Length")
+NOT_READY = "Model version not ready"
+
+
+@dataclass(frozen=True)
+class OipRoute:
+    """What a v2 URL names: the method it stands for, the HTTP method it takes, the model."""
+
+    method: str  # the gRPC method's name (metrics count REST requests under it)
+    http_method: str
+    key: RouteKey | None = None
+
+
+_SERVER_METHODS = {None: "ServerMetadata", "live": "ServerLive", "ready": "ServerReady"}
+_MODEL_METHODS = {None: ("ModelMetadata", "GET"), "ready": ("ModelReady", "GET"), "config": ("ModelConfig", "GET"),
+                  "stats": ("ModelStatistics", "GET"), "infer": ("ModelInfer", "POST"),
+                  "generate": ("ModelGenerate", "POST")}
+
+
+def parse_url(path: str) -> OipRoute:
+    """Triton's URL dispatch: the route, or NotFound "Not Found", or the refusal of an API not served."""
+    if match := _SERVER.fullmatch(path):
+        return OipRoute(_SERVER_METHODS[match.group(1)], "GET")
+    if path == _ALL_STATS:
+        return OipRoute("ModelStatistics", "GET")
+    if match := _MODEL.fullmatch(path):
+        name, version, kind = match.groups()
+        if kind not in _MODEL_METHODS:
+            raise errors.Unimplemented(f"{kind} is not served by tfscache")
+        method, http_method = _MODEL_METHODS[kind]
+        return OipRoute(method, http_method, RouteKey(unquote(name), version=parse_version(version or "")))
+    if _REPOSITORY.fullmatch(path):
+        raise errors.FailedPrecondition(REPOSITORY_REFUSED)
+    if _UNSERVED.fullmatch(path):
+        raise errors.Unimplemented("shared memory, trace and log settings are per node: tfscache routes each "
+                                   "request to one of several nodes and does not serve them")
+    raise errors.NotFound("Not Found")
+
+
+def error_response(status: int, message: str) -> web.Response:
+    """Triton's REST error body."""
+    return web.Response(status=status, text=json.dumps({"error": message}, separators=(",", ":")),
+                        content_type="application/json")
+
+
+class OipRestApi:
+    """The /v2 URLs over the router; ``respond`` is RestFrontend's one handler for every request."""
+
+    def __init__(self, router: Router, *, max_receive_bytes: int, timeout_s: float) -> None:
+        self._router = router
+        self._max_receive = max_receive_bytes
+        self._timeout_s = timeout_s
+
+    async def respond(self, request: web.Request) -> tuple[web.StreamResponse, str]:
+        """The response, and the method to count it under ("unknown" when the URL names none)."""
+        path = request.raw_path.partition("?")[0]
+        method = "unknown"
+        request_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
+        logs.bind(model=None, node=None, request_id=request_id)
+        try:
+            route = parse_url(path)
+            method = route.method
+            if request.method != route.http_method:
+                return error_response(405, "Method Not Allowed"), method
+            logs.bind(model=route.key.name if route.key is not None else None)
+            response = await self._send(request, route, request_id)
+        except errors.TfscacheError as exc:
+            log.debug("%s %s: %s", request.method, path, exc.http_status)
+            return error_response(exc.http_status, exc.message), method
+        except Exception:  # noqa: BLE001 - the one place unknown errors become 500
+            log.exception("%s %s failed", request.method, path)
+            return error_response(500, "internal error in tfscache front end"), method
+        log.debug("%s %s: %s", request.method, path, response.status)
+        return response, method
+
+    async def _send(self, request: web.Request, route: OipRoute, request_id: str) -> web.StreamResponse:
+        forwarded = FORWARDED_KEY in request.headers
+        if route.method == "ModelReady":
+            return await self._ready(route.key, request_id, forwarded)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge as exc:
+            raise errors.ResourceExhausted(f"request body larger than the limit of {self._max_receive} bytes") from exc
+        headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
+        headers[REQUEST_ID_HEADER] = request_id
+
+        def send(route_key: RouteKey | None):
+            return self._router.rest(route_key, request.method, request.raw_path, body, headers, self._timeout_s,
+                                     forwarded=forwarded)
+
+        try:
+            reply = await send(route.key)
+        except errors.ModelNotFound as missing:
+            if route.key is None:
+                raise
+            reply = await self._unknown(route.key, missing, send)
+        return web.Response(status=reply.status, body=reply.body,
+                            headers={"Content-Type": reply.content_type, **dict(reply.headers)})
+
+    async def _ready(self, key: RouteKey, request_id: str, forwarded: bool) -> web.Response:
+        """GET .../ready as gRPC ModelReady: the status probe that loads nothing."""
+        deadline = time.monotonic() + self._timeout_s
+        request, metadata = name_request(key), ((REQUEST_ID_KEY, request_id),)
+
+        def ask(route_key: RouteKey | None):
+            return self._router.grpc(MODEL_READY_PATH, route_key, request, metadata, deadline, forwarded)
+
+        try:
+            reply = await ask(key)
+        except errors.ModelNotFound as missing:
+            reply = await self._unknown(key, missing, ask)
+        if read_ready(reply):
+            return web.Response(status=200)
+        return error_response(400, NOT_READY)
+
+    @staticmethod
+    async def _unknown(key: RouteKey, missing: errors.ModelNotFound, send):
+        """A model the repository lacks: a node's own answer, ``send(None)`` (no key: no lease; no
+        node holds it, the cache alone loads), in Triton's words; those words made here when none
+        answers."""
+        try:
+            return await send(None)
+        except (errors.Unavailable, errors.DeadlineExceeded):
+            raise unknown_model(key) from missing

@@ -1,0 +1,1 @@
+"""TF Serving's API: PredictionService/ModelService methods, /v1 REST URLs, the status probe."""

@@ -1,0 +1,1 @@
+"""The kinds of model server behind tfscache: the NodeKind table, node processes, their memory."""

@@ -1,0 +1,236 @@
+"""Local TF Serving node processes for the embedded default: start, watch, restart, stop.
+
+Each node is a child process (``tfscache node``, or ``--node-command`` such as the real
+``tensorflow_model_server``) on 127.0.0.1 with an empty ``model_config_list {}``: the
+node's CacheManager alone fills it. ``tfscache node`` picks free ports itself and
+reports them in ``--ports_file``; tensorflow_model_server cannot, so ports are chosen
+for it (bind port 0, read, close: a small race, the only place we accept one).
+
+A node that exits unexpectedly is restarted (with a backoff if it keeps crashing);
+``on_exit`` / ``on_start`` let the owner drop and rebuild the node's client and cache.
+Children die with this process and only then: they run in their own session, so a
+signal to the terminal's process group reaches only this process (which then stops
+them in order, without restarting them first); PR_SET_PDEATHSIG (set by
+setpriv) sends them SIGTERM if this process is killed; ``stop()`` sends SIGTERM, then SIGKILL after a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable
+
+from tfscache.settings import NodeSection
+
+log = logging.getLogger("tfscache.kinds.supervisor")
+
+EMPTY_CONFIG = "model_config_list {\n}\n"
+
+
+@dataclass
+class NodeProcess:
+    """One running (or restarting) node child."""
+
+    index: int
+    name: str
+    grpc_port: int = 0
+    rest_port: int = 0
+    pid: int = 0
+    restarts: int = 0
+    started_at: float = 0.0
+    process: asyncio.subprocess.Process | None = field(default=None, repr=False)
+
+    @property
+    def grpc_address(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def rest_address(self) -> str:
+        return f"127.0.0.1:{self.rest_port}"
+
+
+def _die_with_parent(argv: list[str]) -> list[str]:
+    """``argv`` run under util-linux's ``setpriv --pdeathsig TERM``, when it is installed.
+
+    The child must get SIGTERM if this process is killed (PR_SET_PDEATHSIG). Setting it
+    from a ``preexec_fn`` would run Python in the forked child of a multi-threaded
+    process (gRPC's threads), which crashed now and then; setpriv sets it after the
+    fork, outside Python, and the setting survives its exec of ``argv``.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        log.warning("setpriv not found: node processes will outlive this one if it is killed")
+        return argv
+    return [setpriv, "--pdeathsig", "TERM", "--", *argv]
+
+
+def free_port() -> int:
+    """A port free right now on 127.0.0.1 (for servers that cannot report their own)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Supervisor:
+    """K node children; ``start()`` returns once all serve, ``stop()`` ends them all."""
+
+    def __init__(self, settings: NodeSection, state_dir: Path, *,
+                 on_start: Callable[[NodeProcess], Awaitable[None]] | None = None,
+                 on_exit: Callable[[NodeProcess], Awaitable[None]] | None = None,
+                 launcher: Callable[[NodeProcess], tuple[list[str], dict[str, str] | None]] | None = None) -> None:
+        """``launcher(node)``: the command line and environment of another kind of node (it sets the
+        node's ports; serving means both accept connections); None: TF Serving's, as ``command``."""
+        self.settings = settings
+        self._launcher = launcher
+        self.state_dir = Path(state_dir)
+        self.nodes = [NodeProcess(i, f"node{i}") for i in range(settings.local_nodes)]
+        self._on_start = on_start
+        self._on_exit = on_exit
+        self._watchers: list[asyncio.Task] = []
+        self._stopping = False
+
+    async def start(self) -> list[NodeProcess]:
+        """Start every node and wait until all serve; then watch them."""
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            await asyncio.gather(*(self._spawn(node) for node in self.nodes))
+        except BaseException:
+            await self.stop(grace=1.0)
+            raise
+        self._watchers = [asyncio.create_task(self._watch(node), name=f"watch-{node.name}")
+                          for node in self.nodes]
+        return self.nodes
+
+    def command(self, node: NodeProcess) -> list[str]:
+        """The node's command line: TF Serving's flags, plus tfscache's for `tfscache node`."""
+        s = self.settings
+        config = self.state_dir / f"{node.name}.config"
+        config.write_text(EMPTY_CONFIG)
+        common = [f"--model_config_file={config}", f"--max_num_load_retries={s.max_num_load_retries}",
+                  f"--num_load_threads={s.num_load_threads}", "--num_unload_threads=1"]
+        if s.node_command:
+            node.grpc_port, node.rest_port = free_port(), free_port()
+            poll = max(1, math.ceil(s.file_system_poll_wait_seconds))  # an int32 flag there
+            return [*shlex.split(s.node_command), f"--port={node.grpc_port}",
+                    f"--rest_api_port={node.rest_port}", f"--file_system_poll_wait_seconds={poll}",
+                    *common, *s.extra_args]
+        return [sys.executable, "-m", "tfscache", "node", "--port=0", "--rest_api_port=0",
+                f"--ports_file={self._ports_file(node)}", "--bind_address=127.0.0.1",
+                f"--file_system_poll_wait_seconds={s.file_system_poll_wait_seconds}", *common, *s.extra_args]
+
+    def _ports_file(self, node: NodeProcess) -> Path:
+        return self.state_dir / f"{node.name}.ports.json"
+
+    async def _spawn(self, node: NodeProcess) -> None:
+        ports_file = self._ports_file(node)
+        ports_file.unlink(missing_ok=True)
+        argv, env = self._launcher(node) if self._launcher is not None else (self.command(node), None)
+        log.info("starting %s: %s", node.name, shlex.join(argv))
+        node.process = await asyncio.create_subprocess_exec(
+            *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
+        node.pid = node.process.pid
+        node.started_at = time.monotonic()
+        try:
+            deadline = time.monotonic() + self.settings.start_timeout_s
+            while not await self._serving(node, ports_file):
+                if node.process.returncode is not None:
+                    raise RuntimeError(f"{node.name} exited with {node.process.returncode} before serving "
+                                       f"(command: {shlex.join(argv)})")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{node.name} did not serve within {self.settings.start_timeout_s} s")
+                await asyncio.sleep(0.05)  # polling a condition with a deadline
+            log.info("%s serving: pid %s, gRPC %s, REST %s", node.name, node.pid, node.grpc_port,
+                     node.rest_port)
+            if self._on_start is not None:
+                await self._on_start(node)
+        except BaseException:
+            if node.process.returncode is None:
+                _signal(node.process, signal.SIGKILL)
+                await node.process.wait()
+            raise
+
+    async def _serving(self, node: NodeProcess, ports_file: Path) -> bool:
+        if not self.settings.node_command and self._launcher is None:
+            try:
+                ports = json.loads(ports_file.read_text())
+            except (OSError, ValueError):
+                return False
+            node.grpc_port, node.rest_port = int(ports["grpc"]), int(ports["rest"])
+            return True
+        return await _accepts(node.grpc_port) and await _accepts(node.rest_port)
+
+    async def _watch(self, node: NodeProcess) -> None:
+        backoff = 0.5
+        while True:
+            rc = await node.process.wait()
+            if self._stopping:
+                return
+            log.error("%s (pid %s) exited with %s; restarting it", node.name, node.pid, rc)
+            _kill_group(node.pid)  # its children (Triton's python-backend stubs) may outlive it
+            if time.monotonic() - node.started_at > 30:
+                backoff = 0.5  # it ran a while: not a crash loop
+            if self._on_exit is not None:
+                await self._on_exit(node)
+            while not self._stopping:
+                try:
+                    await self._spawn(node)
+                    break
+                except Exception as exc:  # noqa: BLE001 - keep trying; the node is needed
+                    log.error("restarting %s failed: %s; retrying in %.1f s", node.name, exc, backoff)
+                    await asyncio.sleep(backoff)  # back off a crash loop
+                    backoff = min(backoff * 2, 10.0)
+            node.restarts += 1
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM every node, SIGKILL what is left after ``grace`` seconds; wait for all."""
+        self._stopping = True
+        for task in self._watchers:
+            task.cancel()
+        running = [n.process for n in self.nodes if n.process is not None and n.process.returncode is None]
+        for process in running:
+            _signal(process, signal.SIGTERM)
+        if running:
+            done, pending = await asyncio.wait([asyncio.create_task(p.wait()) for p in running], timeout=grace)
+            for process in running:
+                if process.returncode is None:
+                    _signal(process, signal.SIGKILL)
+            await asyncio.gather(*(p.wait() for p in running))
+        for node in self.nodes:
+            if node.pid:
+                _kill_group(node.pid)
+        log.info("stopped %d node(s)", len(running))
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL what is left of a node's process group (the node ran as its session leader)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal(process: asyncio.subprocess.Process, sig: int) -> None:
+    try:
+        process.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
+async def _accepts(port: int) -> bool:
+    try:
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    return True

@@ -1,0 +1,1 @@
+"""TF Serving as a node kind: its ModelService client, its node adapter, its launcher."""

@@ -1,0 +1,135 @@
+"""The metrics port of ``tfscache serve``: ``/metrics`` (Prometheus) and ``/status`` (JSON).
+
+An aiohttp server on the same event loop as the front ends. Both pages are computed
+when asked, from the ``Metrics`` registry and from what the ``Topology`` holds now:
+its backends (local nodes with their CacheManager, peer sidecars) and its ring.
+
+``/status`` is the document ``tfscache status`` prints::
+
+    {"time": 1767225600.0,                       # the server's wall clock
+     "hits": 12, "misses": 3, "hit_ratio": 0.8,  # hit_ratio null before any request
+     "ring": {"nodes": ["node0", "node1"], "replicas": 1},
+     "nodes": [{"name": "node0", "kind": "node", "address": "127.0.0.1:40123", "healthy": true,
+                "resident_models": 1, "resident_bytes": 240000, "leases": 0, "queue": [],
+                "model_states": {"loading": {"models": 0, "bytes": 0},
+                                 "available": {"models": 1, "bytes": 240000},
+                                 "unloading": {"models": 0, "bytes": 0}},
+                "caps": {"max_models": 2, "memory_bytes": 0},
+                "models": [{"name": "a", "version": 1, "bytes": 240000, "measured": true,
+                            "leases": 0, "last_use": 1767225599.5, "state": "available",
+                            "pinned": false}]},
+               {"name": "b", "kind": "peer", "address": "10.0.0.2:8500", "healthy": true}],
+     "scale": {"advice": 0, "reason": "0.2 unloads per minute per node > 0", "window_s": 300.0,
+               "unloads_per_minute": {"node0": 0.2}}}
+
+Per local node: ``resident_models`` and ``resident_bytes`` count the *available* versions
+only (before issue 10 they counted loading and unloading ones too, so a node capped at 3
+could show 5); ``model_states`` has every state apart, each key always present; ``models``
+lists every version in the node's config with its ``state``. ``caps`` are the cache's caps
+(0 = none; ``null`` while the node is down). The caps bound loading + available versions
+(victims stop counting when they turn unloading; see tfscache.observe.metrics), so the count cap
+holds while ``loading.models + available.models <= max_models``, and the memory cap
+likewise with the bytes.
+
+``scale`` is the scaling signal over the local nodes (tfscache.observe.scale, docs/scaling.md):
+``advice`` +1 more nodes, 0 hold, -1 fewer, with its ``reason``; each local node's capacity
+unloads per minute over the last ``window_s`` seconds (also in its entry, ``unloads_per_minute``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from tfscache.frontend.backends import NodeBackend
+from tfscache.observe.gauges import NodeView, by_state, caps
+from tfscache.observe.metrics import Metrics
+from tfscache.cluster.topology import Topology
+from tfscache.webserver import WebServer
+
+log = logging.getLogger("tfscache.observe.server")
+
+
+def watch(metrics: Metrics, topology: Topology) -> None:
+    """Point the gauges at the topology's local nodes, ring and backends (read at every scrape; they change)."""
+    metrics.watch(lambda: _node_views(topology), lambda: len(topology.ring.nodes), lambda: list(topology.backends))
+
+
+def _node_views(topology: Topology) -> list[NodeView]:
+    return [NodeView(b.name, b.cache, bool(b.healthy)) for b in topology.nodes()]
+
+
+def status_document(metrics: Metrics, topology: Topology, tier=None) -> dict[str, Any]:
+    """What ``/status`` serves (see the module docstring)."""
+    hits, misses = metrics.hit_counts()
+    ring = topology.ring
+    loads = metrics.node_loads(_node_views(topology))
+    rates = {load.name: load.unloads_per_minute for load in loads}
+    advice = metrics.advice(loads)
+    nodes = []
+    for backend in list(topology.backends.values()):
+        local = isinstance(backend, NodeBackend)
+        upstream = backend.upstream
+        node: dict[str, Any] = {"name": backend.name, "kind": "node" if local else "peer",
+                                "address": upstream.grpc_address if upstream is not None else None,
+                                "healthy": bool(backend.healthy)}
+        if local:
+            node.update(_local_node(backend.cache), unloads_per_minute=rates.get(backend.name, 0.0))
+        nodes.append(node)
+    document = {"time": time.time(), "hits": hits, "misses": misses,
+                "hit_ratio": hits / (hits + misses) if hits + misses else None,
+                "ring": {"nodes": ring.nodes, "replicas": ring.replicas},
+                "nodes": nodes,
+                "scale": {"advice": advice.value, "reason": advice.reason, "window_s": metrics.unload_rate.window_s,
+                          "unloads_per_minute": rates}}
+    if tier is not None:  # a bucket's repository: {"url", "directory", "bytes", "cap_bytes", "versions", ...}
+        document["disk_tier"] = tier.describe()
+    return document
+
+
+def _local_node(cache) -> dict[str, Any]:
+    """The keys of a local node's entry: its models by state, caps, leases and queue."""
+    resident = list(cache.snapshot()) if cache is not None else []
+    states = {state: {"models": len(group), "bytes": sum(m.bytes for m in group)}
+              for state, group in by_state(resident).items()}
+    limits = None  # unknown while the node is down
+    if cache is not None:
+        count_cap, bytes_cap = caps(cache)
+        limits = {"max_models": count_cap, "memory_bytes": bytes_cap}
+    models = [dataclasses.asdict(m) for m in resident]
+    return {"resident_models": states["available"]["models"], "resident_bytes": states["available"]["bytes"],
+            "leases": sum(m.leases for m in resident),
+            "queue": [dataclasses.asdict(q) for q in cache.queue()] if cache is not None else [],
+            "model_states": states, "caps": limits,
+            "models": sorted(models, key=lambda m: (m["name"], m["version"]))}
+
+
+class ObserveServer(WebServer):
+    """``/metrics`` and ``/status`` on their own port; ``start()`` returns the bound port."""
+
+    what = "metrics and status"
+
+    def __init__(self, metrics: Metrics, topology: Topology, *, bind_address: str, port: int,
+                 tier=None) -> None:
+        super().__init__(bind_address, port)
+        self.metrics = metrics
+        self._topology = topology
+        self._tier = tier  # tfscache.storage.tier.DiskTier of a bucket's repository, else None
+
+    def web_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/status", self._status)
+        return app
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        body = generate_latest(self.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(status_document(self.metrics, self._topology, self._tier))

@@ -1,0 +1,133 @@
+"""A model repository in a bucket (s3://, gs://, az://), seen through the local disk tier.
+
+``RemoteRepository`` is a ``tfscache.repository.local.ModelRepository`` whose root is the tier's
+directory, so nodes are given local paths (``ROOT/NAME`` as TF Serving's base_path, ``ROOT``
+as Triton's model repository) and never read the bucket. What differs:
+
+* Versions come from the bucket's listing of ``NAME/`` (``DiskTier.versions``: at most one
+  listing per ``rescan_s``; nothing is listed at start-up), not from the directory: a version
+  is known before it was downloaded. Sizes on disk are the listed object sizes.
+* ``prepare(name, version)`` downloads the version into the tier (once, however many ask). The
+  cache's reloader calls it for the versions it admitted, after their victims left the node,
+  so the room they held on disk is free; from admission until the node unloaded it, the
+  version is in the cache's ledger and ``in_use`` keeps it in the tier.
+* The model's own files (``labels.json``, Triton's ``config.pbtxt``) are copied beside the
+  versions at each fetch and when a request names a label.
+
+The synchronous methods (``versions``, ``resolve``, ``version_path``, ``disk_bytes``) are
+called in worker threads, as for a local directory; they wait for the tier's coroutines on
+the event loop. Called on the event loop itself they raise rather than deadlock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tfscache import errors
+from tfscache.repository.local import LABELS_FILE, ModelRepository, check_name, not_found
+from tfscache.storage.layout import VersionListing
+from tfscache.storage.tier import DiskTier
+
+T = TypeVar("T")
+
+
+class RemoteRepository(ModelRepository):
+    """The models under a bucket URL, downloaded on demand into ``tier``."""
+
+    local = False  # nodes read the tier, which the cache fills before each load (``prepare``)
+
+    def __init__(self, url: str, tier: DiskTier, *, rescan_s: float = 1.0) -> None:
+        super().__init__(tier.root, rescan_s=rescan_s)
+        self.url = url
+        self.tier = tier
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: int | None = None
+
+    async def start(self) -> None:
+        """Adopt what the tier holds on disk; remember the loop the tier's coroutines run on."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        await self.tier.start()
+
+    def set_in_use(self, in_use: Callable[[tuple[str, int]], set[str]]) -> None:
+        """What the nodes do with a version now (``DiskTier``'s ``in_use``): one in use stays in the tier."""
+        self.tier.in_use = in_use
+
+    # -- what the cache calls -----------------------------------------------------------
+
+    async def prepare(self, name: str, version: int) -> None:
+        """Download the version into the tier unless it is there and current (one download however
+        many ask). The cache calls it for a version it admitted (in its ledger: ``in_use`` keeps it)."""
+        await self.tier.fetch(name, version)
+
+    def versions(self, name: str) -> dict[int, Path]:
+        """The bucket's versions of ``name``; with the store unreachable, the ones on disk in the tier
+        (a model the nodes serve keeps serving through an outage), or Unavailable if none."""
+        try:
+            listed = self._listing(name)
+        except errors.Unavailable:
+            listed = [v for n, v in self.tier.resident() if n == name]
+            if not listed:
+                raise
+        return {v: self.root / name / str(v) for v in listed}
+
+    def version_path(self, name: str, version: int) -> Path | None:
+        """The version's directory in the tier if the bucket lists it (downloaded or not). With the
+        store unreachable, a version on disk in the tier still counts (nodes serve it meanwhile)."""
+        try:
+            listed = version in self._listing(name)
+        except errors.Unavailable:
+            if (name, version) in self.tier.resident():
+                return self.root / name / str(version)
+            raise
+        return self.root / name / str(version) if listed else None
+
+    def vanished(self, keys) -> list[tuple[str, int]]:
+        """Versions the bucket's last listing of their model lacks. Lists nothing: the cache asks at
+        every step, and a listing per resident model per step would be a storm of LIST calls; a model's
+        listing is renewed by the requests for it (at most once per ``rescan_s``)."""
+        gone = []
+        for name, version in keys:
+            listing = self.tier.listed(name)
+            if listing is not None and version not in listing:
+                gone.append((name, version))
+        return gone
+
+    def disk_bytes(self, name: str, version: int) -> int:
+        listing = self._listing(name).get(version)
+        if listing is None:
+            raise not_found(name, version)
+        if listing.bytes > self.tier.cap_bytes:  # before the cache makes room for it on a node
+            raise self.tier.too_large((name, version), listing.bytes)
+        return listing.bytes
+
+    def exists(self, name: str) -> bool:
+        return bool(self._listing(name))
+
+    async def refresh_labels(self, name: str) -> None:
+        """Copy the bucket's labels.json beside the versions (if listed or changed), then read it."""
+        check_name(name)
+        try:
+            await self.tier.model_file(name, LABELS_FILE)  # one listing per rescan_s; a download if changed
+        except errors.Unavailable:
+            if not await asyncio.to_thread((self.root / name / LABELS_FILE).is_file):
+                raise
+        await super().refresh_labels(name)
+
+    # -- the bridge from worker threads to the tier ---------------------------------------
+
+    def _listing(self, name: str) -> dict[int, VersionListing]:
+        check_name(name)
+        return self._wait(self.tier.versions(name))
+
+    def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._loop_thread:
+            coro.close()
+            raise errors.Internal(f"repository {self.url}: listed before start() or on the event loop "
+                                  "(the listing is awaited from a worker thread)")
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
