@@ -35,6 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache.cache.manager import CacheManager  # noqa: E402
 from tfscache.settings import CacheSection  # noqa: E402
 from tfscache.kinds.tfserving.client import END, NodeClient  # noqa: E402
@@ -80,7 +82,7 @@ async def until_end(client: NodeClient, names: list[str]) -> None:
 async def fresh_cache(client: NodeClient, repository: ModelRepository, pid: int, names: list[str],
                       **settings) -> CacheManager:
     """A started cache on an emptied node (start() clears it; wait for the unloads)."""
-    cache = CacheManager(client, repository, CacheSection(**settings), node_pid=pid,
+    cache = CacheManager(TFServingAdapter(client, repository, memory=NodeMemory(pid)), repository, CacheSection(**settings),
                          state_file=Path(tempfile.mkdtemp()) / "state.json")
     await cache.start()
     await until_end(client, names)

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tfscache.kinds.gpumem import NodeGpuMemory, NvmlReader, ScriptedReader, gpu_cap, process_tree, share_growth
+from tfscache.cache.planner import share_growth
+from tfscache.kinds.gpumem import NodeGpuMemory, NvmlReader, ScriptedReader, gpu_cap, process_tree
 
 GiB = 1 << 30
 

@@ -13,6 +13,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tfscache.frontend.protocols.tfserving import PROTOCOL
 from tfscache.frontend.health import Health
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -30,7 +31,7 @@ async def served():
 @contextlib.asynccontextmanager
 async def serving_health(poll_s: float):
     state = {"serving": True}
-    health = Health(lambda: state["serving"], poll_s=poll_s)
+    health = Health(lambda: state["serving"], services=PROTOCOL.health_services, poll_s=poll_s)
     server = grpc.aio.server()
     server.add_generic_rpc_handlers([health.handler()])
     port = server.add_insecure_port("127.0.0.1:0")
@@ -102,7 +103,7 @@ def test_a_failing_status_callable_reads_as_not_serving(caplog) -> None:
     def broken() -> bool:
         raise RuntimeError("bug")
 
-    health = Health(broken)
+    health = Health(broken, services=PROTOCOL.health_services)
     assert health.status("") == NOT_SERVING
     assert health.status("other") == SERVICE_UNKNOWN
     assert "evaluating the status failed" in caplog.text

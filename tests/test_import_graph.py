@@ -199,3 +199,151 @@ def test_the_reader_sees_lazy_relative_submodule_and_private_imports(tmp_path):
     assert private == {("pkg.sub.b", "pkg.c._hidden"), ("pkg.c", "pkg.a._secret")}
     [cycle] = strongly_connected(edges)
     assert one_cycle(edges, cycle) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
+
+
+# -- the layout's rules (docs/DESIGN.md, "Rules the layout follows") ------------------------------
+
+PRODUCTS = ("tfserving", "triton", "mlserver")
+MAX_TOP_LEVEL = 10  # shared leaves and app.py; everything else lives in a package
+
+
+def product_homes(product: str) -> tuple[str, ...]:
+    """Where a product may be named in code: its kind's package and its protocol's."""
+    protocol = {"tfserving": "tfserving", "triton": "oip", "mlserver": "oip"}[product]
+    return (f"tfscache/kinds/{product}/", f"tfscache/frontend/protocols/{protocol}/")
+
+
+def _docstring_lines(tree: ast.AST) -> set[int]:
+    """Lines of string statements (module, class, function and attribute docstrings)."""
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            lines.update(range(node.lineno, node.end_lineno + 1))
+    return lines
+
+
+def _kind_rows(tree: ast.AST) -> dict[str, set[int]]:
+    """kinds/table.py: the lines of each row of KINDS, by the row's name."""
+    rows: dict[str, set[int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Dict):
+            target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+            if isinstance(target, ast.Name) and target.id == "KINDS":
+                for key, value in zip(node.value.keys, node.value.values):
+                    rows[key.value] = set(range(key.lineno, value.end_lineno + 1))
+    return rows
+
+
+def product_mentions(root: Path = PACKAGE.parent) -> list[str]:
+    """Each product name in code (names, strings that are not docstrings) outside its homes and its
+    one row of the kind table; comments and docstrings are prose and may name anything."""
+    import io
+    import tokenize
+
+    found = []
+    for path in sorted((root / "tfscache").rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith("tfscache/wire/"):
+            continue  # generated messages: their package names are the wire format
+        text = path.read_text()
+        tree = ast.parse(text)
+        prose = _docstring_lines(tree)
+        rows = _kind_rows(tree) if relative == "tfscache/kinds/table.py" else {}
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type not in (tokenize.NAME, tokenize.STRING) or token.start[0] in prose:
+                continue
+            for product in PRODUCTS:
+                if product in token.string.lower() and not relative.startswith(product_homes(product)) \
+                        and token.start[0] not in rows.get(product, ()):
+                    found.append(f"{relative}:{token.start[0]}: {product} in {token.string[:60]}")
+    return found
+
+
+def test_products_are_named_only_in_their_kind_and_protocol():
+    assert product_mentions() == []
+
+
+def test_the_product_check_sees_code_and_skips_prose(tmp_path):
+    (tmp_path / "tfscache" / "cache").mkdir(parents=True)
+    (tmp_path / "tfscache" / "cache" / "x.py").write_text(
+        '"""Triton and TF Serving, in prose."""\n# triton in a comment\nKIND = "triton"\n'
+        'def f():\n    """tfserving in a docstring."""\n    return TritonAdapter\n')
+    assert [line.split(": ", 1)[0] for line in product_mentions(tmp_path)] == ["tfscache/cache/x.py:3",
+                                                                                "tfscache/cache/x.py:6"]
+
+
+def test_the_top_level_holds_shared_leaves_only():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= MAX_TOP_LEVEL, f"{len(top)} top-level modules (a grown module becomes a package): {top}"
+
+
+GENERIC_PARTS = {"protocol", "adapter", "launcher", "methods", "api", "client"}
+
+
+def test_generic_classes_take_their_kinds_parts_without_a_default():
+    """A generic class gets its protocol, adapter, launcher and client from the kind, never from a
+    default that quietly picks one product."""
+    offenders = []
+    for name, path in modules().items():
+        relative = path.relative_to(PACKAGE.parent).as_posix()
+        if relative.startswith(("tfscache/kinds/", "tfscache/frontend/protocols/", "tfscache/node/")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                positional = [*args.posonlyargs, *args.args]
+                defaults = dict(zip([a.arg for a in positional[len(positional) - len(args.defaults):]], args.defaults))
+                defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+                offenders += [f"{name}.{node.name}({arg}=...)" for arg in defaults if arg in GENERIC_PARTS]
+    assert offenders == []
+
+
+def test_one_loader_imports_by_name():
+    """tfscache/importer.py is the one ``"module:attribute"`` loader; no other module imports by name."""
+    offenders = []
+    for name, path in modules().items():
+        if name == "tfscache.importer":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                func = node.func
+                called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                if called in ("import_module", "__import__"):
+                    offenders.append(f"{name}:{node.lineno}")
+    assert offenders == []
+
+
+# Packages from the bottom up: each imports only from those before it (and itself). A package
+# named here with a dot is a unit of its own (a kind, a protocol, the policies).
+LAYERS = [
+    {"", "errors", "units", "logs", "importer", "extras", "wire", "webserver"},
+    {"discovery.peer", "cache.policy", "kinds.table"},
+    {"settings", "tls"},
+    {"storage", "repository", "discovery", "node", "sim.trace"},
+    {"cache", "cluster.ring"},
+    {"kinds"},
+    {"frontend"},
+    {"frontend.protocols.tfserving", "frontend.protocols.oip"},
+    {"kinds.tfserving", "kinds.triton", "kinds.mlserver"},
+    {"cluster", "sim", "observe", "admin"},
+    {"app"},
+    {"cli", "__main__"},
+]
+
+
+def unit_of(module: str) -> str:
+    """The layer unit of a module: the longest name in LAYERS that is a prefix of it."""
+    parts = module.split(".")[1:]
+    names = {name for layer in LAYERS for name in layer}
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in names:
+            return ".".join(parts[:end])
+    return ""
+
+
+def test_dependencies_point_down():
+    rank = {name: index for index, layer in enumerate(LAYERS) for name in layer}
+    edges, _ = graph()
+    upward = sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
+                    if unit_of(a) != unit_of(b) and rank[unit_of(b)] > rank[unit_of(a)])
+    assert upward == []

@@ -85,7 +85,8 @@ def test_the_topology_is_the_only_place_a_ring_is_built():
                       if "Ring(" in p.read_text() and p.name not in ("ring.py",))
     # the simulator replays a trace over its own, offline ring, and plan-resize compares two offline
     # rings (tfscache plan-resize); nothing else builds one
-    assert [b for b in builders if not b.startswith(("sim/", "simulate", "plan_resize"))] == ["topology.py"]
+    assert [b for b in builders if not b.startswith(("sim/", "cli/simulate", "cli/plan_resize"))] == [
+        "cluster/topology.py"]
 
 
 def test_backends_satisfy_the_protocol():

@@ -21,12 +21,11 @@ import aiohttp
 from tfscache import errors
 from tfscache.admin.lifecycle import Lifecycle
 from tfscache.admin.operations import AdminOperations
-from tfscache.cache.adapter import adapter_class
 from tfscache.cache.manager import CacheManager
 from tfscache.discovery import Discovery, Peer, advertise_peer, from_settings
 from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
-from tfscache.frontend.protocols.tfserving.rest import RestFrontend
+from tfscache.frontend.rest import RestFrontend
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
 from tfscache.kinds.gpumem import NodeGpuMemory, NvmlReader, gpu_cap
@@ -56,7 +55,8 @@ class ServeApp:
         self.discovery: Discovery | None = None
         # A bucket's repository is opened in start(), once the state directory (its tier's default) is known.
         self.repository = ModelRepository("." if remote_url(settings.model_repository) else settings.model_repository)
-        self.kind = KINDS[settings.node.backend]  # TF Serving or Triton: children, client, adapter, APIs
+        self.kind = KINDS[settings.node.backend]  # the node kind: children, client, adapter, protocol
+        self.protocol = self.kind.part("protocol")  # the API the front ends speak
         self.grpc_port: int | None = None
         self.rest_port: int | None = None
         self.supervisor: Supervisor | None = None
@@ -121,8 +121,7 @@ class ServeApp:
             self._grpc = GrpcFrontend(self.router, bind_address=s.server.bind_address, port=s.server.grpc_port,
                                       max_send_bytes=s.server.max_send_message_bytes,
                                       max_receive_bytes=s.server.max_receive_message_bytes,
-                                      metrics=self.metrics, methods=self.kind.grpc_methods,
-                                      refused=self.kind.grpc_refused,
+                                      protocol=self.protocol, metrics=self.metrics,
                                       credentials=self.tls.grpc_credentials() if self.tls else None)
             self.grpc_port = await self._grpc.start()
             if s.server.rest_port >= 0:
@@ -130,14 +129,15 @@ class ServeApp:
                                           port=s.server.rest_port,
                                           max_receive_bytes=s.server.max_receive_message_bytes,
                                           timeout_s=s.server.rest_timeout_s, metrics=self.metrics,
-                                          api=self.kind.rest_api,
+                                          protocol=self.protocol,
                                           ssl_context=self.tls.ssl_context if self.tls else None)
                 self.rest_port = await self._rest.start()
             operations = AdminOperations(self.topology, self.repository,
                                          default_timeout_s=s.cache.load_timeout_s, join=self.join)
             self.lifecycle = await Lifecycle.attach(
                 self.topology, operations, add_grpc_handlers=self._grpc.add_handlers, stop=self.stop,
-                grace_s=s.server.grace_s, leave_discovery=self._leave_discovery,
+                grace_s=s.server.grace_s, health_services=self.protocol.health_services,
+                leave_discovery=self._leave_discovery,
                 stop_frontends=self._stop_frontends, bind_address=s.server.admin_bind_address,
                 port=s.server.admin_port if s.server.admin_port >= 0 else None, token=s.server.admin_token)
             self.admin_port = self.lifecycle.admin_port
@@ -270,7 +270,7 @@ class ServeApp:
     async def _start_embedded(self) -> Router:
         s = self.settings
         self.supervisor = Supervisor(s.node, self.state_dir, on_start=self._node_started, on_exit=self._node_exited,
-                                     launcher=self.kind.launcher(s.node, self.repository.root))
+                                     launcher=self.kind.part("launcher")(s.node, self.repository.root, self.state_dir))
         self.topology.set_nodes(NodeBackend(node.name) for node in self.supervisor.nodes)
         await self.supervisor.start()
         return self._router()
@@ -337,14 +337,14 @@ class ServeApp:
                       node_pid: int | None, find_node_pid=None) -> None:
         upstream = self._upstream(grpc_address, rest_address)
         # The cache names its node as metrics and status do (node0), not by address.
-        client = self.kind.client(backend.name, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
+        client = self.kind.part("client")(backend.name, rpc_deadline_s=self.settings.cache.rpc_deadline_s,
                                   channel=upstream.channel)
         state_file = self.state_dir / f"{backend.name}.cache.json"
-        adapter = adapter_class(self.kind.adapter)(client, self.repository, rpc_deadline_s=client.rpc_deadline_s,
+        adapter = self.kind.part("adapter")(client, self.repository, rpc_deadline_s=client.rpc_deadline_s,
                                              memory=NodeMemory(node_pid, find_node_pid))
         gpu = NodeGpuMemory(self._gpu_reader, lambda: adapter.node_pid) if self.gpu_cap else None
-        cache = CacheManager(client, self.repository, self.settings.cache, state_file=state_file,
-                             events=self.metrics.cache_events(backend.name), adapter=adapter,
+        cache = CacheManager(adapter, self.repository, self.settings.cache, state_file=state_file,
+                             events=self.metrics.cache_events(backend.name),
                              gpu=gpu, gpu_cap=self.gpu_cap)
         try:
             await cache.start()

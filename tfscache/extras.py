@@ -16,28 +16,23 @@ from __future__ import annotations
 
 import importlib.util
 
-from tfscache.kinds.triton.launcher import INSTALL_HINT as TRITON_HINT
-
 # extra -> the top-level modules it brings
 EXTRAS: dict[str, tuple[str, ...]] = {
     "node": ("tensorflow", "tensorflow_serving"),
     "sim": ("matplotlib",),
-    "triton": ("numpy", "pytriton"),
     "storage": ("obstore",),
     "gpu": ("pynvml",),
 }
-
-# where `pip install 'tfscache[EXTRA]'` is not the whole story
-_HINTS = {"triton": TRITON_HINT}
 
 
 class MissingExtra(RuntimeError):
     """An extra a command needs is not installed; the message gives the command that installs it."""
 
 
-def missing(extra: str) -> list[str]:
-    """The modules of ``extra`` that cannot be found (none imported)."""
-    return [name for name in EXTRAS[extra] if not _found(name)]
+def missing(extra: str, modules: tuple[str, ...] | None = None) -> list[str]:
+    """The modules of ``extra`` (``modules``: a node kind's, tfscache.kinds.table) that cannot be
+    found (none imported)."""
+    return [name for name in (EXTRAS[extra] if modules is None else modules) if not _found(name)]
 
 
 def _found(name: str) -> bool:
@@ -47,13 +42,10 @@ def _found(name: str) -> bool:
         return False
 
 
-def install_hint(extra: str) -> str:
-    return _HINTS.get(extra, f"pip install 'tfscache[{extra}]'")
-
-
-def require(extra: str, what: str) -> None:
-    """Raise ``MissingExtra`` unless every module of ``extra`` is there; ``what`` needs it."""
-    absent = missing(extra)
+def require(extra: str, what: str, *, modules: tuple[str, ...] | None = None, install: str = "") -> None:
+    """Raise ``MissingExtra`` unless every module of ``extra`` is there; ``what`` needs it.
+    ``modules`` and ``install``: a node kind's extra and the command that installs it."""
+    absent = missing(extra, modules)
     if absent:
-        raise MissingExtra(f"{what} needs the [{extra}] extra ({', '.join(absent)} not installed): "
-                           f"{install_hint(extra)}")
+        install = install or f"pip install 'tfscache[{extra}]'"
+        raise MissingExtra(f"{what} needs the [{extra}] extra ({', '.join(absent)} not installed): {install}")

@@ -19,6 +19,7 @@ import pytest
 
 from cache.cache_support import MODEL_BYTES, NODE_FLAGS, NUM_MODELS, AsyncNode, Gate, RecordingClient
 from support.node import start_node
+from tfscache.kinds.nodepid import NodeMemory
 from tfscache.cache.manager import CacheManager
 from tfscache.settings import CacheSection
 from tfscache.kinds.tfserving.adapter import TFServingAdapter
@@ -61,11 +62,9 @@ async def make_cache(node, repository, gate):
         settings.setdefault("room_timeout_s", 30.0)
         settings.setdefault("reload_deadline_s", 60.0)
         client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
-        adapter = None
-        if memory is not None:
-            adapter = TFServingAdapter(client, repository, rpc_deadline_s=10.0, memory=memory)
-        cache = CacheManager(client, repository, CacheSection(**settings), node_pid=node.pid,
-                             state_file=state_file, adapter=adapter)
+        adapter = TFServingAdapter(client, repository, rpc_deadline_s=10.0,
+                                   memory=memory if memory is not None else NodeMemory(node.pid))
+        cache = CacheManager(adapter, repository, CacheSection(**settings), state_file=state_file)
         made.append((cache, client))
         await cache.start()
         await cache.wait_synced(60)  # the node holds this cache's (empty) config, not a previous test's

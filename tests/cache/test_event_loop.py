@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache import errors
 from cache.cache_support import RecordingClient
 from tfscache.cache.manager import CacheManager
@@ -73,8 +75,8 @@ class LagMonitor:
 async def test_a_slow_model_store_never_blocks_the_loop(node, repo_root, tmp_path):
     repository = SlowStore(repo_root, rescan_s=0.0)  # every request lists again
     client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
-    cache = CacheManager(client, repository, CacheSection(max_models_per_node=2, reload_deadline_s=60.0),
-                         node_pid=node.pid, state_file=tmp_path / "state.json")
+    cache = CacheManager(TFServingAdapter(client, repository, memory=NodeMemory(node.pid)), repository,
+                         CacheSection(max_models_per_node=2, reload_deadline_s=60.0), state_file=tmp_path / "state.json")
     with LagMonitor() as monitor:
         await cache.start()
         await cache.wait_synced(60)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from cache.cache_support import RecordingClient, wait_for_condition
 from support.node import version_status_at
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache.cache.manager import CacheManager
 from tfscache.kinds.gpumem import NodeGpuMemory, ScriptedReader
 from tfscache.settings import CacheSection
@@ -29,7 +31,8 @@ async def test_a_model_s_gpu_size_is_learned_and_the_cap_evicts_for_it(node, rep
                        if any(st.state == 30 for st in version_status_at(node.grpc_target, name)))
 
     client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
-    cache = CacheManager(client, repository, CacheSection(reload_deadline_s=60.0), node_pid=node.pid,
+    cache = CacheManager(TFServingAdapter(client, repository, memory=NodeMemory(node.pid)), repository,
+                         CacheSection(reload_deadline_s=60.0),
                          gpu=Growing(reader, lambda: node.pid), gpu_cap=7 * GiB)
     await cache.start()
     await cache.wait_synced(60)

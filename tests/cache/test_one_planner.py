@@ -15,6 +15,8 @@ import random
 import pytest
 
 from cache.cache_support import RecordingClient
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache.cache.events import CacheEvents
 from tfscache.cache.manager import CacheManager
 from tfscache.settings import CacheSection
@@ -54,8 +56,8 @@ async def test_the_simulator_and_the_cache_load_and_evict_alike(policy, node, re
     requests = trace()
     events = Recording()
     client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
-    cache = CacheManager(client, repository, CacheSection(max_models_per_node=3, policy=policy, reload_deadline_s=60.0),
-                         node_pid=node.pid, events=events)
+    cache = CacheManager(TFServingAdapter(client, repository, memory=NodeMemory(node.pid)), repository,
+                         CacheSection(max_models_per_node=3, policy=policy, reload_deadline_s=60.0), events=events)
     await cache.start()
     await cache.wait_synced(60)
     try:
@@ -87,9 +89,9 @@ async def test_gdsf_evicts_alike_live_and_replayed_with_the_live_measurements(no
     events = Recording()
     live_policy = MeasuredGDSF(halflife=20)  # a short half-life: decay matters within 60 requests
     client = RecordingClient(node.grpc_target, rpc_deadline_s=10.0)
-    cache = CacheManager(client, repository, CacheSection(max_models_per_node=3, policy="gdsf",
-                                                          reload_deadline_s=60.0),
-                         policy=live_policy, node_pid=node.pid, events=events)
+    cache = CacheManager(TFServingAdapter(client, repository, memory=NodeMemory(node.pid)), repository,
+                         CacheSection(max_models_per_node=3, policy="gdsf", reload_deadline_s=60.0),
+                         policy=live_policy, events=events)
     await cache.start()
     await cache.wait_synced(60)
     measured: list[tuple[int, float]] = []  # per request: what its load measured ((0, 0.0): a hit)

@@ -72,7 +72,7 @@ def cli_defaults() -> dict[str, str]:
     """
     from tfscache.admin.client import DEFAULT_ADDRESS as admin_default
 
-    source = (ROOT / "tfscache" / "status.py").read_text()
+    source = (ROOT / "tfscache" / "cli" / "status.py").read_text()
     match = re.search(r'os\.environ\.get\("TFSCACHE_STATUS_ADDRESS", "([^"]+)"\)', source)
     assert match, "tfscache/cli/status.py no longer reads TFSCACHE_STATUS_ADDRESS with a literal default"
     return {"TFSCACHE_ADMIN_ADDRESS": admin_default, "TFSCACHE_STATUS_ADDRESS": match.group(1)}

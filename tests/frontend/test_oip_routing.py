@@ -21,10 +21,11 @@ from frontend.test_router import FakeCache, RecordingServer
 from tfscache import errors
 from tfscache.frontend.backends import NodeBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
-from tfscache.frontend.protocols.oip.methods import METHODS, REFUSED, REPOSITORY_REFUSED
-from tfscache.frontend.protocols.oip.rest import OipRestApi
-from tfscache.frontend.protocols.tfserving.rest import RestFrontend
+from tfscache.frontend.protocols.oip import PROTOCOL
+from tfscache.frontend.protocols.oip.methods import REPOSITORY_REFUSED
+from tfscache.frontend.rest import RestFrontend
 from tfscache.frontend.router import Router
+from tfscache.kinds.triton.adapter import TritonAdapter
 from tfscache.frontend.upstream import Upstream
 from tfscache.repository.local import not_found
 from tfscache.cluster.ring import Ring
@@ -54,6 +55,8 @@ class FakeRepository:
 
 class ProbeCache(FakeCache):
     """FakeCache plus what a status probe reads: the repository, each version's state, failures."""
+
+    adapter = TritonAdapter  # the node kind's words for a lost model (its lost_texts)
 
     def __init__(self) -> None:
         super().__init__()
@@ -113,9 +116,9 @@ async def world():
                 for name in "ab"}
     router = Router(Ring(backends, replicas=1), backends)
     frontend = GrpcFrontend(router, bind_address="127.0.0.1", port=0, max_send_bytes=1 << 26,
-                            max_receive_bytes=1 << 26, methods=METHODS, refused=REFUSED)
+                            max_receive_bytes=1 << 26, protocol=PROTOCOL)
     rest = RestFrontend(router, bind_address="127.0.0.1", port=0, max_receive_bytes=1 << 26, timeout_s=10,
-                        api=OipRestApi)
+                        protocol=PROTOCOL)
     port = await frontend.start()
     rest_port = await rest.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")

@@ -21,9 +21,9 @@ from tfscache.cache.manager import CacheManager
 from tfscache.kinds.triton.adapter import TritonAdapter
 from tfscache.frontend.backends import NodeBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
-from tfscache.frontend.protocols.oip.methods import METHODS, REFUSED, REPOSITORY_REFUSED
-from tfscache.frontend.protocols.oip.rest import OipRestApi
-from tfscache.frontend.protocols.tfserving.rest import RestFrontend
+from tfscache.frontend.protocols.oip import PROTOCOL
+from tfscache.frontend.protocols.oip.methods import REPOSITORY_REFUSED
+from tfscache.frontend.rest import RestFrontend
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
 from tfscache.kinds.nodepid import NodeMemory
@@ -54,8 +54,8 @@ async def world(triton, triton_repo):
     oip = OipClient(triton.grpc_target, rpc_deadline_s=10.0)
     repository = ModelRepository(triton_repo, rescan_s=0.0)
     adapter = TritonAdapter(oip, repository, rpc_deadline_s=10.0, memory=NodeMemory(triton.pid))
-    cache = CacheManager(oip, repository, CacheSection(max_models_per_node=1, room_timeout_s=60.0,
-                                                       reload_deadline_s=60.0), adapter=adapter)
+    cache = CacheManager(adapter, repository, CacheSection(max_models_per_node=1, room_timeout_s=60.0,
+                                                       reload_deadline_s=60.0))
     await cache.start()
     await cache.wait_synced(60)  # nothing another test left loaded
     http = aiohttp.ClientSession()
@@ -63,9 +63,9 @@ async def world(triton, triton_repo):
                                         max_receive_bytes=LIMIT), cache)
     router = Router(Ring({"t": backend}, replicas=1), {"t": backend}, repository=repository)
     grpc_front = GrpcFrontend(router, bind_address="127.0.0.1", port=0, max_send_bytes=LIMIT,
-                              max_receive_bytes=LIMIT, methods=METHODS, refused=REFUSED)
+                              max_receive_bytes=LIMIT, protocol=PROTOCOL)
     rest_front = RestFrontend(router, bind_address="127.0.0.1", port=0, max_receive_bytes=LIMIT, timeout_s=60,
-                              api=OipRestApi)
+                              protocol=PROTOCOL)
     grpc_port, rest_port = await grpc_front.start(), await rest_front.start()
     grpc_client = tritongrpc.InferenceServerClient(f"127.0.0.1:{grpc_port}")
     rest_client = tritonhttp.InferenceServerClient(f"127.0.0.1:{rest_port}")

@@ -18,6 +18,8 @@ import pytest
 from tfscache import errors
 from tfscache.frontend.backends import NodeBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
+from tfscache.frontend.protocols.tfserving import PROTOCOL
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
 from tfscache.cluster.ring import Ring
@@ -79,6 +81,7 @@ class FakeCache:
         self.acquired: list[tuple[str, int | None, float | None]] = []
 
     draining = False
+    adapter = TFServingAdapter  # the node kind's words for a lost model (its lost_texts)
 
     def is_resident(self, name, version=None):
         return name in self.resident
@@ -105,7 +108,7 @@ async def world():
         backends[name] = NodeBackend(name, upstream, FakeCache())
     router = Router(Ring(backends, replicas=2), backends)
     frontend = GrpcFrontend(router, bind_address="127.0.0.1", port=0, max_send_bytes=1 << 20,
-                            max_receive_bytes=1 << 20)
+                            max_receive_bytes=1 << 20, protocol=PROTOCOL)
     port = await frontend.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
     yield {"servers": servers, "router": router, "backends": backends, "predict": channel.unary_unary(PREDICT)}

@@ -15,6 +15,8 @@ import pytest
 from prometheus_client import generate_latest
 
 from support import fixtures
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache import errors
 from tfscache.cache.manager import CacheManager
 from tfscache.settings import CacheSection
@@ -87,8 +89,9 @@ async def cache_of(node, repo_root, gate_dir):
         metrics = Metrics()
         events = Recording(metrics, "n0")
         client = NodeClient(node.grpc_target, rpc_deadline_s=10.0)
-        cache = CacheManager(client, ModelRepository(repo_root, rescan_s=0.0),
-                             CacheSection(reload_deadline_s=60.0, **settings), node_pid=node.pid, events=events)
+        repository = ModelRepository(repo_root, rescan_s=0.0)
+        cache = CacheManager(TFServingAdapter(client, repository, memory=NodeMemory(node.pid)), repository,
+                             CacheSection(reload_deadline_s=60.0, **settings), events=events)
         metrics.watch(lambda: [NodeView("n0", cache, cache.healthy)], lambda: 1)
         made.append((cache, client))
         await cache.start()

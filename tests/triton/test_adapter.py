@@ -17,7 +17,7 @@ import pytest
 import tritonclient.grpc.aio as tritongrpc
 
 from tfscache import errors
-from tfscache.cache.adapter import adapter_class
+from tfscache.kinds.table import KINDS
 from tfscache.cache.manager import CacheManager
 from tfscache.kinds.triton.adapter import TritonAdapter
 from tfscache.kinds.nodepid import NodeMemory
@@ -99,8 +99,8 @@ async def states(oip: OipClient, name: str) -> dict[str, tuple[str, str]]:
     return {e.version: (e.state, e.reason) for e in await oip.index() if e.name == name}
 
 
-async def test_adapter_table_names_triton():
-    assert adapter_class("triton") is TritonAdapter
+async def test_kind_table_names_the_triton_adapter():
+    assert KINDS["triton"].part("adapter") is TritonAdapter
 
 
 async def test_load_two_models_then_infer(adapter, oip, infer):
@@ -199,9 +199,8 @@ async def test_memory_counts_the_stub_processes(adapter):
 
 
 async def test_cache_caps_hold_in_tritons_index(adapter, oip, triton_repository, infer):
-    cache = CacheManager(oip, ModelRepository(triton_repository, rescan_s=0.0),
-                         CacheSection(max_models_per_node=2, room_timeout_s=60.0, reload_deadline_s=60.0),
-                         adapter=adapter)
+    cache = CacheManager(adapter, ModelRepository(triton_repository, rescan_s=0.0),
+                         CacheSection(max_models_per_node=2, room_timeout_s=60.0, reload_deadline_s=60.0))
     await cache.start()
     await cache.wait_synced(60)
     stop = asyncio.Event()

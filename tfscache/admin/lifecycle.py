@@ -47,9 +47,9 @@ class Lifecycle:
                      leave_discovery: Callable[[], Awaitable[None]] | None = None,
                      stop_frontends: Callable[[float], Awaitable[None]] | None = None,
                      bind_address: str = "127.0.0.1", port: int | None = 8502, token: str = "",
-                     health_poll_s: float = 1.0) -> Lifecycle:
+                     health_services: tuple[str, ...], health_poll_s: float = 1.0) -> Lifecycle:
         """Serve health through ``add_grpc_handlers`` and start the admin server (``port`` None: none)."""
-        health = Health(topology.serving, poll_s=health_poll_s)
+        health = Health(topology.serving, services=health_services, poll_s=health_poll_s)
         add_grpc_handlers([health.handler()])
         await health.start()
         drainer = Drainer(topology, operations, grace_s=grace_s, health=health, leave_discovery=leave_discovery,

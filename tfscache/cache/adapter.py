@@ -2,14 +2,17 @@
 
 The reloader decides which model versions a node should serve; an adapter makes the
 node do it, in the node's own API, and reports what the node did. The reloader never
-sees a config file or an RPC. A node kind is one module with one adapter class,
-registered by name in ``ADAPTERS`` (``tfserving``, ``triton``).
+sees a config file or an RPC. Each node kind has one adapter class, named by its row in
+``tfscache.kinds.table.KINDS``.
 
 Contract (every method may raise ``tfscache.errors.TfscacheError``; ``Unavailable`` and
 ``DeadlineExceeded`` mean the node cannot be reached or did not answer in time, and the
 reloader then marks it unhealthy and recovers it):
 
 * ``target``: the node's name in logs and errors.
+* ``client``: the node's client (the kind's), for the cache's and the admin's questions.
+* ``lost_texts``: how the node's NOT_FOUND message starts for a model it does not serve
+  (it restarted and lost it): a request under a lease that gets one makes the cache recheck.
 * ``sizes_on_disk``: whether a model's size on disk predicts its memory (TF Serving: its
   variables; a Triton Python-backend model allocates in ``initialize()``). When False, a model
   never loaded before is estimated at least at the node's typical learned size.
@@ -31,7 +34,6 @@ reloader then marks it unhealthy and recovers it):
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -42,6 +44,8 @@ class NodeAdapter(Protocol):
     """One node of one kind, as the reloader sees it."""
 
     target: str
+    client: object
+    lost_texts: tuple[str, ...]
     sizes_on_disk: bool
 
     async def wait_ready(self, timeout: float) -> bool: ...
@@ -59,19 +63,3 @@ class NodeAdapter(Protocol):
 
     def restarted(self) -> bool: ...
 
-
-# kind -> "module:Class"; imported only when chosen.
-ADAPTERS: dict[str, str] = {
-    "tfserving": "tfscache.kinds.tfserving.adapter:TFServingAdapter",
-    "triton": "tfscache.kinds.triton.adapter:TritonAdapter",
-}
-
-
-def adapter_class(kind: str) -> type:
-    """The adapter class of a node kind in ``ADAPTERS``; ValueError names the known ones."""
-    try:
-        target = ADAPTERS[kind]
-    except KeyError:
-        raise ValueError(f"unknown node kind {kind!r}; known: {', '.join(sorted(ADAPTERS))}") from None
-    module_name, class_name = target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)

@@ -93,7 +93,7 @@ class Ledger:
         return self.learned_gpu.get(key, 0)
 
     def learn_gpu(self, key: Key, size: int) -> None:
-        """``key``'s load grew its node's GPU memory by ``size`` bytes (tfscache.kinds.gpumem.share_growth)."""
+        """``key``'s load grew its node's GPU memory by ``size`` bytes (tfscache.cache.planner.share_growth)."""
         self.learned_gpu[key] = size
         entry = self.entries.get(key)
         if entry is not None:

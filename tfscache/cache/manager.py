@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from tfscache import errors
@@ -30,10 +29,6 @@ from tfscache.cache.policy import EvictionPolicy, make_policy
 from tfscache.cache.reloader import Reloader
 from tfscache.cache.signals import Signals, copy_error
 from tfscache.cache.state import CacheState, StateWriter, ledger_state, load_state
-from tfscache.kinds.tfserving.adapter import TFServingAdapter
-from tfscache.kinds.gpumem import NodeGpuMemory
-from tfscache.kinds.tfserving.client import NodeClient
-from tfscache.kinds.nodepid import NodeMemory
 from tfscache.repository.local import ModelRepository, check_name
 from tfscache.settings import CacheSection
 
@@ -41,16 +36,14 @@ from tfscache.settings import CacheSection
 class CacheManager:
     """Owns one node's wanted set: loads on demand, evicts idle models under the caps."""
 
-    def __init__(self, node: NodeClient, repository: ModelRepository, settings: CacheSection,
-                 policy: EvictionPolicy | None = None, node_pid: int | None = None,
-                 state_file: Path | None = None, events: CacheEvents | None = None,
-                 find_node_pid: Callable[[], int | None] | None = None,
-                 adapter: NodeAdapter | None = None, gpu: NodeGpuMemory | None = None,
-                 gpu_cap: int = 0) -> None:
-        """``gpu`` and ``gpu_cap``: with a GPU cap in force (tfscache.kinds.gpumem.gpu_cap), the node's GPU
-        memory, read around each load to learn each model's GPU size, and the cap in bytes."""
-        self.node = node
-        self.target = node.target
+    def __init__(self, adapter: NodeAdapter, repository: ModelRepository, settings: CacheSection,
+                 policy: EvictionPolicy | None = None, state_file: Path | None = None,
+                 events: CacheEvents | None = None, gpu=None, gpu_cap: int = 0) -> None:
+        """``adapter``: the node, as its kind drives it (tfscache.kinds.table). ``gpu`` and ``gpu_cap``:
+        with a GPU cap in force (tfscache.kinds.gpumem.gpu_cap), the node's GPU memory
+        (``NodeGpuMemory``), read around each load to learn each model's GPU size, and the cap in bytes."""
+        self.node = adapter.client
+        self.target = adapter.target
         self.events = events or CacheEvents()
         self.repository = repository
         self.settings = settings
@@ -61,8 +54,6 @@ class CacheManager:
         self.ledger = Ledger()
         self._writer: StateWriter | None = StateWriter(self.state_file)  # coalesced, in a worker thread
         self._signals = Signals(self._lease, self._save, self.pin)
-        adapter = adapter or TFServingAdapter(node, repository, rpc_deadline_s=settings.rpc_deadline_s,
-                                              memory=NodeMemory(node_pid, find_node_pid))
         self.adapter = adapter
         self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository, self._signals,
                                   settings, self.events)

@@ -21,6 +21,7 @@ unloads idle models until it fits again.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tfscache.cache.ledger import READY, Key, Ledger, Pending
@@ -111,3 +112,18 @@ def _holding(entry) -> str:
     if entry.state == READY:
         return f"{entry.leases} lease{'s' if entry.leases != 1 else ''}, {entry.bytes} bytes"
     return f"{entry.state}, {entry.bytes} bytes"
+
+
+def share_growth(weights: Mapping[Key, int], before: int | None, after: int | None) -> dict[Key, int]:
+    """The GPU growth across one load batch, shared by ``weights`` (their host bytes); {} when unknown.
+
+    A model whose load freed more than it took (an allocator returning a cache) is 0, not
+    negative. Equal weights (all 0 included) share the growth equally.
+    """
+    if before is None or after is None or not weights:
+        return {}
+    growth = max(after - before, 0)
+    total = sum(weights.values())
+    if total <= 0:
+        return {key: growth // len(weights) for key in weights}
+    return {key: int(growth * weight / total) for key, weight in weights.items()}

@@ -18,12 +18,11 @@ import time
 from tfscache import errors, logs
 from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger
-from tfscache.cache.planner import Caps, plan, room_message
+from tfscache.cache.planner import Caps, plan, room_message, share_growth
 from tfscache.cache.policy import EvictionPolicy
 from tfscache.cache.recovery import recover, startup
 from tfscache.cache.signals import Signals, fail
 from tfscache.cache.state import CacheState
-from tfscache.kinds.gpumem import share_growth
 from tfscache.repository.local import ModelRepository, not_found
 
 log = logging.getLogger("tfscache.cache")

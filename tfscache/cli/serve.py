@@ -31,8 +31,8 @@ log = logging.getLogger("tfscache.app")
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="tfscache serve",
-        description="gRPC and REST front ends speaking TF Serving's API (or, with --backend triton, "
-                    "Triton's Open Inference Protocol) that load models on demand onto a ring of nodes.",
+        description="gRPC and REST front ends speaking the nodes' own API (--backend: the kind of node) "
+                    "that load models on demand onto a ring of nodes.",
         epilog="Every setting (see --help-settings) can also come from the --config TOML file or a "
                "TFSCACHE_<SECTION>_<FIELD> environment variable; flags win.")
     settings_mod.add_arguments(parser)

@@ -5,12 +5,10 @@ the model stays loaded while the request runs. A ``PeerBackend`` is another tfsc
 sidecar that owns the model: requests go to its front end marked as forwarded, and it
 serves them from its own node without routing again (at most one extra hop).
 
-A node that answers NOT_FOUND for the model a lease is held on ("Servable not found for
-request" from TF Serving, "Request for unknown model:" from Triton) has lost it (it
-restarted behind a sidecar, at the same address): the cache rechecks and restores what it
+A node that answers NOT_FOUND for the model a lease is held on, in its kind's words (the
+adapter's ``lost_texts``), has lost it (it restarted behind a sidecar, at the same address): the cache rechecks and restores what it
 lost, and the request is sent once more.
-``GetModelStatus`` (and the Open Inference Protocol's ModelReady) takes no lease and
-loads nothing (``tfscache.frontend.protocols.tfserving.probe``).
+A status probe (``Method.probe``) takes no lease and loads nothing (``tfscache.frontend.probe``).
 Both kinds say when they can serve again (``wait_serving``), for the router to wait
 on a node that restarts.
 
@@ -28,24 +26,24 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 from tfscache import errors
-from tfscache.frontend.protocols.tfserving import probe
-from tfscache.frontend.protocols.tfserving.methods import RouteKey
+from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.probe import ProbeAnswer
 from tfscache.frontend.upstream import RestReply, Upstream
 
 FORWARDED_KEY = "x-tfscache-forwarded"  # gRPC metadata key / HTTP header on a forwarded request
-
-
-# The start of a node's NOT_FOUND text for a model it does not serve: TF Serving's (a model not in
-# its config) and Triton's (a model it has not loaded since it started).
-LOST_TEXTS = ("Servable not found for request", "Request for unknown model:")
 
 
 class _LostReply(errors.NotFound):
     """A REST 404 with a "not found" body for a leased model, raised to be rechecked like gRPC's."""
 
     def __init__(self, reply: RestReply) -> None:
-        super().__init__(LOST_TEXTS[0])
+        super().__init__(reply.body[:200].decode("utf-8", "replace"))
         self.reply = reply
+
+
+def _lost_texts(cache) -> tuple[str, ...]:
+    """How the node's kind says it does not serve a model (its adapter's ``lost_texts``)."""
+    return cache.adapter.lost_texts
 
 
 def remaining(deadline: float | None) -> float | None:
@@ -72,11 +70,13 @@ class Backend(Protocol):
     def holds(self, key: RouteKey) -> bool:
         """Whether the model is resident here already (tried first among replicas)."""
 
-    async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline) -> bytes:
+    async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline, *,
+                   probe: Callable[[ProbeAnswer], bytes] | None = None) -> bytes:
         """Forward a gRPC request's bytes; the response's bytes."""
 
     async def rest(self, key: RouteKey | None, method: str, path_qs: str, body: bytes,
-                   headers: dict[str, str], timeout: float, *, status: bool = False) -> RestReply:
+                   headers: dict[str, str], timeout: float, *,
+                   probe: Callable[[ProbeAnswer], RestReply] | None = None) -> RestReply:
         """Forward a REST request; the reply as it came."""
 
     async def wait_serving(self, timeout: float) -> bool:
@@ -163,7 +163,7 @@ class NodeBackend:
             try:
                 return await send(upstream)
             except errors.NotFound as exc:
-                if key is None or not exc.message.startswith(LOST_TEXTS):
+                if key is None or not exc.message.startswith(_lost_texts(self.cache)):
                     raise
         cache = self.cache
         if cache is None:
@@ -177,7 +177,7 @@ class NodeBackend:
         async with self._leased(key, deadline) as upstream:
             return await send(upstream)
 
-    async def _probe(self, key: RouteKey) -> probe.ProbeAnswer | None:
+    async def _probe(self, key: RouteKey) -> ProbeAnswer | None:
         """A status request for a version not on the node, answered without loading it; else None."""
         cache = self.cache
         if cache is None:
@@ -185,29 +185,31 @@ class NodeBackend:
         found = await asyncio.to_thread(cache.repository.resolve, key.name, key.version)  # lists the directory
         if cache.state_of(found.name, found.version) in ("loading", "available"):
             return None  # the node's own answer
-        return probe.ProbeAnswer(found.version, cache.failure(found.name, found.version))
+        return ProbeAnswer(found.version, cache.failure(found.name, found.version))
 
-    async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline) -> bytes:
-        if key is not None and path in probe.GRPC_PROBES:
+    async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline, *,
+                   probe: Callable[[ProbeAnswer], bytes] | None = None) -> bytes:
+        if key is not None and probe is not None:
             answer = await self._probe(key)
             if answer is not None:
-                return answer.grpc(path)
+                return probe(answer)
             return await self.upstream.unary(path, request, metadata=metadata, timeout=remaining(deadline))
         return await self._forward(key, deadline, lambda upstream: upstream.unary(
             path, request, metadata=metadata, timeout=remaining(deadline)))
 
     async def rest(self, key: RouteKey | None, method: str, path_qs: str, body: bytes,
-                   headers: dict[str, str], timeout: float, *, status: bool = False) -> RestReply:
+                   headers: dict[str, str], timeout: float, *,
+                   probe: Callable[[ProbeAnswer], RestReply] | None = None) -> RestReply:
         deadline = time.monotonic() + timeout
-        if key is not None and status:
+        if key is not None and probe is not None:
             answer = await self._probe(key)
             if answer is not None:
-                return answer.rest()
+                return probe(answer)
             return await self.upstream.rest(method, path_qs, body, headers, timeout=timeout)
 
         async def send(upstream: Upstream) -> RestReply:
             reply = await upstream.rest(method, path_qs, body, headers, timeout=remaining(deadline))
-            if reply.status == 404 and any(text.encode() in reply.body[:200] for text in LOST_TEXTS):
+            if reply.status == 404 and any(text.encode() in reply.body[:200] for text in _lost_texts(self.cache)):
                 raise _LostReply(reply)
             return reply
 
@@ -241,12 +243,13 @@ class PeerBackend:
         """Wait up to ``timeout`` s for the peer to accept connections again."""
         return await self.upstream.wait_ready(timeout)
 
-    async def grpc(self, key, path: str, request: bytes, metadata, deadline) -> bytes:
+    async def grpc(self, key, path: str, request: bytes, metadata, deadline, *, probe=None) -> bytes:
+        """``probe`` is the peer's to answer: it owns the model's node."""
         return await self.upstream.unary(path, request, metadata=(*metadata, self._marker),
                                          timeout=remaining(deadline))
 
     async def rest(self, key, method: str, path_qs: str, body: bytes, headers: dict[str, str],
-                   timeout: float, *, status: bool = False) -> RestReply:
+                   timeout: float, *, probe=None) -> RestReply:
         return await self.upstream.rest(method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]},
                                         timeout=timeout)
 

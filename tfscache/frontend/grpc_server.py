@@ -1,11 +1,9 @@
-"""gRPC front end: PredictionService and ModelService as raw-bytes generic handlers.
+"""gRPC front end: a protocol's methods (tfscache.frontend.protocol) as raw-bytes generic handlers.
 
-No request is deserialized beyond its ModelSpec (``methods``); bytes go to the router
-and the node's response bytes come back unchanged. Given ``oip_methods``' tables
-instead, the same server serves the Open Inference Protocol (Triton nodes). Errors are
-mapped here, in one place for every method: a TfscacheError keeps its code and message
-(a node's error arrives as one, with the node's code and TF Serving's text); anything
-else is INTERNAL and logged.
+No request is deserialized beyond its routing key (``Method.route_key``); bytes go to the
+router and the node's response bytes come back unchanged. Errors are mapped here, in one
+place for every method: a TfscacheError keeps its code and message (a node's error arrives
+as one, with the node's code and its own text); anything else is INTERNAL and logged.
 
 Each request binds its log context here (model, request id; the router adds the
 node): the id is the caller's ``x-request-id`` metadata, else a generated one, which
@@ -26,7 +24,8 @@ import grpc
 
 from tfscache import errors, logs
 from tfscache.frontend.backends import FORWARDED_KEY
-from tfscache.frontend.protocols.tfserving.methods import METHODS, RELOAD_PATH, RELOAD_REFUSED, Method, RouteKey
+from tfscache.frontend.methods import Method, RouteKey
+from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import forwardable_metadata
 
@@ -37,8 +36,6 @@ REQUEST_ID_KEY = "x-request-id"
 # the client's metadata limit (8 KB by default) reaches it as RESOURCE_EXHAUSTED, its
 # own error hidden. So a message is cut to this many bytes on the wire.
 MAX_ERROR_BYTES = 4096
-# Methods answered with an error and never forwarded: TF Serving's config reload.
-REFUSED: Mapping[str, errors.TfscacheError] = {RELOAD_PATH: errors.FailedPrecondition(RELOAD_REFUSED)}
 
 
 def grpc_message(message: str) -> str:
@@ -91,8 +88,11 @@ class _Handlers(grpc.GenericRpcHandler):
                 if request_id is None:
                     outgoing = (*outgoing, (REQUEST_ID_KEY, logs.request_id.get()))
                 try:
-                    response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded)
+                    response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded,
+                                                 probe=method.probe)
                 except errors.ModelNotFound as missing:
+                    if key is not None and method.not_found is not None:  # the method's own texts
+                        raise method.not_found(key) from missing
                     if method.unknown is None or key is None:
                         raise
                     response = await _unknown_model(router, method, key, request, outgoing, deadline, forwarded,
@@ -142,19 +142,18 @@ class GrpcFrontend:
     """The gRPC server; ``start()`` returns once serving with the bound port."""
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_send_bytes: int,
-                 max_receive_bytes: int, metrics=None, methods: Mapping[str, Method] = METHODS,
-                 refused: Mapping[str, errors.TfscacheError] = REFUSED,
+                 max_receive_bytes: int, protocol: Protocol, metrics=None,
                  credentials: grpc.ServerCredentials | None = None) -> None:
-        """``methods`` and ``refused`` are the protocol served: TF Serving's by default, the Open
-        Inference Protocol's with ``oip_methods.METHODS`` and ``oip_methods.REFUSED``. ``credentials``:
-        TLS (``tfscache.tls.ServerTls``); None: plaintext."""
+        """``protocol``: the API served, its methods and the ones refused (the node kind's).
+        ``credentials``: TLS (``tfscache.tls.ServerTls``); None: plaintext."""
         self._credentials = credentials
         self._server = grpc.aio.server(options=[
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.so_reuseport", 0),
         ])
-        self._server.add_generic_rpc_handlers([_Handlers(router, metrics, methods, refused)])
+        self._server.add_generic_rpc_handlers([_Handlers(router, metrics, protocol.grpc_methods,
+                                                         protocol.grpc_refused)])
         self._address = f"{bind_address}:{port}"
         self.port: int | None = None
 

@@ -3,9 +3,9 @@
 SERVING while the process is not draining and ``serving()`` says so (serve.py passes
 ``Topology.serving``: its ring has a node, and its node (sidecar) or at least one of
 its nodes (embedded) is healthy); NOT_SERVING otherwise. Load balancers and
-Kubernetes readiness probes ask service ``""``; clients may ask for
-``tensorflow.serving.PredictionService`` or ``tensorflow.serving.ModelService``, which
-share that status. Another name gets NOT_FOUND from Check and SERVICE_UNKNOWN from
+Kubernetes readiness probes ask service ``""``; clients may ask for the protocol's
+services (``Protocol.health_services``: TF Serving's PredictionService and ModelService, or
+``inference.GRPCInferenceService``), which share that status. Another name gets NOT_FOUND from Check and SERVICE_UNKNOWN from
 Watch, as from gRPC's own servicer (which this is: ``grpc_health.v1``'s asyncio
 ``HealthServicer``).
 
@@ -26,12 +26,9 @@ from collections.abc import Awaitable, Callable
 import grpc
 from grpc_health.v1 import health, health_pb2
 
-from tfscache.frontend.protocols.tfserving.methods import MODEL_SERVICE, PREDICTION_SERVICE
-
 log = logging.getLogger("tfscache.frontend.health")
 
 SERVICE = "grpc.health.v1.Health"
-SERVICES = ("", PREDICTION_SERVICE, MODEL_SERVICE)
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -42,12 +39,13 @@ class _Servicer(health.aio.HealthServicer):
     """gRPC's asyncio servicer; Check and Watch refresh the status first (so neither starts from
     one up to ``poll_s`` old), and Check names an unknown service."""
 
-    def __init__(self, refresh: Callable[[], Awaitable[None]]) -> None:
+    def __init__(self, refresh: Callable[[], Awaitable[None]], services: tuple[str, ...]) -> None:
         super().__init__()
         self._refresh = refresh
+        self._services = services
 
     async def Check(self, request, context):  # noqa: N802 - the gRPC method's name
-        if request.service not in SERVICES:
+        if request.service not in self._services:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         await self._refresh()
         return await super().Check(request, context)
@@ -60,11 +58,13 @@ class _Servicer(health.aio.HealthServicer):
 class Health:
     """Health status of one process, and the gRPC handler that reports it."""
 
-    def __init__(self, serving: Callable[[], bool], *, poll_s: float = 1.0) -> None:
+    def __init__(self, serving: Callable[[], bool], *, services: tuple[str, ...], poll_s: float = 1.0) -> None:
+        """``services``: the names answered (the protocol's ``health_services``; "" is the server)."""
         self._serving = serving
+        self._services = services
         self._poll_s = poll_s
         self._draining = False
-        self._servicer = _Servicer(self.refresh)
+        self._servicer = _Servicer(self.refresh, services)
         self._last: int | None = None
         self._poller: asyncio.Task | None = None
         self._shutdown: asyncio.Task | None = None
@@ -83,7 +83,7 @@ class Health:
 
     def status(self, service: str = "") -> int:
         """The ServingStatus of ``service``; SERVICE_UNKNOWN for a name this server does not serve."""
-        if service not in SERVICES:
+        if service not in self._services:
             return SERVICE_UNKNOWN
         if self._draining:
             return NOT_SERVING
@@ -98,7 +98,7 @@ class Health:
         status = self.status()
         if status != self._last:
             self._last = status
-            for service in SERVICES:
+            for service in self._services:
                 await self._servicer.set(service, status)
 
     def handler(self) -> grpc.GenericRpcHandler:

@@ -29,7 +29,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 
 from tfscache import errors, logs
-from tfscache.frontend.protocols.tfserving.methods import STATUS_PATH, RouteKey, status_not_found
+from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.probe import ProbeAnswer
 from tfscache.frontend.upstream import RestReply
 from tfscache.cluster.ring import Ring
 
@@ -96,18 +97,11 @@ class Router:
         return sorted(replicas, key=lambda b: (not b.healthy, b.name != self.local and not b.holds(key)))
 
     async def grpc(self, path: str, key: RouteKey | None, request: bytes, metadata, deadline: float | None,
-                   forwarded: bool = False) -> bytes:
-        """Forward a gRPC request's bytes; the response bytes of the serving node."""
-        try:
-            return await self._grpc(path, key, request, metadata, deadline, forwarded)
-        except errors.ModelNotFound as exc:
-            if path == STATUS_PATH and key is not None:  # GetModelStatus has its own texts
-                raise status_not_found(key) from exc
-            raise
-
-    async def _grpc(self, path, key, request, metadata, deadline, forwarded) -> bytes:
+                   forwarded: bool = False, probe: Callable[[ProbeAnswer], bytes] | None = None) -> bytes:
+        """Forward a gRPC request's bytes; the response bytes of the serving node. ``probe``: the
+        request is a status probe, answered so for a version not on its node (no load)."""
         return await self._call(key, forwarded, deadline,
-                                lambda backend: backend.grpc(key, path, request, metadata, deadline))
+                                lambda backend: backend.grpc(key, path, request, metadata, deadline, probe=probe))
 
     async def _call(self, key: RouteKey | None, forwarded: bool, deadline: float | None,
                     send: Callable[[object], Awaitable]):
@@ -168,21 +162,14 @@ class Router:
         return False
 
     async def rest(self, key: RouteKey, method: str, path_qs: str, body: bytes, headers: dict[str, str],
-                   timeout: float, forwarded: bool = False, status: bool = False) -> RestReply:
-        """Forward a REST request; the serving node's reply, unchanged."""
-        try:
-            return await self._rest(key, method, path_qs, body, headers, timeout, forwarded, status)
-        except errors.ModelNotFound as exc:
-            if status:  # GET /v1/models/NAME[/versions/V]: GetModelStatus's texts
-                raise status_not_found(key) from exc
-            raise
-
-    async def _rest(self, key, method, path_qs, body, headers, timeout, forwarded, status) -> RestReply:
+                   timeout: float, forwarded: bool = False,
+                   probe: Callable[[ProbeAnswer], RestReply] | None = None) -> RestReply:
+        """Forward a REST request; the serving node's reply, unchanged. ``probe``: as for ``grpc``."""
         deadline = time.monotonic() + timeout
 
         async def send(backend) -> RestReply:
             reply = await backend.rest(key, method, path_qs, body, headers, max(0.001, deadline - time.monotonic()),
-                                       status=status)
+                                       probe=probe)
             if reply.status == 503:
                 raise _Unavailable503(reply)
             return reply

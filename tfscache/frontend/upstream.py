@@ -23,7 +23,7 @@ import aiohttp
 import grpc
 
 from tfscache import errors
-from tfscache.kinds.tfserving.client import RECONNECT_OPTIONS, channel_ready
+from tfscache.kinds.channel import RECONNECT_OPTIONS, channel_ready
 from tfscache.tls import PeerTls
 
 log = logging.getLogger("tfscache.frontend.upstream")

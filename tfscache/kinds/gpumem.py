@@ -2,7 +2,7 @@
 
 ``cache.gpu_memory_per_node`` (``--gpu-memory-per-node``) caps the GPU bytes of the models
 on one node, as ``memory_per_node`` caps their host bytes. A model's GPU size is learned
-from the growth of its node's GPU memory across its load (``share_growth``), and the
+from the growth of its node's GPU memory across its load (``tfscache.cache.planner.share_growth``), and the
 planner counts it against ``Caps.gpu_bytes`` (tfscache.cache.planner).
 
 * ``GpuReader`` is the protocol: ``available()`` and ``used_by(pids)``, the bytes that the
@@ -23,10 +23,9 @@ read is 0 (docs/gpu.md).
 
 from __future__ import annotations
 
-import importlib
 import logging
 import threading
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, Protocol
 
 import psutil
@@ -92,7 +91,9 @@ class NvmlReader:
     def _start(self) -> bool:
         if self._nvml is None:
             try:
-                self._nvml = importlib.import_module("pynvml")
+                import pynvml  # noqa: PLC0415 - the [gpu] extra, only when a GPU cap is asked for
+
+                self._nvml = pynvml
             except ImportError:
                 self.reason = "nvidia-ml-py is not installed (pip install 'tfscache[gpu]')"
                 return False
@@ -157,23 +158,6 @@ class NodeGpuMemory:
         pids = self._tree(pid)
         return self.reader.used_by(pids) if pids else None
 
-
-Key = Hashable
-
-
-def share_growth(weights: Mapping[Key, int], before: int | None, after: int | None) -> dict[Key, int]:
-    """The GPU growth across one load batch, shared by ``weights`` (their host bytes); {} when unknown.
-
-    A model whose load freed more than it took (an allocator returning a cache) is 0, not
-    negative. Equal weights (all 0 included) share the growth equally.
-    """
-    if before is None or after is None or not weights:
-        return {}
-    growth = max(after - before, 0)
-    total = sum(weights.values())
-    if total <= 0:
-        return {key: growth // len(weights) for key in weights}
-    return {key: int(growth * weight / total) for key, weight in weights.items()}
 
 
 def gpu_cap(cap: int, reader: GpuReader) -> tuple[int, str]:

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from tfscache.extras import require
+from tfscache.kinds.table import KINDS
 from tfscache.settings import Settings, SettingsError
 
 
@@ -39,10 +40,8 @@ def check(settings: Settings) -> None:
     node = settings.node
     if settings.sidecar:
         return  # the node is someone else's process
-    if node.backend == "triton":
-        require("triton", "node.backend = triton (embedded Triton nodes)")
-    elif not node.node_command:
-        require("node", "embedded `tfscache node` children (or give --node-command tensorflow_model_server)")
+    kind = KINDS[node.backend]
+    kind.part("preflight")(settings, kind)
     if node.node_command:
         _check_program(node.node_command)
 

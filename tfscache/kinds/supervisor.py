@@ -1,10 +1,10 @@
-"""Local TF Serving node processes for the embedded default: start, watch, restart, stop.
+"""Local node processes for the embedded default: start, watch, restart, stop.
 
-Each node is a child process (``tfscache node``, or ``--node-command`` such as the real
-``tensorflow_model_server``) on 127.0.0.1 with an empty ``model_config_list {}``: the
-node's CacheManager alone fills it. ``tfscache node`` picks free ports itself and
-reports them in ``--ports_file``; tensorflow_model_server cannot, so ports are chosen
-for it (bind port 0, read, close: a small race, the only place we accept one).
+Each node is a child process on 127.0.0.1, started as its kind's launcher says
+(``Launch``: tfscache.kinds.<kind>.launcher), with nothing loaded: the node's CacheManager
+alone decides what it serves. A child that can bind port 0 reports its ports in a file;
+for one that cannot, ports are chosen for it (``free_port``: bind port 0, read, close: a
+small race, the only place we accept one).
 
 A node that exits unexpectedly is restarted (with a backoff if it keeps crashing);
 ``on_exit`` / ``on_start`` let the owner drop and rebuild the node's client and cache.
@@ -19,13 +19,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import os
 import shlex
 import shutil
 import signal
 import socket
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +33,6 @@ from tfscache.settings import NodeSection
 
 log = logging.getLogger("tfscache.kinds.supervisor")
 
-EMPTY_CONFIG = "model_config_list {\n}\n"
 
 
 @dataclass
@@ -58,6 +55,20 @@ class NodeProcess:
     @property
     def rest_address(self) -> str:
         return f"127.0.0.1:{self.rest_port}"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one node child starts: its command line and environment, and how it is seen serving."""
+
+    argv: list[str]
+    env: dict[str, str] | None = None  # None: this process's environment
+    # A JSON file {"grpc": port, "rest": port} the child writes once it serves (ports 0 chosen by
+    # it); None: the launcher set the node's ports, and the child serves once both accept.
+    ports_file: Path | None = None
+
+
+Launcher = Callable[[NodeProcess], Launch]  # a kind's: the launch of one node child, each (re)start
 
 
 def _die_with_parent(argv: list[str]) -> list[str]:
@@ -87,10 +98,8 @@ class Supervisor:
 
     def __init__(self, settings: NodeSection, state_dir: Path, *,
                  on_start: Callable[[NodeProcess], Awaitable[None]] | None = None,
-                 on_exit: Callable[[NodeProcess], Awaitable[None]] | None = None,
-                 launcher: Callable[[NodeProcess], tuple[list[str], dict[str, str] | None]] | None = None) -> None:
-        """``launcher(node)``: the command line and environment of another kind of node (it sets the
-        node's ports; serving means both accept connections); None: TF Serving's, as ``command``."""
+                 on_exit: Callable[[NodeProcess], Awaitable[None]] | None = None, launcher: Launcher) -> None:
+        """``launcher(node)``: how the node kind starts a child (tfscache.kinds.table's ``launcher``)."""
         self.settings = settings
         self._launcher = launcher
         self.state_dir = Path(state_dir)
@@ -112,30 +121,11 @@ class Supervisor:
                           for node in self.nodes]
         return self.nodes
 
-    def command(self, node: NodeProcess) -> list[str]:
-        """The node's command line: TF Serving's flags, plus tfscache's for `tfscache node`."""
-        s = self.settings
-        config = self.state_dir / f"{node.name}.config"
-        config.write_text(EMPTY_CONFIG)
-        common = [f"--model_config_file={config}", f"--max_num_load_retries={s.max_num_load_retries}",
-                  f"--num_load_threads={s.num_load_threads}", "--num_unload_threads=1"]
-        if s.node_command:
-            node.grpc_port, node.rest_port = free_port(), free_port()
-            poll = max(1, math.ceil(s.file_system_poll_wait_seconds))  # an int32 flag there
-            return [*shlex.split(s.node_command), f"--port={node.grpc_port}",
-                    f"--rest_api_port={node.rest_port}", f"--file_system_poll_wait_seconds={poll}",
-                    *common, *s.extra_args]
-        return [sys.executable, "-m", "tfscache", "node", "--port=0", "--rest_api_port=0",
-                f"--ports_file={self._ports_file(node)}", "--bind_address=127.0.0.1",
-                f"--file_system_poll_wait_seconds={s.file_system_poll_wait_seconds}", *common, *s.extra_args]
-
-    def _ports_file(self, node: NodeProcess) -> Path:
-        return self.state_dir / f"{node.name}.ports.json"
-
     async def _spawn(self, node: NodeProcess) -> None:
-        ports_file = self._ports_file(node)
-        ports_file.unlink(missing_ok=True)
-        argv, env = self._launcher(node) if self._launcher is not None else (self.command(node), None)
+        launch = self._launcher(node)
+        argv, env = launch.argv, launch.env
+        if launch.ports_file is not None:
+            launch.ports_file.unlink(missing_ok=True)
         log.info("starting %s: %s", node.name, shlex.join(argv))
         node.process = await asyncio.create_subprocess_exec(
             *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
@@ -143,7 +133,7 @@ class Supervisor:
         node.started_at = time.monotonic()
         try:
             deadline = time.monotonic() + self.settings.start_timeout_s
-            while not await self._serving(node, ports_file):
+            while not await _serving(node, launch.ports_file):
                 if node.process.returncode is not None:
                     raise RuntimeError(f"{node.name} exited with {node.process.returncode} before serving "
                                        f"(command: {shlex.join(argv)})")
@@ -159,16 +149,6 @@ class Supervisor:
                 _signal(node.process, signal.SIGKILL)
                 await node.process.wait()
             raise
-
-    async def _serving(self, node: NodeProcess, ports_file: Path) -> bool:
-        if not self.settings.node_command and self._launcher is None:
-            try:
-                ports = json.loads(ports_file.read_text())
-            except (OSError, ValueError):
-                return False
-            node.grpc_port, node.rest_port = int(ports["grpc"]), int(ports["rest"])
-            return True
-        return await _accepts(node.grpc_port) and await _accepts(node.rest_port)
 
     async def _watch(self, node: NodeProcess) -> None:
         backoff = 0.5
@@ -225,6 +205,17 @@ def _signal(process: asyncio.subprocess.Process, sig: int) -> None:
         process.send_signal(sig)
     except ProcessLookupError:
         pass
+
+
+async def _serving(node: NodeProcess, ports_file: Path | None) -> bool:
+    if ports_file is not None:
+        try:
+            ports = json.loads(ports_file.read_text())
+        except (OSError, ValueError):
+            return False
+        node.grpc_port, node.rest_port = int(ports["grpc"]), int(ports["rest"])
+        return True
+    return await _accepts(node.grpc_port) and await _accepts(node.rest_port)
 
 
 async def _accepts(port: int) -> bool:

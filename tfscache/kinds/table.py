@@ -1,64 +1,64 @@
 """The kinds of model server behind tfscache, picked by name (``node.backend``) from ``KINDS``.
 
-A kind says how its embedded children are started, how the cache talks to a node (the
-client its node adapter uses, and the adapter's name in ``tfscache.cache.adapter.ADAPTERS``)
-and which API the front ends speak:
+A kind is one package under ``tfscache/kinds/`` plus one row here. The row names, as
+``"module:attribute"`` strings imported only when that kind is chosen (tfscache.importer),
+everything kind-specific: the cache's node adapter and its client, the protocol the front
+ends speak (tfscache.frontend.protocol), how embedded children start, the kind's own checks
+before start-up, and the pip extra its embedded children need. Nothing outside a kind's
+package and its protocol names a product; generic code asks the row.
 
-* ``tfserving`` (default): TF Serving's PredictionService/ModelService and ``/v1`` REST; nodes
-  are ``tfscache node`` children, or ``--node-command`` (the real tensorflow_model_server).
-* ``triton``: NVIDIA Triton in explicit model control; the Open Inference Protocol
-  (``inference.GRPCInferenceService`` and ``/v2`` REST); children are the nvidia-pytriton
-  wheel's ``tritonserver`` (or ``--node-command``, another tritonserver binary) over
-  ``model_repository``.
+Adding a kind: a package ``tfscache/kinds/NAME/`` with an adapter (the
+``tfscache.cache.adapter.NodeAdapter`` contract), a client, a launcher and, when its API
+differs from an existing protocol, a protocol under ``tfscache/frontend/protocols/``; then
+one row below (docs/DESIGN.md, "Adding a node kind").
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
-from tfscache.kinds.triton import launcher as tritonbin
-from tfscache.frontend.protocols.tfserving import methods as tf_methods
-from tfscache.frontend.protocols.oip import methods as oip_methods
-from tfscache.frontend.grpc_server import REFUSED
-from tfscache.frontend.protocols.oip.rest import OipRestApi
-from tfscache.kinds.tfserving.client import NodeClient
-from tfscache.kinds.triton.client import OipClient
-from tfscache.settings import NodeSection
-from tfscache.kinds.supervisor import NodeProcess, free_port
-
-Launcher = Callable[[NodeProcess], tuple[list[str], dict[str, str] | None]]
+from tfscache.extras import require
+from tfscache.importer import import_from_string
 
 
 @dataclass(frozen=True)
 class NodeKind:
-    """One kind of node, as serve.py wires it."""
+    """One kind of node: where each of its parts lives."""
 
-    client: Callable[..., object]  # (name, *, rpc_deadline_s, channel) -> the adapter's client
-    adapter: str  # its name in tfscache.cache.adapter.ADAPTERS
-    grpc_methods: Mapping  # what the gRPC front end serves (path -> Method)
-    grpc_refused: Mapping  # paths answered with a refusal (path -> message)
-    rest_api: object | None  # the REST front end's URL scheme (None: TF Serving's /v1)
-    launcher: Callable[[NodeSection, Path], Launcher | None]  # embedded children (None: tfscache node's)
+    summary: str  # one line for --help and docs
+    adapter: str  # the cache's NodeAdapter class: (client, repository, *, rpc_deadline_s, memory)
+    client: str  # the node's client class: (name, *, rpc_deadline_s, channel)
+    protocol: str  # the front ends' Protocol
+    launcher: str  # (NodeSection, repository root) -> Launcher: how embedded children start
+    preflight: str  # (Settings) -> None: what embedded children need, checked before anything starts
+    extra: str  # the pip extra embedded children need
+    extra_modules: tuple[str, ...]  # its top-level modules (found without importing them)
+    install: str  # the command that installs them
 
+    def part(self, name: str) -> Any:
+        """The part this kind's row names as ``name`` ("adapter", "client", ...), imported."""
+        return import_from_string(getattr(self, name))
 
-def _triton_launcher(settings: NodeSection, repository: Path) -> Launcher:
-    binary = tritonbin.find_tritonserver()  # fails at start-up, naming the install command, if absent
-    if settings.node_command:
-        binary = dataclasses.replace(binary, executable=Path(settings.node_command))
-
-    def launch(node: NodeProcess) -> tuple[list[str], dict[str, str] | None]:
-        node.grpc_port, node.rest_port = free_port(), free_port()  # Triton cannot report port 0
-        return tritonbin.command(binary, repository, http_port=node.rest_port, grpc_port=node.grpc_port,
-                                 metrics_port=free_port(), extra=settings.extra_args)
-
-    return launch
+    def require_extra(self, what: str) -> None:
+        """``MissingExtra``, naming the install command, unless this kind's extra is installed."""
+        require(self.extra, what, modules=self.extra_modules, install=self.install)
 
 
+# The first row is the default kind.
 KINDS: dict[str, NodeKind] = {
-    "tfserving": NodeKind(NodeClient, "tfserving", tf_methods.METHODS, REFUSED, None, lambda s, r: None),
-    "triton": NodeKind(OipClient, "triton", oip_methods.METHODS, oip_methods.REFUSED, OipRestApi,
-                       _triton_launcher),
+    "tfserving": NodeKind(
+        "TF Serving's API: PredictionService/ModelService and /v1 REST; `tfscache node` children",
+        "tfscache.kinds.tfserving.adapter:TFServingAdapter", "tfscache.kinds.tfserving.client:NodeClient",
+        "tfscache.frontend.protocols.tfserving:PROTOCOL", "tfscache.kinds.tfserving.launcher:launcher",
+        "tfscache.kinds.tfserving.launcher:preflight", "node", ("tensorflow", "tensorflow_serving"),
+        "pip install 'tfscache[node]'"),
+    "triton": NodeKind(
+        "NVIDIA Triton in explicit model control: the Open Inference Protocol; tritonserver children",
+        "tfscache.kinds.triton.adapter:TritonAdapter", "tfscache.kinds.triton.client:OipClient",
+        "tfscache.frontend.protocols.oip:PROTOCOL", "tfscache.kinds.triton.launcher:launcher",
+        "tfscache.kinds.triton.launcher:preflight", "triton", ("numpy", "pytriton"),
+        "pip install 'tfscache[triton]' && pip install --no-deps nvidia-pytriton==0.7.0"),
 }
+
+DEFAULT_KIND = next(iter(KINDS))

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from tfscache.cache.policy import AUTO, POLICIES
 from tfscache.discovery.peer import parse_dns_server, parse_peers
+from tfscache.kinds.table import DEFAULT_KIND, KINDS
 from tfscache.units import parse_bytes
 
 MiB = 1 << 20
@@ -104,9 +105,9 @@ class RingSection:
 class NodeSection:
     """The model-server nodes behind the front end."""
 
-    backend: str = setting("tfserving", "the kind of node: tfserving (TF Serving's API) or triton (NVIDIA "
-                            "Triton, Open Inference Protocol)", flag="--backend",
-                            check=lambda v: None if v in ("tfserving", "triton") else "must be tfserving or triton")
+    backend: str = setting(DEFAULT_KIND, "the kind of node, by name (tfscache.kinds.table): "
+                           + "; ".join(f"{name}: {kind.summary}" for name, kind in KINDS.items()), flag="--backend",
+                           check=lambda v: None if v in KINDS else f"must be one of {', '.join(KINDS)}")
     local_nodes: int = setting(1, "embedded mode: how many `tfscache node` children to run",
                                 check=_at_least(0), flag="--local-nodes")
     node_command: str = setting("", "run this model server (e.g. tensorflow_model_server) instead of "

@@ -18,7 +18,7 @@ import logging
 import grpc
 
 from tfscache import errors
-from tfscache.kinds.tfserving.client import NodeChannel
+from tfscache.kinds.channel import NodeChannel
 from tfscache.wire import oip_repository_pb2 as pb
 
 log = logging.getLogger("tfscache.kinds.triton.client")

@@ -32,10 +32,14 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-INSTALL_HINT = "pip install 'tfscache[triton]' && pip install --no-deps nvidia-pytriton==0.7.0"
+from tfscache.kinds.supervisor import Launch, Launcher, NodeProcess, free_port
+from tfscache.kinds.table import KINDS, NodeKind
+from tfscache.settings import NodeSection, Settings
+
+INSTALL_HINT = KINDS["triton"].install
 _BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 
 
@@ -99,6 +103,27 @@ def command(binary: TritonBinary, repository: Path, *, http_port: int, grpc_port
         *extra,
     ]
     return argv, _environment(binary)
+
+
+def launcher(settings: NodeSection, repository: Path, state_dir: Path) -> Launcher:
+    """The launch of each child over ``repository``; fails at start-up, naming the install command,
+    when no ``tritonserver`` is installed (``--node-command``: another tritonserver binary)."""
+    binary = find_tritonserver()
+    if settings.node_command:
+        binary = replace(binary, executable=Path(settings.node_command))
+
+    def launch(node: NodeProcess) -> Launch:
+        node.grpc_port, node.rest_port = free_port(), free_port()  # Triton cannot report port 0
+        argv, env = command(binary, repository, http_port=node.rest_port, grpc_port=node.grpc_port,
+                            metrics_port=free_port(), extra=settings.extra_args)
+        return Launch(argv, env)
+
+    return launch
+
+
+def preflight(settings: Settings, kind: NodeKind) -> None:
+    """Embedded Triton nodes need the [triton] extra (numpy and the nvidia-pytriton wheel)."""
+    kind.require_extra("node.backend = triton (embedded Triton nodes)")
 
 
 def _environment(binary: TritonBinary) -> dict[str, str]:

@@ -1,1 +1,9 @@
 """The Open Inference Protocol (KServe v2): gRPC methods, /v2 REST URLs, the readiness probe."""
+
+from __future__ import annotations
+
+from tfscache.frontend.protocol import Protocol
+from tfscache.frontend.protocols.oip.methods import METHODS, REFUSED, SERVICE
+from tfscache.frontend.protocols.oip.rest import OipRestApi
+
+PROTOCOL = Protocol("Open Inference Protocol", METHODS, REFUSED, OipRestApi, ("", SERVICE))

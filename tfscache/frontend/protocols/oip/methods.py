@@ -33,7 +33,8 @@ import re
 from google.protobuf.message import DecodeError
 
 from tfscache import errors
-from tfscache.frontend.protocols.tfserving.methods import Method, RouteKey, select_fields
+from tfscache.frontend.methods import Method, RouteKey, select_fields
+from tfscache.frontend.probe import ProbeAnswer
 from tfscache.wire import oip_heads_pb2
 
 SERVICE = "inference.GRPCInferenceService"
@@ -103,9 +104,14 @@ def name_request(key: RouteKey) -> bytes:
     return oip_heads_pb2.ModelNameHead(name=key.name, version=version).SerializeToString()
 
 
-def _method(name: str, read_key) -> Method:
+def _ready_probe(answer: ProbeAnswer) -> bytes:
+    """ModelReady's answer for a version a request would load (tfscache.frontend.probe)."""
+    return ready_response(answer.failure is None)
+
+
+def _method(name: str, read_key, probe=None) -> Method:
     return Method(f"/{SERVICE}/{name}", f"inference.{name}Request", read_key,
-                  unknown=unknown_model if read_key is _name_head else None)
+                  unknown=unknown_model if read_key is _name_head else None, probe=probe)
 
 
 METHODS: dict[str, Method] = {
@@ -113,7 +119,7 @@ METHODS: dict[str, Method] = {
         _method("ServerLive", _no_model),
         _method("ServerReady", _no_model),
         _method("ServerMetadata", _no_model),
-        _method("ModelReady", _name_head),
+        _method("ModelReady", _name_head, _ready_probe),
         _method("ModelMetadata", _name_head),
         _method("ModelConfig", _name_head),
         _method("ModelStatistics", _name_head),

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol's (KServe v2) REST API, for Triton nodes: ``RestFrontend(api=OipRestApi)``.
+"""The Open Inference Protocol's (KServe v2) REST API, served by tfscache.frontend.rest.RestFrontend.
 
 URLs are matched with Triton's own patterns (http_server.cc) only to find the model
 name and version for routing; bodies are not parsed. A request goes to the chosen
@@ -36,10 +36,10 @@ from aiohttp import web
 from tfscache import errors, logs
 from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.frontend.grpc_server import REQUEST_ID_KEY, new_request_id
-from tfscache.frontend.protocols.tfserving.methods import RouteKey
-from tfscache.frontend.protocols.oip.methods import (MODEL_READY_PATH, REPOSITORY_REFUSED, name_request, parse_version,
+from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.protocols.oip.methods import (METHODS, MODEL_READY_PATH, REPOSITORY_REFUSED, name_request, parse_version,
                                            read_ready, unknown_model)
-from tfscache.frontend.protocols.tfserving.rest import REQUEST_ID_HEADER
+from tfscache.frontend.rest import REQUEST_ID_HEADER
 from tfscache.frontend.router import Router
 
 log = logging.getLogger("tfscache.frontend.protocols.oip.rest")
@@ -155,7 +155,8 @@ class OipRestApi:
         request, metadata = name_request(key), ((REQUEST_ID_KEY, request_id),)
 
         def ask(route_key: RouteKey | None):
-            return self._router.grpc(MODEL_READY_PATH, route_key, request, metadata, deadline, forwarded)
+            return self._router.grpc(MODEL_READY_PATH, route_key, request, metadata, deadline, forwarded,
+                                     probe=METHODS[MODEL_READY_PATH].probe)
 
         try:
             reply = await ask(key)

@@ -1,5 +1,5 @@
-"""REST front end: TF Serving's /v1/models URLs, bodies passed through to a node's REST port
-(or, given another ``api``, that API's URLs: ``oip_rest``).
+"""TF Serving's REST API: its /v1/models URLs, bodies passed through to a node's REST port
+(served by tfscache.frontend.rest.RestFrontend).
 
 The URL is matched with TF Serving's own patterns (http_rest_api_util.cc) only to
 find the model name and version for routing; the body is not parsed, and the node's
@@ -11,8 +11,8 @@ A URL naming a version label (``/labels/L``) goes to the node as ``/versions/V``
 version the label resolves to; a status request keeps its label, which TF Serving
 ignores. Each request binds its log context here (model, request id from the
 ``X-Request-Id`` header or generated, sent on to the node or peer and back to the
-caller in the reply's ``X-Request-Id`` header, for either API; the router adds the
-node). Each request is timed and counted in ``RestFrontend._handle``.
+caller in the reply's ``X-Request-Id`` header; the router adds the node). Each request is
+timed and counted in ``RestFrontend._handle``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from aiohttp import web
 from tfscache import errors, logs
 from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.frontend.grpc_server import new_request_id
-from tfscache.frontend.protocols.tfserving.methods import RouteKey
+from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.protocols.tfserving.methods import status_not_found
+from tfscache.frontend.protocols.tfserving.probe import rest_status
+from tfscache.frontend.rest import REQUEST_ID_HEADER
 from tfscache.frontend.router import Router
-from tfscache.webserver import WebServer
 
 log = logging.getLogger("tfscache.frontend.protocols.tfserving.rest")
 
@@ -38,7 +40,6 @@ _V1 = re.compile(r"(?i)/v1/.*")
 _POST = re.compile(r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)")
 _GET = re.compile(r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?")
 _FORWARD_HEADERS = ("Content-Type", "Accept")
-REQUEST_ID_HEADER = "X-Request-Id"
 # REST verbs counted under the name of the gRPC method they stand for.
 _METHOD_NAMES = {"predict": "Predict", "classify": "Classify", "regress": "Regress",
                  "status": "GetModelStatus", "metadata": "GetModelMetadata"}
@@ -97,42 +98,15 @@ def error_response(exc: errors.TfscacheError) -> web.Response:
     return web.Response(status=exc.http_status, text=body, content_type="application/json")
 
 
-class RestFrontend(WebServer):
-    """The aiohttp server; ``start()`` returns once serving with the bound port."""
+class TfServingRestApi:
+    """TF Serving's /v1 URLs over the router; ``respond`` is RestFrontend's one handler for every request."""
 
-    what = "REST front end"
-
-    def __init__(self, router: Router, *, bind_address: str, port: int, max_receive_bytes: int,
-                 timeout_s: float, metrics=None, api=None, ssl_context=None) -> None:
-        """``api``: another REST API to serve instead of TF Serving's /v1 URLs, a callable
-        ``(router, max_receive_bytes=, timeout_s=)`` returning an object with ``async respond(request)
-        -> (response, method name)`` (``oip_rest.OipRestApi``: the Open Inference Protocol's /v2).
-        ``ssl_context``: HTTPS (``tfscache.tls.ServerTls``)."""
-        super().__init__(bind_address, port, ssl_context)
+    def __init__(self, router: Router, *, max_receive_bytes: int, timeout_s: float) -> None:
         self._router = router
-        self._metrics = metrics  # tfscache.observe.metrics.Metrics: requests counted by method and status
-        self._timeout_s = timeout_s
         self._max_receive = max_receive_bytes
-        self._api_respond = self._respond if api is None else api(
-            router, max_receive_bytes=max_receive_bytes, timeout_s=timeout_s).respond
+        self._timeout_s = timeout_s
 
-    def web_app(self) -> web.Application:
-        app = web.Application(client_max_size=self._max_receive)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        return app
-
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        started = self._metrics.begin() if self._metrics is not None else None
-        logs.bind(model=None, node=None, request_id=None)
-        response, method = await self._api_respond(request)
-        request_id = logs.request_id.get() or request.headers.get(REQUEST_ID_HEADER)
-        if request_id:  # the id the request was logged and forwarded with goes back
-            response.headers[REQUEST_ID_HEADER] = request_id
-        if self._metrics is not None:
-            self._metrics.request("rest", method, str(response.status), started)
-        return response
-
-    async def _respond(self, request: web.Request) -> tuple[web.StreamResponse, str]:
+    async def respond(self, request: web.Request) -> tuple[web.StreamResponse, str]:
         """The response, and the method to count it under ("unknown" when the URL names none)."""
         path, sep, query = request.raw_path.partition("?")
         method = "unknown"
@@ -159,9 +133,12 @@ class RestFrontend(WebServer):
             forwarded = FORWARDED_KEY in request.headers
             try:
                 reply = await self._router.rest(key, request.method, path_qs, body, headers, self._timeout_s,
-                                                forwarded=forwarded, status=route.verb == "status")
+                                                forwarded=forwarded,
+                                                probe=rest_status if route.verb == "status" else None)
             except errors.ModelNotFound as missing:
-                if route.verb in ("status", "metadata"):
+                if route.verb == "status":  # GET /v1/models/NAME[/versions/V]: GetModelStatus's texts
+                    raise status_not_found(key) from missing
+                if route.verb == "metadata":
                     raise
                 reply = await self._unknown_model(missing, request.method, path_qs, body, headers, forwarded)
         except errors.TfscacheError as exc:

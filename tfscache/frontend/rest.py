@@ -1,0 +1,50 @@
+"""The REST front end: one aiohttp server for a protocol's REST API (tfscache.frontend.protocol).
+
+The protocol's API (``Protocol.rest_api``) matches the URLs, routes and maps its errors;
+this server counts and times every request (``Metrics.begin`` / ``request``) and sends the
+request id back in the ``X-Request-Id`` header, whatever the API.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from tfscache import logs
+from tfscache.frontend.protocol import Protocol
+from tfscache.frontend.router import Router
+from tfscache.webserver import WebServer
+
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+class RestFrontend(WebServer):
+    """The aiohttp server; ``start()`` returns once serving with the bound port."""
+
+    what = "REST front end"
+
+    def __init__(self, router: Router, *, bind_address: str, port: int, max_receive_bytes: int,
+                 timeout_s: float, protocol: Protocol, metrics=None, ssl_context=None) -> None:
+        """``protocol``: the API served (the node kind's); its ``rest_api(router, max_receive_bytes=,
+        timeout_s=)`` answers every request. ``ssl_context``: HTTPS (``tfscache.tls.ServerTls``)."""
+        super().__init__(bind_address, port, ssl_context)
+        self._router = router
+        self._metrics = metrics  # tfscache.observe.metrics.Metrics: requests counted by method and status
+        self._max_receive = max_receive_bytes
+        self._api_respond = protocol.rest_api(router, max_receive_bytes=max_receive_bytes,
+                                              timeout_s=timeout_s).respond
+
+    def web_app(self) -> web.Application:
+        app = web.Application(client_max_size=self._max_receive)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        return app
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        started = self._metrics.begin() if self._metrics is not None else None
+        logs.bind(model=None, node=None, request_id=None)
+        response, method = await self._api_respond(request)
+        request_id = logs.request_id.get() or request.headers.get(REQUEST_ID_HEADER)
+        if request_id:  # the id the request was logged and forwarded with goes back
+            response.headers[REQUEST_ID_HEADER] = request_id
+        if self._metrics is not None:
+            self._metrics.request("rest", method, str(response.status), started)
+        return response
