@@ -15,21 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 from tfscache.admin.client import DEFAULT_ADDRESS, AdminClient, AdminError
-from tfscache.cli.options import Parser, host_port, non_negative
+from tfscache.cli.options import Parser, add_admin_flags, non_negative
 
 
 def _parser(command: str) -> argparse.ArgumentParser:
     parser = Parser(prog=f"tfscache {command}", description=_HELP[command])
-    parser.add_argument("--address", type=host_port,
-                        default=os.environ.get("TFSCACHE_ADMIN_ADDRESS", DEFAULT_ADDRESS),
-                        help="the admin API, HOST:PORT (default %(default)s)")
-    parser.add_argument("--token", default=os.environ.get("TFSCACHE_ADMIN_TOKEN", ""),
-                        help="admin token (server.admin_token), sent as 'authorization: Bearer TOKEN'")
+    add_admin_flags(parser, DEFAULT_ADDRESS)
     if command == "join":
         return parser
     parser.add_argument("--node", default="", help="one node of that tfscache (default: see the command)")

@@ -17,7 +17,6 @@ process did not go within ``--exit-timeout``, 2 on bad arguments.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -25,7 +24,8 @@ import grpc
 from tqdm import tqdm
 
 from tfscache.admin.client import DEFAULT_ADDRESS, AdminClient, AdminError
-from tfscache.cli.options import Parser, add_output_flags, bar_disable, host_port, non_negative, positive
+from tfscache.cli.options import (Parser, add_admin_flags, add_output_flags, bar_disable, host_port, non_negative,
+                                  positive)
 
 
 def follow(client: AdminClient, node: str, grace_s: float, disable: bool | None) -> None:
@@ -55,13 +55,7 @@ def wait_gone(address: str, token: str, timeout_s: float) -> bool:
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tfscache drain", description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--address", default=os.environ.get("TFSCACHE_ADMIN_ADDRESS", DEFAULT_ADDRESS),
-                        help="the admin API, HOST:PORT, or a ring name with --address-template "
-                             "(default %(default)s, or $TFSCACHE_ADMIN_ADDRESS)")
-    parser.add_argument("--address-template", default="", metavar="TEMPLATE",
-                        help="turns a ring name into HOST:PORT, e.g. '{node}.tfscache:8502'")
-    parser.add_argument("--token", default=os.environ.get("TFSCACHE_ADMIN_TOKEN", ""),
-                        help="admin token (server.admin_token; default $TFSCACHE_ADMIN_TOKEN)")
+    add_admin_flags(parser, DEFAULT_ADDRESS, ring_names=True)
     parser.add_argument("--node", default="", help="embedded mode: drain only this local node (node0, ...)")
     parser.add_argument("--grace", type=non_negative(float), default=0.0,
                         help="longest wait for requests in flight, s (default: the server's server.grace_s)")

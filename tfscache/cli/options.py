@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 
 class Parser(argparse.ArgumentParser):
@@ -89,3 +90,27 @@ def log_level(text: str) -> int:
     if name in LOG_LEVELS or name == "WARN":
         return logging.getLevelName("WARNING" if name == "WARN" else name)
     raise argparse.ArgumentTypeError(f"{text!r} is not a log level ({', '.join(LOG_LEVELS)})")
+
+
+def add_admin_flags(parser: argparse.ArgumentParser, default_address: str, *, ring_names: bool = False) -> None:
+    """``--address`` and ``--token`` of a command that calls the admin API (``$TFSCACHE_ADMIN_ADDRESS``
+    and ``$TFSCACHE_ADMIN_TOKEN`` by default). ``ring_names``: the address may instead be a ring
+    name, turned into HOST:PORT by ``--address-template``."""
+    default = os.environ.get("TFSCACHE_ADMIN_ADDRESS", default_address)
+    if ring_names:
+        parser.add_argument("--address", default=default,
+                            help="the admin API, HOST:PORT, or a ring name with --address-template "
+                                 "(default %(default)s, or $TFSCACHE_ADMIN_ADDRESS)")
+        parser.add_argument("--address-template", default="", metavar="TEMPLATE",
+                            help="turns a ring name into HOST:PORT, e.g. '{node}.tfscache:8502'")
+    else:
+        parser.add_argument("--address", type=host_port, default=default,
+                            help="the admin API, HOST:PORT (default %(default)s, or $TFSCACHE_ADMIN_ADDRESS)")
+    add_token_flag(parser)
+
+
+def add_token_flag(parser: argparse.ArgumentParser) -> None:
+    """``--token``: the admin token (``server.admin_token``), ``$TFSCACHE_ADMIN_TOKEN`` by default."""
+    parser.add_argument("--token", default=os.environ.get("TFSCACHE_ADMIN_TOKEN", ""),
+                        help="admin token (server.admin_token; default $TFSCACHE_ADMIN_TOKEN), "
+                             "sent as 'authorization: Bearer TOKEN'")

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
@@ -39,7 +38,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tfscache.admin.client import AdminClient, AdminError
-from tfscache.cli.options import Parser, add_output_flags, bar_disable, host_port, non_negative, positive
+from tfscache.cli.options import (Parser, add_output_flags, add_token_flag, bar_disable, host_port, non_negative,
+                                  positive)
 
 
 class PrewarmError(ValueError):
@@ -171,7 +171,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="admin API of a node of the plan (repeat)")
     parser.add_argument("--address-template", default="", metavar="TEMPLATE",
                         help="admin API of any other node, e.g. '{node}.tfscache:8502'")
-    parser.add_argument("--token", default=os.environ.get("TFSCACHE_ADMIN_TOKEN", ""), help="admin token")
+    add_token_flag(parser)
     parser.add_argument("--hot", default="resident", help="resident (default), all, or file:PATH")
     parser.add_argument("--limit", type=non_negative(int), default=0, help="at most this many models (0: no limit)")
     parser.add_argument("--parallel", type=positive(int), default=2, help="preloads at once (default %(default)s)")
