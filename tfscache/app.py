@@ -122,7 +122,7 @@ class ServeApp:
                                       max_send_bytes=s.server.max_send_message_bytes,
                                       max_receive_bytes=s.server.max_receive_message_bytes,
                                       metrics=self.metrics, methods=self.kind.grpc_methods,
-                                      refused=self.kind.grpc_refused,
+                                      refused=self.kind.grpc_refused, streams=self.kind.grpc_streams,
                                       credentials=self.tls.grpc_credentials() if self.tls else None)
             self.grpc_port = await self._grpc.start()
             if s.server.rest_port >= 0:

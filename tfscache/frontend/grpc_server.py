@@ -17,10 +17,11 @@ timed and counted here too (``Metrics.begin`` / ``request``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 
@@ -39,6 +40,8 @@ REQUEST_ID_KEY = "x-request-id"
 MAX_ERROR_BYTES = 4096
 # Methods answered with an error and never forwarded: TF Serving's config reload.
 REFUSED: Mapping[str, errors.TfscacheError] = {RELOAD_PATH: errors.FailedPrecondition(RELOAD_REFUSED)}
+# A streaming method's handler, made for the router and metrics: (router, metrics) -> handler.
+StreamHandler = Callable[[Router, object], grpc.RpcMethodHandler]
 
 
 def grpc_message(message: str) -> str:
@@ -58,13 +61,15 @@ def new_request_id() -> str:
 
 class _Handlers(grpc.GenericRpcHandler):
     def __init__(self, router: Router, metrics, methods: Mapping[str, Method],
-                 refused: Mapping[str, errors.TfscacheError]) -> None:
+                 refused: Mapping[str, errors.TfscacheError], streams: Mapping[str, StreamHandler]) -> None:
         self._router = router
         self._metrics = metrics  # tfscache.observe.metrics.Metrics: requests counted by method and code
         self._handlers = {path: grpc.unary_unary_rpc_method_handler(self._behavior(method))
                           for path, method in methods.items()}
         for path, error in refused.items():
             self._handlers[path] = grpc.unary_unary_rpc_method_handler(self._refuse(error))
+        for path, make in streams.items():  # streaming methods map their errors themselves
+            self._handlers[path] = make(router, metrics)
 
     def service(self, handler_call_details):
         return self._handlers.get(handler_call_details.method)  # None: UNIMPLEMENTED
@@ -90,8 +95,9 @@ class _Handlers(grpc.GenericRpcHandler):
                 outgoing = forwardable_metadata(metadata)
                 if request_id is None:
                     outgoing = (*outgoing, (REQUEST_ID_KEY, logs.request_id.get()))
+                send = router.grpc if method.send is None else functools.partial(method.send, router)
                 try:
-                    response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded)
+                    response = await send(method.path, key, request, outgoing, deadline, forwarded)
                 except errors.ModelNotFound as missing:
                     if method.unknown is None or key is None:
                         raise
@@ -144,9 +150,11 @@ class GrpcFrontend:
     def __init__(self, router: Router, *, bind_address: str, port: int, max_send_bytes: int,
                  max_receive_bytes: int, metrics=None, methods: Mapping[str, Method] = METHODS,
                  refused: Mapping[str, errors.TfscacheError] = REFUSED,
+                 streams: Mapping[str, StreamHandler] | None = None,
                  credentials: grpc.ServerCredentials | None = None) -> None:
         """``methods`` and ``refused`` are the protocol served: TF Serving's by default, the Open
-        Inference Protocol's with ``oip_methods.METHODS`` and ``oip_methods.REFUSED``. ``credentials``:
+        Inference Protocol's with ``oip_methods.METHODS`` and ``oip_methods.REFUSED``; ``streams``: its
+        streaming methods (path -> handler factory, ``protocols/oip/stream.STREAMS``). ``credentials``:
         TLS (``tfscache.tls.ServerTls``); None: plaintext."""
         self._credentials = credentials
         self._server = grpc.aio.server(options=[
@@ -154,7 +162,7 @@ class GrpcFrontend:
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.so_reuseport", 0),
         ])
-        self._server.add_generic_rpc_handlers([_Handlers(router, metrics, methods, refused)])
+        self._server.add_generic_rpc_handlers([_Handlers(router, metrics, methods, refused, streams or {})])
         self._address = f"{bind_address}:{port}"
         self.port: int | None = None
 

@@ -26,6 +26,7 @@ from tfscache.frontend.grpc_server import REFUSED
 from tfscache.frontend.protocols.oip.rest import OipRestApi
 from tfscache.kinds.tfserving.client import NodeClient
 from tfscache.kinds.triton.client import OipClient
+from tfscache.frontend.protocols.oip import stream as oip_stream
 from tfscache.settings import NodeSection
 from tfscache.kinds.supervisor import NodeProcess, free_port
 
@@ -42,6 +43,7 @@ class NodeKind:
     grpc_refused: Mapping  # paths answered with a refusal (path -> message)
     rest_api: object | None  # the REST front end's URL scheme (None: TF Serving's /v1)
     launcher: Callable[[NodeSection, Path], Launcher | None]  # embedded children (None: tfscache node's)
+    grpc_streams: Mapping = dataclasses.field(default_factory=dict)  # streaming methods (path -> handler factory)
 
 
 def _triton_launcher(settings: NodeSection, repository: Path) -> Launcher:
@@ -60,5 +62,5 @@ def _triton_launcher(settings: NodeSection, repository: Path) -> Launcher:
 KINDS: dict[str, NodeKind] = {
     "tfserving": NodeKind(NodeClient, "tfserving", tf_methods.METHODS, REFUSED, None, lambda s, r: None),
     "triton": NodeKind(OipClient, "triton", oip_methods.METHODS, oip_methods.REFUSED, OipRestApi,
-                       _triton_launcher),
+                       _triton_launcher, grpc_streams=oip_stream.STREAMS),
 }

@@ -13,7 +13,7 @@ unknown field of the minimal message, so nothing else changes in meaning).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 from google.protobuf.message import DecodeError
 
@@ -163,6 +163,9 @@ class Method:
     # such model, the request goes to a node without a lease for the node's answer; this error
     # when no node answers. None (TF Serving): the cache's error is the answer.
     unknown: Callable[[RouteKey], errors.TfscacheError] | None = None
+    # How the request is answered, when not by ``Router.grpc`` (one node under a lease):
+    # ``send(router, path, key, request, metadata, deadline, forwarded)`` -> response bytes.
+    send: Callable[..., Awaitable[bytes]] | None = None
 
     def route_key(self, request: bytes) -> RouteKey | None:
         """The request's RouteKey; None when it names no model (the node then reports TF's error)."""
