@@ -36,12 +36,8 @@ import re
 from google.protobuf.message import DecodeError
 
 from tfscache import errors
-<<<<<<< HEAD:tfscache/frontend/protocols/oip/methods.py
 from tfscache.frontend.protocols.tfserving.methods import Method, RouteKey, select_fields
-=======
-from tfscache.frontend.methods import Method, RouteKey, select_fields
 from tfscache.frontend.protocols.oip import stats
->>>>>>> 28a8c56 (generate_stream through the REST front end (SSE relayed as it comes, lease held, client disconnect closes the node's stream); ModelStatistics and .../stats gathered from every node holding the model and merged):tfscache/frontend/oip_methods.py
 from tfscache.wire import oip_heads_pb2
 
 SERVICE = "inference.GRPCInferenceService"

@@ -12,14 +12,14 @@ and the node's reply comes back with its status, body, ``Content-Type`` and
 * ``GET /v2/models/NAME[/versions/V]`` (metadata), ``.../config``, ``.../stats`` and
   ``POST .../infer``, ``.../generate`` take a lease: the model loads.
 * ``GET .../ready`` is a readiness probe and loads nothing: it is asked as gRPC ModelReady
-  (``oip_methods``, ``probe``) and answered as Triton does, 200 with no body or 400
+  (``protocols/oip/methods``, ``probe``) and answered as Triton does, 200 with no body or 400
   ``{"error":"Model version not ready"}``.
 * A model the repository lacks is asked of a node without a lease, for Triton's own 404.
 * ``POST .../generate_stream`` streams the node's Server-Sent Events back as they come,
   under a lease (``protocols/oip/generate``).
 * ``GET .../stats`` of a model that nodes hold already is gathered from all of them and
   merged, without a lease (``protocols/oip/stats``).
-* ``/v2/repository/...`` is refused (400, ``oip_methods.REPOSITORY_REFUSED``); shared
+* ``/v2/repository/...`` is refused (400, ``methods.REPOSITORY_REFUSED``); shared
   memory, trace and log settings are not served (501).
 
 Errors raised here are mapped in one place to Triton's body ``{"error":"<message>"}``
