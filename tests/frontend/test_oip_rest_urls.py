@@ -10,7 +10,7 @@ import pytest
 from tfscache import errors
 from tfscache.frontend.protocols.tfserving.methods import RouteKey
 from tfscache.frontend.protocols.oip.methods import REPOSITORY_REFUSED
-from tfscache.frontend.protocols.oip.rest import error_response, parse_url
+from tfscache.frontend.protocols.oip.rest import OipRoute, error_response, parse_url
 
 
 @pytest.mark.parametrize("path, method, http_method, key", [
@@ -54,7 +54,12 @@ def test_repository_api_is_refused(path):
     assert info.value.message == REPOSITORY_REFUSED
 
 
-@pytest.mark.parametrize("path", ["/v2/models/m/generate_stream", "/v2/models/m/trace/setting",
+def test_generate_stream_is_served():
+    assert parse_url("/v2/models/m/versions/3/generate_stream") == OipRoute("ModelGenerateStream", "POST",
+                                                                           RouteKey("m", version=3))
+
+
+@pytest.mark.parametrize("path", ["/v2/models/m/trace/setting",
                                   "/v2/systemsharedmemory/status", "/v2/cudasharedmemory/region/r/register",
                                   "/v2/trace/setting", "/v2/logging"])
 def test_per_node_apis_are_not_served(path):

@@ -331,7 +331,7 @@ async def test_rest_server_urls_go_to_a_node(world):
     ("POST", "/v2/models/m/ready", 405, "Method Not Allowed"),
     ("GET", "/v1/models/m", 404, "Not Found"),
     ("GET", "/v2/models/m/versions/x", 404, "Not Found"),
-    ("POST", "/v2/models/m/generate_stream", 501, "generate_stream is not served by tfscache"),
+    ("POST", "/v2/models/m/trace/setting", 501, "trace/setting is not served by tfscache"),
 ])
 async def test_rest_refusals(world, method, path, status, error):
     async with world["http"].request(method, world["url"] + path) as response:

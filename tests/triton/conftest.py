@@ -2,8 +2,11 @@
 
 * ``triton_repository`` (session): a Triton model repository of python-backend models built
   once by tfscache.kinds.triton.testmodels: ``addk_1`` .. ``addk_12`` (y = x + k, no padding),
-  ``addk_pad`` (y = x + 7, holding ``PADDING_BYTES`` while loaded) and ``sleep_ms``
-  (y = x after ``SLEEP_MS`` ms per request).
+  ``addk_pad`` (y = x + 7, holding ``PADDING_BYTES`` while loaded), ``sleep_ms``
+  (y = x after ``SLEEP_MS`` ms per request) and the decoupled ones: ``stream_3`` (3 responses
+  ``STREAM_DELAY_MS`` apart; x[0] < 0: -x[0] of them), ``stream_a`` .. ``stream_e`` (the same,
+  for churn), ``sparse`` (no response when x[0] < 0); the stream models write a marker into
+  ``triton_markers`` when they see a request cancelled.
 * ``triton`` (module): a running ``tritonserver`` over that repository, explicit model
   control, nothing loaded at start (a TritonProcess; stopped after the module).
 """
@@ -21,13 +24,24 @@ from tfscache.kinds.triton import testmodels as tritonmodels
 ADDK_COUNT = 12
 PADDING_BYTES = 64 * 1024 * 1024
 SLEEP_MS = 300
+STREAM_DELAY_MS = 50
+STREAM_MODELS = [f"stream_{c}" for c in "abcde"]
 
 
 @pytest.fixture(scope="session")
-def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def triton_markers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the stream models write ``cancelled-<request id>`` when a request is cancelled."""
+    return tmp_path_factory.mktemp("triton_markers")
+
+
+@pytest.fixture(scope="session")
+def triton_repository(tmp_path_factory: pytest.TempPathFactory, triton_markers: Path) -> Path:
     root = tmp_path_factory.mktemp("triton_repository")
     tritonmodels.build_triton_models(root, synthetic=ADDK_COUNT, sleep_ms=SLEEP_MS)
     tritonmodels.build_addk(root, 7, padding_bytes=PADDING_BYTES, name="addk_pad")
+    for name in ("stream_3", *STREAM_MODELS):
+        tritonmodels.build_stream(root, 3, STREAM_DELAY_MS, name=name, marker_dir=triton_markers)
+    tritonmodels.build_sparse(root)
     return root
 
 

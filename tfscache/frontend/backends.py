@@ -9,6 +9,9 @@ A node that answers NOT_FOUND for the model a lease is held on, in its kind's wo
 adapter's ``lost_texts``), has lost it (it restarted behind a sidecar, at the same address): the cache rechecks and restores what it
 lost, and the request is sent once more.
 A status probe (``Method.probe``) takes no lease and loads nothing (``tfscache.frontend.probe``).
+Streams (``stream``, ``rest_stream``: 0..N messages for one request) hold the lease
+until the node's last message, an error, or the caller closing the stream (its client
+went away); the lost-model recheck is not made for them.
 Both kinds say when they can serve again (``wait_serving``), for the router to wait
 on a node that restarts.
 
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol, runtime_checkable
 
 from tfscache import errors
@@ -78,6 +81,13 @@ class Backend(Protocol):
                    headers: dict[str, str], timeout: float, *,
                    probe: Callable[[ProbeAnswer], RestReply] | None = None) -> RestReply:
         """Forward a REST request; the reply as it came."""
+
+    def stream(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline) -> AsyncIterator[bytes]:
+        """Forward one request to a streaming gRPC method; its responses' bytes as they come."""
+
+    def rest_stream(self, key: RouteKey | None, method: str, path_qs: str, body: bytes,
+                    headers: dict[str, str], timeout: float) -> AsyncIterator[RestReply | bytes]:
+        """Forward a REST request whose reply streams: its head, then its body's chunks as they come."""
 
     async def wait_serving(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s until it can serve again; ``NodeUnavailable`` when it never will."""
@@ -218,6 +228,22 @@ class NodeBackend:
         except _LostReply as lost:  # the node still has not got it: its answer, as it came
             return lost.reply
 
+    async def stream(self, key: RouteKey | None, path: str, request: bytes, metadata,
+                     deadline) -> AsyncIterator[bytes]:
+        """The node's responses to one streamed request, the model leased until the last one."""
+        async with self._leased(key, deadline) as upstream, contextlib.aclosing(
+                upstream.stream(path, request, metadata=metadata, timeout=remaining(deadline))) as responses:
+            async for response in responses:
+                yield response
+
+    async def rest_stream(self, key: RouteKey | None, method: str, path_qs: str, body: bytes,
+                          headers: dict[str, str], timeout: float) -> AsyncIterator[RestReply | bytes]:
+        """The node's streamed REST reply (head, then chunks), the model leased until its end."""
+        async with self._leased(key, time.monotonic() + timeout) as upstream, contextlib.aclosing(
+                upstream.rest_stream(method, path_qs, body, headers, timeout=timeout)) as parts:
+            async for part in parts:
+                yield part
+
     async def close(self) -> None:
         if self.upstream is not None:
             await self.upstream.close()
@@ -252,6 +278,19 @@ class PeerBackend:
                    timeout: float, *, probe=None) -> RestReply:
         return await self.upstream.rest(method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]},
                                         timeout=timeout)
+
+    async def stream(self, key, path: str, request: bytes, metadata, deadline) -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(self.upstream.stream(path, request, metadata=(*metadata, self._marker),
+                                                            timeout=remaining(deadline))) as responses:
+            async for response in responses:
+                yield response
+
+    async def rest_stream(self, key, method: str, path_qs: str, body: bytes, headers: dict[str, str],
+                          timeout: float) -> AsyncIterator[RestReply | bytes]:
+        async with contextlib.aclosing(self.upstream.rest_stream(
+                method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]}, timeout=timeout)) as parts:
+            async for part in parts:
+                yield part
 
     async def retire(self, grace: float) -> None:
         """Off the ring: close the channel once the requests already sent here have finished."""

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import grpc
 
@@ -36,6 +36,8 @@ REQUEST_ID_KEY = "x-request-id"
 # the client's metadata limit (8 KB by default) reaches it as RESOURCE_EXHAUSTED, its
 # own error hidden. So a message is cut to this many bytes on the wire.
 MAX_ERROR_BYTES = 4096
+# A streaming method's handler, made for the router and metrics: (router, metrics) -> handler.
+StreamHandler = Callable[[Router, object], grpc.RpcMethodHandler]
 
 
 def grpc_message(message: str) -> str:
@@ -55,13 +57,15 @@ def new_request_id() -> str:
 
 class _Handlers(grpc.GenericRpcHandler):
     def __init__(self, router: Router, metrics, methods: Mapping[str, Method],
-                 refused: Mapping[str, errors.TfscacheError]) -> None:
+                 refused: Mapping[str, errors.TfscacheError], streams: Mapping[str, StreamHandler]) -> None:
         self._router = router
         self._metrics = metrics  # tfscache.observe.metrics.Metrics: requests counted by method and code
         self._handlers = {path: grpc.unary_unary_rpc_method_handler(self._behavior(method))
                           for path, method in methods.items()}
         for path, error in refused.items():
             self._handlers[path] = grpc.unary_unary_rpc_method_handler(self._refuse(error))
+        for path, make in streams.items():  # streaming methods map their errors themselves
+            self._handlers[path] = make(router, metrics)
 
     def service(self, handler_call_details):
         return self._handlers.get(handler_call_details.method)  # None: UNIMPLEMENTED
@@ -88,8 +92,12 @@ class _Handlers(grpc.GenericRpcHandler):
                 if request_id is None:
                     outgoing = (*outgoing, (REQUEST_ID_KEY, logs.request_id.get()))
                 try:
-                    response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded,
-                                                 probe=method.probe)
+                    if method.send is None:
+                        response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded,
+                                                     probe=method.probe)
+                    else:
+                        response = await method.send(router, method.path, key, request, outgoing, deadline,
+                                                     forwarded)
                 except errors.ModelNotFound as missing:
                     if key is not None and method.not_found is not None:  # the method's own texts
                         raise method.not_found(key) from missing
@@ -144,8 +152,8 @@ class GrpcFrontend:
     def __init__(self, router: Router, *, bind_address: str, port: int, max_send_bytes: int,
                  max_receive_bytes: int, protocol: Protocol, metrics=None,
                  credentials: grpc.ServerCredentials | None = None) -> None:
-        """``protocol``: the API served, its methods and the ones refused (the node kind's).
-        ``credentials``: TLS (``tfscache.tls.ServerTls``); None: plaintext."""
+        """``protocol``: the API served, its methods, the ones refused and its streaming methods
+        (the node kind's). ``credentials``: TLS (``tfscache.tls.ServerTls``); None: plaintext."""
         self._credentials = credentials
         self._server = grpc.aio.server(options=[
             ("grpc.max_send_message_length", max_send_bytes),
@@ -153,7 +161,7 @@ class GrpcFrontend:
             ("grpc.so_reuseport", 0),
         ])
         self._server.add_generic_rpc_handlers([_Handlers(router, metrics, protocol.grpc_methods,
-                                                         protocol.grpc_refused)])
+                                                         protocol.grpc_refused, protocol.grpc_streams)])
         self._address = f"{bind_address}:{port}"
         self.port: int | None = None
 

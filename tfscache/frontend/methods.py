@@ -9,7 +9,7 @@ unchanged, except where a method rewrites version labels into versions (``with_v
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 from google.protobuf.message import DecodeError
 
@@ -103,6 +103,9 @@ class Method:
     probe: Callable[[ProbeAnswer], bytes] | None = None
     # A method with its own texts for a model the repository lacks (TF Serving's GetModelStatus).
     not_found: Callable[[RouteKey], errors.TfscacheError] | None = None
+    # How the request is answered, when not by ``Router.grpc`` (one node under a lease):
+    # ``send(router, path, key, request, metadata, deadline, forwarded)`` -> response bytes.
+    send: Callable[..., Awaitable[bytes]] | None = None
 
     def route_key(self, request: bytes) -> RouteKey | None:
         """The request's RouteKey; None when it names no model (the node then reports TF's error)."""

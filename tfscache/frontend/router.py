@@ -103,6 +103,12 @@ class Router:
         return await self._call(key, forwarded, deadline,
                                 lambda backend: backend.grpc(key, path, request, metadata, deadline, probe=probe))
 
+    async def open(self, key: RouteKey | None, forwarded: bool, deadline: float | None,
+                   send: Callable[[object], Awaitable]):
+        """``send(backend)`` to the backend chosen as for any request, with the same retries
+        (``tfscache.frontend.streams`` opens a stream with it)."""
+        return await self._call(key, forwarded, deadline, send)
+
     async def _call(self, key: RouteKey | None, forwarded: bool, deadline: float | None,
                     send: Callable[[object], Awaitable]):
         """``send(backend)`` to the best replica; on UNAVAILABLE the next, then wait for one to return.

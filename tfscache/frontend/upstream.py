@@ -11,12 +11,19 @@ become ``NodeUnavailable`` here, so the router retries the next replica: a stray
 CancelledError escaping a front end's handler would leave its client waiting for its
 whole deadline. A server dropped from the ring is ``retire``d: its channel closes once
 the calls already on it have finished.
+
+Streams (``stream``, ``rest_stream``) are async generators of what the server sends, as
+it comes: nothing is read ahead of the caller, so a caller that stops reading stops this
+side reading, and HTTP/2 or TCP flow control holds the server back. Closing one early
+cancels the gRPC call or closes the HTTP connection, which is how a server learns that
+the client went away.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import aiohttp
@@ -109,6 +116,60 @@ class Upstream:
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
+
+    async def stream(self, path: str, request: bytes, *, metadata=(),
+                     timeout: float | None = None) -> AsyncIterator[bytes]:
+        """Send ``request`` to the streaming method ``path`` (one request, then the half-close) and
+        yield each response's bytes as it comes; closing the iteration early cancels the call."""
+        if self._closed:
+            raise errors.NodeUnavailable(f"the channel to {self.grpc_address} is closed")
+        self._in_flight += 1
+        self._idle.clear()
+        call = None
+        try:
+            call = self.channel.unary_stream(path)(request, timeout=timeout, metadata=metadata or None)
+            while (response := await call.read()) is not grpc.aio.EOF:
+                yield response
+        except grpc.aio.AioRpcError as exc:
+            raise _translate(exc, self.grpc_address) from exc
+        except grpc.aio.UsageError as exc:
+            raise errors.NodeUnavailable(f"the channel to {self.grpc_address} is closed") from exc
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise
+            raise errors.NodeUnavailable(f"the stream from {self.grpc_address} ended: its channel was closed "
+                                         "(the server left the ring or stopped)") from None
+        finally:
+            if call is not None:
+                call.cancel()  # no-op once it ended; else the server learns the client went away
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def rest_stream(self, method: str, path_qs: str, body: bytes, headers: dict[str, str], *,
+                          timeout: float) -> AsyncIterator[RestReply | bytes]:
+        """Send an HTTP request and yield the reply as it comes: first its head (a RestReply with no
+        body), then each chunk of its body. ``timeout`` bounds the connection and each wait for the
+        next chunk, not the whole reply. Closing the iteration early closes the connection."""
+        if not self.rest_address:
+            raise errors.NodeUnavailable(f"node {self.grpc_address} has no REST port")
+        url = f"{'http' if self._tls is None else 'https'}://{self.rest_address}{path_qs}"
+        tls = {} if self._tls is None else {"ssl": self._tls.ssl_context, "server_hostname": self._tls.server_name}
+        try:
+            async with self._http.request(method, url, data=body or None, headers=headers,
+                                          timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout,
+                                                                        sock_read=timeout),
+                                          allow_redirects=False, **tls) as reply:
+                passed = [h for h in _REPLY_HEADERS if h != "Content-Encoding" or not self._http.auto_decompress]
+                yield RestReply(reply.status, b"", reply.headers.get("Content-Type", "application/json"),
+                                tuple((h, reply.headers[h]) for h in passed if h in reply.headers))
+                async for chunk in reply.content.iter_any():
+                    yield chunk
+        except TimeoutError as exc:
+            raise errors.DeadlineExceeded(f"REST stream from {self.rest_address} sent nothing for {timeout} s") from exc
+        except aiohttp.ClientError as exc:
+            raise errors.NodeUnavailable(f"REST stream from {self.rest_address} failed: {exc}") from exc
 
     async def rest(self, method: str, path_qs: str, body: bytes, headers: dict[str, str], *,
                    timeout: float) -> RestReply:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtfscache/wire/oip_heads.proto\x12\x12tfscache.oip.heads\".\n\rModelNameHead\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x1a\n\tReadyHead\x12\r\n\x05ready\x18\x01 \x01(\x08\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dtfscache/wire/oip_heads.proto\x12\x12tfscache.oip.heads\".\n\rModelNameHead\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\"\x1a\n\tReadyHead\x12\r\n\x05ready\x18\x01 \x01(\x08\"B\n\tInferHead\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmodel_version\x18\x02 \x01(\t\x12\n\n\x02id\x18\x03 \x01(\t\"_\n\x0fStreamErrorHead\x12\x15\n\rerror_message\x18\x01 \x01(\t\x12\x35\n\x0einfer_response\x18\x02 \x01(\x0b\x32\x1d.tfscache.oip.heads.InferHeadb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,4 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_MODELNAMEHEAD']._serialized_end=99
   _globals['_READYHEAD']._serialized_start=101
   _globals['_READYHEAD']._serialized_end=127
+  _globals['_INFERHEAD']._serialized_start=129
+  _globals['_INFERHEAD']._serialized_end=195
+  _globals['_STREAMERRORHEAD']._serialized_start=197
+  _globals['_STREAMERRORHEAD']._serialized_end=292
 # @@protoc_insertion_point(module_scope)

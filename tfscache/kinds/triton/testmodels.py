@@ -15,6 +15,15 @@ complete: Triton runs with ``--disable-auto-complete-config``.
   and memory caps mean something.
 * ``sleep_ms``: input ``x``/output ``y`` as addk (y = x); ``execute()`` sleeps the
   parameter ``sleep_ms`` milliseconds per request.
+* ``stream_k`` (decoupled, ``model_transaction_policy { decoupled: true }``): for each request,
+  ``K`` responses ``y = x + i`` (i = 0 .. K-1), ``delay_ms`` apart, then the final flag alone.
+  A request whose ``x[0]`` is negative sends K = ``-x[0]`` responses instead. It checks
+  ``response_sender.is_cancelled()`` before each response; a cancelled request stops and, with
+  ``marker_dir`` set, writes ``MARKER_DIR/cancelled-<request id>`` (what tests read to see the
+  cancellation reach the node).
+* ``sparse`` (decoupled): a request whose ``x[0]`` is negative gets no response at all, only the
+  final flag (a client sees nothing unless it asked for empty final responses); any other gets
+  one response ``y = x``, final flag apart.
 """
 
 from __future__ import annotations
@@ -68,7 +77,61 @@ class TritonPythonModel:
 '''
 
 
-def model_config(name: str, parameters: dict[str, str]) -> str:
+_STREAM_PY = '''\
+import json
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.k = int(parameters["k"]["string_value"])
+        self.delay_s = int(parameters["delay_ms"]["string_value"]) / 1000.0
+        self.marker_dir = parameters.get("marker_dir", {}).get("string_value", "")
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            count = int(-x[0]) if x.size and x[0] < 0 else self.k
+            for i in range(count):
+                if i:
+                    time.sleep(self.delay_s)
+                if sender.is_cancelled():
+                    if self.marker_dir:
+                        path = os.path.join(self.marker_dir, "cancelled-" + (request.request_id() or "none"))
+                        with open(path, "w") as marker:
+                            marker.write(str(i))
+                    break
+                y = pb_utils.Tensor("y", (x + np.float32(i)).astype(np.float32))
+                sender.send(pb_utils.InferenceResponse(output_tensors=[y]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+_SPARSE_PY = '''\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            if not (x.size and x[0] < 0):
+                y = pb_utils.Tensor("y", x.astype(np.float32))
+                sender.send(pb_utils.InferenceResponse(output_tensors=[y]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+def model_config(name: str, parameters: dict[str, str], decoupled: bool = False) -> str:
     """config.pbtxt of a one-instance CPU python model with input x, output y (FP32 [-1])."""
     params = "".join(f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
                      for key, value in parameters.items())
@@ -78,15 +141,16 @@ def model_config(name: str, parameters: dict[str, str]) -> str:
             'input [{ name: "x" data_type: TYPE_FP32 dims: [-1] }]\n'
             'output [{ name: "y" data_type: TYPE_FP32 dims: [-1] }]\n'
             'instance_group [{ count: 1 kind: KIND_CPU }]\n'
-            f'{params}')
+            + ('model_transaction_policy { decoupled: true }\n' if decoupled else '')
+            + params)
 
 
-def write_model(dest: Path, name: str, source: str, parameters: dict[str, str]) -> Path:
+def write_model(dest: Path, name: str, source: str, parameters: dict[str, str], decoupled: bool = False) -> Path:
     """Write DEST/NAME/config.pbtxt and DEST/NAME/1/model.py; returns DEST/NAME."""
     model = Path(dest) / name
     (model / "1").mkdir(parents=True, exist_ok=True)
     (model / "1" / "model.py").write_text(source)
-    (model / "config.pbtxt").write_text(model_config(name, parameters))
+    (model / "config.pbtxt").write_text(model_config(name, parameters, decoupled))
     return model
 
 
@@ -99,6 +163,19 @@ def build_addk(dest: Path, k: int, padding_bytes: int = 0, name: str | None = No
 def build_sleep(dest: Path, sleep_ms: int, name: str = "sleep_ms") -> Path:
     """``sleep_ms`` (or ``name``): y = x after sleeping ``sleep_ms`` ms per request."""
     return write_model(dest, name, _SLEEP_PY, {"sleep_ms": str(int(sleep_ms))})
+
+
+def build_stream(dest: Path, k: int, delay_ms: int, name: str | None = None, marker_dir: Path | None = None) -> Path:
+    """``stream_K`` (or ``name``), decoupled: K responses y = x + i per request, ``delay_ms`` apart."""
+    parameters = {"k": str(int(k)), "delay_ms": str(int(delay_ms))}
+    if marker_dir is not None:
+        parameters["marker_dir"] = str(marker_dir)
+    return write_model(dest, name or f"stream_{k}", _STREAM_PY, parameters, decoupled=True)
+
+
+def build_sparse(dest: Path, name: str = "sparse") -> Path:
+    """``sparse`` (or ``name``), decoupled: no response for a request whose x[0] < 0, else one (y = x)."""
+    return write_model(dest, name, _SPARSE_PY, {}, decoupled=True)
 
 
 def build_triton_models(dest: Path, synthetic: int = 0, padding_bytes: int = 0,

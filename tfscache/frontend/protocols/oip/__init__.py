@@ -5,5 +5,6 @@ from __future__ import annotations
 from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.protocols.oip.methods import METHODS, REFUSED, SERVICE
 from tfscache.frontend.protocols.oip.rest import OipRestApi
+from tfscache.frontend.protocols.oip.stream import STREAMS
 
-PROTOCOL = Protocol("Open Inference Protocol", METHODS, REFUSED, OipRestApi, ("", SERVICE))
+PROTOCOL = Protocol("Open Inference Protocol", METHODS, REFUSED, OipRestApi, ("", SERVICE), grpc_streams=STREAMS)

@@ -16,14 +16,17 @@ INVALID_ARGUMENT texts.
   version on disk but on no node is ready (a request loads it), or not ready while its
   failed load backs off; a version loading or resident is answered by its node.
 * ModelMetadata, ModelConfig, ModelStatistics and ModelInfer need the node to hold the
-  model: they take a lease, so they load it.
+  model: they take a lease, so they load it. ModelStatistics for a model that nodes hold
+  already is gathered from all of them and merged, without a lease (``protocols/oip/stats``).
+* ModelStreamInfer is served by ``protocols/oip/stream`` (each streamed request leased by
+  its own model).
 * A model (or version) not in the repository is asked of a node without a lease, so the
   client gets Triton's own text (``Request for unknown model: 'X' is not found``); the
   same text is made here only when no node answers (``unknown_model``).
 * The repository extension is refused: the models a node holds are the cache's to
   decide (REPOSITORY_REFUSED; ``tfscache preload``/``evict`` on the admin port instead).
-* Everything else (ModelStreamInfer, shared memory, trace and log settings) is not
-  served: UNIMPLEMENTED, from gRPC itself.
+* Everything else (shared memory, trace and log settings) is not served: UNIMPLEMENTED,
+  from gRPC itself.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from google.protobuf.message import DecodeError
 from tfscache import errors
 from tfscache.frontend.methods import Method, RouteKey, select_fields
 from tfscache.frontend.probe import ProbeAnswer
+from tfscache.frontend.protocols.oip import stats
 from tfscache.wire import oip_heads_pb2
 
 SERVICE = "inference.GRPCInferenceService"
@@ -109,9 +113,9 @@ def _ready_probe(answer: ProbeAnswer) -> bytes:
     return ready_response(answer.failure is None)
 
 
-def _method(name: str, read_key, probe=None) -> Method:
+def _method(name: str, read_key, probe=None, send=None) -> Method:
     return Method(f"/{SERVICE}/{name}", f"inference.{name}Request", read_key,
-                  unknown=unknown_model if read_key is _name_head else None, probe=probe)
+                  unknown=unknown_model if read_key is _name_head else None, probe=probe, send=send)
 
 
 METHODS: dict[str, Method] = {
@@ -122,7 +126,7 @@ METHODS: dict[str, Method] = {
         _method("ModelReady", _name_head, _ready_probe),
         _method("ModelMetadata", _name_head),
         _method("ModelConfig", _name_head),
-        _method("ModelStatistics", _name_head),
+        _method("ModelStatistics", _name_head, send=stats.grpc_statistics),
         _method("ModelInfer", _name_head),
     )
 }

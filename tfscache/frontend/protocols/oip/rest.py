@@ -12,11 +12,15 @@ and the node's reply comes back with its status, body, ``Content-Type`` and
 * ``GET /v2/models/NAME[/versions/V]`` (metadata), ``.../config``, ``.../stats`` and
   ``POST .../infer``, ``.../generate`` take a lease: the model loads.
 * ``GET .../ready`` is a readiness probe and loads nothing: it is asked as gRPC ModelReady
-  (``oip_methods``, ``probe``) and answered as Triton does, 200 with no body or 400
+  (``protocols/oip/methods``, ``probe``) and answered as Triton does, 200 with no body or 400
   ``{"error":"Model version not ready"}``.
 * A model the repository lacks is asked of a node without a lease, for Triton's own 404.
-* ``/v2/repository/...`` is refused (400, ``oip_methods.REPOSITORY_REFUSED``); shared
-  memory, trace and log settings and ``generate_stream`` are not served (501).
+* ``POST .../generate_stream`` streams the node's Server-Sent Events back as they come,
+  under a lease (``protocols/oip/generate``).
+* ``GET .../stats`` of a model that nodes hold already is gathered from all of them and
+  merged, without a lease (``protocols/oip/stats``).
+* ``/v2/repository/...`` is refused (400, ``methods.REPOSITORY_REFUSED``); shared
+  memory, trace and log settings are not served (501).
 
 Errors raised here are mapped in one place to Triton's body ``{"error":"<message>"}``
 with the error's HTTP status.
@@ -40,6 +44,8 @@ from tfscache.frontend.methods import RouteKey
 from tfscache.frontend.protocols.oip.methods import (METHODS, MODEL_READY_PATH, REPOSITORY_REFUSED, name_request, parse_version,
                                            read_ready, unknown_model)
 from tfscache.frontend.rest import REQUEST_ID_HEADER
+from tfscache.frontend.protocols.oip import stats
+from tfscache.frontend.protocols.oip.generate import generate_stream
 from tfscache.frontend.router import Router
 
 log = logging.getLogger("tfscache.frontend.protocols.oip.rest")
@@ -66,7 +72,7 @@ class OipRoute:
 _SERVER_METHODS = {None: "ServerMetadata", "live": "ServerLive", "ready": "ServerReady"}
 _MODEL_METHODS = {None: ("ModelMetadata", "GET"), "ready": ("ModelReady", "GET"), "config": ("ModelConfig", "GET"),
                   "stats": ("ModelStatistics", "GET"), "infer": ("ModelInfer", "POST"),
-                  "generate": ("ModelGenerate", "POST")}
+                  "generate": ("ModelGenerate", "POST"), "generate_stream": ("ModelGenerateStream", "POST")}
 
 
 def parse_url(path: str) -> OipRoute:
@@ -137,6 +143,12 @@ class OipRestApi:
         headers[REQUEST_ID_HEADER] = request_id
 
         def send(route_key: RouteKey | None):
+            if route.method == "ModelGenerateStream":
+                return generate_stream(self._router, request, route_key, body, headers, self._timeout_s, forwarded,
+                                       {REQUEST_ID_HEADER: request_id})
+            if route.method == "ModelStatistics" and route_key is not None:
+                return stats.rest_statistics(self._router, route_key, request.raw_path, headers, self._timeout_s,
+                                             forwarded)
             return self._router.rest(route_key, request.method, request.raw_path, body, headers, self._timeout_s,
                                      forwarded=forwarded)
 
@@ -146,6 +158,8 @@ class OipRestApi:
             if route.key is None:
                 raise
             reply = await self._unknown(route.key, missing, send)
+        if isinstance(reply, web.StreamResponse):  # a stream, relayed already
+            return reply
         return web.Response(status=reply.status, body=reply.body,
                             headers={"Content-Type": reply.content_type, **dict(reply.headers)})
 

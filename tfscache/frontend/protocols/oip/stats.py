@@ -1,0 +1,144 @@
+"""Model statistics gathered from every node that holds the model (ModelStatistics, ``.../stats``).
+
+Triton counts per node; a model may be resident on several (replicas, or nodes that held it
+in turn and still do). A statistics request that names a model is asked, without a lease,
+of every local node whose cache holds it now, and the answers are merged:
+
+* entries are matched by (name, version); each count and each duration (``count``, ``ns``)
+  is summed: ``inference_count``, ``execution_count``, every ``inference_stats`` and
+  ``response_stats`` entry, and ``batch_stats`` matched by ``batch_size``;
+* ``last_inference`` is the latest of the nodes';
+* ``memory_usage`` lists every node's entries, one after the other (devices of different
+  nodes are different devices even where their ids are the same).
+
+One node's answer is passed on unchanged. When no node holds the model, the request is
+served as before: one node, under a lease, so the model loads (Triton's own answer,
+zeros). A node that stopped holding it between the look and the answer (NOT_FOUND) or
+that does not answer is left out. Only this process's own nodes are asked: in sidecar
+mode, the answer is that of the sidecar that serves the model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import time
+
+from google.protobuf.json_format import MessageToDict, ParseDict
+
+from tfscache import errors
+from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.router import Router
+from tfscache.frontend.upstream import RestReply
+from tfscache.wire import oip_stats_pb2
+
+_KEYED_LISTS = {"batch_stats": "batch_size"}
+
+
+def merge(answers: list[dict]) -> dict:
+    """ModelStatisticsResponses (as dicts, Triton's JSON field names) merged as the docstring says."""
+    merged: dict[tuple, dict] = {}
+    for answer in answers:
+        for stats in answer.get("model_stats", []):
+            key = (stats.get("name", ""), str(stats.get("version", "")))
+            merged[key] = copy.deepcopy(stats) if key not in merged else _merge_model(merged[key], stats)
+    return {"model_stats": list(merged.values())}
+
+
+def _merge_model(into: dict, other: dict) -> dict:
+    for field, value in other.items():
+        if field in ("name", "version"):
+            continue
+        if field == "last_inference":
+            into[field] = max(int(into.get(field, 0)), int(value))
+        elif field == "memory_usage":
+            into[field] = [*into.get(field, []), *copy.deepcopy(value)]
+        elif field in _KEYED_LISTS:
+            into[field] = _merge_keyed(into.get(field, []), value, _KEYED_LISTS[field])
+        else:
+            into[field] = _sum(into.get(field), value)
+    return into
+
+
+def _merge_keyed(into: list, other: list, key: str) -> list:
+    by_key = {str(item.get(key)): item for item in into}
+    for item in other:
+        found = by_key.get(str(item.get(key)))
+        if found is None:
+            into.append(by_key.setdefault(str(item.get(key)), copy.deepcopy(item)))
+        else:
+            for field, value in item.items():
+                if field != key:
+                    found[field] = _sum(found.get(field), value)
+    return into
+
+
+def _sum(into, other):
+    if into is None:
+        return copy.deepcopy(other)
+    if isinstance(other, dict):
+        return {field: _sum(into.get(field), other[field]) if field in other else into[field]
+                for field in {**into, **other}}
+    return int(into) + int(other)
+
+
+def _holders(router: Router, key: RouteKey, forwarded: bool) -> list:
+    """The backends whose own cache holds ``key`` now (a peer sidecar never says it does)."""
+    backends = [router.backends[router.local]] if forwarded and router.local else router.backends.values()
+    return [b for b in backends if b.upstream is not None and b.holds(key)]
+
+
+def _left(deadline: float | None) -> float | None:
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise errors.DeadlineExceeded("Deadline Exceeded")
+    return left
+
+
+async def _gather(holders: list, ask) -> list:
+    answers = await asyncio.gather(*(ask(b.upstream) for b in holders), return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException) and not isinstance(answer, (errors.NotFound, errors.Unavailable,
+                                                                         errors.DeadlineExceeded)):
+            raise answer
+    return [a for a in answers if not isinstance(a, BaseException)]
+
+
+async def grpc_statistics(router: Router, path: str, key: RouteKey | None, request: bytes, metadata,
+                          deadline: float | None, forwarded: bool) -> bytes:
+    """ModelStatistics' ``Method.send``: every holding node's answer, merged."""
+    holders = [] if key is None else _holders(router, key, forwarded)
+    if holders:
+        answers = await _gather(holders, lambda upstream: upstream.unary(path, request, metadata=metadata,
+                                                                         timeout=_left(deadline)))
+        if len(answers) == 1:
+            return answers[0]
+        if answers:
+            dicts = [MessageToDict(oip_stats_pb2.ModelStatisticsResponse.FromString(a),
+                                   preserving_proto_field_name=True) for a in answers]
+            return ParseDict(merge(dicts), oip_stats_pb2.ModelStatisticsResponse()).SerializeToString()
+    return await router.grpc(path, key, request, metadata, deadline, forwarded)
+
+
+async def rest_statistics(router: Router, key: RouteKey, path_qs: str, headers: dict[str, str], timeout: float,
+                          forwarded: bool) -> RestReply:
+    """``GET .../stats``: every holding node's answer, merged (Triton's JSON)."""
+    deadline = time.monotonic() + timeout
+
+    async def ask(upstream) -> RestReply:
+        reply = await upstream.rest("GET", path_qs, b"", headers, timeout=max(0.001, deadline - time.monotonic()))
+        if reply.status != 200:
+            raise errors.NotFound(reply.body[:200].decode("utf-8", "replace"))
+        return reply
+
+    holders = _holders(router, key, forwarded)
+    answers = await _gather(holders, ask) if holders else []
+    if len(answers) == 1:
+        return answers[0]
+    if answers:
+        body = json.dumps(merge([json.loads(a.body) for a in answers]), separators=(",", ":")).encode()
+        return RestReply(200, body, "application/json")
+    return await router.rest(key, "GET", path_qs, b"", headers, timeout, forwarded=forwarded)
