@@ -240,7 +240,7 @@ async def test_the_repository_api_is_refused(world, method):
     assert (info.value.code(), info.value.details()) == (grpc.StatusCode.FAILED_PRECONDITION, REPOSITORY_REFUSED)
 
 
-@pytest.mark.parametrize("method", ["ModelStreamInfer", "SystemSharedMemoryStatus", "LogSettings"])
+@pytest.mark.parametrize("method", ["SystemSharedMemoryStatus", "LogSettings", "CudaSharedMemoryRegister"])
 async def test_other_methods_are_unimplemented(world, method):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await world["call"](method, b"")
