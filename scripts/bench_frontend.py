@@ -1,20 +1,28 @@
 #!/usr/bin/env python
-"""Benchmark: warm Predict through `tfscache serve` versus straight to the node, same run.
+"""Benchmark: warm Predict through `tfscache serve` versus straight to the node and through a
+naive grpc.aio byte hop, same run.
 
-    .venv/bin/python scripts/bench_frontend.py [--requests 2000] [--seconds 10] [--out results.json]
+    .venv/bin/python scripts/bench_frontend.py [--requests 2000] [--seconds 10] [--concurrency 16,64]
+        [--client-processes 4] [--workers 1,2,4] [--baseline-tree DIR] [--quick] [--out results.json]
 
 1. Builds half_plus_two and ``slow_5ms`` (a graph of chained 256x256 matmuls taking
    about 5 ms per call, calibrated here) into a temporary repository.
-2. Starts ``tfscache serve --local-nodes 1`` and reads its node's ports, so "direct" and
-   "through the front end" hit the same node process.
-3. Per model, warm-up, then at concurrency 1 it alternates blocks of requests direct / via
-   the front end and reports p50/p99 of each and the difference; at concurrency 16 it
-   runs each path for ``--seconds`` and reports throughput and the ratio.
+2. Starts one ``tfscache node`` and, in front of it: the naive hop (this script with
+   ``--naive-hop``: a grpc.aio server forwarding each call's bytes on one channel, nothing
+   else: the floor a Python gRPC proxy reaches), ``tfscache serve`` as a sidecar of that
+   node, and optionally one more sidecar per ``--workers N`` and one from ``--baseline-tree``
+   (another checkout: a before/after in the same run). Every path hits the same node process.
+3. Per model, warm-up, then at concurrency 1 it alternates blocks of requests over every
+   path and reports p50/p99 of each and what each adds over direct; at each concurrency it
+   runs each path for ``--seconds`` from ``--client-processes`` client processes (not
+   threads: one Python client process would be the bottleneck) and reports throughput, the
+   ratio to direct, and CPU per request of the proxy (its workers included) and the node.
 4. Front-end RSS and start-up time with 10,000 model directories in the repository
-   (sidecar mode against the already running node, so start-up is the front end's own).
+   (sidecar mode against a running node, so start-up is the front end's own).
 
 Clients send pre-serialized request bytes over raw channels, so the client's own cost is
-as small as Python allows; client, front end and node share this machine's cores.
+as small as Python allows; clients, proxies and node share this machine's cores. Prints
+JSON, then Markdown tables. ``--quick``: half_plus_two only, short, no start-up test.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing
 import os
 import signal
 import statistics
@@ -95,14 +104,16 @@ def predict_bytes(name: str) -> bytes:
     return spec + b"\x12" + bytes([len(entry)]) + entry
 
 
-def start_serve(repo: Path, workdir: Path, *args: str) -> tuple[subprocess.Popen, dict, float]:
+def start_serve(repo: Path, workdir: Path, *args: str, tree: Path = REPO) -> tuple[subprocess.Popen, dict, float]:
+    """`tfscache serve` from ``tree`` (default: this checkout), with its ports once it serves."""
     ports_file = workdir / f"ports-{time.monotonic_ns()}.json"
     started = time.monotonic()
     log = open(workdir / "serve.log", "ab")
     process = subprocess.Popen([PYTHON, "-m", "tfscache", "serve", "--model-repository", str(repo),
                                 "--grpc-port", "0", "--rest-port", "0", "--bind-address", "127.0.0.1",
                                 "--ports-file", str(ports_file), "--log-level", "WARNING", *args],
-                               cwd=REPO, stdout=log, stderr=log)
+                               cwd=tree, stdout=log, stderr=log,
+                               env={**os.environ, "PYTHONPATH": str(tree)})
     while not ports_file.exists():
         if process.poll() is not None:
             raise SystemExit(f"serve exited with {process.returncode}; see {workdir / 'serve.log'}")
@@ -110,15 +121,74 @@ def start_serve(repo: Path, workdir: Path, *args: str) -> tuple[subprocess.Popen
     return process, json.loads(ports_file.read_text()), time.monotonic() - started
 
 
-def latency_c1(targets: dict[str, str], request: bytes, n: int, block: int = 50) -> dict[str, list[float]]:
+# -- the naive byte hop: the floor a Python gRPC front end can reach --------------------------
+
+async def _naive_hop(target: str, ports_file: Path) -> None:
+    """A grpc.aio server that sends each unary call's bytes on to ``target`` and its answer back:
+    one channel, no metadata, no routing, no lease, no accounting."""
+    channel = grpc.aio.insecure_channel(target)
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def handler(path: str) -> grpc.RpcMethodHandler:
+        call = channel.unary_unary(path)
+
+        async def forward(request: bytes, context) -> bytes:
+            return await call(request, timeout=context.time_remaining())
+
+        return grpc.unary_unary_rpc_method_handler(forward)
+
+    class Generic(grpc.GenericRpcHandler):
+        def service(self, details):
+            found = handlers.get(details.method)
+            if found is None:
+                found = handlers[details.method] = handler(details.method)
+            return found
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers([Generic()])
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    tmp = ports_file.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"grpc": port, "pid": os.getpid()}))
+    tmp.rename(ports_file)
+    await server.wait_for_termination()
+
+
+def start_hop(target: str, workdir: Path) -> tuple[subprocess.Popen, dict]:
+    """The naive hop in its own process (this script, ``--naive-hop TARGET``), in front of ``target``."""
+    ports_file = workdir / f"hop-{time.monotonic_ns()}.json"
+    process = subprocess.Popen([PYTHON, __file__, "--naive-hop", target, "--hop-ports-file", str(ports_file)],
+                               cwd=REPO)
+    while not ports_file.exists():
+        if process.poll() is not None:
+            raise SystemExit(f"the naive hop exited with {process.returncode}")
+        time.sleep(0.005)
+    return process, json.loads(ports_file.read_text())
+
+
+# -- clients ------------------------------------------------------------------------------
+
+def warm(targets: dict[str, str], names: list[str]) -> None:
+    """Each front end loads each model (twice round: every sidecar's cache has synced with the node,
+    and they all want the same models, so none unloads another's), before anything is timed."""
+    for _ in range(2):
+        for name in names:
+            for label, target in targets.items():
+                if label not in ("direct", "naive hop"):
+                    with grpc.insecure_channel(target) as channel:
+                        channel.unary_unary(PREDICT)(predict_bytes(name), timeout=120)
+
+
+def latency_c1(targets: dict[str, str], request: bytes, n: int, block: int = 50,
+               method: str = PREDICT) -> dict[str, list[float]]:
     calls = {}
-    for label, target in sorted(targets.items(), key=lambda item: item[0] != "frontend"):  # loads first
+    for label, target in targets.items():
         channel = grpc.insecure_channel(target)
-        calls[label] = channel.unary_unary(PREDICT)
+        calls[label] = channel.unary_unary(method)
         for _ in range(50):  # warm: load, connections, caches
             calls[label](request, timeout=60)
     samples = {label: [] for label in targets}
-    for _ in range(n // block):  # alternate blocks so drift hits both paths alike
+    for _ in range(max(1, n // block)):  # alternate blocks so drift hits every path alike
         for label, call in calls.items():
             for _ in range(block):
                 t = time.perf_counter()
@@ -127,28 +197,59 @@ def latency_c1(targets: dict[str, str], request: bytes, n: int, block: int = 50)
     return samples
 
 
-async def _throughput(target: str, request: bytes, concurrency: int, seconds: float) -> float:
+async def _client(target: str, request: bytes, concurrency: int, start_at: float, seconds: float,
+                  method: str) -> int:
+    """``concurrency`` callers back to back on one channel from ``start_at`` for ``seconds``."""
     async with grpc.aio.insecure_channel(target) as channel:
-        call = channel.unary_unary(PREDICT)
-        for _ in range(20):
+        call = channel.unary_unary(method)
+        for _ in range(10):
             await call(request, timeout=60)
+        await asyncio.sleep(max(0.0, start_at - time.time()))
         done = 0
         stop = time.monotonic() + seconds
 
-        async def worker():
+        async def caller():
             nonlocal done
             while time.monotonic() < stop:
                 await call(request, timeout=60)
                 done += 1
 
-        start = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.monotonic() - start)
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
+        return done
+
+
+def _client_process(args: tuple) -> int:
+    return asyncio.run(_client(*args))
+
+
+def throughput(target: str, request: bytes, concurrency: int, seconds: float, processes: int,
+               method: str = PREDICT, pids: dict[str, int] | None = None) -> tuple[float, dict[str, float]]:
+    """Requests per second with ``concurrency`` calls in flight, spread over ``processes`` client
+    processes (so the client is not one Python core); and each of ``pids``' CPU seconds meanwhile."""
+    processes = max(1, min(processes, concurrency))
+    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
+    start_at = time.time() + 1.5  # every client connected and warm before the clock starts
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:
+        pending = pool.map_async(_client_process, [(target, request, share, start_at, seconds, method)
+                                                    for share in shares])
+        time.sleep(max(0.0, start_at - time.time()))
+        before = {who: _cpu(pid) for who, pid in (pids or {}).items()}
+        done = sum(pending.get(seconds + 120))
+        cpu = {who: _cpu(pid) - before[who] for who, pid in (pids or {}).items()}
+    return done / seconds, cpu
 
 
 def _cpu(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
+    """CPU seconds of ``pid`` and its children (a front end's workers)."""
+    total = 0.0
+    try:
+        process = psutil.Process(pid)
+        for p in [process, *process.children(recursive=True)]:
+            times = p.cpu_times()
+            total += times.user + times.system
+    except psutil.NoSuchProcess:
+        pass
+    return total
 
 
 def pct(values: list[float], p: float) -> float:
@@ -156,23 +257,29 @@ def pct(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-def bench_model(name: str, targets: dict[str, str], n: int, seconds: float, pids: dict[str, int]) -> dict:
+def bench_model(name: str, targets: dict[str, str], n: int, seconds: float, pids: dict[str, int],
+                concurrencies: tuple[int, ...], processes: int) -> dict:
+    """p50/p99 at c=1 on every path (alternating blocks), then throughput and each proxy's CPU per
+    request at each concurrency; ratios to direct and to the naive hop."""
     request = predict_bytes(name)
     s = latency_c1(targets, request, n)
-    result = {"model": name, "requests_c1": len(s["direct"])}
+    result = {"model": name, "requests_c1": len(s["direct"]), "paths": {}}
     for label in targets:
-        result[f"{label}_p50_ms"] = pct(s[label], 50) * 1e3
-        result[f"{label}_p99_ms"] = pct(s[label], 99) * 1e3
-        result[f"{label}_mean_ms"] = statistics.fmean(s[label]) * 1e3
-    result["added_p50_ms"] = result["frontend_p50_ms"] - result["direct_p50_ms"]
-    result["added_p99_ms"] = result["frontend_p99_ms"] - result["direct_p99_ms"]
-    for label, target in targets.items():
-        cpu = {who: _cpu(pid) for who, pid in pids.items()}
-        rps = asyncio.run(_throughput(target, request, 16, seconds))
-        result[f"{label}_rps_c16"] = rps
-        for who, pid in pids.items():  # CPU time per request of each process on this path
-            result[f"{label}_c16_{who}_cpu_us_per_request"] = (_cpu(pid) - cpu[who]) / (rps * seconds) * 1e6
-    result["throughput_ratio_c16"] = result["frontend_rps_c16"] / result["direct_rps_c16"]
+        path = result["paths"][label] = {"p50_ms": pct(s[label], 50) * 1e3, "p99_ms": pct(s[label], 99) * 1e3,
+                                         "mean_ms": statistics.fmean(s[label]) * 1e3}
+        path["added_p50_ms"] = path["p50_ms"] - pct(s["direct"], 50) * 1e3
+    for c in concurrencies:
+        for label, target in targets.items():
+            rps, cpu = throughput(target, request, c, seconds, processes,
+                                  pids={k: v for k, v in pids.items() if k in (label, "node")})
+            path = result["paths"][label]
+            path[f"rps_c{c}"] = rps
+            path[f"node_cpu_us_c{c}"] = cpu["node"] / (rps * seconds) * 1e6
+            if label in pids:
+                path[f"proxy_cpu_us_c{c}"] = cpu[label] / (rps * seconds) * 1e6
+        for label in targets:
+            result["paths"][label][f"ratio_c{c}"] = result["paths"][label][f"rps_c{c}"] / result["paths"]["direct"][
+                f"rps_c{c}"]
     return result
 
 
@@ -228,34 +335,91 @@ def _startup_runs(repo: Path, workdir: Path, models: int, node_grpc: int, node_r
             "request_for_an_empty_model_dir": runs[0][3]}
 
 
+def markdown(results: dict) -> str:
+    """The results as docs/BENCHMARKS.md's tables."""
+    lines = []
+    for model in results["models"]:
+        cs = [int(k[5:]) for k in model["paths"]["direct"] if k.startswith("rps_c")]
+        head = "| path | p50 ms (c=1) | p99 ms (c=1) | added p50 vs direct |" + "".join(
+            f" req/s c={c} | ratio to direct c={c} | proxy CPU µs/req c={c} |" for c in cs)
+        lines += [f"### {model['model']}", "", head, "|" + "---|" * (4 + 3 * len(cs))]
+        for label, p in model["paths"].items():
+            row = f"| {label} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['added_p50_ms']:+.2f} |"
+            for c in cs:
+                cpu = p.get(f"proxy_cpu_us_c{c}")
+                row += f" {p[f'rps_c{c}']:.0f} | {p[f'ratio_c{c}']:.2f} | {'–' if cpu is None else f'{cpu:.0f}'} |"
+            lines.append(row)
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000, help="requests per path at concurrency 1")
-    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per path at concurrency 16")
+    parser.add_argument("--seconds", type=float, default=10.0, help="seconds per path and concurrency")
+    parser.add_argument("--concurrency", default="16", help="comma-separated concurrencies for throughput")
+    parser.add_argument("--client-processes", type=int, default=4, help="client processes for throughput")
     parser.add_argument("--models", type=int, default=10_000, help="model directories for the start-up test")
+    parser.add_argument("--baseline-tree", type=Path,
+                        help="also run the front end from this checkout (e.g. the commit before a change): "
+                             "a same-run before/after")
+    parser.add_argument("--workers", default="",
+                        help="comma-separated worker counts: one front end per count (tfscache serve --workers N)")
+    parser.add_argument("--only", help="comma-separated models (half_plus_two, slow_5ms); default both")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run: 400 requests at c=1, 3 s per path, half_plus_two, no start-up test")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--naive-hop", help=argparse.SUPPRESS)  # internal: serve the naive hop to this target
+    parser.add_argument("--hop-ports-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.naive_hop:
+        asyncio.run(_naive_hop(args.naive_hop, args.hop_ports_file))
+        return 0
+    if args.quick:
+        args.requests, args.seconds, args.models = min(args.requests, 400), min(args.seconds, 3.0), 0
+        args.only = args.only or "half_plus_two"
+    concurrencies = tuple(int(c) for c in args.concurrency.split(","))
+    workers = [int(w) for w in args.workers.split(",") if w]
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
         workdir = Path(tmp)
         repo = workdir / "models"
         build_models(repo)
-        state = workdir / "state"
-        process, ports, elapsed = start_serve(repo, workdir, "--local-nodes", "1", "--set",
-                                              f"node.state_dir={state}")
+        processes = []
         try:
-            node = json.loads((state / "node0.ports.json").read_text())
-            targets = {"direct": f"127.0.0.1:{node['grpc']}", "frontend": f"127.0.0.1:{ports['grpc']}"}
-            results = {"cpus": os.cpu_count(), "models": []}
-            for name in ("half_plus_two", "slow_5ms"):
-                pids = {"frontend": process.pid, "node": node["pid"]}
-                results["models"].append(bench_model(name, targets, args.requests, args.seconds, pids))
+            node_process, node = start_node(workdir)
+            processes.append(node_process)
+            direct = f"127.0.0.1:{node['grpc']}"
+            hop, hop_ports = start_hop(direct, workdir)
+            processes.append(hop)
+            targets = {"direct": direct, "naive hop": f"127.0.0.1:{hop_ports['grpc']}"}
+            pids = {"node": node["pid"], "naive hop": hop.pid}
+            # Every front end is a sidecar of the same node, so all paths use the same node process.
+            fronts = [("tfscache", REPO, ())]
+            if args.baseline_tree is not None:
+                fronts.insert(0, ("tfscache (baseline tree)", args.baseline_tree.resolve(), ()))
+            fronts += [(f"tfscache --workers {n}", REPO, ("--workers", str(n))) for n in workers]
+            for i, (label, tree, extra) in enumerate(fronts):
+                process, ports, _ = start_serve(repo, workdir, "--node-address",
+                                                f"127.0.0.1:{node['grpc']},{node['rest']}",
+                                                "--set", f"node.state_dir={workdir / f'state{i}'}", *extra, tree=tree)
+                processes.append(process)
+                targets[label], pids[label] = f"127.0.0.1:{ports['grpc']}", process.pid
+            names = args.only.split(",") if args.only else ["half_plus_two", "slow_5ms"]
+            warm(targets, names)
+            results = {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(), "models": []}
+            for name in names:
+                results["models"].append(bench_model(name, targets, args.requests, args.seconds, pids,
+                                                     concurrencies, args.client_processes))
                 print(json.dumps(results["models"][-1], indent=1), file=sys.stderr)
-            results["frontend_rss_mb_embedded"] = round(psutil.Process(process.pid).memory_info().rss / 2**20, 1)
+            results["frontend_rss_mb"] = round(psutil.Process(pids["tfscache"]).memory_info().rss / 2**20, 1)
         finally:
-            process.send_signal(signal.SIGTERM)
-            process.wait(60)
-        results["startup"] = bench_startup(workdir, args.models)
+            for process in reversed(processes):
+                process.send_signal(signal.SIGTERM)
+                process.wait(60)
+        if args.models:
+            results["startup"] = bench_startup(workdir, args.models)
     print(json.dumps(results, indent=1))
+    print(markdown(results))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
     return 0

@@ -153,27 +153,39 @@ class NodeBackend:
         cache = self.cache
         return cache is not None and bool(cache.is_resident(key.name, key.version))
 
-    @contextlib.asynccontextmanager
-    async def _leased(self, key: RouteKey | None, deadline: float | None):
+    async def _lease(self, key: RouteKey | None, deadline: float | None):
+        """The node's upstream and a lease on ``key`` (None when no model is named: the node answers
+        with TF Serving's own error). No generator-based context manager: every warm request comes here."""
         cache, upstream = self.cache, self.upstream
         if cache is None or upstream is None:
             raise errors.NodeUnavailable(f"node {self.name} is not running")
-        if key is None:  # no model named: the node answers with TF Serving's own error
+        if key is None:
+            return upstream, None
+        left = remaining(deadline)
+        return upstream, await cache.acquire(key.name, key.version,
+                                             timeout=self.load_timeout_s if left is None else left)
+
+    @contextlib.asynccontextmanager
+    async def _leased(self, key: RouteKey | None, deadline: float | None):
+        """``_lease`` for a stream: the model stays leased until the stream ends (once per stream)."""
+        upstream, lease = await self._lease(key, deadline)
+        if lease is None:
             yield upstream
             return
-        left = remaining(deadline)
-        lease = await cache.acquire(key.name, key.version, timeout=self.load_timeout_s if left is None else left)
         async with lease:
             yield upstream
 
     async def _forward(self, key: RouteKey | None, deadline: float | None,
                        send: Callable[[Upstream], Awaitable]):
         """``send(upstream)`` under a lease; if the node lost the leased model, recheck and send again."""
-        async with self._leased(key, deadline) as upstream:
+        upstream, lease = await self._lease(key, deadline)
+        if lease is None:
+            return await send(upstream)
+        async with lease:
             try:
                 return await send(upstream)
             except errors.NotFound as exc:
-                if key is None or not exc.message.startswith(_lost_texts(self.cache)):
+                if not exc.message.startswith(_lost_texts(self.cache)):
                     raise
         cache = self.cache
         if cache is None:
@@ -184,7 +196,8 @@ class NodeBackend:
                 await cache.recheck()
         except TimeoutError:
             raise errors.DeadlineExceeded(f"Timed out waiting for node {self.name} to restore its models") from None
-        async with self._leased(key, deadline) as upstream:
+        upstream, lease = await self._lease(key, deadline)
+        async with lease:
             return await send(upstream)
 
     async def _probe(self, key: RouteKey) -> ProbeAnswer | None:

@@ -15,6 +15,8 @@ timed and counted here too (``Metrics.begin`` / ``request``).
 from __future__ import annotations
 
 import asyncio
+import functools
+import itertools
 import logging
 import secrets
 import time
@@ -50,9 +52,14 @@ def grpc_message(message: str) -> str:
     return message
 
 
+# Ids made here: a random 48-bit start per process, then counting (12 hex digits, as a random one
+# would be), so a request costs an addition rather than a call to the operating system's randomness.
+_ids = itertools.count(secrets.randbits(48))
+
+
 def new_request_id() -> str:
-    """A short id for a request that came without one."""
-    return secrets.token_hex(6)
+    """A short id for a request that came without one (unique within this process)."""
+    return f"{next(_ids) & 0xFFFFFFFFFFFF:012x}"
 
 
 class _Handlers(grpc.GenericRpcHandler):
@@ -72,25 +79,32 @@ class _Handlers(grpc.GenericRpcHandler):
 
     def _behavior(self, method: Method):
         router, metrics, name = self._router, self._metrics, method.path.rsplit("/", 1)[-1]
+        debug = functools.partial(log.isEnabledFor, logging.DEBUG)
 
         async def behavior(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             started = metrics.begin() if metrics is not None else None
             metadata = context.invocation_metadata() or ()
-            request_id = next((v for k, v in metadata if k == REQUEST_ID_KEY), None)
-            logs.bind(model=None, node=None, request_id=request_id or new_request_id())
-            context.set_trailing_metadata(((REQUEST_ID_KEY, logs.request_id.get()),))  # the id goes back
+            request_id, forwarded = None, False
+            for k, v in metadata:
+                if k == REQUEST_ID_KEY:
+                    request_id = v
+                elif k == FORWARDED_KEY:
+                    forwarded = True
+            outgoing = forwardable_metadata(metadata)
+            if request_id is None:  # one made here goes to the node or peer, as the caller's would
+                request_id = new_request_id()
+                outgoing = (*outgoing, (REQUEST_ID_KEY, request_id))
+            logs.bind(model=None, node=None, request_id=request_id)
+            context.set_trailing_metadata(((REQUEST_ID_KEY, request_id),))  # the id goes back
             try:
                 key = method.route_key(request)
-                logs.bind(model=key.name if key is not None else None)
-                if key is not None and key.label is not None:
-                    await router.read_labels(key.name)  # labels.json, off the event loop
-                key, request = method.with_versions(request, key, router.label_version)
-                forwarded = any(k == FORWARDED_KEY for k, _ in metadata)
+                if key is not None:
+                    logs.bind(model=key.name)
+                    if key.label is not None:
+                        await router.read_labels(key.name)  # labels.json, off the event loop
+                        key, request = method.with_versions(request, key, router.label_version)
                 timeout = context.time_remaining()
                 deadline = None if timeout is None else time.monotonic() + timeout
-                outgoing = forwardable_metadata(metadata)
-                if request_id is None:
-                    outgoing = (*outgoing, (REQUEST_ID_KEY, logs.request_id.get()))
                 try:
                     if method.send is None:
                         response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded,
@@ -105,7 +119,8 @@ class _Handlers(grpc.GenericRpcHandler):
                         raise
                     response = await _unknown_model(router, method, key, request, outgoing, deadline, forwarded,
                                                     missing)
-                log.debug("%s: OK", name, extra={"version": key.version} if key is not None else None)
+                if debug():
+                    log.debug("%s: OK", name, extra={"version": key.version} if key is not None else None)
                 if metrics is not None:
                     metrics.request("grpc", name, "OK", started)
                 return response

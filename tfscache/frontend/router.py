@@ -91,8 +91,10 @@ class Router:
             nodes = [b for b in self.backends.values() if b.healthy] or list(self.backends.values())
             return nodes[:1]
         replicas = [self.backends[name] for name in self.ring.replicas_for(key.name)]
-        if not replicas:
-            raise errors.NodeUnavailable("no nodes in the ring")
+        if len(replicas) < 2:  # one replica: nothing to order
+            if not replicas:
+                raise errors.NodeUnavailable("no nodes in the ring")
+            return replicas
         # Stable sort keeps ring order within each class.
         return sorted(replicas, key=lambda b: (not b.healthy, b.name != self.local and not b.holds(key)))
 

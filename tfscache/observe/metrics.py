@@ -118,6 +118,9 @@ class Metrics:
         self.costs: dict[tuple[str, Key], tuple[float, int]] = {}  # (node, key) -> last load's (seconds, bytes)
         self.counts: dict[str, dict[str, int]] = {"tfscache_node_restarts": {}, "tfscache_forwards": {},
                                                   "tfscache_retries": {}}
+        # Label children bound once per label set, so a request's accounting looks up no labels:
+        # (protocol, method, code, model or None) -> (requests counter, latency histogram).
+        self._request_children: dict[tuple[str, str, str, str | None], tuple] = {}
         self.registry = CollectorRegistry()
         r = self.registry
         labels = ["node", "model"] if per_model else ["node"]
@@ -172,20 +175,28 @@ class Metrics:
 
     def begin(self) -> float:
         """A request arrives (the front ends call this first): its start, for ``request``."""
-        requestlog.forget()
+        if self.request_log is not None:
+            requestlog.forget()
         return time.perf_counter()
 
     def request(self, protocol: str, method: str, code: str, started: float | None = None) -> None:
         """Count one answered request (the front ends' error-mapping place calls this); with ``started``
-        (``begin``'s) also its latency, and its row in the request log."""
-        self.requests.labels(protocol, method, code).inc()
+        (``begin``'s) also its latency, and its row in the request log (when one is written)."""
+        labels = (protocol, method, code, (logs.model.get() or "") if self.per_model else None)
+        children = self._request_children.get(labels)
+        if children is None:
+            children = self._request_children[labels] = (
+                self.requests.labels(protocol, method, code),
+                self.latency.labels(*labels) if self.per_model else self.latency.labels(protocol, method, code))
+        children[0].inc()
         if started is None:
             return
         seconds = time.perf_counter() - started
-        labels = (protocol, method, code, logs.model.get() or "") if self.per_model else (protocol, method, code)
-        self.latency.labels(*labels).observe(seconds)
+        children[1].observe(seconds)
+        if self.request_log is None:
+            return
         served = requestlog.current()
-        if self.request_log is not None and served is not None:
+        if served is not None:
             load_s, size = self.costs.get((served.node, (served.name, served.version)), (0.0, 0))
             self.request_log.write({"time": round(time.time() - seconds, 6), "model": served.name,
                                     "version": served.version, "load_seconds": round(load_s, 6), "bytes": size,
@@ -237,17 +248,25 @@ class NodeEvents:
     def __init__(self, metrics: Metrics, node: str) -> None:
         self.metrics = metrics
         self.node = node
+        self._hits: dict[str, object] = {}  # model ("" without per_model) -> its bound hit counter
 
     def _labels(self, key: Key) -> tuple[str, ...]:
         return (self.node, key[0]) if self.metrics.per_model else (self.node,)
 
     def hit(self, key: Key) -> None:
-        self.metrics.hits.labels(*self._labels(key)).inc()
-        requestlog.served(self.node, key, cold=False)  # runs in the request's task
+        """A warm acquire (every request's path): a bound counter, the request log only when written."""
+        model = key[0] if self.metrics.per_model else ""
+        counter = self._hits.get(model)
+        if counter is None:
+            counter = self._hits[model] = self.metrics.hits.labels(*self._labels(key))
+        counter.inc()
+        if self.metrics.request_log is not None:
+            requestlog.served(self.node, key, cold=False)  # runs in the request's task
 
     def miss(self, key: Key) -> None:
         self.metrics.misses.labels(*self._labels(key)).inc()
-        requestlog.served(self.node, key, cold=True)
+        if self.metrics.request_log is not None:
+            requestlog.served(self.node, key, cold=True)
 
     def loaded(self, key: Key, seconds: float, size: int, measured: bool) -> None:
         self.metrics.loads.labels(*self._labels(key)).inc()
