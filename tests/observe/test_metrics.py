@@ -97,6 +97,35 @@ def test_per_model_labels_only_when_asked():
     assert s.value("tfscache_evictions_total", model="a", reason="capacity") == 1
 
 
+@pytest.mark.parametrize("per_model", [False, True])
+def test_requests_and_their_latency_are_counted_per_label_set(per_model):
+    """The front ends' accounting binds each label set's children once; every set stays its own series."""
+    from tfscache import logs
+
+    metrics = Metrics(per_model=per_model)
+    events = metrics.cache_events("node0")
+    for model, code in (("a", "OK"), ("a", "OK"), ("b", "OK"), ("a", "NOT_FOUND")):
+        logs.bind(model=model)
+        started = metrics.begin()
+        events.hit((model, 1))
+        metrics.request("grpc", "Predict", code, started)
+    metrics.request("rest", "predict", "200")  # counted, not timed
+    logs.bind(model=None)
+    s = scrape(metrics)
+    assert s.value("tfscache_requests_total", protocol="grpc", code="OK") == 3
+    assert s.value("tfscache_requests_total", protocol="grpc", code="NOT_FOUND") == 1
+    assert s.value("tfscache_requests_total", protocol="rest", method="predict", code="200") == 1
+    assert s.value("tfscache_request_duration_seconds_count", protocol="grpc", code="OK") == 3
+    assert s.value("tfscache_request_duration_seconds_count", protocol="rest") == 0
+    assert s.value("tfscache_cache_hits_total") == 4
+    if per_model:
+        assert s.value("tfscache_request_duration_seconds_count", code="OK", model="a") == 2
+        assert s.value("tfscache_request_duration_seconds_count", code="OK", model="b") == 1
+        assert s.value("tfscache_cache_hits_total", model="a") == 3
+    else:
+        assert all("model" not in labels for labels in s.labelsets("tfscache_request_duration_seconds_count"))
+
+
 def test_gauges_read_the_caches_and_ring_at_scrape_time():
     metrics = Metrics()
     cache = FakeCache([Resident("a", 1, 1000, True, 2), Resident("b", 1, 300, False, 0)], queued=3)
