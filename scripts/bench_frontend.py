@@ -335,9 +335,37 @@ def _startup_runs(repo: Path, workdir: Path, models: int, node_grpc: int, node_r
             "request_for_an_empty_model_dir": runs[0][3]}
 
 
+_ACCOUNTING = """
+import timeit
+try:
+    from tfscache.observe.metrics import Metrics
+except ImportError:  # a checkout from before the layout of issue 19
+    from tfscache.metrics import Metrics
+metrics = Metrics(process=False)
+events = metrics.cache_events("node0")
+
+def one():
+    started = metrics.begin()
+    events.hit(("half_plus_two", 1))
+    metrics.request("grpc", "Predict", "OK", started)
+
+print(min(timeit.repeat(one, number=20000, repeat=7)) / 20000 * 1e6)
+"""
+
+
+def bench_accounting(tree: Path) -> float:
+    """Microseconds of one warm request's accounting in ``tree``'s code (Metrics.begin, the cache
+    hit's event, Metrics.request: counter, latency histogram), best of 7 repeats, in a child process."""
+    out = subprocess.run([PYTHON, "-c", _ACCOUNTING], cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)},
+                         check=True, capture_output=True, text=True)
+    return float(out.stdout.strip())
+
+
 def markdown(results: dict) -> str:
     """The results as docs/BENCHMARKS.md's tables."""
-    lines = []
+    lines = ["| code | one warm request's accounting, µs |", "|---|---|"]
+    lines += [f"| {label} | {us:.2f} |" for label, us in results.get("accounting_us", {}).items()]
+    lines.append("")
     for model in results["models"]:
         cs = [int(k[5:]) for k in model["paths"]["direct"] if k.startswith("rps_c")]
         head = "| path | p50 ms (c=1) | p99 ms (c=1) | added p50 vs direct |" + "".join(
@@ -406,7 +434,10 @@ def main() -> int:
                 targets[label], pids[label] = f"127.0.0.1:{ports['grpc']}", process.pid
             names = args.only.split(",") if args.only else ["half_plus_two", "slow_5ms"]
             warm(targets, names)
-            results = {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(), "models": []}
+            results = {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(), "models": [],
+                       "accounting_us": {"tfscache": bench_accounting(REPO)}}
+            if args.baseline_tree is not None:
+                results["accounting_us"]["tfscache (baseline tree)"] = bench_accounting(args.baseline_tree.resolve())
             for name in names:
                 results["models"].append(bench_model(name, targets, args.requests, args.seconds, pids,
                                                      concurrencies, args.client_processes))
