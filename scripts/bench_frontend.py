@@ -197,14 +197,14 @@ def latency_c1(targets: dict[str, str], request: bytes, n: int, block: int = 50,
     return samples
 
 
-async def _client(target: str, request: bytes, concurrency: int, start_at: float, seconds: float,
-                  method: str) -> int:
-    """``concurrency`` callers back to back on one channel from ``start_at`` for ``seconds``."""
+async def _client(target: str, request: bytes, concurrency: int, seconds: float, method: str, barrier) -> int:
+    """``concurrency`` callers back to back on one channel for ``seconds``, once every client
+    process is connected and warm (``barrier``, which the parent passes too)."""
     async with grpc.aio.insecure_channel(target) as channel:
         call = channel.unary_unary(method)
         for _ in range(10):
             await call(request, timeout=60)
-        await asyncio.sleep(max(0.0, start_at - time.time()))
+        await asyncio.to_thread(barrier.wait, 300)
         done = 0
         stop = time.monotonic() + seconds
 
@@ -218,25 +218,38 @@ async def _client(target: str, request: bytes, concurrency: int, start_at: float
         return done
 
 
-def _client_process(args: tuple) -> int:
-    return asyncio.run(_client(*args))
+def _client_process(args: tuple, barrier, results) -> None:
+    results.put(asyncio.run(_client(*args, barrier)))
 
 
 def throughput(target: str, request: bytes, concurrency: int, seconds: float, processes: int,
-               method: str = PREDICT, pids: dict[str, int] | None = None) -> tuple[float, dict[str, float]]:
+               method: str = PREDICT, pids: dict[str, int] | None = None,
+               cpu=None) -> tuple[float, dict[str, float]]:
     """Requests per second with ``concurrency`` calls in flight, spread over ``processes`` client
-    processes (so the client is not one Python core); and each of ``pids``' CPU seconds meanwhile."""
+    processes (so the client is not one Python core); and each of ``pids``' CPU seconds over the
+    timed window (``cpu(who, pid)``; default: the process and its children)."""
+    cpu_of = cpu or (lambda who, pid: _cpu(pid))
     processes = max(1, min(processes, concurrency))
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    start_at = time.time() + 1.5  # every client connected and warm before the clock starts
-    with multiprocessing.get_context("spawn").Pool(processes) as pool:
-        pending = pool.map_async(_client_process, [(target, request, share, start_at, seconds, method)
-                                                    for share in shares])
-        time.sleep(max(0.0, start_at - time.time()))
-        before = {who: _cpu(pid) for who, pid in (pids or {}).items()}
-        done = sum(pending.get(seconds + 120))
-        cpu = {who: _cpu(pid) - before[who] for who, pid in (pids or {}).items()}
-    return done / seconds, cpu
+    context = multiprocessing.get_context("spawn")
+    barrier, results = context.Barrier(processes + 1), context.Queue()
+    clients = [context.Process(target=_client_process, args=((target, request, share, seconds, method),
+                                                             barrier, results), daemon=True)
+               for share in shares]
+    for client in clients:
+        client.start()
+    try:
+        barrier.wait(300)  # every client connected and warm: the clock starts
+        before = {who: cpu_of(who, pid) for who, pid in (pids or {}).items()}
+        time.sleep(seconds)
+        used = {who: cpu_of(who, pid) - before[who] for who, pid in (pids or {}).items()}
+        done = sum(results.get(timeout=120) for _ in clients)
+    finally:
+        for client in clients:
+            client.join(30)
+            if client.is_alive():
+                client.kill()
+    return done / seconds, used
 
 
 def _cpu(pid: int) -> float:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Benchmark: Triton through `tfscache serve --backend triton` versus straight to the node, same run.
 
-    .venv/bin/python scripts/bench_triton.py [--requests 1000] [--seconds 10] [--rounds 11] [--json F]
+    .venv/bin/python scripts/bench_triton.py [--requests 1000] [--seconds 10] [--rounds 11]
+        [--client-processes 4] [--quick] [--json F]
 
 1. Builds a Triton repository of python-backend models (tfscache/kinds/triton/testmodels.py, no
    tensorflow): addk_1 .. addk_N (y = x + k, tiny) and ``sleep_ms`` sleeping --sleep-ms
@@ -12,7 +13,10 @@
    G, REST R"), so "direct" and "through tfscache" hit the same tritonserver process.
 3. Warm ModelInfer, per model (addk_1, sleep_ms): warm-up, then at concurrency 1 blocks
    of requests alternate direct / through tfscache (p50 and p99 of each, and the
-   difference); at concurrency 16 each path runs for --seconds (throughput and the ratio).
+   difference); at concurrency 16 each path runs for --seconds from --client-processes
+   client processes (throughput and the ratio). A third path, the naive grpc.aio byte hop
+   of scripts/bench_frontend.py in its own process in front of the same node, is the floor
+   a Python gRPC proxy reaches, measured in the same run.
    The requests are tritonclient.grpc's ``ModelInferRequest`` (x = [2.0], FP32) serialized
    once and sent over raw gRPC channels, so the client's own cost is as small as Python
    allows; every answer is checked (y = x + k). Then, at concurrency 1 on addk_1 only,
@@ -56,6 +60,7 @@ from tritonclient.grpc import service_pb2
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench_frontend import start_hop, throughput  # noqa: E402  (scripts/ is the script's own directory)
 from tfscache.kinds.triton import testmodels as tritonmodels  # noqa: E402
 from tfscache.admin.client import AdminClient  # noqa: E402
 
@@ -179,28 +184,6 @@ def client_calls(name: str, grpc_targets: dict[str, str], http_targets: dict[str
     return calls, clients
 
 
-async def _throughput(target: str, name: str, concurrency: int, seconds: float) -> float:
-    request = infer_bytes(name)
-    async with grpc.aio.insecure_channel(target) as channel:
-        stub = channel.unary_unary(INFER)
-        good = check_answer(name, await stub(request, timeout=60))
-        for _ in range(20):
-            await stub(request, timeout=60)
-        done = 0
-        stop_at = time.monotonic() + seconds
-
-        async def worker():
-            nonlocal done
-            while time.monotonic() < stop_at:
-                if await stub(request, timeout=60) != good:
-                    raise SystemExit(f"wrong answer from {name}")
-                done += 1
-
-        start = time.monotonic()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.monotonic() - start)
-
-
 def _cpu(who: str, pid: int) -> float:
     """CPU seconds of serve itself, or of the node with its children (the python stubs); serve's
     children are the node, so they are not counted in its own."""
@@ -215,7 +198,10 @@ def _cpu(who: str, pid: int) -> float:
         return 0.0
 
 
-def bench_warm(name: str, targets: dict[str, str], n: int, seconds: float, pids: dict[str, int]) -> dict:
+def bench_warm(name: str, targets: dict[str, str], n: int, seconds: float, pids: dict[str, int],
+               processes: int) -> dict:
+    """c=1 latency over every path (alternating blocks); c=16 throughput from ``processes`` client
+    processes, with each process tree's CPU per request."""
     calls, channels = raw_calls(name, targets)
     s = alternate(calls, n)
     for channel in channels:
@@ -227,11 +213,10 @@ def bench_warm(name: str, targets: dict[str, str], n: int, seconds: float, pids:
     result["added_p50_ms"] = result["tfscache_p50_ms"] - result["direct_p50_ms"]
     result["added_p99_ms"] = result["tfscache_p99_ms"] - result["direct_p99_ms"]
     for label, target in targets.items():
-        cpu = {who: _cpu(who, pid) for who, pid in pids.items()}
-        rps = asyncio.run(_throughput(target, name, 16, seconds))
+        rps, cpu = throughput(target, infer_bytes(name), 16, seconds, processes, method=INFER, pids=pids, cpu=_cpu)
         result[f"{label}_rps_c16"] = rps
-        for who, pid in pids.items():  # CPU time per request of each process (tree) on this path
-            result[f"{label}_c16_{who}_cpu_us_per_request"] = (_cpu(who, pid) - cpu[who]) / (rps * seconds) * 1e6
+        for who in pids:  # CPU time per request of each process (tree) on this path
+            result[f"{label}_c16_{who}_cpu_us_per_request"] = cpu[who] / (rps * seconds) * 1e6
     result["throughput_ratio_c16"] = result["tfscache_rps_c16"] / result["direct_rps_c16"]
     return result
 
@@ -345,11 +330,14 @@ def markdown(figures: dict) -> str:
     lines = [f"Machine: {figures['machine']}"]
     if figures.get("warm"):
         lines += ["", "Warm ModelInfer, pre-serialized requests over raw gRPC channels:", "",
-             "| model | path | p50 ms (c=1) | p99 ms (c=1) | req/s (c=16) | tfscache CPU µs/req (c=16) "
+             "| model | path | p50 ms (c=1) | p99 ms (c=1) | req/s (c=16) | proxy CPU µs/req (c=16) "
              "| node CPU µs/req (c=16) |", "|---|---|---|---|---|---|---|"]
     for r in figures.get("warm", []):
-        for label, shown in (("direct", "direct"), ("tfscache", "through tfscache")):
-            front = "–" if label == "direct" else f"{r[f'{label}_c16_tfscache_cpu_us_per_request']:.0f}"
+        for label, shown in (("direct", "direct"), ("naive hop", "naive grpc.aio hop"),
+                             ("tfscache", "through tfscache")):
+            if f"{label}_p50_ms" not in r:
+                continue
+            front = "–" if label == "direct" else f"{r[f'{label}_c16_{label}_cpu_us_per_request']:.0f}"
             lines.append(f"| {r['model']} | {shown} | {r[f'{label}_p50_ms']:.2f} | {r[f'{label}_p99_ms']:.2f} "
                          f"| {r[f'{label}_rps_c16']:.0f} | {front} | {r[f'{label}_c16_node_cpu_us_per_request']:.0f} |")
     if figures.get("warm"):
@@ -394,22 +382,33 @@ def main() -> int:
     parser.add_argument("--sleep-ms", type=int, default=5, help="the sleep model's time per request")
     parser.add_argument("--skip", choices=("warm", "clients", "cold"), action="append", default=[],
                         help="leave a part out (repeatable)")
+    parser.add_argument("--client-processes", type=int, default=4,
+                        help="client processes for the c=16 throughput (not threads)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run: 300 requests at c=1, 3 s per path, warm part only")
     parser.add_argument("--json", help="write the figures as JSON here")
     args = parser.parse_args()
+    if args.quick:
+        args.requests, args.seconds = min(args.requests, 300), min(args.seconds, 3.0)
+        args.skip = sorted({*args.skip, "clients", "cold"})
     figures = {"machine": machine(), "command": " ".join(sys.argv)}
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
         workdir = Path(tmp)
         repo = workdir / "models"
         tritonmodels.build_triton_models(repo, synthetic=args.rounds + 2, sleep_ms=args.sleep_ms)
         process, ports, node = start_serve(repo, workdir)
+        hop = None
         try:
             grpc_targets = {"direct": f"127.0.0.1:{node['grpc']}", "tfscache": f"127.0.0.1:{ports['grpc']}"}
             http_targets = {"direct": f"127.0.0.1:{node['rest']}", "tfscache": f"127.0.0.1:{ports['rest']}"}
             pids = {"tfscache": process.pid, "node": node["pid"]}
             figures["warm"] = []
             if "warm" not in args.skip:
+                hop, hop_ports = start_hop(grpc_targets["direct"], workdir)  # the floor, in its own process
+                warm_targets = {**grpc_targets, "naive hop": f"127.0.0.1:{hop_ports['grpc']}"}
                 for name in ("addk_1", "sleep_ms"):
-                    figures["warm"].append(bench_warm(name, grpc_targets, args.requests, args.seconds, pids))
+                    figures["warm"].append(bench_warm(name, warm_targets, args.requests, args.seconds,
+                                                      {**pids, "naive hop": hop.pid}, args.client_processes))
                     print(json.dumps(figures["warm"][-1], indent=1), file=sys.stderr)
             if "clients" not in args.skip:
                 figures["clients"] = bench_clients("addk_1", grpc_targets, http_targets, args.requests // 2)
@@ -422,6 +421,8 @@ def main() -> int:
                 print(json.dumps(figures["cold"], indent=1), file=sys.stderr)
             figures["tfscache_rss_mb"] = round(psutil.Process(process.pid).memory_info().rss / 2**20, 1)
         finally:
+            if hop is not None:
+                stop(hop)
             stop(process)
             try:  # serve stops its node; never leave one behind
                 left = psutil.Process(node["pid"])
