@@ -3,15 +3,15 @@
 naive grpc.aio byte hop, same run.
 
     .venv/bin/python scripts/bench_frontend.py [--requests 2000] [--seconds 10] [--concurrency 16,64]
-        [--client-processes 4] [--workers 1,2,4] [--baseline-tree DIR] [--quick] [--out results.json]
+        [--client-processes 4] [--baseline-tree DIR] [--quick] [--out results.json]
 
 1. Builds half_plus_two and ``slow_5ms`` (a graph of chained 256x256 matmuls taking
    about 5 ms per call, calibrated here) into a temporary repository.
 2. Starts one ``tfscache node`` and, in front of it: the naive hop (this script with
    ``--naive-hop``: a grpc.aio server forwarding each call's bytes on one channel, nothing
    else: the floor a Python gRPC proxy reaches), ``tfscache serve`` as a sidecar of that
-   node, and optionally one more sidecar per ``--workers N`` and one from ``--baseline-tree``
-   (another checkout: a before/after in the same run). Every path hits the same node process.
+   node, and optionally one more from ``--baseline-tree`` (another checkout: a before/after in
+   the same run). Every path hits the same node process.
 3. Per model, warm-up, then at concurrency 1 it alternates blocks of requests over every
    path and reports p50/p99 of each and what each adds over direct; at each concurrency it
    runs each path for ``--seconds`` from ``--client-processes`` client processes (not
@@ -404,8 +404,6 @@ def main() -> int:
     parser.add_argument("--baseline-tree", type=Path,
                         help="also run the front end from this checkout (e.g. the commit before a change): "
                              "a same-run before/after")
-    parser.add_argument("--workers", default="",
-                        help="comma-separated worker counts: one front end per count (tfscache serve --workers N)")
     parser.add_argument("--only", help="comma-separated models (half_plus_two, slow_5ms); default both")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: 400 requests at c=1, 3 s per path, half_plus_two, no start-up test")
@@ -420,7 +418,6 @@ def main() -> int:
         args.requests, args.seconds, args.models = min(args.requests, 400), min(args.seconds, 3.0), 0
         args.only = args.only or "half_plus_two"
     concurrencies = tuple(int(c) for c in args.concurrency.split(","))
-    workers = [int(w) for w in args.workers.split(",") if w]
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
         workdir = Path(tmp)
         repo = workdir / "models"
@@ -438,7 +435,6 @@ def main() -> int:
             fronts = [("tfscache", REPO, ())]
             if args.baseline_tree is not None:
                 fronts.insert(0, ("tfscache (baseline tree)", args.baseline_tree.resolve(), ()))
-            fronts += [(f"tfscache --workers {n}", REPO, ("--workers", str(n))) for n in workers]
             for i, (label, tree, extra) in enumerate(fronts):
                 process, ports, _ = start_serve(repo, workdir, "--node-address",
                                                 f"127.0.0.1:{node['grpc']},{node['rest']}",
