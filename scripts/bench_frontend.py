@@ -16,7 +16,7 @@ naive grpc.aio byte hop, same run.
    path and reports p50/p99 of each and what each adds over direct; at each concurrency it
    runs each path for ``--seconds`` from ``--client-processes`` client processes (not
    threads: one Python client process would be the bottleneck) and reports throughput, the
-   ratio to direct, and CPU per request of the proxy (its workers included) and the node.
+   ratio to direct, and CPU per request of the proxy (with its child processes) and the node.
 4. Front-end RSS and start-up time with 10,000 model directories in the repository
    (sidecar mode against a running node, so start-up is the front end's own).
 
@@ -253,7 +253,7 @@ def throughput(target: str, request: bytes, concurrency: int, seconds: float, pr
 
 
 def _cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and its children (a front end's workers)."""
+    """CPU seconds of ``pid`` and its children."""
     total = 0.0
     try:
         process = psutil.Process(pid)
