@@ -102,6 +102,24 @@ class RingSection:
 
 
 @dataclass
+class CopiesSection:
+    """Copies that follow load: extra copies of a busy model on the next ring nodes (docs/copies.md)."""
+
+    enabled: bool = setting(True, "give a busy model extra copies (ring.replicas_per_model is the minimum)",
+                             flag="--no-copies")
+    max_copies: int = setting(4, "most copies of one model (0: every node on the ring)", check=_at_least(0))
+    balance: float = setting(0.25, "a node takes a request while its requests in flight are under "
+                              "(1 + balance) x the mean over the ring's nodes", check=_at_least(0))
+    min_inflight: int = setting(2, "a node with fewer requests in flight than this is never over its bound",
+                                 check=_at_least(1))
+    hot_inflight: float = setting(2.0, "a model gains a copy only with at least this many of its requests "
+                                   "in flight per copy", check=_at_least(0))
+    cool_s: float = setting(600.0, "an extra copy that got no request for this long is dropped (and its "
+                             "node's cache unloads it once idle)", check=_at_least(0))
+    sweep_s: float = setting(5.0, "how often extra copies are checked for cooling down", check=_at_least(0.01))
+
+
+@dataclass
 class NodeSection:
     """The model-server nodes behind the front end."""
 

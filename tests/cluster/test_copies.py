@@ -1,0 +1,131 @@
+"""The pure rule of copies that follow load (tfscache/cluster/copies.py): no process, a fake clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from tfscache.cluster.copies import Copies, CopyRule
+from tfscache.cluster.ring import Ring
+
+NODES = [f"node{i}" for i in range(4)]
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def busy(copies: Copies, model: str, node: str, n: int) -> None:
+    for _ in range(n):
+        copies.begin(model, node)
+
+
+@pytest.fixture
+def clock():
+    return Clock()
+
+
+def test_ring_order_is_every_node_once_and_starts_with_the_replicas():
+    ring = Ring(NODES, replicas=2)
+    for i in range(200):
+        order = ring.order(f"m{i}")
+        assert sorted(order) == NODES
+        assert order[:2] == ring.replicas_for(f"m{i}")
+        assert ring.order(f"m{i}", 3) == order[:3]
+    assert Ring([]).order("m") == ()
+
+
+def test_an_idle_cluster_sends_every_request_to_the_first_copy(clock):
+    copies = Copies(CopyRule(), clock)
+    for _ in range(10):
+        choice = copies.pick("m", NODES)
+        assert (choice.node, choice.spilled, choice.added) == ("node0", False, False)
+    assert copies.copies("m", NODES) == ["node0"]
+
+
+def test_a_hot_model_over_its_bound_gains_the_next_ring_node(clock):
+    copies = Copies(CopyRule(min_inflight=2, hot_inflight=2, balance=0.25), clock)
+    busy(copies, "hot", "node0", 2)  # bound: max(2, ceil(1.25 * 3 / 4)) = 2; node0 is at it
+    choice = copies.pick("hot", NODES)
+    assert (choice.node, choice.spilled, choice.added) == ("node1", True, True)
+    assert copies.copies("hot", NODES) == ["node0", "node1"]
+    assert (copies.added, copies.spills) == (1, 1)
+    copies.begin("hot", "node1")
+    assert copies.pick("hot", NODES).node == "node1"  # node1 is under its bound: no new copy
+    assert copies.copies("hot", NODES) == ["node0", "node1"]
+
+
+def test_a_model_that_is_not_hot_stays_on_its_copies(clock):
+    copies = Copies(CopyRule(min_inflight=2, hot_inflight=2), clock)
+    busy(copies, "other", "node0", 5)  # node0 is busy with another model's requests
+    choice = copies.pick("cold", NODES)
+    assert (choice.node, choice.added) == ("node0", False)  # the least loaded of its one copy
+    assert copies.copies("cold", NODES) == ["node0"]
+
+
+def test_copies_stop_at_max_copies_and_then_go_to_the_least_loaded(clock):
+    copies = Copies(CopyRule(max_copies=2, min_inflight=1, hot_inflight=1), clock)
+    busy(copies, "hot", "node0", 3)
+    assert copies.pick("hot", NODES).added
+    busy(copies, "hot", "node1", 2)
+    choice = copies.pick("hot", NODES)
+    assert (choice.node, choice.added) == ("node1", False)
+    assert copies.copies("hot", NODES) == ["node0", "node1"]
+
+
+def test_extra_copies_cool_down_last_first_and_never_with_requests_in_flight(clock):
+    copies = Copies(CopyRule(min_inflight=1, hot_inflight=1, cool_s=60), clock)
+    busy(copies, "hot", "node0", 2)
+    assert copies.pick("hot", NODES).node == "node1"
+    busy(copies, "hot", "node1", 3)
+    assert copies.pick("hot", NODES).node == "node2"
+    copies.begin("hot", "node2")
+    clock.now = 59.0
+    assert copies.expire() == []
+    for _ in range(3):
+        copies.end("hot", "node1")
+    clock.now = 200.0
+    assert copies.expire() == []  # node2 (the last copy) still has a request in flight
+    copies.end("hot", "node2")  # ends at 200: node2's quiet time starts now
+    assert copies.expire() == []
+    clock.now = 260.0
+    assert copies.expire() == [("hot", "node2"), ("hot", "node1")]  # node1 was quiet since 59
+    assert copies.copies("hot", NODES) == ["node0"]
+    assert copies.removed == 2 and copies.extras() == {}
+
+
+def test_two_front_ends_with_the_same_ring_spread_onto_the_same_nodes(clock):
+    ring = Ring(NODES)
+    rule = CopyRule(min_inflight=1, hot_inflight=1)
+    for name in (f"m{i}" for i in range(50)):
+        order = ring.order(name)
+        a, b = Copies(rule, clock), Copies(rule, clock)
+        for front in (a, b):
+            for _ in range(3):
+                choice = front.pick(name, order)
+                front.begin(name, choice.node)
+        assert a.copies(name, order) == b.copies(name, order) == list(order[:3])
+
+
+def test_a_peer_report_counts_as_load_for_a_while(clock):
+    copies = Copies(CopyRule(min_inflight=1, hot_inflight=0), clock)
+    copies.report("node0", 10)
+    assert copies.load("node0") == 10
+    assert copies.pick("m", NODES).node == "node1"
+    clock.now = 10.0
+    assert copies.load("node0") == 0
+
+
+def test_copies_off_is_the_first_healthy_copy(clock):
+    copies = Copies(CopyRule(enabled=False, min_copies=2), clock)
+    busy(copies, "m", "node0", 100)
+    assert copies.pick("m", NODES).node == "node0"
+    assert copies.pick("m", NODES, usable=lambda n: n != "node0").node == "node1"
+
+
+def test_rank_puts_resident_copies_first(clock):
+    copies = Copies(CopyRule(min_copies=2), clock)
+    assert copies.pick("m", NODES, rank=lambda n: n != "node1").node == "node1"
