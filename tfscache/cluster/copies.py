@@ -8,17 +8,22 @@ union of their copies is the longer of two prefixes, never more than ``max_copie
 
 Routing (``Copies.pick``), after Mirrokni, Thorup and Zadimoghaddam's bounded loads:
 
-* a node's *load* is its requests in flight as this front end knows them (its own, and
-  for a sidecar's own node every request that node serves, forwarded ones included);
-* a node is *under its bound* while ``load < max(min_inflight, ceil((1 + balance) x
-  (total + 1) / nodes))``: at most ``1 + balance`` times the mean once this request is
-  counted, and never "over" while it has fewer than ``min_inflight`` requests;
-* a request goes to its model's first copy (ring order) under its bound;
-* when every copy is over, a *hot* model (at least ``hot_inflight`` of its own requests in
-  flight per copy) gains the next ring node as an extra copy, and the request goes there
-  (the node's cache loads the model like any other miss, under its caps, evicting only
-  idle models); a model that is not hot goes to its least loaded copy: a cold model never
-  costs a second load because a node is briefly busy.
+* a node's *load* is what this front end knows of it, by ``signal``: ``rate`` (the
+  default) counts the requests sent to the node over the last ``rate_window_s``
+  (exponentially decayed); ``inflight`` counts its requests in flight (its own, and for a
+  sidecar's own node every request that node serves, forwarded ones included; a fresh peer
+  report counts too);
+* a node is *under its bound* while ``load < max(min_load, (1 + balance) x (total + 1) /
+  nodes)``: at most ``1 + balance`` times the mean once this request is counted (rounded
+  up for in-flight counts), and never "over" below ``min_load``;
+* a request goes to its model's first copy (ring order; copies that hold the model
+  first) under its bound;
+* when every copy is over, a *hot* model gains the next ring node as an extra copy, and
+  the request goes there (the node's cache loads the model like any other miss, under its
+  caps, evicting only idle models). Hot means, by signal: its own rate per copy is at
+  least ``hot_share`` of a mean node's rate, or it has at least ``hot_inflight`` requests in
+  flight per copy. A model that is not hot goes to its least loaded copy: a cold model
+  never costs a second load because a node is briefly busy.
 
 Cooling down (``Copies.expire``): an extra copy that received no request for ``cool_s``
 seconds is dropped, the last one in ring order first (copies stay a prefix). Adding is at
@@ -46,10 +51,13 @@ class CopyRule:
     enabled: bool = True
     min_copies: int = 1
     max_copies: int = 4  # 0: every node on the ring
-    balance: float = 0.25
-    min_inflight: int = 2
-    hot_inflight: float = 1.0
-    cool_s: float = 120.0
+    balance: float = 0.1
+    min_load: float = 10.0
+    hot_inflight: float = 2.0  # inflight signal: a model is hot with this many requests in flight per copy
+    cool_s: float = 600.0
+    signal: str = "rate"  # or "inflight"
+    rate_window_s: float = 10.0
+    hot_share: float = 0.5  # rate signal: a model is hot at this share of a mean node's rate per copy
 
 
 @dataclass(frozen=True)
@@ -73,6 +81,7 @@ class Copies:
         self._inflight: dict[tuple[str, str], int] = {}  # (model, node) -> requests in flight
         self._node_load: dict[str, int] = {}  # node -> requests in flight (all models)
         self._reported: dict[str, tuple[int, float]] = {}  # node -> (load a peer reported, when)
+        self._rates: dict[object, tuple[float, float]] = {}  # node or (model, node) -> (decayed count, when)
         self.added = 0  # copies added and removed since start (metrics read these)
         self.removed = 0
         self.spills = 0
@@ -97,13 +106,24 @@ class Copies:
     def is_extra(self, model: str, node: str) -> bool:
         return node in self._extra.get(model, ())
 
-    def load(self, node: str) -> int:
-        """Requests in flight on ``node`` as this front end knows them (a fresh peer report counts)."""
+    def load(self, node: str) -> float:
+        """``node``'s load as this front end knows it: requests in flight (a fresh peer report
+        counts), or with the rate signal its requests over the last ``rate_window_s`` (decayed)."""
+        if self.rule.signal == "rate":
+            return self.rate(node)
         own = self._node_load.get(node, 0)
         reported = self._reported.get(node)
         if reported is not None and self.clock() - reported[1] <= _REPORT_TTL_S:
             return max(own, reported[0])
         return own
+
+    def rate(self, key) -> float:
+        """Requests sent to ``key`` (a node, or a (model, node) pair) over the rate window, decayed."""
+        value, when = self._rates.get(key, (0.0, 0.0))
+        return value * math.exp(-(self.clock() - when) / self.rule.rate_window_s) if value else 0.0
+
+    def _count(self, key) -> None:
+        self._rates[key] = (self.rate(key) + 1.0, self.clock())
 
     def inflight(self, model: str, node: str) -> int:
         return self._inflight.get((model, node), 0)
@@ -114,11 +134,12 @@ class Copies:
 
     # -- deciding ------------------------------------------------------------------------
 
-    def bound(self, nodes: Iterable[str]) -> int:
-        """The most requests in flight a node may have and still take one more."""
+    def bound(self, nodes: Iterable[str]) -> float:
+        """The load under which a node still takes one more request."""
         nodes = list(nodes)
         total = sum(self.load(n) for n in nodes)
-        return max(self.rule.min_inflight, math.ceil((1 + self.rule.balance) * (total + 1) / max(1, len(nodes))))
+        bound = (1 + self.rule.balance) * (total + 1) / max(1, len(nodes))
+        return max(self.rule.min_load, math.ceil(bound) if self.rule.signal == "inflight" else bound)
 
     def pick(self, model: str, order: Sequence[str], ring: Sequence[str] | None = None,
              usable: Callable[[str], bool] = lambda node: True,
@@ -136,14 +157,15 @@ class Copies:
             live.sort(key=rank)
         if not self.rule.enabled:
             return Choice(live[0])
-        bound = self.bound(ring if ring is not None else order)
+        nodes = ring if ring is not None else order
+        bound = self.bound(nodes)
         for node in live:
             if self.load(node) < bound:
                 if node != live[0]:
                     self.spills += 1
                 return Choice(node, spilled=node != live[0])
         limit = min(self.rule.max_copies or len(order), len(order))
-        if len(copies) < limit and self._hot(model, copies) and usable(order[len(copies)]):
+        if len(copies) < limit and self._hot(model, copies, nodes) and usable(order[len(copies)]):
             node = order[len(copies)]
             self._extra.setdefault(model, []).append(node)
             self._used[(model, node)] = self.clock()
@@ -152,7 +174,10 @@ class Copies:
             return Choice(node, spilled=True, added=True)
         return Choice(min(live, key=self.load))
 
-    def _hot(self, model: str, copies: Sequence[str]) -> bool:
+    def _hot(self, model: str, copies: Sequence[str], nodes: Sequence[str]) -> bool:
+        if self.rule.signal == "rate":
+            mean = sum(self.rate(n) for n in nodes) / max(1, len(nodes))
+            return sum(self.rate((model, n)) for n in copies) >= self.rule.hot_share * mean * len(copies)
         own = sum(self.inflight(model, n) for n in copies)
         return own >= self.rule.hot_inflight * len(copies)
 
@@ -163,6 +188,9 @@ class Copies:
         key = (model, node)
         self._inflight[key] = self._inflight.get(key, 0) + 1
         self._node_load[node] = self._node_load.get(node, 0) + 1
+        if self.rule.signal == "rate":
+            self._count(node)
+            self._count(key)
         if key in self._used:
             self._used[key] = self.clock()
 

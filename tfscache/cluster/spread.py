@@ -48,6 +48,10 @@ class Spread:
         self._ring = None
         self._local: Callable[[], Mapping[str, object]] = dict
 
+    def use_clock(self, clock: Callable[[], float]) -> None:
+        """Read time from ``clock`` from now on (tests drive the cool-down with a fake one)."""
+        self.clock = self.copies.clock = clock
+
     @property
     def rule(self) -> CopyRule:
         return self.copies.rule
@@ -137,5 +141,6 @@ class Spread:
 def rule_from(copies, ring) -> CopyRule:
     """The rule from settings sections ``[copies]`` (CopiesSection) and ``[ring]`` (its minimum)."""
     return CopyRule(enabled=copies.enabled, min_copies=ring.replicas_per_model, max_copies=copies.max_copies,
-                    balance=copies.balance, min_inflight=copies.min_inflight, hot_inflight=copies.hot_inflight,
-                    cool_s=copies.cool_s)
+                    balance=copies.balance, min_load=copies.min_load, hot_inflight=copies.hot_inflight,
+                    cool_s=copies.cool_s, signal=copies.signal, rate_window_s=copies.rate_window_s,
+                    hot_share=copies.hot_share)

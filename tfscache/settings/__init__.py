@@ -68,7 +68,7 @@ class Settings:
         return bool(self.node.node_address)
 
 
-_SECTIONS = ("cache", "ring", "node", "server", "discovery", "scale", "storage", "tls")
+_SECTIONS = ("cache", "ring", "copies", "node", "server", "discovery", "scale", "storage", "tls")
 
 
 def iter_fields(settings: Settings | None = None):
