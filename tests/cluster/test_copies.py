@@ -139,7 +139,7 @@ def test_the_rate_signal_spreads_a_model_that_draws_more_than_its_share(clock):
     # The rate decays: ten windows later, node0 is under its bound again for any model.
     clock.now += 100
     assert copies.rate("node0") < 0.01
-    assert copies.pick("cold", nodes).node == "node1" and copies.pick("hot", nodes).node == "node0"
+    assert copies.pick("hot", nodes).node == "node0"
 
 
 def test_a_model_under_its_hot_share_does_not_spread_on_rate(clock):

@@ -76,7 +76,7 @@ async def predict(app, name, x=1.0):
 
 def sent(app, model) -> int:
     """Requests for ``model`` this sidecar has in flight (to any node or peer)."""
-    return sum(app.spread.copies.inflight(model, name) for name in NAMES)
+    return sum(app.spread.copies.inflight(model, name) for name in app.topology.backends)
 
 
 def held(app) -> int:
@@ -104,11 +104,10 @@ async def send_until_spread(app, model, tasks, limit=8) -> None:
 async def test_a_hot_model_spreads_then_shrinks_back_and_sidecars_agree(sidecars, three_nodes):
     apps, clock = sidecars
     gates = {name: node.gate for name, node in three_nodes.items()}
-    # b holds an idle model and a model whose load (a request) is in flight: its cap of 2 is full.
+    # b holds an idle model and a model with a request in flight (a lease held, as a request
+    # holds it): its cap of 2 is full.
     assert await predict(apps["b"], IDLE) == [5.0]
-    gates["b"].hold(IN_FLIGHT)
-    busy = asyncio.create_task(predict(apps["c"], IN_FLIGHT))  # through c, on b: b's own request in flight
-    await gates["b"].wait_until_waiting(IN_FLIGHT)
+    lease = await apps["b"].topology.node("b").cache.acquire(IN_FLIGHT, timeout=60)
     assert held(apps["b"]) == 2
     for gate in gates.values():
         gate.hold(HOT)
@@ -118,7 +117,7 @@ async def test_a_hot_model_spreads_then_shrinks_back_and_sidecars_agree(sidecars
     assert apps["a"].spread.counts() == {HOT: ["a", "b"]}
     await gates["a"].wait_until_waiting(HOT)
     await gates["b"].wait_until_waiting(HOT)  # b loads the copy: its idle model made room
-    assert state(apps["b"], IDLE) is None and state(apps["b"], IN_FLIGHT) == "loading"
+    assert state(apps["b"], IDLE) is None and state(apps["b"], IN_FLIGHT) == "available"
     # Through c and b, which learn of a's load only from their own requests: the same copies.
     await send_until_spread(apps["c"], HOT, tasks)
     await send_until_spread(apps["b"], HOT, tasks)
@@ -128,9 +127,9 @@ async def test_a_hot_model_spreads_then_shrinks_back_and_sidecars_agree(sidecars
     assert state(apps["c"], HOT) is None and not gates["c"].waiting(HOT)  # never more nodes than copies
     for gate in gates.values():
         gate.release(HOT)
-    gates["b"].release(IN_FLIGHT)
-    results = await asyncio.gather(*tasks, busy)
-    assert results == [[7.0]] * len(tasks) + [[1.0]]  # 0 failed requests
+    results = await asyncio.gather(*tasks)
+    assert results == [[7.0]] * len(tasks)  # 0 failed requests
+    lease.release()
     assert {name for name in NAMES if state(apps[name], HOT) == "available"} == {"a", "b"}
     assert sum(app.spread.spills.get("b", 0) for app in apps.values()) >= 3
     # Quiet for less than cool_s: nothing changes.
@@ -183,3 +182,60 @@ async def predict_forwarded(app, name):
         response = await stub.Predict(predict_request(name, 1.0), timeout=60,
                                       metadata=(("x-tfscache-forwarded", "a"),))
         return list(response.outputs["y"].float_val)
+
+
+# -- embedded mode: one tfscache serve, two local node children ------------------------------
+
+E_HOT, E_IDLE = "addk_6", "addk_0"  # ring orders over (node0, node1): (node0, node1), (node1, node0)
+
+
+@pytest.fixture
+async def embedded(frontend_repo, tmp_path):
+    from tfscache import settings as settings_mod
+    from tfscache.serve import ServeApp
+
+    gate = Gate(tmp_path / "gate")
+    gate.dir.mkdir()
+    settings = settings_mod.load(env={}, overrides={
+        "model_repository": str(frontend_repo), "node.local_nodes": 2, "server.bind_address": "127.0.0.1",
+        "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "node.state_dir": str(tmp_path / "state"),
+        "node.extra_args": [f"--load_gate_dir={gate.dir}"], **{k: v for k, v in SETTINGS.items()},
+        "cache.max_models_per_node": 1})
+    app = ServeApp(settings)
+    await app.start()
+    clock = Clock()
+    app.spread.use_clock(clock)
+    try:
+        yield app, clock, gate
+    finally:
+        gate.clear()
+        await app.stop(grace=1)
+
+
+def embedded_state(app, node, model):
+    return app.topology.node(node).cache.state_of(model, 1)
+
+
+async def test_embedded_a_hot_model_spreads_then_shrinks_back(embedded):
+    app, clock, gate = embedded
+    assert Ring(["node0", "node1"]).order(E_HOT) == ("node0", "node1")
+    assert Ring(["node0", "node1"]).owner(E_IDLE) == "node1"
+    assert await predict(app, E_IDLE) == [1.0]  # node1's one slot (cap 1) holds an idle model
+    gate.hold(E_HOT)
+    tasks: list[asyncio.Task] = []
+    await send_until_spread(app, E_HOT, tasks)
+    assert app.spread.counts() == {E_HOT: ["node0", "node1"]}
+    await wait_for_condition(lambda: embedded_state(app, "node1", E_HOT) == "loading", what="the copy loading")
+    assert embedded_state(app, "node1", E_IDLE) is None  # the idle model made room: the cap holds
+    gate.release(E_HOT)
+    assert await asyncio.gather(*tasks) == [[7.0]] * len(tasks)  # 0 failed requests
+    for node in ("node0", "node1"):
+        assert embedded_state(app, node, E_HOT) == "available"
+        assert len(app.topology.node(node).cache.snapshot()) <= 1
+    clock.now += COOL_S + 1
+    assert await app.spread.sweep() == [(E_HOT, "node1")]
+    assert app.spread.counts() == {}
+    assert embedded_state(app, "node1", E_HOT) is None and embedded_state(app, "node0", E_HOT) == "available"
+    assert await predict(app, E_HOT) == [7.0]
+    assert embedded_state(app, "node1", E_HOT) is None
+    assert app.spread.copies.removed == 1 and app.spread.added == {"node1": 1}

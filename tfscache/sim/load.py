@@ -112,9 +112,10 @@ class _Node:
         self.policy.forget(key)
 
 
-def run_load(trace: Trace, config: LoadConfig, factory: Callable[[str, int, int], EvictionPolicy],
-             service: list[float] | None = None) -> LoadResult:
-    """Replay ``trace`` under ``config``; ``service[i]``: request i's node time (default the config's)."""
+def run_load(trace: Trace, config: LoadConfig, factory: Callable[[str, int, int], EvictionPolicy]) -> LoadResult:
+    """Replay ``trace`` under ``config`` (a request's node time: the log's ``service_seconds``, else the
+    config's ``service_s``)."""
+    service = trace.service if len(trace.service) == len(trace) else None
     names = [f"node{i}" for i in range(config.nodes)]
     ring = Ring(names, replicas=config.rule.min_copies)
     orders = [ring.order(name) for name, _ in trace.models]
@@ -143,7 +144,7 @@ def run_load(trace: Trace, config: LoadConfig, factory: Callable[[str, int, int]
             node.free -= 1
             result.waits.append(now[0] - ready_at[i])
             node.policy.record_access(keys[i], now[0])
-            took = service[i] if service is not None else config.service_s
+            took = service[i] if service is not None and service[i] >= 0 else config.service_s
             node.busy += took
             push(now[0] + took, _DONE, i, name)
 
