@@ -65,6 +65,7 @@ class LoadResult:
     removed: int = 0
     spills: int = 0
     max_copies: int = 1
+    peak_models: int = 0  # most models resident (loading or loaded) on one node at once
     requests_per_node: list[int] = field(default_factory=list)
 
     @property
@@ -78,7 +79,7 @@ class LoadResult:
                 "wait_p50_s": quantile(self.waits, 0.5), "wait_p99_s": quantile(self.waits, 0.99),
                 "latency_p50_s": quantile(self.latencies, 0.5), "latency_p99_s": quantile(self.latencies, 0.99),
                 "load_seconds": round(self.load_seconds, 3), "loads": self.loads, "extra_loads": self.extra_loads, "copies_added": self.added,
-                "copies_removed": self.removed, "spills": self.spills, "max_copies": self.max_copies,
+                "copies_removed": self.removed, "spills": self.spills, "max_copies": self.max_copies, "peak_models": self.peak_models,
                 "requests_per_node": self.requests_per_node}
 
 
@@ -157,6 +158,7 @@ def run_load(trace: Trace, config: LoadConfig, factory: Callable[[str, int, int]
                 return False
             node.evict(victim)
         node.resident[key] = False
+        result.peak_models = max(result.peak_models, len(node.resident))
         cost = trace.load_seconds[node.waiting[key][0]]
         result.load_seconds += cost
         result.loads += 1
