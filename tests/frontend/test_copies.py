@@ -117,7 +117,7 @@ async def test_a_hot_model_spreads_then_shrinks_back_and_sidecars_agree(sidecars
     assert apps["a"].spread.counts() == {HOT: ["a", "b"]}
     await gates["a"].wait_until_waiting(HOT)
     await gates["b"].wait_until_waiting(HOT)  # b loads the copy: its idle model made room
-    assert state(apps["b"], IDLE) is None and state(apps["b"], IN_FLIGHT) == "available"
+    assert state(apps["b"], IDLE) in (None, "unloading") and state(apps["b"], IN_FLIGHT) == "available"
     # Through c and b, which learn of a's load only from their own requests: the same copies.
     await send_until_spread(apps["c"], HOT, tasks)
     await send_until_spread(apps["b"], HOT, tasks)
@@ -226,12 +226,13 @@ async def test_embedded_a_hot_model_spreads_then_shrinks_back(embedded):
     await send_until_spread(app, E_HOT, tasks)
     assert app.spread.counts() == {E_HOT: ["node0", "node1"]}
     await wait_for_condition(lambda: embedded_state(app, "node1", E_HOT) == "loading", what="the copy loading")
-    assert embedded_state(app, "node1", E_IDLE) is None  # the idle model made room: the cap holds
+    assert embedded_state(app, "node1", E_IDLE) in (None, "unloading")  # the idle model made room
+    assert held_at(app, "node1") <= 1  # the cap holds
     gate.release(E_HOT)
     assert await asyncio.gather(*tasks) == [[7.0]] * len(tasks)  # 0 failed requests
     for node in ("node0", "node1"):
         assert embedded_state(app, node, E_HOT) == "available"
-        assert len(app.topology.node(node).cache.snapshot()) <= 1
+        assert held_at(app, node) <= 1
     clock.now += COOL_S + 1
     assert await app.spread.sweep() == [(E_HOT, "node1")]
     assert app.spread.counts() == {}
@@ -239,3 +240,8 @@ async def test_embedded_a_hot_model_spreads_then_shrinks_back(embedded):
     assert await predict(app, E_HOT) == [7.0]
     assert embedded_state(app, "node1", E_HOT) is None
     assert app.spread.copies.removed == 1 and app.spread.added == {"node1": 1}
+
+
+def held_at(app, node) -> int:
+    """Versions counting against the cap on a local node: loading and available."""
+    return sum(1 for m in app.topology.node(node).cache.snapshot() if m.state != "unloading")
