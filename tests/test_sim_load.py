@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from tfscache.cluster.copies import CopyRule
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 from tfscache.sim import build_policy
 from tfscache.sim.load import LoadConfig, quantile, run_load
 from tfscache.sim.loadreport import parse_rules
 from tfscache.sim.trace import Trace, read_trace
-from tfscache.simulate import main
+from tfscache.cli.simulate import main
 
 RING = Ring(["node0", "node1"])
 HOT = next(f"m{i}" for i in range(100) if RING.order(f"m{i}") == ("node0", "node1"))

@@ -20,7 +20,7 @@ from cache.cache_support import Gate, wait_for_condition
 from support.node import start_node, version_status_at
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS, running_sidecars
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 HOT, IN_FLIGHT, IDLE = "addk_6", "addk_0", "addk_4"  # ring orders (a, b, c), (b, a, c), (b, a, c)
 NAMES = ("a", "b", "c")
@@ -192,7 +192,7 @@ E_HOT, E_IDLE = "addk_6", "addk_0"  # ring orders over (node0, node1): (node0, n
 @pytest.fixture
 async def embedded(frontend_repo, tmp_path):
     from tfscache import settings as settings_mod
-    from tfscache.serve import ServeApp
+    from tfscache.app import ServeApp
 
     gate = Gate(tmp_path / "gate")
     gate.dir.mkdir()
