@@ -14,13 +14,17 @@ import asyncio
 
 import grpc
 import pytest
+from prometheus_client import generate_latest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from cache.cache_support import Gate, wait_for_condition
 from support.node import start_node, version_status_at
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS, running_sidecars
+from tfscache import settings as settings_mod
+from tfscache.app import ServeApp
 from tfscache.cluster.ring import Ring
+from tfscache.observe.server import status_document
 
 HOT, IN_FLIGHT, IDLE = "addk_6", "addk_0", "addk_4"  # ring orders (a, b, c), (b, a, c), (b, a, c)
 NAMES = ("a", "b", "c")
@@ -191,15 +195,12 @@ E_HOT, E_IDLE = "addk_6", "addk_0"  # ring orders over (node0, node1): (node0, n
 
 @pytest.fixture
 async def embedded(frontend_repo, tmp_path):
-    from tfscache import settings as settings_mod
-    from tfscache.app import ServeApp
-
     gate = Gate(tmp_path / "gate")
     gate.dir.mkdir()
     settings = settings_mod.load(env={}, overrides={
         "model_repository": str(frontend_repo), "node.local_nodes": 2, "server.bind_address": "127.0.0.1",
         "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "node.state_dir": str(tmp_path / "state"),
-        "node.extra_args": [f"--load_gate_dir={gate.dir}"], **{k: v for k, v in SETTINGS.items()},
+        "node.extra_args": [f"--load_gate_dir={gate.dir}"], **SETTINGS,
         "cache.max_models_per_node": 1})
     app = ServeApp(settings)
     await app.start()
@@ -225,6 +226,12 @@ async def test_embedded_a_hot_model_spreads_then_shrinks_back(embedded):
     tasks: list[asyncio.Task] = []
     await send_until_spread(app, E_HOT, tasks)
     assert app.spread.counts() == {E_HOT: ["node0", "node1"]}
+    assert status_document(app.metrics, app.topology, spread=app.spread)["copies"] == {
+        "min": 1, "max": 2, "models": {E_HOT: ["node0", "node1"]}}
+    scrape = generate_latest(app.metrics.registry).decode()
+    assert 'tfscache_copies_added_total{node="node1"} 1.0' in scrape
+    assert 'tfscache_copy_spills_total{node="node1"} 1.0' in scrape
+    assert "tfscache_extra_copies 1.0" in scrape
     await wait_for_condition(lambda: embedded_state(app, "node1", E_HOT) == "loading", what="the copy loading")
     assert embedded_state(app, "node1", E_IDLE) in (None, "unloading")  # the idle model made room
     assert held_at(app, "node1") <= 1  # the cap holds
@@ -240,6 +247,10 @@ async def test_embedded_a_hot_model_spreads_then_shrinks_back(embedded):
     assert await predict(app, E_HOT) == [7.0]
     assert embedded_state(app, "node1", E_HOT) is None
     assert app.spread.copies.removed == 1 and app.spread.added == {"node1": 1}
+    scrape = generate_latest(app.metrics.registry).decode()
+    assert 'tfscache_copies_removed_total{node="node1"} 1.0' in scrape
+    assert 'tfscache_copies_unloaded_total{node="node1"} 1.0' in scrape
+    assert "tfscache_extra_copies 0.0" in scrape
 
 
 def held_at(app, node) -> int:
