@@ -228,17 +228,5 @@ class Copies:
                 del self._extra[model]
         return dropped
 
-    def forget_node(self, node: str) -> None:
-        """``node`` left the ring: it is no model's extra copy any more."""
-        for model, nodes in list(self._extra.items()):
-            if node in nodes:
-                cut = nodes.index(node)
-                for gone in nodes[cut:]:
-                    self._used.pop((model, gone), None)
-                    self.removed += 1
-                del nodes[cut:]
-            if not nodes:
-                del self._extra[model]
-
 
 _REPORT_TTL_S = 2.0  # a peer's reported load counts this long

@@ -13,7 +13,9 @@
   (not among the model's first ``ring.replicas_per_model`` nodes, not an extra copy here),
   idle for ``cool_s``: an extra copy another sidecar added, one this front end dropped,
   one left by a ring change. The cache refuses a model with a lease or a pin
-  (``FailedPrecondition``): removal waits for in-flight requests, and pins hold.
+  (``FailedPrecondition``): removal waits for in-flight requests, and pins hold. A local
+  node that is not on the ring (drained, a sidecar not joined yet, prewarmed before its
+  join) is left alone.
 
 Counted per node for the metrics (``CopiesCollector`` in tfscache/cluster/copymetrics.py):
 spills (a request sent past its model's first copy by load), copies added and removed.
@@ -107,10 +109,11 @@ class Spread:
         ring, now, unloaded = self._ring, self.clock(), []
         if ring is None:
             return unloaded
+        on_ring = set(ring.nodes)
         for name, backend in list(self._local().items()):
             cache = backend.cache
-            if cache is None or not backend.healthy:
-                continue
+            if cache is None or not backend.healthy or name not in on_ring:
+                continue  # a node off the ring (drained, not joined yet, prewarmed) keeps what it holds
             for model in cache.snapshot():
                 if (model.state != "available" or model.leases or model.pinned
                         or name in ring.replicas_for(model.name) or self.copies.is_extra(model.name, name)):
