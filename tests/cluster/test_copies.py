@@ -161,3 +161,20 @@ def test_copies_off_is_the_first_healthy_copy(clock):
 def test_rank_puts_resident_copies_first(clock):
     copies = Copies(CopyRule(min_copies=2), clock)
     assert copies.pick("m", NODES, rank=lambda n: n != "node1").node == "node1"
+
+
+def test_the_documented_settings_are_the_defaults_and_the_rules():
+    import dataclasses
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from tfscache.cluster.spread import rule_from
+    from tfscache.settings import CopiesSection, RingSection
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "copies.md").read_text()
+    [block] = re.findall(r"```toml\n(.*?)```", doc, re.S)
+    documented = tomllib.loads(block)["copies"]
+    assert documented == {f.name: getattr(CopiesSection(), f.name) for f in dataclasses.fields(CopiesSection)}
+    rule = rule_from(CopiesSection(), RingSection())
+    assert rule == dataclasses.replace(CopyRule(), min_copies=RingSection().replicas_per_model)
