@@ -142,12 +142,12 @@ def _copies(doc: dict[str, Any]) -> list[str]:
         return []
     title = (f"model copies (copies follow load: {copies['min']} to {copies['max'] or 'every node'} per model)"
              if copies is not None else "model copies (fixed replicas)")
-    rows = [[name, str(len(extra.get(name, ())) or ring_copies(doc)), ", ".join(extra.get(name, ())) or "-",
+    rows = [[name, str(len(extra.get(name, ())) or _ring_copies(doc)), ", ".join(extra.get(name, ())) or "-",
              ", ".join(resident.get(name, ())) or "-"] for name in names]
     return ["", title, *_table(["MODEL", "COPIES", "COPIES ON", "RESIDENT ON"], rows)]
 
 
-def ring_copies(doc: dict[str, Any]) -> int:
+def _ring_copies(doc: dict[str, Any]) -> int:
     """Copies of a model with no extra ones: the ring's replicas (the copies' minimum)."""
     return int(doc.get("ring", {}).get("replicas", 1))
 
