@@ -22,6 +22,8 @@ from tfscache import errors
 from tfscache.admin.lifecycle import Lifecycle
 from tfscache.admin.operations import AdminOperations
 from tfscache.cache.manager import CacheManager
+from tfscache.cluster.copymetrics import CopiesCollector
+from tfscache.cluster.spread import Spread, rule_from
 from tfscache.discovery import Discovery, Peer, advertise_peer, from_settings
 from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
@@ -82,6 +84,13 @@ class ServeApp:
                                request_log=RequestLog(settings.server.request_log) if settings.server.request_log
                                else None)
         watch(self.metrics, self.topology)
+        # Copies that follow load (docs/copies.md): None keeps fixed replicas.
+        self.spread = Spread(rule_from(settings.copies, settings.ring), sweep_s=settings.copies.sweep_s) \
+            if settings.copies.enabled else None
+        self._sweeper: asyncio.Task | None = None
+        if self.spread is not None:
+            self.spread.watch(lambda: {node.name: node for node in self.topology.nodes()})
+            self.metrics.registry.register(CopiesCollector(self.spread, settings.server.metrics_per_model))
         self.metrics_port: int | None = None
         self._observe: ObserveServer | None = None
         self._gpu_reader: NvmlReader | None = None
@@ -143,7 +152,8 @@ class ServeApp:
             self.admin_port = self.lifecycle.admin_port
             if s.server.metrics_port >= 0:
                 self._observe = ObserveServer(self.metrics, self.topology, bind_address=s.server.bind_address,
-                                              port=s.server.metrics_port, tier=getattr(self.repository, "tier", None))
+                                              port=s.server.metrics_port, tier=getattr(self.repository, "tier", None),
+                                              spread=self.spread)
                 self.metrics_port = await self._observe.start()
         except BaseException:
             await self.stop(grace=0)
@@ -209,6 +219,8 @@ class ServeApp:
         grace = self.settings.server.grace_s if grace is None else grace
         if self._watchdog is not None:
             self._watchdog.cancel()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self.discovery is not None:  # leave the ring first, then drain
             await self.discovery.deregister()
             await self.discovery.stop()
@@ -263,8 +275,11 @@ class ServeApp:
     def _router(self) -> Router:
         """The router, following every change of the topology from now on."""
         router = Router(self.topology.ring, self.topology.backends, local=self.topology.own,
-                        repository=self.repository, wait_s=self.settings.cache.load_timeout_s, metrics=self.metrics)
+                        repository=self.repository, wait_s=self.settings.cache.load_timeout_s, metrics=self.metrics,
+                        spread=self.spread)
         self.topology.bind(router)
+        if self.spread is not None:
+            self._sweeper = asyncio.create_task(self.spread.run(), name="tfscache-copies-sweep")
         return router
 
     async def _start_embedded(self) -> Router:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import pytest
@@ -121,3 +122,18 @@ def test_json_round_trips_the_document(monkeypatch, capsys):
     monkeypatch.setattr(status, "fetch", lambda address, timeout: DOC)
     assert status.main(["--address", "h:1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == DOC
+
+
+def test_render_shows_each_models_copies():
+    doc = {**DOC, "copies": {"min": 1, "max": 4, "models": {"m": ["a", "b"], "hot": ["b", "a", "c"]}}}
+    lines = status.render(doc).splitlines()
+    start = lines.index("model copies (copies follow load: 1 to 4 per model)")
+    cells = [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1:start + 5]]
+    assert cells == [["MODEL", "COPIES", "COPIES ON", "RESIDENT ON"], ["hot", "3", "b, a, c", "-"],
+                     ["m", "2", "a, b", "a"], ["n", "1", "-", "a"]]
+
+
+def test_render_copies_of_a_serve_with_fixed_replicas():
+    lines = status.render(DOC).splitlines()
+    start = lines.index("model copies (fixed replicas)")
+    assert [line.split() for line in lines[start + 2:start + 4]] == [["m", "1", "-", "a"], ["n", "1", "-", "a"]]

@@ -21,18 +21,20 @@ EMPTY = "model_config_list {\n}\n"
 NODE_FLAGS = ["--max_num_load_retries=0", "--num_load_threads=2"]
 
 
-def sidecar_settings(name: str, node, repo: Path, state_dir: Path):
-    """Settings of sidecar ``name`` in front of ``node``, with its state in ``state_dir / name``."""
+def sidecar_settings(name: str, node, repo: Path, state_dir: Path, overrides: dict | None = None):
+    """Settings of sidecar ``name`` in front of ``node``, with its state in ``state_dir / name``
+    (``overrides``: more settings by dotted name)."""
     return settings_mod.load(env={}, overrides={
         "model_repository": str(repo), "node.node_address": f"127.0.0.1:{node.grpc_port},{node.rest_port}",
         "ring.self_name": name, "server.bind_address": "127.0.0.1", "server.grpc_port": 0,
-        "server.rest_port": 0, "node.state_dir": str(state_dir / name)})
+        "server.rest_port": 0, "node.state_dir": str(state_dir / name), **(overrides or {})})
 
 
 @contextlib.asynccontextmanager
-async def running_sidecars(nodes: dict, repo: Path, state_dir: Path) -> AsyncIterator[dict[str, ServeApp]]:
+async def running_sidecars(nodes: dict, repo: Path, state_dir: Path,
+                           overrides: dict | None = None) -> AsyncIterator[dict[str, ServeApp]]:
     """Start a sidecar per {name: node}, each a peer of all; {name: ServeApp}, stopped on exit."""
-    apps = {name: ServeApp(sidecar_settings(name, node, repo, state_dir)) for name, node in nodes.items()}
+    apps = {name: ServeApp(sidecar_settings(name, node, repo, state_dir, overrides)) for name, node in nodes.items()}
     for app in apps.values():
         await app.start()
     peers = [Peer(name, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for name, app in apps.items()]

@@ -30,7 +30,9 @@ from tfscache.cli.options import Parser, add_output_flags, bar_disable
 from tfscache.extras import MissingExtra, require
 from tfscache.sim import build_policy, policy_names
 from tfscache.sim.bound import MAX_REQUESTS, Bound, cluster_bound
+from tfscache.sim import loadreport
 from tfscache.sim.engine import BELADY, Config, simulate, split
+from tfscache.sim.load import run_load
 from tfscache.sim.trace import TraceError, read_trace
 from tfscache.units import parse_bytes
 
@@ -88,6 +90,15 @@ def _parser() -> argparse.ArgumentParser:
                         metavar="N", help=f"solve the offline bound on load seconds only for logs of at most N "
                         f"requests (default {MAX_REQUESTS}; 0: never)")
     parser.add_argument("--plot", type=Path, metavar="PNG", help="write a plot of hit ratio against capacity")
+    load = parser.add_argument_group("load", "--load: requests take node time and copies follow load "
+                                     "(tfscache/sim/load.py); copies off (fixed replicas) is always run")
+    load.add_argument("--load", action="store_true", help="simulate node time, queues and copies (docs/copies.md)")
+    load.add_argument("--service-ms", type=float, default=30.0,
+                      help="node milliseconds per request where the log has no service_seconds (default 30)")
+    load.add_argument("--concurrency", type=int, default=1, help="requests a node runs at once (default 1)")
+    load.add_argument("--copies", default="on", metavar="on[:NAME=VALUE...],...",
+                      help="copies settings to run against copies off (default on: the [copies] defaults), "
+                      "e.g. on,on:balance=0.25:hot_share=0.3")
     parser.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
     add_output_flags(parser)
     return parser
@@ -109,12 +120,21 @@ def main(argv: list[str] | None = None) -> int:
         except MissingExtra as exc:
             print(f"tfscache simulate: {exc}", file=sys.stderr)
             return 2
+    if args.load:
+        try:
+            rules = loadreport.parse_rules(args.copies)
+        except ValueError as e:
+            parser.error(f"--copies: {e}")
+        if args.concurrency < 1 or args.service_ms < 0:
+            parser.error("--concurrency must be at least 1 and --service-ms not negative")
     started = time.perf_counter()
     try:
         trace = read_trace(args.log)
     except TraceError as e:
         print(f"tfscache simulate: {e}", file=sys.stderr)
         return 2
+    if args.load:
+        return _load(args, trace, rules, started)
     configs = [Config(policy, nodes, max_models, memory)
                for nodes, max_models, memory in itertools.product(args.nodes, args.max_models, args.memory)
                for policy in [*args.policies, BELADY]]
@@ -145,6 +165,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(configs)} configurations of {len(trace)} requests for {len(trace.models)} models "
               f"simulated in {wall:.1f} s", file=sys.stderr)
     log.debug("simulated %s configurations in %.3f s", len(configs), wall)
+    return 0
+
+
+def _load(args, trace, rules, started: float) -> int:
+    """``--load``: every configuration with copies off and on, one table (or JSON)."""
+    configs = loadreport.configs(args.policies, args.nodes, args.max_models, concurrency=args.concurrency,
+                                 service_s=args.service_ms / 1000, rules=rules)
+    results = [run_load(trace, config, build_policy) for config in configs]
+    wall = time.perf_counter() - started
+    if args.json:
+        json.dump({"log": str(args.log), "requests": len(trace), "models": len(trace.models),
+                   "wall_seconds": round(wall, 3), "results": [r.as_dict() for r in results]}, sys.stdout, indent=1)
+        print()
+    else:
+        print(loadreport.table(results))
+    if not args.quiet:
+        print(f"{len(configs)} configurations of {len(trace)} requests for {len(trace.models)} models "
+              f"simulated under load in {wall:.1f} s", file=sys.stderr)
     return 0
 
 

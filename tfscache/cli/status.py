@@ -111,6 +111,7 @@ def render(doc: dict[str, Any]) -> str:
                          ago(doc["time"] - m["last_use"]), str(m["leases"])])
     lines += ["", f"model versions ({len(rows)})"]
     lines += _table(["NODE", "MODEL", "VERSION", "STATE", "SIZE", "LAST USE", "LEASES"], rows) if rows else ["  none"]
+    lines += _copies(doc)
     scale = doc.get("scale")
     if scale is not None:  # absent from a serve older than the scaling signal
         lines += ["", f"scale advice: {_ADVICE.get(scale['advice'], scale['advice'])}: {scale['reason']} "
@@ -125,6 +126,30 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["", f"hit ratio: {shown} ({hits} hit{'s' if hits != 1 else ''}, "
                   f"{misses} miss{'es' if misses != 1 else ''})"]
     return "\n".join(lines)
+
+
+def _copies(doc: dict[str, Any]) -> list[str]:
+    """Each resident model's copies: where it is resident here, and the extra copies routing uses."""
+    copies = doc.get("copies")
+    resident: dict[str, list[str]] = {}
+    for node in doc["nodes"]:
+        for m in node.get("models", []):
+            if m["state"] != "unloading" and node["name"] not in resident.setdefault(m["name"], []):
+                resident[m["name"]].append(node["name"])
+    extra = copies["models"] if copies is not None else {}
+    names = sorted({*resident, *extra})
+    if not names:
+        return []
+    title = (f"model copies (copies follow load: {copies['min']} to {copies['max'] or 'every node'} per model)"
+             if copies is not None else "model copies (fixed replicas)")
+    rows = [[name, str(len(extra.get(name, ())) or _ring_copies(doc)), ", ".join(extra.get(name, ())) or "-",
+             ", ".join(resident.get(name, ())) or "-"] for name in names]
+    return ["", title, *_table(["MODEL", "COPIES", "COPIES ON", "RESIDENT ON"], rows)]
+
+
+def _ring_copies(doc: dict[str, Any]) -> int:
+    """Copies of a model with no extra ones: the ring's replicas (the copies' minimum)."""
+    return int(doc.get("ring", {}).get("replicas", 1))
 
 
 def _parser() -> argparse.ArgumentParser:

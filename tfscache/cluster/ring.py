@@ -24,6 +24,7 @@ class Ring:
         self.vnodes = vnodes
         self._ring = HashRing(nodes={})
         self._cache: dict[str, tuple[str, ...]] = {}
+        self._orders: dict[tuple[str, int], tuple[str, ...]] = {}
         for node in nodes:
             self.add(node)
 
@@ -37,12 +38,14 @@ class Ring:
         if node not in self._ring.get_nodes():
             self._ring.add_node(node, {"vnodes": self.vnodes})
             self._cache.clear()
+            self._orders.clear()
 
     def remove(self, node: str) -> None:
         """Take a node off the ring (no-op when absent)."""
         if node in self._ring.get_nodes():
             self._ring.remove_node(node)
             self._cache.clear()
+            self._orders.clear()
 
     def replicas_for(self, name: str) -> tuple[str, ...]:
         """The first ``replicas`` distinct nodes clockwise from ``name``'s hash (fewer if the ring is small)."""
@@ -61,3 +64,19 @@ class Ring:
         """The model's home node (first replica), or None on an empty ring."""
         replicas = self.replicas_for(name)
         return replicas[0] if replicas else None
+
+    def order(self, name: str, count: int | None = None) -> tuple[str, ...]:
+        """The first ``count`` (default: every) distinct nodes clockwise from ``name``'s hash: where
+        its copies go, in order (``replicas_for`` is its first ``replicas``)."""
+        nodes = self._ring.get_nodes()
+        if not nodes:
+            return ()
+        size = len(nodes) if count is None else min(count, len(nodes))
+        if size <= self.replicas:
+            return self.replicas_for(name)[:size]
+        cached = self._orders.get((name, size))
+        if cached is None:
+            if len(self._orders) > 100_000:
+                self._orders.clear()
+            cached = self._orders[(name, size)] = tuple(conf["nodename"] for conf in self._ring.range(name, size=size))
+        return cached

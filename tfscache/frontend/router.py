@@ -53,7 +53,8 @@ class Router:
     """Picks backends for a RouteKey over the ring and forwards to them."""
 
     def __init__(self, ring: Ring, backends: dict, local: str | None = None, repository=None,
-                 wait_s: float = 600.0, metrics=None) -> None:
+                 wait_s: float = 600.0, metrics=None, spread=None) -> None:
+        self.spread = spread  # tfscache.cluster.spread.Spread: copies that follow load (None: fixed replicas)
         self.metrics = metrics  # tfscache.observe.metrics.Metrics: forwards to peers and retries counted per backend
         self.ring = ring
         self.backends = backends  # ring node name -> Backend (tfscache.frontend.backends)
@@ -90,6 +91,8 @@ class Router:
         if key is None:  # no model named: any healthy node reports TF Serving's error
             nodes = [b for b in self.backends.values() if b.healthy] or list(self.backends.values())
             return nodes[:1]
+        if self.spread is not None:
+            return self.spread.candidates(key, self.ring, self.backends, self.local)
         replicas = [self.backends[name] for name in self.ring.replicas_for(key.name)]
         if len(replicas) < 2:  # one replica: nothing to order
             if not replicas:
@@ -137,7 +140,10 @@ class Router:
             if self.metrics is not None and self.local is not None and backend.name != self.local:
                 self.metrics.forwarded(backend.name)  # sidecar mode: any backend but its own node is a peer
             try:
-                return await send(backend)
+                if self.spread is None or key is None:
+                    return await send(backend)
+                with self.spread.serving(key.name, backend.name):
+                    return await send(backend)
             except (errors.Unavailable, errors.Cancelled) as exc:
                 last = exc
                 tried.add(backend.name)

@@ -20,7 +20,8 @@ its backends (local nodes with their CacheManager, peer sidecars) and its ring.
                             "pinned": false}]},
                {"name": "b", "kind": "peer", "address": "10.0.0.2:8500", "healthy": true}],
      "scale": {"advice": 0, "reason": "0.2 unloads per minute per node > 0", "window_s": 300.0,
-               "unloads_per_minute": {"node0": 0.2}}}
+               "unloads_per_minute": {"node0": 0.2}},
+     "copies": {"min": 1, "max": 4, "models": {"a": ["node0", "node1"]}}}   # with copies on
 
 Per local node: ``resident_models`` and ``resident_bytes`` count the *available* versions
 only (before issue 10 they counted loading and unloading ones too, so a node capped at 3
@@ -34,6 +35,9 @@ likewise with the bytes.
 ``scale`` is the scaling signal over the local nodes (tfscache.observe.scale, docs/scaling.md):
 ``advice`` +1 more nodes, 0 hold, -1 fewer, with its ``reason``; each local node's capacity
 unloads per minute over the last ``window_s`` seconds (also in its entry, ``unloads_per_minute``).
+
+``copies`` (copies that follow load on, docs/copies.md): each model that has extra copies
+now, with every copy in ring order; every other model has its first ``min`` ring nodes.
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ def _node_views(topology: Topology) -> list[NodeView]:
     return [NodeView(b.name, b.cache, bool(b.healthy)) for b in topology.nodes()]
 
 
-def status_document(metrics: Metrics, topology: Topology, tier=None) -> dict[str, Any]:
+def status_document(metrics: Metrics, topology: Topology, tier=None, spread=None) -> dict[str, Any]:
     """What ``/status`` serves (see the module docstring)."""
     hits, misses = metrics.hit_counts()
     ring = topology.ring
@@ -89,6 +93,9 @@ def status_document(metrics: Metrics, topology: Topology, tier=None) -> dict[str
                           "unloads_per_minute": rates}}
     if tier is not None:  # a bucket's repository: {"url", "directory", "bytes", "cap_bytes", "versions", ...}
         document["disk_tier"] = tier.describe()
+    if spread is not None:  # copies that follow load (tfscache.cluster.spread)
+        document["copies"] = {"min": spread.rule.min_copies, "max": spread.rule.max_copies,
+                              "models": spread.counts()}
     return document
 
 
@@ -115,8 +122,9 @@ class ObserveServer(WebServer):
     what = "metrics and status"
 
     def __init__(self, metrics: Metrics, topology: Topology, *, bind_address: str, port: int,
-                 tier=None) -> None:
+                 tier=None, spread=None) -> None:
         super().__init__(bind_address, port)
+        self._spread = spread  # tfscache.cluster.spread.Spread when copies follow load, else None
         self.metrics = metrics
         self._topology = topology
         self._tier = tier  # tfscache.storage.tier.DiskTier of a bucket's repository, else None
@@ -132,4 +140,4 @@ class ObserveServer(WebServer):
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(status_document(self.metrics, self._topology, self._tier))
+        return web.json_response(status_document(self.metrics, self._topology, self._tier, self._spread))

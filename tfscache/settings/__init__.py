@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tfscache import tls
-from tfscache.settings.sections import (CacheSection, DiscoverySection, NodeSection, RingSection, ScaleSection,
-                               ServerSection, StorageSection, TlsSection, setting)
+from tfscache.settings.sections import (CacheSection, CopiesSection, DiscoverySection, NodeSection, RingSection,
+                                        ScaleSection, ServerSection, StorageSection, TlsSection, setting)
 from tfscache.units import parse_bytes
 
 REMOTE_SCHEMES = ("s3", "gs", "az")  # tfscache.storage.STORES' keys (that package imports obstore)
 _BUCKET = {"s3": "BUCKET", "gs": "BUCKET", "az": "CONTAINER"}
 
-__all__ = ["CacheSection", "DiscoverySection", "NodeSection", "RingSection", "ScaleSection", "ServerSection",
+__all__ = ["CacheSection", "CopiesSection", "DiscoverySection", "NodeSection", "RingSection", "ScaleSection", "ServerSection",
            "Settings", "SettingsError", "StorageSection", "TlsSection", "describe", "from_args", "load",
            "parse_bytes"]
 
@@ -53,6 +53,7 @@ class Settings:
                                     flag="--model-repository")
     cache: CacheSection = field(default_factory=CacheSection)
     ring: RingSection = field(default_factory=RingSection)
+    copies: CopiesSection = field(default_factory=CopiesSection)
     node: NodeSection = field(default_factory=NodeSection)
     server: ServerSection = field(default_factory=ServerSection)
     log_json: bool = setting(False, "log JSON objects, one per line, instead of text (--log-json)")
@@ -67,7 +68,7 @@ class Settings:
         return bool(self.node.node_address)
 
 
-_SECTIONS = ("cache", "ring", "node", "server", "discovery", "scale", "storage", "tls")
+_SECTIONS = ("cache", "ring", "copies", "node", "server", "discovery", "scale", "storage", "tls")
 
 
 def iter_fields(settings: Settings | None = None):

@@ -102,6 +102,31 @@ class RingSection:
 
 
 @dataclass
+class CopiesSection:
+    """Copies that follow load: extra copies of a busy model on the next ring nodes (docs/copies.md)."""
+
+    enabled: bool = setting(True, "give a busy model extra copies (ring.replicas_per_model is the minimum)",
+                             flag="--no-copies")
+    max_copies: int = setting(4, "most copies of one model (0: every node on the ring)", check=_at_least(0))
+    signal: str = setting("rate", "what a node's load is: rate (requests over rate_window_s, decayed) or "
+                           "inflight (requests in flight)",
+                           check=lambda v: None if v in ("rate", "inflight") else "must be rate or inflight")
+    balance: float = setting(0.1, "a node takes a request while its load is under (1 + balance) x the mean "
+                              "over the ring's nodes", check=_at_least(0))
+    min_load: float = setting(10.0, "a node with less load than this is never over its bound (requests per "
+                               "rate window, or in flight)", check=_at_least(0))
+    rate_window_s: float = setting(10.0, "rate signal: the time constant of the decayed request counts",
+                                    check=_at_least(0.001))
+    hot_share: float = setting(0.5, "rate signal: a model gains a copy only while its rate per copy is at least "
+                                "this share of a mean node's", check=_at_least(0))
+    hot_inflight: float = setting(2.0, "inflight signal: a model gains a copy only with at least this many of its "
+                                   "requests in flight per copy", check=_at_least(0))
+    cool_s: float = setting(600.0, "an extra copy that got no request for this long is dropped (and its "
+                             "node's cache unloads it once idle)", check=_at_least(0))
+    sweep_s: float = setting(5.0, "how often extra copies are checked for cooling down", check=_at_least(0.01))
+
+
+@dataclass
 class NodeSection:
     """The model-server nodes behind the front end."""
 

@@ -8,6 +8,8 @@ columns and keys are ignored):
     version       optional; empty, null or absent is its own "latest" version
     load_seconds  how long loading the model takes if this request misses (>= 0)
     bytes         the model's memory when resident (>= 0)
+    service_seconds  optional: the node time the request takes (``tfscache simulate --load``;
+                  absent or empty: ``--service-ms``)
 
 Requests are replayed in time order (a log merged from several front ends may be out
 of order; equal times keep their order in the file). Files ending in ``.gz`` are read
@@ -29,7 +31,7 @@ from pathlib import Path
 
 log = logging.getLogger("tfscache.sim.trace")
 
-FIELDS = ("time", "model", "version", "load_seconds", "bytes")
+FIELDS = ("time", "model", "version", "load_seconds", "bytes", "service_seconds")
 REQUIRED = ("time", "model", "load_seconds", "bytes")
 
 
@@ -47,6 +49,8 @@ class Trace:
     times: list[float] = field(default_factory=list)
     load_seconds: list[float] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
+    service: list[float] = field(default_factory=list)
+    """Node seconds per request from the log's ``service_seconds`` (-1: not given)."""
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -75,6 +79,7 @@ def _collect(rows: Iterator[tuple[int, dict]], path: Path) -> Trace:
     for line, row in rows:
         try:
             when, model, version, cost, size = _parse(row)
+            service = _service(row)
         except ValueError as e:
             raise TraceError(f"{path}:{line}: {e}") from None
         key = index.get((model, version))
@@ -85,10 +90,11 @@ def _collect(rows: Iterator[tuple[int, dict]], path: Path) -> Trace:
         trace.times.append(when)
         trace.load_seconds.append(cost)
         trace.sizes.append(size)
+        trace.service.append(service)
     if any(b < a for a, b in zip(trace.times, trace.times[1:])):
         log.info("%s is not in time order; replaying it sorted by time", path)
         order = sorted(range(len(trace)), key=trace.times.__getitem__)
-        for column in (trace.keys, trace.times, trace.load_seconds, trace.sizes):
+        for column in (trace.keys, trace.times, trace.load_seconds, trace.sizes, trace.service):
             column[:] = [column[i] for i in order]
     return trace
 
@@ -102,7 +108,7 @@ def _csv_rows(stream: io.TextIOBase, path: Path) -> Iterator[tuple[int, dict]]:
     missing = [name for name in REQUIRED if name not in columns]
     if missing:
         raise TraceError(f"{path}:1: the header row lacks {', '.join(missing)} "
-                         f"(expected columns: {', '.join(FIELDS)}; version is optional)")
+                         f"(expected columns: {', '.join(FIELDS)}; version and service_seconds are optional)")
     wanted = [(columns.index(name), name) for name in FIELDS if name in columns]
     for row in reader:
         line = reader.line_num
@@ -145,6 +151,16 @@ def _parse(row: dict) -> tuple[float, str, int | None, float, int]:
     if size < 0:
         raise ValueError(f"bytes must not be negative, got {row['bytes']!r}")
     return _time(row["time"]), model.strip(), version, cost, size
+
+
+def _service(row: dict) -> float:
+    value = row.get("service_seconds")
+    if value is None or value == "":
+        return -1.0
+    seconds = _number("service_seconds", value)
+    if seconds < 0:
+        raise ValueError(f"service_seconds must not be negative, got {value!r}")
+    return seconds
 
 
 def _number(name: str, value: object) -> float:

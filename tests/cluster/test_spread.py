@@ -1,0 +1,77 @@
+"""Spread's sweep against a cache stand-in (the real cache and nodes: tests/frontend/test_copies.py).
+
+The stand-in has only what the sweep calls of ``CacheManager`` (``snapshot`` and ``evict``,
+which refuses a leased or pinned model with FailedPrecondition, as the real one does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tfscache import errors
+from tfscache.cache.ledger import ResidentModel
+from tfscache.cluster.copies import CopyRule
+from tfscache.cluster.ring import Ring
+from tfscache.cluster.spread import Spread
+from tfscache.frontend.methods import RouteKey
+
+
+class FakeCache:
+    def __init__(self, models: list[ResidentModel]) -> None:
+        self.models = {m.name: m for m in models}
+        self.evicted: list[str] = []
+
+    def snapshot(self) -> list[ResidentModel]:
+        return list(self.models.values())
+
+    async def evict(self, name: str, version: int | None = None) -> list:
+        model = self.models[name]
+        if model.leases or model.pinned:
+            raise errors.FailedPrecondition(f"not evicting {name}")
+        del self.models[name]
+        self.evicted.append(name)
+        return [(name, model.version)]
+
+
+@dataclass
+class FakeNode:
+    name: str
+    cache: FakeCache
+    healthy: bool = True
+
+    def holds(self, key) -> bool:
+        return key.name in self.cache.models
+
+
+def resident(name: str, leases: int = 0, pinned: bool = False) -> ResidentModel:
+    return ResidentModel(name, 1, 100, True, leases, 0.0, "available", pinned)
+
+
+class Clock:
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def owned_by(ring: Ring, node: str, count: int) -> list[str]:
+    return [m for m in (f"m{i}" for i in range(200)) if ring.owner(m) == node][:count]
+
+
+async def test_the_sweep_unloads_idle_non_copies_on_ring_nodes_only():
+    ring = Ring(["a", "b"])
+    home_a = owned_by(ring, "a", 4)  # resident on b: none of b's copies
+    clock = Clock()
+    spread = Spread(CopyRule(cool_s=60), clock=clock)
+    b = FakeNode("b", FakeCache([resident(home_a[0]), resident(home_a[1], leases=1),
+                                 resident(home_a[2], pinned=True), resident(owned_by(ring, "b", 1)[0])]))
+    c = FakeNode("c", FakeCache([resident(home_a[3])]))  # a local node off the ring (not joined)
+    spread.watch(lambda: {"b": b, "c": c})
+    spread.candidates(RouteKey(home_a[0], None), ring, {"a": FakeNode("a", FakeCache([])), "b": b})
+    assert await spread.sweep() == []  # first seen now: idle for 0 s
+    clock.now = 59.0
+    assert await spread.sweep() == []
+    clock.now = 61.0
+    assert await spread.sweep() == [(home_a[0], "b")]  # the leased, the pinned and b's own model stay
+    assert b.cache.evicted == [home_a[0]] and c.cache.evicted == []
+    assert spread.unloaded == {"b": 1}
