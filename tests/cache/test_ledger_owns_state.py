@@ -37,14 +37,19 @@ def owned_fields(path: str, classes: tuple[str, ...]) -> set[str]:
         if not isinstance(node, ast.ClassDef) or node.name not in classes:
             continue
         for sub in ast.walk(node):
-            if isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__" for t in sub.targets):
+            if isinstance(sub, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__slots__"
+                                                   for t in sub.targets):
                 fields |= {e.value for e in sub.value.elts}
             targets = sub.targets if isinstance(sub, ast.Assign) else [sub.target] if isinstance(
                 sub, (ast.AnnAssign, ast.AugAssign)) else []
             for target in targets:
-                if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+                if isinstance(target, ast.Attribute) and _is_self(target.value):
                     fields.add(target.attr)
     return fields
+
+
+def _is_self(node: ast.expr) -> bool:
+    return isinstance(node, ast.Name) and node.id == "self"
 
 
 def owner_module(path: str) -> str:
@@ -75,7 +80,7 @@ def changed_fields(tree: ast.AST):
         if isinstance(node, ast.Subscript):
             node = node.value
         if isinstance(node, ast.Attribute):
-            return node.attr, isinstance(node.value, ast.Name) and node.value.id == "self"
+            return node.attr, _is_self(node.value)
         return None, False
 
     def flatten(targets):

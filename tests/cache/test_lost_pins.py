@@ -20,6 +20,8 @@ from support.node import start_node
 from tfscache import errors
 from tfscache.cache.events import CacheEvents
 from tfscache.cache.manager import CacheManager
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache.settings import CacheSection
 
 EMPTY = "model_config_list {}\n"
@@ -68,9 +70,10 @@ async def setup(tmp_path, repository):
     client = RecordingClient(node.target, rpc_deadline_s=10.0)
     events = Lost()
     state = tmp_path / "node.cache.json"
-    cache = CacheManager(client, repository, CacheSection(room_timeout_s=30.0, reload_deadline_s=60.0,
-                                                         health_retry_s=0.2),
-                         state_file=state, events=events)
+    # No pid: the node is replaced on purpose, and only the two paths under test may notice.
+    adapter = TFServingAdapter(client, repository, rpc_deadline_s=10.0, memory=NodeMemory(None))
+    settings = CacheSection(room_timeout_s=30.0, reload_deadline_s=60.0, health_retry_s=0.2)
+    cache = CacheManager(adapter, repository, settings, state_file=state, events=events)
     try:
         await cache.start()
         await cache.wait_synced(60)
