@@ -6,7 +6,7 @@ import copy
 
 import pytest
 
-from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Ledger, Pending
+from tfscache.cache.ledger import LOADING, READY, UNLOADING, Ledger
 from tfscache.cache.planner import Caps, plan
 from tfscache.cache.policy import make_policy
 
@@ -20,22 +20,29 @@ class Waiting:
 
 
 def ledger_with(resident: dict[str, int], *, leased=(), pinned=(), states=None) -> tuple[Ledger, object]:
-    """A ledger holding ``resident`` {name: bytes} (used in that order) and an LRU policy that saw them."""
-    ledger, policy = Ledger(), make_policy("lru")
+    """A ledger holding ``resident`` {name: bytes} (used in that order) and an LRU policy that saw them,
+    made through the ledger's own transitions (as the reloader makes them)."""
+    policy = make_policy("lru")
+    ledger = Ledger(policy)
     for t, (name, size) in enumerate(resident.items()):
-        key = (name, 1)
-        entry = ledger.entries[key] = Entry(key, (states or {}).get(name, READY), size, True, float(t))
-        policy.record_load(key, size, 1.0, float(t))
-        policy.record_access(key, float(t))
-        entry.leases = 1 if name in leased else 0
+        key, state, now = (name, 1), (states or {}).get(name, READY), float(t)
+        ledger.requested(key, Waiting(), size, size, now)
+        ledger.admitted(key, now)
+        if state != LOADING:
+            ledger.loaded(key, 1.0, now)
+            ledger.accessed(key, now)
+            if name in leased:
+                ledger.leased(key, now, now)
+            if state == UNLOADING:
+                ledger.retire(key)
         if name in pinned:
-            ledger.pinned.add(key)
+            ledger.pin(key)
     return ledger, policy
 
 
 def want(ledger: Ledger, name: str, size: int = 10, waiters: int = 1, first_seen: float = 100.0) -> None:
-    pending = ledger.pending[(name, 1)] = Pending((name, 1), size, size, first_seen)
-    pending.waiters.extend(Waiting() for _ in range(waiters))
+    for _ in range(waiters):
+        ledger.requested((name, 1), Waiting(), size, size, first_seen)
 
 
 def names(keys) -> list[str]:

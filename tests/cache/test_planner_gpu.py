@@ -19,7 +19,7 @@ def with_gpu(gpu: dict[str, int], **kwargs):
 
 def test_a_learned_gpu_size_makes_room_on_the_gpu():
     ledger, policy = with_gpu({"a": 6 * GiB, "b": 6 * GiB})
-    ledger.learned_gpu[("c", 1)] = 6 * GiB  # c loaded before: its size is known
+    ledger.learn_gpu(("c", 1), 6 * GiB)  # c loaded before: its size is known
     want(ledger, "c")
     decided = plan(ledger, Caps(max_models=10, gpu_bytes=16 * GiB), policy, 200.0)
     assert (names(decided.victims), names(decided.admit)) == (["a"], ["c"])  # 18 GiB > 16: the LRU one goes
@@ -28,7 +28,7 @@ def test_a_learned_gpu_size_makes_room_on_the_gpu():
 
 def test_without_a_gpu_cap_gpu_bytes_do_not_matter():
     ledger, policy = with_gpu({"a": 60 * GiB, "b": 60 * GiB})
-    ledger.learned_gpu[("c", 1)] = 60 * GiB
+    ledger.learn_gpu(("c", 1), 60 * GiB)
     want(ledger, "c")
     decided = plan(ledger, Caps(max_models=10), policy, 200.0)
     assert (decided.victims, names(decided.admit)) == ([], ["c"])
@@ -39,19 +39,18 @@ def test_a_model_never_loaded_counts_no_gpu_bytes_until_measured():
     want(ledger, "new")
     decided = plan(ledger, Caps(gpu_bytes=16 * GiB), policy, 200.0)
     assert (decided.victims, names(decided.admit)) == ([], ["new"])
-    entry = ledger.admit(("new", 1), 0.0)
+    entry = ledger.admitted(("new", 1), 0.0)
     assert entry.gpu == 0
     ledger.learn_gpu(("new", 1), 4 * GiB)  # measured once loaded: 20 GiB, over the cap
-    entry.state = "available"
-    policy.record_load(("new", 1), 10, 1.0, 250.0)  # as the reloader records a load and its request
-    policy.record_access(("new", 1), 250.0)
+    ledger.loaded(("new", 1), 1.0, 250.0)  # as the reloader records a load and its request
+    ledger.accessed(("new", 1), 250.0)
     decided = plan(ledger, Caps(gpu_bytes=16 * GiB), policy, 300.0)
     assert (names(decided.victims), decided.over_cap) == (["a"], False)  # rule 1: back under the cap
 
 
 def test_a_load_blocks_when_leased_models_hold_the_gpu_and_the_message_says_so():
     ledger, policy = with_gpu({"a": 8 * GiB, "b": 8 * GiB}, leased=("a", "b"))
-    ledger.learned_gpu[("c", 1)] = 1 * GiB
+    ledger.learn_gpu(("c", 1), 1 * GiB)
     want(ledger, "c")
     caps = Caps(gpu_bytes=16 * GiB)
     decided = plan(ledger, caps, policy, 200.0)
@@ -63,7 +62,7 @@ def test_a_load_blocks_when_leased_models_hold_the_gpu_and_the_message_says_so()
 
 def test_leaving_models_count_on_the_gpu_until_gone():
     ledger, policy = with_gpu({"a": 8 * GiB, "b": 8 * GiB}, states={"a": "unloading"})
-    ledger.learned_gpu[("c", 1)] = 8 * GiB
+    ledger.learn_gpu(("c", 1), 8 * GiB)
     want(ledger, "c")
     decided = plan(ledger, Caps(gpu_bytes=16 * GiB), policy, 200.0)
     assert (names(decided.victims), names(decided.admit)) == (["b"], ["c"])
@@ -71,7 +70,7 @@ def test_leaving_models_count_on_the_gpu_until_gone():
 
 def test_every_cap_must_fit():
     ledger, policy = with_gpu({"a": 1 * GiB, "b": 1 * GiB})
-    ledger.learned_gpu[("c", 1)] = 1 * GiB
+    ledger.learn_gpu(("c", 1), 1 * GiB)
     want(ledger, "c")
     decided = plan(ledger, Caps(max_models=2, gpu_bytes=16 * GiB), policy, 200.0)
     assert names(decided.victims) == ["a"]  # the GPU has room; the count cap does not

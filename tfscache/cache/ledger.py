@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import dataclass
 
 from tfscache import errors
+from tfscache.cache.policy import EvictionPolicy
 
 Key = tuple[str, int]
 
@@ -59,18 +60,34 @@ class Pending:
 
 
 class Ledger:
-    """Resident entries, pending loads, pins, recent load failures and learned sizes of one node."""
+    """Resident entries, pending loads, pins, recent load failures and learned sizes of one node.
 
-    def __init__(self) -> None:
+    The only owner of this state: every change is a method named for what happened, and no
+    other module assigns a field of the ledger, an ``Entry`` or a ``Pending``
+    (tests/test_import_graph.py checks). The policy, if given, is told here and nowhere
+    else: ``record_load`` when an entry turns READY (``loaded``, ``adopted``),
+    ``record_access`` when one is leased (``leased``, ``accessed``), ``forget`` when one stops
+    being resident (``retire``, ``lost``, ``reset``).
+
+    The lifecycle: ``requested`` (a cold version joins ``pending``) -> ``admitted`` (LOADING)
+    -> ``loaded`` (READY) or ``failed`` (gone, with a backoff) -> ``retire`` (UNLOADING) ->
+    ``unloaded`` (gone, its pin with it). ``lost``: the node no longer serves the version
+    (it restarted): the entry goes, its pin survives (the cache loads and pins it again).
+    """
+
+    def __init__(self, policy: EvictionPolicy | None = None) -> None:
         self.entries: dict[Key, Entry] = {}
         self.pending: dict[Key, Pending] = {}
-        self.pinned: set[Key] = set()
+        self.pinned: set[Key] = set()  # may name a version not in ``entries``: lost, being loaded again
         self.learned: dict[Key, int] = {}  # bytes measured on an earlier load, kept across evictions
         self.learned_gpu: dict[Key, int] = {}  # GPU bytes measured on an earlier load, likewise
         self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
+        self._policy = policy
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    # -- reads -----------------------------------------------------------------------------
 
     def use_of(self, key: Key) -> str | None:
         """What the node does with that version's files: ``LOADING`` (admitted: being downloaded or
@@ -91,13 +108,6 @@ class Ledger:
     def gpu_estimate(self, key: Key) -> int:
         """GPU bytes ``key`` will take: learned on an earlier load, else 0 (unknown until it loads once)."""
         return self.learned_gpu.get(key, 0)
-
-    def learn_gpu(self, key: Key, size: int) -> None:
-        """``key``'s load grew its node's GPU memory by ``size`` bytes (tfscache.cache.planner.share_growth)."""
-        self.learned_gpu[key] = size
-        entry = self.entries.get(key)
-        if entry is not None:
-            entry.gpu = size
 
     def typical_size(self) -> int:
         """The median of the sizes learned on this node (0 before any): a floor for a model whose
@@ -123,30 +133,6 @@ class Ledger:
         return sorted((p for p in self.pending.values() if p.key not in self.entries),
                       key=lambda p: (-len(p.live()), p.first_seen))
 
-    def drop_abandoned(self) -> None:
-        """Forget pending loads whose callers all gave up."""
-        for key, pending in list(self.pending.items()):
-            if not pending.live():
-                del self.pending[key]
-
-    def admit(self, key: Key, now_wall: float) -> Entry:
-        """Turn pending ``key`` into a LOADING entry that takes over its waiters."""
-        pending = self.pending.pop(key)
-        entry = Entry(key, LOADING, pending.estimate, key in self.learned, now_wall, disk=pending.disk)
-        entry.waiters = pending.live()
-        entry.gpu = self.gpu_estimate(key)
-        self.entries[key] = entry
-        return entry
-
-    def remove(self, key: Key) -> Entry | None:
-        """The entry leaves the ledger (gone from the node); its pin goes with it."""
-        self.pinned.discard(key)
-        return self.entries.pop(key, None)
-
-    def record_failure(self, key: Key, until: float, error: errors.TfscacheError) -> None:
-        """``key``'s load failed: requests get ``error`` until monotonic time ``until``."""
-        self._failed[key] = (until, error)
-
     def failure(self, key: Key, now: float) -> errors.TfscacheError | None:
         """The recorded failure of ``key`` while it lasts (an expired one is forgotten)."""
         failed = self._failed.get(key)
@@ -156,6 +142,171 @@ class Ledger:
             return failed[1]
         del self._failed[key]
         return None
+
+    # -- requests and leases ---------------------------------------------------------------
+
+    def requested(self, key: Key, waiter, estimate: int = 0, disk: int = 0, now: float = 0.0) -> bool:
+        """A request waits for cold ``key``: it joins the load in flight (a LOADING entry), or the
+        pending load of ``key``, made with ``estimate``/``disk`` bytes at monotonic ``now`` if none.
+        True when it joined a pending load (the reloader has work)."""
+        entry = self.entries.get(key)
+        if entry is not None and entry.state == LOADING:
+            entry.waiters.append(waiter)
+            return False
+        pending = self.pending.get(key)
+        if pending is None:
+            pending = self.pending[key] = Pending(key, estimate, disk, now)
+        pending.waiters.append(waiter)
+        return True
+
+    def leased(self, key: Key, now_wall: float, now: float) -> Entry:
+        """A request takes a lease on READY ``key`` (wall-clock ``now_wall``, monotonic ``now``)."""
+        entry = self.entries[key]
+        entry.leases += 1
+        entry.last_use = now_wall
+        self.accessed(key, now)
+        return entry
+
+    def accessed(self, key: Key, now: float) -> None:
+        """A request used resident ``key`` (the simulator's hits take no lease)."""
+        if self._policy is not None:
+            self._policy.record_access(key, now)
+
+    def released(self, key: Key) -> Entry | None:
+        """A lease on ``key`` ended; the entry, or None if it is gone."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            entry.leases -= 1
+        return entry
+
+    def pin(self, key: Key) -> None:
+        """Never choose ``key`` as a victim (an admin pin)."""
+        self.pinned.add(key)
+
+    def unpin(self, keys) -> None:
+        self.pinned.difference_update(keys)
+
+    # -- what the reloader decided or the node did ---------------------------------------
+
+    def blocked(self, key: Key, now: float) -> None:
+        """Pending ``key`` waits for room under the caps (since monotonic ``now``, if not already)."""
+        pending = self.pending[key]
+        if pending.blocked_since is None:
+            pending.blocked_since = now
+
+    def gave_up(self, key: Key) -> Pending:
+        """Pending ``key`` waited too long for room: it leaves, with its waiters (to be failed)."""
+        return self.pending.pop(key)
+
+    def drop_abandoned(self) -> None:
+        """Forget pending loads whose callers all gave up."""
+        for key, pending in list(self.pending.items()):
+            if not pending.live():
+                del self.pending[key]
+
+    def admitted(self, key: Key, now_wall: float) -> Entry:
+        """Turn pending ``key`` into a LOADING entry that takes over its waiters."""
+        pending = self.pending.pop(key)
+        entry = Entry(key, LOADING, pending.estimate, key in self.learned, now_wall, disk=pending.disk)
+        entry.waiters = pending.live()
+        entry.gpu = self.gpu_estimate(key)
+        self.entries[key] = entry
+        return entry
+
+    def measured(self, key: Key, size: int) -> None:
+        """``key`` takes ``size`` bytes, measured across its load; remembered across evictions."""
+        entry = self.entries[key]
+        entry.bytes = size
+        entry.measured = True
+        self.learned[key] = size
+
+    def learn(self, key: Key, size: int) -> None:
+        """``key`` took ``size`` bytes on an earlier load (the state file remembers it)."""
+        self.learned[key] = size
+
+    def learn_gpu(self, key: Key, size: int) -> None:
+        """``key``'s load grew its node's GPU memory by ``size`` bytes (tfscache.cache.planner.share_growth)."""
+        self.learned_gpu[key] = size
+        entry = self.entries.get(key)
+        if entry is not None:
+            entry.gpu = size
+
+    def loaded(self, key: Key, load_s: float, now: float) -> list[asyncio.Future]:
+        """``key`` is AVAILABLE after ``load_s`` s; its waiters, taken from it (each gets a lease)."""
+        entry = self.entries[key]
+        entry.state = READY
+        if self._policy is not None:
+            self._policy.record_load(key, entry.bytes, load_s, now)
+        waiters, entry.waiters = entry.waiters, []
+        return waiters
+
+    def failed(self, key: Key, error: errors.TfscacheError, until: float | None) -> list[asyncio.Future]:
+        """Loading ``key`` failed: it leaves, and requests get ``error`` until monotonic ``until``
+        (None: no backoff). Its waiters, taken from it (to be failed)."""
+        entry = self.entries.pop(key, None)
+        if until is not None:
+            self._failed[key] = (until, error)
+        return _take_waiters(entry)
+
+    def adopted(self, key: Key, size: int, measured: bool, last_use: float, now: float, pinned: bool) -> None:
+        """The node still serves ``key`` from before a restart (the state file): READY again."""
+        self.entries[key] = Entry(key, READY, size, measured, last_use)
+        if self._policy is not None:
+            self._policy.record_load(key, size, 0.0, now)
+        if pinned:
+            self.pinned.add(key)
+
+    def retire(self, key: Key) -> list[asyncio.Future]:
+        """``key`` leaves the node's config (evicted: capacity, admin, drain, vanished): UNLOADING,
+        counted until ``unloaded``. Its waiters, taken from it (to be failed)."""
+        entry = self.entries[key]
+        self._forget(entry)
+        entry.state = UNLOADING
+        return _take_waiters(entry)
+
+    def unloaded(self, key: Key) -> Entry | None:
+        """The node reported ``key`` gone after it was retired; its pin goes with it."""
+        self.pinned.discard(key)
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self._forget(entry)
+        return entry
+
+    def lost(self, key: Key) -> Entry | None:
+        """The node no longer serves ``key`` (it restarted, or a load's outcome is unknown after it
+        failed): the entry leaves, but its pin SURVIVES, so the cache loads and pins it again
+        (the reloader's ``lost``; docs/state.md). Both recovery paths, ``recover`` and
+        ``resync``, come here."""
+        entry = self.entries.pop(key, None)
+        if entry is not None:
+            self._forget(entry)
+        return entry
+
+    def reset(self) -> None:
+        """Forget every entry and pin (start-up re-adoption starting over)."""
+        for entry in self.entries.values():
+            self._forget(entry)
+        self.entries.clear()
+        self.pinned.clear()
+
+    def take_waiters(self) -> list[asyncio.Future]:
+        """Every waiting caller (pending loads dropped): the node is down or the cache stopped."""
+        waiters = [w for p in self.pending.values() for w in p.waiters]
+        self.pending.clear()
+        for entry in self.entries.values():
+            waiters += _take_waiters(entry)
+        return waiters
+
+    def _forget(self, entry: Entry) -> None:
+        if self._policy is not None and entry.state != UNLOADING:  # a retired one was forgotten then
+            self._policy.forget(entry.key)
+
+
+def _take_waiters(entry: Entry | None) -> list[asyncio.Future]:
+    if entry is None:
+        return []
+    waiters, entry.waiters = entry.waiters, []
+    return waiters
 
 
 @dataclass(frozen=True)

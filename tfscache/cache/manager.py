@@ -23,11 +23,11 @@ from tfscache import errors
 from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.events import CacheEvents
 from tfscache.cache.lease import Lease
-from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger, Pending, QueuedLoad, ResidentModel
+from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger, QueuedLoad, ResidentModel
 from tfscache.cache.planner import Caps
 from tfscache.cache.policy import EvictionPolicy, make_policy
 from tfscache.cache.reloader import Reloader
-from tfscache.cache.signals import Signals, copy_error
+from tfscache.cache.signals import Services, Signals, copy_error
 from tfscache.cache.state import CacheState, StateWriter, ledger_state, load_state
 from tfscache.repository.local import ModelRepository, check_name
 from tfscache.settings import CacheSection
@@ -51,13 +51,12 @@ class CacheManager:
         self.policy = policy or make_policy(settings.policy, settings)
         self.policy.set_caps(settings.max_models_per_node, settings.memory_per_node)
         self.state_file = state_file
-        self.ledger = Ledger()
+        self.ledger = Ledger(self.policy)  # the policy hears of each transition from the ledger
         self._writer: StateWriter | None = StateWriter(self.state_file)  # coalesced, in a worker thread
-        self._signals = Signals(self._lease, self._save, self.pin)
+        self._signals = Signals(Services(self._lease, self._save, self.pin))
         self.adapter = adapter
         self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository, self._signals,
-                                  settings, self.events)
-        self._reloader.gpu = gpu
+                                  settings, self.events, gpu)
         self._task: asyncio.Task | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -76,7 +75,7 @@ class CacheManager:
         what the node serves beyond the adopted models is sent by the reloader's first step.
         """
         state = await asyncio.to_thread(load_state, self.state_file)
-        self._signals.reason = f"starting: waiting for node {self.target} to answer"
+        self._signals.starting_because(f"starting: waiting for node {self.target} to answer")
         self._task = asyncio.create_task(self._reloader.run(state), name=f"tfscache-cache-{self.target}")
 
     async def wait_ready(self, timeout: float | None) -> bool:
@@ -86,7 +85,7 @@ class CacheManager:
             return False
         try:
             async with asyncio.timeout(timeout):
-                await sig.ready.wait()
+                await sig.wait_ready()
         except TimeoutError:
             pass
         return sig.healthy and not sig.closed
@@ -94,16 +93,13 @@ class CacheManager:
     async def wait_synced(self, timeout: float | None = None) -> None:
         """Wait until the node has been sent this cache's wanted set since start-up (it cleared the rest)."""
         async with asyncio.timeout(timeout):
-            await self._signals.synced.wait()
+            await self._signals.wait_synced()
 
     async def stop(self) -> None:
         """Stop loading; waiters get UNAVAILABLE. The node keeps serving; the NodeClient stays open."""
         sig = self._signals
-        sig.closed = True
-        sig.set_health(False, "its cache manager stopped")
-        sig.ready.set()  # wake ``wait_ready`` callers: they see it closed
-        for task in sig.repins:
-            task.cancel()
+        sig.close("its cache manager stopped")  # ``wait_ready`` callers wake and see it closed
+        self._reloader.lost_pins.cancel()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -159,10 +155,7 @@ class CacheManager:
         (TF Serving restarted behind a sidecar). The reloader checks each resident model and, if
         the node lost any, sends them again and waits for them; this returns once that is done.
         Concurrent callers share one check, so a restart costs one reload."""
-        fut = asyncio.get_running_loop().create_future()
-        self._signals.resync.append(fut)
-        self._signals.wake.set()
-        await fut
+        await self._signals.request_recheck()
 
     def is_resident(self, name: str, version: int | None = None) -> bool:
         """Whether that version is AVAILABLE here (cheap, no file access; for routing to a replica)."""
@@ -210,7 +203,7 @@ class CacheManager:
     async def pin(self, name: str, version: int | None = None, timeout: float | None = None) -> ResidentModel:
         """Load if needed and keep resident: the policy never chooses a pinned version as a victim."""
         lease = await self.acquire(name, version, timeout)
-        self.ledger.pinned.add((lease.name, lease.version))
+        self.ledger.pin((lease.name, lease.version))
         lease.release()
         self._save()
         return self._resident((lease.name, lease.version))
@@ -220,9 +213,10 @@ class CacheManager:
         keys = sorted(k for k in self.ledger.pinned if k[0] == name and version in (None, k[1]))
         if not keys:
             raise errors.NotFound(f"model {name}{_version(version)} is not pinned on node {self.target}")
-        self.ledger.pinned.difference_update(keys)
+        self.ledger.unpin(keys)
+        self._reloader.lost_pins.unpinned(keys)
         self._save()
-        self._signals.wake.set()  # a load may have been waiting for the room the pin held
+        self._signals.wake()  # a load may have been waiting for the room the pin held
         return keys
 
     async def evict(self, name: str, version: int | None = None) -> list[Key]:
@@ -241,25 +235,16 @@ class CacheManager:
                     if e.leases else "is loading" if e.state == LOADING else "is pinned (unpin it first)")
                 for e in busy))
         futures = []
-        sig = self._signals
         for key in keys:
-            entries[key].state = UNLOADING
-            self.policy.forget(key)
-            sig.evict_queue.append(key)
-            futures.append(asyncio.get_running_loop().create_future())
-            sig.unload_waiters.setdefault(key, []).append(futures[-1])
-        sig.wake.set()
+            self.ledger.retire(key)
+            futures.append(self._signals.request_evict(key))
+        self._signals.wake()
         await asyncio.gather(*futures)
         return sorted(keys)
 
     async def drain(self) -> None:
         """Refuse new acquires, let leases and queued loads finish, then unload every model."""
-        sig = self._signals
-        sig.draining = True
-        fut = asyncio.get_running_loop().create_future()
-        sig.drained.append(fut)
-        sig.wake.set()
-        await fut
+        await self._signals.request_drain()
 
     # -- internals -----------------------------------------------------------------------
 
@@ -273,19 +258,16 @@ class CacheManager:
                              e.key in self.ledger.pinned)
 
     def _lease(self, entry: Entry) -> Lease:
-        entry.leases += 1
-        entry.last_use = time.time()
-        self.policy.record_access(entry.key, time.monotonic())
+        self.ledger.leased(entry.key, time.time(), time.monotonic())
         return Lease(self._release, entry.key)
 
     def _release(self, key: Key) -> None:
-        entry = self.ledger.entries.get(key)
+        entry = self.ledger.released(key)
         if entry is None:
             return
-        entry.leases -= 1
         sig = self._signals
         if entry.leases == 0 and (self.ledger.pending or sig.draining or sig.over_cap):
-            sig.wake.set()  # a load may be waiting for room, or the caps for a victim
+            sig.wake()  # a load may be waiting for room, or the caps for a victim
 
     def _resolve(self, name: str, version: int | None) -> tuple[object, tuple[int, int] | Exception | None]:
         """In a worker thread: the version to load (lists the model's directory) and, unless it is
@@ -316,14 +298,8 @@ class CacheManager:
         fut = asyncio.get_running_loop().create_future()
         if entry is not None and entry.state == READY:
             fut.set_result(self._lease(entry))
-        elif entry is not None and entry.state == LOADING:
-            entry.waiters.append(fut)
-        else:
-            pending = self.ledger.pending.get(key)
-            if pending is None:
-                pending = self.ledger.pending[key] = Pending(key, estimate, disk, time.monotonic())
-            pending.waiters.append(fut)
-            self._signals.wake.set()
+        elif self.ledger.requested(key, fut, estimate, disk, time.monotonic()):
+            self._signals.wake()
         return fut
 
     def _check_loadable(self, key: Key) -> None:
@@ -363,7 +339,7 @@ class CacheManager:
             self._writer.schedule(self._state)
 
     def _state(self) -> CacheState:
-        return ledger_state(self.target, self.ledger, self._signals.lost_pins)
+        return ledger_state(self.target, self.ledger, self._reloader.lost_pins.saved())
 
 
 def _version(version: int | None) -> str:

@@ -6,6 +6,11 @@ still serves; the reloader's first step then sends the wanted set, which clears 
 else waits for it). ``recover`` brings an unhealthy node back: it waits for the channel to
 connect, sends the wanted set again and drops what the node no longer serves. Both take
 the node's ``Reloader`` (``tfscache.cache.reloader``) and act through it.
+
+A model the node lost goes one way whichever path finds it (``recover`` here, or the
+reloader's ``resync`` after a ``recheck``): ``Reloader.lost``, which calls ``Ledger.lost``.
+Its pin survives: ``LostPins`` loads and pins it again, and the state file keeps it pinned
+meanwhile (docs/state.md).
 """
 
 from __future__ import annotations
@@ -13,12 +18,54 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from dataclasses import replace
 
 from tfscache import errors
-from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry
+from tfscache.cache.ledger import LOADING, UNLOADING, Key
 from tfscache.cache.state import CacheState, SavedVersion, parse_learned_key
 
 log = logging.getLogger("tfscache.cache")
+
+
+class LostPins:
+    """Pinned versions the node lost, being loaded and pinned again.
+
+    A pin survives a lost model (``Ledger.lost``): the version stays in ``Ledger.pinned`` and
+    here, so the state file keeps it pinned (a crash meanwhile loses no pin), until ``repin``
+    has loaded and pinned it again, or its load failed (the pin then goes; the log says so).
+    """
+
+    def __init__(self) -> None:
+        self._saved: dict[Key, SavedVersion] = {}
+        self._tasks: dict[Key, asyncio.Task] = {}
+
+    def saved(self) -> dict[Key, SavedVersion]:
+        """Key -> what the state file keeps of each (pinned)."""
+        return dict(self._saved)
+
+    def add(self, saved: SavedVersion) -> None:
+        """Load and pin ``saved`` again once the node is healthy (``start``)."""
+        self._saved[(saved.name, saved.version)] = replace(saved, pinned=True)
+
+    def start(self, reloader) -> None:
+        """Start loading and pinning again every added version not already being loaded."""
+        for key, saved in self._saved.items():
+            if key not in self._tasks:
+                self._tasks[key] = asyncio.create_task(repin(reloader, saved), name=f"repin {key[0]}:{key[1]}")
+
+    def unpinned(self, keys) -> None:
+        """An admin unpinned ``keys``: not to be pinned again once loaded."""
+        for key in keys:
+            self._saved.pop(key, None)
+
+    def finish(self, key: Key) -> bool:
+        """``key``'s repin ended; whether it is still wanted pinned (no unpin came meanwhile)."""
+        self._tasks.pop(key, None)
+        return self._saved.pop(key, None) is not None
+
+    def cancel(self) -> None:
+        for task in self._tasks.values():
+            task.cancel()
 
 
 async def startup(reloader, state: CacheState) -> None:
@@ -38,22 +85,21 @@ async def startup(reloader, state: CacheState) -> None:
             failures += 1
             if await reloader.adapter.wait_ready(retry_s):
                 await asyncio.sleep(min(retry_s, 0.05 * 2**failures))  # it answers, but fails: back off
-    sig = reloader.signals
-    sig.starting = False
-    sig.set_health(True)
-    sig.lost_pins = {(p.name, p.version): p for p in lost_pins}  # kept in the state file until pinned again
-    sig.repins = {asyncio.create_task(repin(reloader, saved)) for saved in lost_pins}
+    reloader.signals.started()
+    for saved in lost_pins:  # kept in the state file until pinned again
+        reloader.lost_pins.add(saved)
+    reloader.lost_pins.start(reloader)
 
 
 async def adopt(reloader, state: CacheState) -> list[SavedVersion]:
-    """Keep the saved models the node still serves; the pinned ones it lost, to load and pin again."""
+    """Keep the saved models the node still serves; the pinned ones it lost, to load and pin again
+    (their pins survive: ``Ledger.lost``)."""
     ledger, s = reloader.ledger, reloader.settings
     for text, size in state.learned.items():
-        ledger.learned[parse_learned_key(text)] = size
+        ledger.learn(parse_learned_key(text), size)
     now = time.monotonic()
     lost_pins = []
-    ledger.entries.clear()  # a retry after the node stopped answering midway starts over
-    ledger.pinned.clear()
+    ledger.reset()  # a retry after the node stopped answering midway starts over
     for saved in sorted(state.models, key=lambda m: m.last_use):
         key = (saved.name, saved.version)
         try:
@@ -63,40 +109,46 @@ async def adopt(reloader, state: CacheState) -> list[SavedVersion]:
         if on_disk is None:
             continue
         if await reloader.adapter.available(key, s.rpc_deadline_s):
-            ledger.entries[key] = Entry(key, READY, saved.bytes, saved.measured, saved.last_use)
-            reloader.policy.record_load(key, saved.bytes, 0.0, now)
-            if saved.pinned:
-                ledger.pinned.add(key)
+            ledger.adopted(key, saved.bytes, saved.measured, saved.last_use, now, saved.pinned)
         elif saved.pinned:
+            ledger.pin(key)
             lost_pins.append(saved)
-    log.info("node %s: adopted %d models (%d pinned)", reloader.node, len(ledger.entries), len(ledger.pinned))
-    reloader.signals.config_stale = True
-    reloader.signals.wake.set()  # the first step sends the wanted set (and evicts down to shrunk caps)
-    reloader.signals.save()
+    log.info("node %s: adopted %d models (%d pinned)", reloader.node, len(ledger.entries),
+             sum(key in ledger.pinned for key in ledger.entries))
+    reloader.signals.mark_config_stale()
+    reloader.signals.wake()  # the first step sends the wanted set (and evicts down to shrunk caps)
+    reloader.signals.services.save()
     return lost_pins
 
 
 async def repin(reloader, saved: SavedVersion) -> None:
-    """Load and pin again a version that was pinned when the state was saved but the node lost.
+    """Load and pin again a version that was pinned but the node lost (at start-up: since the state
+    was saved; later: ``recover`` or ``resync`` found it gone).
 
     Until it is pinned again it stays in the state file as pinned, so a crash meanwhile loses
-    no pin; a load that fails drops it (the log says so).
+    no pin; a load that fails drops the pin (the log says so).
     """
     key = (saved.name, saved.version)
+    services = reloader.signals.services
     try:
-        await reloader.signals.pin(*key)
+        await services.pin(*key)
     except errors.TfscacheError as e:
-        reloader.signals.lost_pins.pop(key, None)
+        reloader.lost_pins.finish(key)
+        reloader.ledger.unpin([key])
+        services.save()
         log.warning("node %s: model %s version %s was pinned but the node lost it; loading it again failed "
                     "(%s: %s): pin it again", reloader.node, key[0], key[1], e.grpc_code.name, e.message)
     else:
-        reloader.signals.lost_pins.pop(key, None)
+        if not reloader.lost_pins.finish(key):  # unpinned while it was being loaded again
+            reloader.ledger.unpin([key])
+        services.save()
         log.info("node %s: model %s version %s loaded and pinned again (the node had lost it)",
                  reloader.node, key[0], key[1])
 
 
 async def recover(reloader, failures: int) -> bool:
-    """Retry the node; keep what it still serves, drop what it does not. Whether it is healthy again."""
+    """Retry the node; keep what it still serves; what it lost goes (``Reloader.lost``: pins
+    survive and are loaded again). Whether it is healthy again."""
     s, ledger, sig = reloader.settings, reloader.ledger, reloader.signals
     if failures:  # it answered but failed: back off, up to health_retry_s
         await asyncio.sleep(min(s.health_retry_s, 0.05 * 2**failures))
@@ -104,30 +156,24 @@ async def recover(reloader, failures: int) -> bool:
         return False
     for key, entry in list(ledger.entries.items()):
         if entry.state == LOADING:  # its outcome is unknown: leave it out
-            del ledger.entries[key]
-            reloader.policy.forget(key)
+            ledger.lost(key)
     try:
         await reloader.adapter.sync(reloader.wanted(), s.rpc_deadline_s)
+        sig.config_sent()  # (``Reloader.lost`` marks it stale again: the lost ones are to go)
         for key, entry in list(ledger.entries.items()):
             if entry.state == UNLOADING:
                 if await reloader.adapter.available(key, s.rpc_deadline_s):
                     continue
-                del ledger.entries[key]
+                ledger.unloaded(key)
             elif not await reloader.adapter.available(key, s.rpc_deadline_s):
-                reloader.evicted(key, "node_lost")
-                del ledger.entries[key]
-                reloader.policy.forget(key)
+                reloader.lost(key)
     except errors.TfscacheError as e:
         log.warning("node %s still unhealthy: %s: %s", reloader.node, e.grpc_code.name, e.message)
         return False
     log.info("node %s is healthy again; %d models resident", reloader.node, len(ledger.entries))
-    sig.config_stale = False
-    sig.synced.set()
     sig.set_health(True)
-    sig.save()
-    sig.wake.set()
-    for fut in sig.resync:  # the node has its wanted set again
-        if not fut.done():
-            fut.set_result(None)
-    sig.resync = []
+    sig.services.save()
+    sig.wake()
+    sig.rechecked()  # the node has its wanted set again
+    reloader.lost_pins.start(reloader)
     return True

@@ -20,9 +20,9 @@ from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger
 from tfscache.cache.planner import Caps, plan, room_message, share_growth
 from tfscache.cache.policy import EvictionPolicy
-from tfscache.cache.recovery import recover, startup
-from tfscache.cache.signals import Signals, fail
-from tfscache.cache.state import CacheState
+from tfscache.cache.recovery import LostPins, recover, startup
+from tfscache.cache.signals import Signals, done, fail
+from tfscache.cache.state import CacheState, SavedVersion
 from tfscache.repository.local import ModelRepository, not_found
 
 log = logging.getLogger("tfscache.cache")
@@ -32,7 +32,7 @@ class Reloader:
     """Carries out the planner's decisions against one node."""
 
     def __init__(self, adapter: NodeAdapter, ledger: Ledger, policy: EvictionPolicy, caps: Caps,
-                 repository: ModelRepository, signals: Signals, settings, events) -> None:
+                 repository: ModelRepository, signals: Signals, settings, events, gpu=None) -> None:
         self.adapter = adapter
         self.node = adapter.target
         self.ledger = ledger
@@ -42,7 +42,8 @@ class Reloader:
         self.signals = signals
         self.settings = settings
         self.events = events
-        self.gpu = None  # tfscache.kinds.gpumem.NodeGpuMemory when a GPU cap is in force: sizes learned per load
+        self.gpu = gpu  # tfscache.kinds.gpumem.NodeGpuMemory when a GPU cap is in force: sizes learned per load
+        self.lost_pins = LostPins()
 
     def memory_now(self) -> tuple[int | None, int | None]:
         """In a worker thread: the node's host memory and (with a GPU cap) its GPU memory now."""
@@ -57,9 +58,8 @@ class Reloader:
         sig, ledger = self.signals, self.ledger
         if sig.config_stale and not await self.send(self.settings.reload_deadline_s, "re-adopting"):
             return
-        sig.config_stale = False
-        sig.synced.set()
-        if sig.resync and not await self.resync():
+        sig.config_sent()
+        if sig.recheck_asked and not await self.resync():
             return
         keys = [k for k, e in ledger.entries.items() if e.state != UNLOADING]
         gone, replaced = await asyncio.to_thread(self.look, keys)  # one trip off the loop for both
@@ -71,16 +71,13 @@ class Reloader:
         now = time.monotonic()
         leaving = self.drop_vanished(gone) + self.take_evictions()
         decided = plan(ledger, self.caps, self.policy, now)
-        sig.over_cap = decided.over_cap  # the next release wakes the reloader
+        sig.set_over_cap(decided.over_cap)  # the next release wakes the reloader
         for key in decided.blocked:
-            pending = ledger.pending[key]
-            if pending.blocked_since is None:
-                pending.blocked_since = now
+            ledger.blocked(key, now)
         batch = [self.admit(key) for key in decided.admit]
         for key in decided.victims:  # no await since the plan: no lease was taken on them meanwhile
-            ledger.entries[key].state = UNLOADING
-            self.policy.forget(key)
             self.evicted(key, "capacity")
+            ledger.retire(key)
         self.expire_room_waits(now)
         leaving += decided.victims
         if leaving and not await self.unload(leaving):
@@ -88,18 +85,15 @@ class Reloader:
         if batch:
             await self.load(batch)
         if leaving or batch:
-            sig.wake.set()  # progress was made: whatever still waits may fit now
+            sig.wake()  # progress was made: whatever still waits may fit now
         if sig.draining and not ledger.entries and not ledger.pending:
-            drained, sig.drained = sig.drained, []
-            for fut in drained:
-                if not fut.done():
-                    fut.set_result(None)
+            sig.drained()
 
     def admit(self, key: Key) -> Entry:
         pending = self.ledger.pending[key]
         if pending.blocked_since is not None:
             self.events.room_waited(key, time.monotonic() - pending.blocked_since)
-        return self.ledger.admit(key, time.time())
+        return self.ledger.admitted(key, time.time())
 
     def evicted(self, key: Key, reason: str) -> None:
         """The one log line and event of an eviction (the unload's line follows once the node confirms)."""
@@ -115,7 +109,7 @@ class Reloader:
         timeout = self.settings.room_timeout_s
         for key, pending in list(self.ledger.pending.items()):
             if pending.blocked_since is not None and now - pending.blocked_since >= timeout:
-                del self.ledger.pending[key]
+                self.ledger.gave_up(key)
                 message = room_message(self.ledger, self.caps, pending, self.node, timeout)
                 log.warning("%s", message)
                 self.events.room_waited(key, now - pending.blocked_since)
@@ -130,12 +124,11 @@ class Reloader:
     def take_evictions(self) -> list[Key]:
         """Versions ``evict`` marked UNLOADING, and while draining every idle one (pinned or not)."""
         sig, entries = self.signals, self.ledger.entries
-        keys, sig.evict_queue = sig.evict_queue, []
+        keys = sig.take_evictions()
         if sig.draining:
-            for key, entry in entries.items():
+            for key, entry in list(entries.items()):
                 if entry.state == READY and entry.leases == 0:
-                    entry.state = UNLOADING
-                    self.policy.forget(key)
+                    self.ledger.retire(key)
                     keys.append(key)
             if keys:
                 log.info("node %s draining: unloading %s", self.node, names(keys))
@@ -153,14 +146,10 @@ class Reloader:
         """Entries whose version directory is gone: they leave the node, their waiters get NOT_FOUND."""
         gone = [k for k in gone_on_disk if k in self.ledger.entries and self.ledger.entries[k].state != UNLOADING]
         for key in gone:
-            entry = self.ledger.entries[key]
             log.warning("model %s version %s vanished from the repository; removing it from node %s",
                         key[0], key[1], self.node)
             self.evicted(key, "vanished")
-            entry.state = UNLOADING
-            self.policy.forget(key)
-            fail(entry.waiters, not_found(*key))
-            entry.waiters = []
+            fail(self.ledger.retire(key), not_found(*key))
         return gone
 
     async def unload(self, leaving: list[Key]) -> bool:
@@ -173,11 +162,9 @@ class Reloader:
             return False
         finally:
             for key in leaving:
-                self.ledger.remove(key)
-                for fut in self.signals.unload_waiters.pop(key, []):
-                    if not fut.done():
-                        fut.set_result(None)
-            self.signals.save()
+                self.ledger.unloaded(key)
+                self.signals.unloaded(key)
+            self.signals.services.save()
         seconds = time.monotonic() - started
         for key in leaving:
             log.info("node %s: unloaded %s version %s in %.3f s (%d bytes)", self.node, key[0], key[1],
@@ -213,7 +200,7 @@ class Reloader:
             self.load_failed(entry, error, load_s, now)
         if any(isinstance(error, errors.Unavailable) for _, error in failed):
             self.mark_unhealthy(f"checking status of {names(keys)}: node unavailable")
-        self.signals.save()
+        self.signals.services.save()
 
     async def fetch(self, batch: list[Entry]) -> list[Entry]:
         """Download the batch's versions (tfscache.storage); the ones that failed fail their requests
@@ -232,17 +219,15 @@ class Reloader:
         return [e for e, error in zip(batch, results) if not isinstance(error, BaseException)]
 
     def loaded(self, entry: Entry, load_s: float, now: float) -> None:
-        entry.state = READY
-        self.policy.record_load(entry.key, entry.bytes, load_s, now)
+        waiters = self.ledger.loaded(entry.key, load_s, now)
         log.info("node %s: loaded %s version %s in %.3f s (%d bytes%s)", self.node, entry.key[0], entry.key[1],
                  load_s, entry.bytes, "" if entry.measured else ", estimated",
                  extra={"model": entry.key[0], "version": entry.key[1], "node": self.node,
                         "duration_s": round(load_s, 6), "bytes": entry.bytes, "measured": entry.measured})
         self.events.loaded(entry.key, load_s, entry.bytes, entry.measured)
-        waiters, entry.waiters = entry.waiters, []
         for fut in waiters:
             if not fut.done():
-                fut.set_result(self.signals.lease(entry))
+                fut.set_result(self.signals.services.lease(entry))
 
     def load_failed(self, entry: Entry, error: BaseException, load_s: float, now: float, *,
                     backoff: bool = True) -> None:
@@ -253,11 +238,8 @@ class Reloader:
                     extra={"model": entry.key[0], "version": entry.key[1], "node": self.node,
                            "duration_s": round(load_s, 6), "bytes": entry.bytes})
         self.events.load_failed(entry.key, load_s, error)
-        self.ledger.entries.pop(entry.key, None)
-        if backoff:
-            self.ledger.record_failure(entry.key, now + self.settings.failure_backoff_s, error)
-        fail(entry.waiters, error)
-        entry.waiters = []
+        until = now + self.settings.failure_backoff_s if backoff else None
+        fail(self.ledger.failed(entry.key, error, until), error)
 
     async def send(self, deadline_s: float, why: str, *, loading: bool = True) -> bool:
         """Send what the node should serve; False (and the node unhealthy) if that fails."""
@@ -276,7 +258,7 @@ class Reloader:
         node unhealthy) when the node cannot be reached.
         """
         sig = self.signals
-        waiters, sig.resync = sig.resync, []
+        waiters = sig.take_rechecks()
         s = self.settings
         try:
             lost = [key for key, entry in list(self.ledger.entries.items()) if entry.state == READY
@@ -286,18 +268,27 @@ class Reloader:
                 results = await self.adapter.load(lost, self.wanted(), s.reload_deadline_s)
                 for key, result in results.items():
                     if result is not None and key in self.ledger.entries:
-                        self.evicted(key, "node_lost")
-                        self.ledger.remove(key)
-                        self.policy.forget(key)
-                sig.save()
+                        self.lost(key)
+                sig.services.save()
         except errors.TfscacheError as e:
             self.mark_unhealthy(f"restoring its config: {e.grpc_code.name}: {e.message}")
             fail(waiters, errors.NodeUnavailable(f"node {self.node} is unhealthy: {e.message}"))
             return False
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
+        done(waiters)
+        self.lost_pins.start(self)
         return True
+
+    def lost(self, key: Key) -> None:
+        """The node lost ``key`` (it restarted): the one path for it, whether ``recover`` or
+        ``resync`` found it. The entry leaves (``Ledger.lost``); a pinned one keeps its pin and is
+        loaded and pinned again once the node is healthy (``LostPins``). The node may still hold
+        the version in some state (TF Serving keeps a failed one sticky), so the next step sends
+        it the wanted set without it first, and a load of it starts afresh."""
+        self.evicted(key, "node_lost")
+        self.signals.mark_config_stale()
+        entry = self.ledger.lost(key)
+        if key in self.ledger.pinned and entry is not None:
+            self.lost_pins.add(SavedVersion(key[0], key[1], entry.bytes, entry.measured, entry.last_use, True))
 
     def mark_unhealthy(self, reason: str) -> None:
         log.error("node %s is unhealthy: %s", self.node, reason)
@@ -313,13 +304,7 @@ class Reloader:
             if not sig.healthy:
                 failures = 0 if await recover(self, failures) else failures + 1
                 continue
-            timeout = self.next_room_deadline()
-            if not sig.wake.is_set():
-                try:
-                    await asyncio.wait_for(sig.wake.wait(), timeout)
-                except TimeoutError:
-                    pass
-            sig.wake.clear()
+            await sig.wait_for_work(self.next_room_deadline())
             try:
                 await self.step()
             except asyncio.CancelledError:
@@ -340,11 +325,10 @@ def measure(loaded: list[Entry], before: int | None, after: int | None, caps: Ca
     growth = after - before
     total = sum(e.bytes for e in loaded) or 1
     for entry in loaded:
-        entry.bytes = max(int(growth * entry.bytes / total), entry.disk, 1)
+        size = max(int(growth * entry.bytes / total), entry.disk, 1)
         if caps.memory_bytes:
-            entry.bytes = min(entry.bytes, caps.memory_bytes)  # see CacheManager._estimate
-        entry.measured = True
-        ledger.learned[entry.key] = entry.bytes
+            size = min(size, caps.memory_bytes)  # see CacheManager._estimate
+        ledger.measured(entry.key, size)
 
 
 def names(keys: list[Key]) -> str:

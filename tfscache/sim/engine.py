@@ -25,7 +25,7 @@ import heapq
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 
-from tfscache.cache.ledger import READY, Ledger, Pending
+from tfscache.cache.ledger import Ledger
 from tfscache.cache.planner import Caps, plan
 from tfscache.cache.policy import EvictionPolicy
 from tfscache.cluster.ring import Ring
@@ -138,40 +138,39 @@ def replay(requests: list[Request], policy: EvictionPolicy, max_models: int, mem
     victims it unloads and the loads it admits are the ones the cache would choose.
     ``record(what, key)``, if given, hears every "load" and "evict" in order.
     """
-    ledger = Ledger()
+    ledger = Ledger(policy)  # tells the policy of each load, access and eviction, as in the cache
     caps = Caps(max_models, memory_bytes)
     used = peak = hits = uncacheable = evictions = 0
     load_seconds = 0.0
-    access, load, forget = policy.record_access, policy.record_load, policy.forget
+    entries, accessed = ledger.entries, ledger.accessed
     for chunk in _chunks(requests, progress):
         for key, now, size, cost, _ in chunk:
-            if key in ledger.entries:
+            if key in entries:
                 hits += 1
-                access(key, now)
+                accessed(key, now)
                 continue
             if memory_bytes and size > memory_bytes:
                 uncacheable += 1
                 continue
-            pending = ledger.pending[key] = Pending(key, size, size, now)
-            pending.waiters.append(_WAITING)
+            ledger.requested(key, _WAITING, size, size, now)
             decided = plan(ledger, caps, policy, now)
             for victim in decided.victims:
                 if record is not None:
                     record("evict", victim)
-                forget(victim)
-                used -= ledger.remove(victim).bytes
+                ledger.retire(victim)
+                used -= ledger.unloaded(victim).bytes
                 evictions += 1
             if decided.admit != [key]:  # nothing is ever leased here: it always fits once the rest is gone
                 raise RuntimeError(f"planner did not admit {key!r} ({decided})")
-            ledger.admit(key, now).state = READY
+            ledger.admitted(key, now)
             if record is not None:
                 record("load", key)
             used += size
             if used > peak:
                 peak = used
             load_seconds += cost
-            load(key, size, cost, now)
-            access(key, now)
+            ledger.loaded(key, cost, now)
+            accessed(key, now)
     return Counts(len(requests), hits, uncacheable, evictions, load_seconds, peak)
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tfscache.cache.ledger import READY, Entry, Ledger, Pending
+from tfscache.cache.ledger import Ledger
 from tfscache.cache.planner import Caps, plan
 from tfscache.cache.policy import make_policy, resolve
 from tfscache.cache.policy.gdsf import GDSFPolicy
@@ -151,21 +151,22 @@ def test_the_planner_keeps_its_rules_under_gdsf(held):
     # gdsf would take "big" first (least worth per byte); held, it is skipped, and the load
     # takes the next two. With everything held, the load waits for room.
     policy = GDSFPolicy(memory_bytes=100)
-    ledger = Ledger()
+    ledger = Ledger()  # no policy: the test tells it itself
     for name, size, seconds in (("big", 50, 1.0), ("mid", 25, 1.0), ("small", 25, 4.0)):
         key = (name, 1)
-        ledger.entries[key] = Entry(key, READY, size, True, 0.0)
+        ledger.requested(key, _Waiting(), size, size, 0.0)
+        ledger.admitted(key, 0.0)
+        ledger.loaded(key, seconds, 0.0)
         loaded(policy, key, size, seconds)
     assert policy.victims(list(ledger.entries), 0.0)[0] == ("big", 1)
     if held == "leased":
-        ledger.entries[("big", 1)].leases = 1
+        ledger.leased(("big", 1), 0.0, 0.0)
     else:
-        ledger.pinned.add(("big", 1))
-    pending = ledger.pending[("new", 1)] = Pending(("new", 1), 40, 40, 0.0)
-    pending.waiters.append(_Waiting())
+        ledger.pin(("big", 1))
+    ledger.requested(("new", 1), _Waiting(), 40, 40, 0.0)
     decided = plan(ledger, Caps(memory_bytes=100), policy, 0.0)
     assert (decided.victims, decided.admit) == ([("mid", 1), ("small", 1)], [("new", 1)])
     for key in (("mid", 1), ("small", 1)):
-        ledger.entries[key].leases = 1
+        ledger.leased(key, 0.0, 0.0)
     decided = plan(ledger, Caps(memory_bytes=100), policy, 0.0)
     assert (decided.victims, decided.admit, decided.blocked) == ([], [], [("new", 1)])
