@@ -171,10 +171,12 @@ class EtcdDiscovery(WatchingDiscovery):
                     reply = await self._post("/v3/lease/keepalive", {"ID": self._lease})
                     if int(reply.get("TTL", 0)) <= 0:
                         log.warning("etcd: lease %s of %s expired; registering again", self._lease, self.label)
+                        self._hold_removals(self.ttl_s)  # the others' leases may have expired too
                         self._lease = None
                         await self._put_self()
             except (EtcdError, KeyError, ValueError) as exc:
                 self._lease_state.failed(exc)
+                self._hold_removals(self.ttl_s)
                 await asyncio.sleep(min(backoff.next_delay(), interval))
                 continue
             self._lease_state.ok()

@@ -29,6 +29,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from support.dnsmasq import DNSMASQ, Dnsmasq
@@ -149,7 +150,7 @@ class ClusterHost:
             "--bind_address=127.0.0.1", f"--ports_file={ports}", "--file_system_poll_wait_seconds=0.1",
             f"--model_config_file={self.directory / 'models.config'}", "--max_num_load_retries=0",
             "--num_load_threads=2"], log, ENV, REPO)
-        wait_for_ports(self.node, ports, log, 90, StartError)
+        wait_for_ports(self.node, ports, log, 240, StartError)
         bind = self.address
         if self.proxied:
             bind = "127.0.0.1"
@@ -175,7 +176,7 @@ class ClusterHost:
         ports.unlink(missing_ok=True)
         self.sidecar = self.net.popen([PYTHON, "-m", "tfscache", "serve", "--config", str(config),
                                        *([] if join else ["--no-join"])], self.directory / "serve.log", ENV, REPO)
-        wait_for_ports(self.sidecar, ports, self.directory / "serve.log", 90, StartError)
+        wait_for_ports(self.sidecar, ports, self.directory / "serve.log", 240, StartError)
 
     def slow(self, delay: float) -> None:
         """Delay everything that reaches its gRPC and REST ports by ``delay`` seconds (proxied hosts)."""
@@ -333,6 +334,17 @@ class NetCluster:
         if publish and self.backend == "dns":
             self.publish(self.published | {name})
         return host
+
+    def add_many(self, names: list[str], proxied: tuple[str, ...] = ()) -> list[ClusterHost]:
+        """Several hosts started at once (their nodes and sidecars in parallel)."""
+        hosts = [ClusterHost(self, self.network.host(name), name in proxied) for name in names]
+        for host in hosts:
+            self.hosts[host.name] = host
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            list(pool.map(lambda h: h.start(), hosts))
+        if self.backend == "dns":
+            self.publish(self.published | set(names))
+        return hosts
 
     def publish(self, names: set[str]) -> None:
         """dns: the records list exactly ``names`` (the hosts Kubernetes considers ready)."""
