@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-from support.netns import unavailable  # noqa: E402
+from support.netns import unavailable
 
 
 def build_models(directory: Path, count: int) -> list[str]:

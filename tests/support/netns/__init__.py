@@ -34,7 +34,7 @@ def unavailable() -> str | None:
     if shutil.which("ip") is None:
         return "the ip command (iproute2) is not installed"
     if os.geteuid() != 0:
-        return "network namespaces need root (the tests run as uid %d)" % os.geteuid()
+        return f"network namespaces need root (the tests run as uid {os.geteuid()})"
     probe = f"tfsprobe{os.getpid()}"
     try:
         made = _ip("netns", "add", probe, check=False)

@@ -21,6 +21,7 @@ A ``Monitor`` thread reads every reachable host's resident models (admin ListMod
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -32,7 +33,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from support.dnsmasq import DNSMASQ, Dnsmasq
+import dns.exception
+import dns.resolver
+
+from support.dnsmasq import Dnsmasq
 from support.etcd import ETCD
 from support.netns import Host as NetHost
 from support.netns import Network
@@ -113,6 +117,25 @@ class Discovery:
                 return json.loads(reply.read()).get("health") == "true"
         except (OSError, ValueError):
             return False
+
+    def registered(self) -> int:
+        """How many hosts the registry lists now: etcd keys under the prefix, and SRV records; -1 if unreachable."""
+        try:
+            request = urllib.request.Request(
+                self.etcd_url + "/v3/kv/range", method="POST", data=json.dumps({
+                    "key": base64.b64encode(b"/tfscache/tfscache/").decode(),
+                    "range_end": base64.b64encode(b"/tfscache/tfscache0").decode(), "count_only": True}).encode())
+            with urllib.request.urlopen(request, timeout=1) as reply:
+                keys = int(json.loads(reply.read()).get("count", 0))
+            resolver = dns.resolver.Resolver(configure=False)
+            resolver.nameservers, resolver.port, resolver.cache = [self.net.address], 53, None
+            try:
+                records = len(resolver.resolve(f"_grpc._tcp.{DOMAIN}", "SRV", lifetime=1))
+            except dns.resolver.NXDOMAIN:
+                records = 0
+            return max(keys, records)
+        except (OSError, ValueError, dns.exception.DNSException):
+            return -1
 
     def publish(self, hosts: dict[str, str]) -> None:
         """The DNS records of ``hosts`` ({name: address}): what a headless Service lists for its ready pods."""
@@ -307,6 +330,7 @@ class NetCluster:
         self.network = Network()
         self.hosts: dict[str, ClusterHost] = {}
         self.published: set[str] = set()
+        self.discovery: Discovery | None = None
 
     def start(self) -> NetCluster:
         self.network.start()
@@ -387,6 +411,8 @@ class NetCluster:
                     host.sidecar.wait(10)
                 except subprocess.TimeoutExpired:
                     pass
+        if getattr(self, "discovery", None) is not None:
+            self.discovery.dns.kill()  # its own Popen, reaped here
         self.network.close()
 
     def __enter__(self) -> NetCluster:
