@@ -140,8 +140,14 @@ class EtcdDiscovery(WatchingDiscovery):
             reply = await self._post("/v3/lease/grant", {"TTL": self.ttl_s})
             self._lease = str(reply["ID"])
         value = json.dumps({"name": self._self.name, "grpc": self._self.grpc, "rest": self._self.rest})
-        await self._post("/v3/kv/put", {"key": _b64(self._key(self._self)), "value": _b64(value),
-                                        "lease": self._lease})
+        try:
+            await self._post("/v3/kv/put", {"key": _b64(self._key(self._self)), "value": _b64(value),
+                                            "lease": self._lease})
+        except EtcdError:
+            # The lease may be gone by the next try (a put that timed out, tried again after the TTL:
+            # "requested lease not found" for ever). Grant a new one then; an unused lease expires by itself.
+            self._lease = None
+            raise
         self._written = True
 
     async def register(self, peer: Peer) -> None:

@@ -174,11 +174,18 @@ class ClusterHost:
             f"--model_config_file={self.directory / 'models.config'}", "--max_num_load_retries=0",
             "--num_load_threads=2"], log, ENV, REPO)
         wait_for_ports(self.node, ports, log, 240, StartError)
+        self.start_sidecar(join)
+
+    def start_sidecar(self, join: bool = True) -> None:
+        """Its delay proxy (if proxied) and ``tfscache serve`` in front of its running node."""
         bind = self.address
         if self.proxied:
             bind = "127.0.0.1"
             ready = self.directory / "proxy.ready"
             ready.unlink(missing_ok=True)
+            if self.proxy is not None and self.proxy.poll() is None:
+                self.proxy.kill()
+                self.proxy.wait()
             self.proxy = self.net.popen([
                 PYTHON, str(HERE / "delayproxy.py"), "--listen", self.address,
                 *(f"--forward={p}=127.0.0.1:{p}" for p in (GRPC, REST, ADMIN, METRICS)),
@@ -322,7 +329,7 @@ class NetCluster:
     """The network, the discovery namespace, hosts and the clients' namespace."""
 
     def __init__(self, directory: Path, repository: Path, models: list[str], backend: str = "etcd",
-                 replicas: int = 2, cap: int = 8, ttl_s: float = 2.0) -> None:
+                 replicas: int = 2, cap: int = 8, ttl_s: float = 3.0) -> None:
         if backend not in ("etcd", "dns"):
             raise ValueError(backend)
         self.directory, self.repository, self.models = Path(directory), Path(repository), models
@@ -369,6 +376,20 @@ class NetCluster:
         if self.backend == "dns":
             self.publish(self.published | set(names))
         return hosts
+
+    def switch_backend(self, backend: str) -> None:
+        """Restart every live sidecar (SIGTERM: it leaves the ring) with discovery by ``backend``;
+        the nodes and the sidecars' state directories stay (a cluster started once serves both)."""
+        hosts = self.live()
+        for host in hosts:
+            host.sidecar.send_signal(signal.SIGTERM)
+        for host in hosts:
+            host.sidecar.wait(60)
+        self.backend = backend
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            list(pool.map(lambda h: h.start_sidecar(), hosts))
+        if backend == "dns":
+            self.publish({h.name for h in hosts})
 
     def publish(self, names: set[str]) -> None:
         """dns: the records list exactly ``names`` (the hosts Kubernetes considers ready)."""

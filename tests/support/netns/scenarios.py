@@ -3,6 +3,7 @@ each measured into a ``Figures`` (what docs/reliability.md records).
 
     run = Scenarios(cluster, durations=CI)          # or SOAK (20 s cut, 30 s discovery outage)
     run.setup()                                     # hosts a, b, c (proxied), d; a pin; warm traffic
+    cluster.switch_backend("etcd"); run = Scenarios(cluster); run.setup(started=True)   # same hosts
     figures = [run.cut_off(), run.kill_whole(), run.slow_peer(), run.discovery_down(), run.join_and_drain()]
 
 Every scenario takes the faulted host out of the clients' targets first (a Service drops a pod
@@ -18,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from support.netns.cluster import NetCluster, wait_until
-from tfscache.ring import Ring
+from tfscache.cluster.ring import Ring
 
 HOSTS = ["a", "b", "c", "d"]
 WAITED_S = 1.0  # a request that took longer than this "waited"
@@ -71,11 +72,13 @@ class Scenarios:
 
     # -- set-up -------------------------------------------------------------------------------
 
-    def setup(self, traffic_seed: int = 1) -> None:
+    def setup(self, traffic_seed: int = 1, started: bool = False) -> None:
+        """Hosts a, b, c (proxied), d (``started``: they run already), the pin, the monitor, warm traffic."""
         from support.netns.cluster import Monitor
 
         c = self.cluster
-        c.add_many(HOSTS, proxied=("c",))
+        if not started:
+            c.add_many(HOSTS, proxied=("c",))
         c.wait_rings(HOSTS)
         # A pin on the most popular model, through the admin API of each of its replicas.
         for name in Ring(HOSTS, replicas=c.replicas).replicas_for(c.models[0]):
