@@ -61,7 +61,7 @@ class Clusters:
             self.run.close()
             self.cluster.switch_backend(backend)
             self.run = Scenarios(self.cluster, CI)
-            self.run.setup(started=True)
+            self.run.setup(traffic_seed=2, started=True)  # its own results file
         return self.run
 
     def close(self) -> None:
