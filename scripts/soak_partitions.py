@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -81,6 +82,7 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, help="work directory (logs) to keep")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # SIGTERM: clean up (namespaces, processes) first
     reason = unavailable()
     if reason:
         print(f"cannot run: {reason}", file=sys.stderr)
