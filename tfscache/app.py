@@ -339,14 +339,16 @@ class ServeApp:
 
     def _peer_backend(self, peer: Peer) -> PeerBackend:
         """A backend for another sidecar's front end (Topology.set_peers makes one per new peer)."""
-        return PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None, self._peer_tls), self.topology.own)
+        return PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None, self._peer_tls, keepalive=True),
+                           self.topology.own)
 
-    def _upstream(self, grpc_address: str, rest_address: str | None, tls: PeerTls | None = None) -> Upstream:
+    def _upstream(self, grpc_address: str, rest_address: str | None, tls: PeerTls | None = None,
+                  keepalive: bool = False) -> Upstream:
         server = self.settings.server
         # The hop to a node carries what the client may send and what the node may answer.
         return Upstream(grpc_address, rest_address, self._http,
                         max_send_bytes=server.max_receive_message_bytes,
-                        max_receive_bytes=server.max_send_message_bytes, tls=tls)
+                        max_receive_bytes=server.max_send_message_bytes, tls=tls, keepalive=keepalive)
 
     async def _attach(self, backend: NodeBackend, grpc_address: str, rest_address: str | None,
                       node_pid: int | None, find_node_pid=None) -> None:

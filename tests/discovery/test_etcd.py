@@ -11,6 +11,7 @@ import aiohttp
 import pytest
 
 from support.etcd import EtcdCluster
+from tfscache.discovery import cancel
 from tfscache.discovery.etcd import EtcdDiscovery, prefix_end
 
 from .conftest import FAST_RETRY, WAIT_S, EtcdHarness, names, peer, until
@@ -110,6 +111,27 @@ async def test_expired_lease_is_replaced(etcd: EtcdCluster) -> None:
         await made["b"].wait_for(lambda m: names(m) == {"b"}, WAIT_S)
         await made["b"].wait_for(lambda m: names(m) == {"a", "b"}, WAIT_S)  # a's keep-alive re-registered
         assert made["a"]._lease not in (None, old)
+    finally:
+        await harness.close()
+
+
+async def test_a_put_that_failed_is_retried_under_a_new_lease(etcd: EtcdCluster) -> None:
+    # Found by the namespace cluster on a loaded machine: a grant answered, the put after it timed
+    # out, and the lease expired before the next try; every later put was "requested lease not
+    # found", the sidecar believed itself registered and stayed off every other ring.
+    harness = EtcdHarness(etcd)
+    try:
+        made = await harness.form(("a", "b"))
+        a = made["a"]
+        await cancel(a._keepalive_task)  # hold the keep-alive still while the lease goes
+        old = a._lease
+        async with aiohttp.ClientSession() as http:
+            async with http.post(etcd.endpoints[0] + "/v3/lease/revoke", json={"ID": old}) as resp:
+                assert resp.status == 200
+        a._written = False  # as after a put that timed out: the next try writes the key again
+        a._keepalive_task = asyncio.create_task(a._keepalive())
+        await made["b"].wait_for(lambda m: names(m) == {"a", "b"}, WAIT_S)
+        assert a._lease not in (None, old)
     finally:
         await harness.close()
 

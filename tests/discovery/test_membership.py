@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from tfscache.discovery import DiscoveryError, make_discovery
+from tfscache.discovery import Discovery, DiscoveryError, make_discovery
 
 from .conftest import WAIT_S, Harness, names, peer, until
 
@@ -135,3 +135,42 @@ def test_backends_are_picked_by_name(tmp_path) -> None:
     with pytest.raises(ValueError, match="unknown discovery backend 'zk'; known: consul, dns, etcd, static"):
         make_discovery("zk")
 
+
+
+class _Applied(Discovery):
+    """A backend whose reads the test hands in (``_apply``), to pin the hold on removals."""
+
+    name = "test"
+
+    async def start(self) -> None: ...
+
+    async def register(self, peer) -> None: ...
+
+    async def deregister(self) -> None: ...
+
+    async def stop(self) -> None:
+        await self._stop_release()
+
+
+async def test_removals_after_this_sidecars_registration_lapsed_are_held_for_a_ttl() -> None:
+    # After an outage of the registry itself, the others' registrations lapsed too and the
+    # deletions arrive in a burst: they must not move the ring while everyone re-registers.
+    discovery = _Applied()
+    seen: list[set[str]] = []
+    discovery.subscribe(lambda m: seen.append(names(m)))
+    await discovery._apply([peer("a"), peer("b"), peer("c")])
+    discovery._hold_removals(2.0)  # its own keep-alive failed (or found its lease expired)
+    await discovery._apply([peer("a"), peer("c")])  # b's lease expired in the outage
+    await discovery._apply([peer("c")])
+    await discovery._apply([peer("a"), peer("c"), peer("d")])  # an addition is applied at once
+    await discovery._apply([peer("a"), peer("b"), peer("c"), peer("d")])  # b registered again
+    assert seen == [{"a", "b", "c"}, {"a", "b", "c", "d"}]
+    # A member that really went stays until the hold ends; then the latest read applies as it came.
+    await discovery._apply([peer("a"), peer("c"), peer("d")])
+    assert names(discovery.members()) == {"a", "b", "c", "d"}
+    await until(lambda: seen[-1] == {"a", "c", "d"}, what="the hold to end")
+    assert names(discovery.members()) == {"a", "c", "d"}
+    # Without a hold, removals apply at once.
+    await discovery._apply([peer("a"), peer("c")])
+    assert names(discovery.members()) == {"a", "c"}
+    await discovery.stop()

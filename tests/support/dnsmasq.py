@@ -50,14 +50,18 @@ def free_udp_port() -> int:
 class Dnsmasq:
     """One dnsmasq serving the records the test writes."""
 
-    def __init__(self, directory: Path, start_timeout_s: float = 10.0) -> None:
+    def __init__(self, directory: Path, start_timeout_s: float = 10.0, *, address: str = "127.0.0.1",
+                 port: int = 0, wrap=None) -> None:
+        """``address``/``port``: where it listens (port 0: one the OS reports free); ``wrap(argv)``: the
+        command that runs it (tests/support/netns: ``ip netns exec NS ...``)."""
         self.directory = Path(directory)
+        self.address, self.wrap = address, wrap or (lambda argv: argv)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.hosts_path = self.directory / "hosts"
         self.conf_path = self.directory / "dnsmasq.conf"
         self.log_path = self.directory / "dnsmasq.log"
         self.start_timeout_s = start_timeout_s
-        self.port = 0
+        self.port = port
         self.process: subprocess.Popen | None = None
         self._hosts: dict[str, list[str]] = {}
         self._srv: list[tuple[str, str, int]] = []
@@ -66,7 +70,7 @@ class Dnsmasq:
 
     @property
     def server(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.address}:{self.port}"
 
     @property
     def alive(self) -> bool:
@@ -114,7 +118,7 @@ class Dnsmasq:
         tmp.replace(self.hosts_path)  # SIGHUP never reads a half-written file
 
     def _write_conf(self) -> None:
-        lines = [f"port={self.port}", "listen-address=127.0.0.1", "bind-interfaces", "no-resolv", "no-hosts",
+        lines = [f"port={self.port}", f"listen-address={self.address}", "bind-interfaces", "no-resolv", "no-hosts",
                  "keep-in-foreground", "log-facility=-", "pid-file=", f"local=/{DOMAIN}/",
                  f"addn-hosts={self.hosts_path}"]
         if os.geteuid() == 0:
@@ -130,7 +134,7 @@ class Dnsmasq:
             self.port = self.port or free_udp_port()
             self._write_conf()
             with open(self.log_path, "ab") as log:
-                self.process = subprocess.Popen([DNSMASQ, f"--conf-file={self.conf_path}"], stdout=log,
+                self.process = subprocess.Popen(self.wrap([DNSMASQ, f"--conf-file={self.conf_path}"]), stdout=log,
                                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
             try:
                 self._wait_answering()
@@ -140,11 +144,11 @@ class Dnsmasq:
                 if "in use" not in self.log() or attempt == 2:
                     raise
                 self.port = 0
-        raise DnsmasqStartError(f"dnsmasq could not bind 127.0.0.1:{self.port}\n{self.log()}")
+        raise DnsmasqStartError(f"dnsmasq could not bind {self.server}\n{self.log()}")
 
     def _wait_answering(self, probe: str = PROBE) -> None:
         resolver = dns.resolver.Resolver(configure=False)
-        resolver.nameservers, resolver.port = ["127.0.0.1"], self.port
+        resolver.nameservers, resolver.port = [self.address], self.port
         resolver.cache = None
         deadline = time.monotonic() + self.start_timeout_s
         while True:

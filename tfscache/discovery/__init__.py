@@ -25,6 +25,14 @@ capped exponential back-off, and it logs once per change of state (ok -> failing
 failing -> ok), not once per attempt. A read that comes back empty is not applied
 either: this sidecar registered itself, so an empty healthy set means the registry
 lost its state, not that every sidecar died.
+
+Nor does an outage shrink it after the fact. While this sidecar cannot renew its own
+registration (its keep-alive fails, or finds its lease expired), the registry is probably
+expiring the others' registrations in the same outage, and the deletions arrive in a burst
+when it is reachable again. Backends then call ``_hold_removals(ttl)``: until ``ttl`` after
+the last such failure a read that drops members keeps them (additions apply at once), and
+at the end of the hold the latest read is applied as it is. A sidecar that really died in
+the outage leaves the ring one TTL late; one that re-registered never leaves it.
 """
 
 from __future__ import annotations
@@ -138,6 +146,9 @@ class Discovery(ABC):
         self.label = ""  # this sidecar's name once registered, for log lines
         self._states: list[StateLog] = []
         self._empty_log = self._state_log("membership read (empty result ignored)")
+        self._hold_until = 0.0  # monotonic: until then a read that drops members keeps them
+        self._latest: list[Peer] | None = None  # the last read as it came (removals not held back)
+        self._release_task: asyncio.Task | None = None
 
     # -- the interface -------------------------------------------------------------------
 
@@ -195,6 +206,17 @@ class Discovery(ABC):
             return
         self._empty_log.ok()
         self._known.set()
+        self._latest = peers
+        names = {p.name for p in peers}
+        held = [p for p in self._members if p.name not in names] if time.monotonic() < self._hold_until else []
+        if held:
+            log.info("%s discovery%s: holding %s on the ring until %.1f s after this sidecar's registration "
+                     "works again (their registrations may have lapsed in the same outage)", self.name,
+                     f" ({self.label})" if self.label else "", ", ".join(p.name for p in held),
+                     self.hold_removals_s)
+            peers = sorted([*peers, *held], key=lambda p: p.name)
+            if self._release_task is None or self._release_task.done():
+                self._release_task = asyncio.create_task(self._release_held(), name=f"{self.name}-release")
         if _key(peers) == _key(self._members):
             return
         self._members = peers
@@ -212,6 +234,24 @@ class Discovery(ABC):
                         await result
                 except Exception:  # noqa: BLE001 - a listener's bug must not stop discovery
                     log.exception("discovery listener %r failed", listener)
+
+    hold_removals_s = 0.0  # set by _hold_removals: how long the last hold lasts (for the log line)
+
+    def _hold_removals(self, seconds: float) -> None:
+        """This sidecar could not renew its own registration: hold back removals until ``seconds`` from now."""
+        self.hold_removals_s = seconds
+        self._hold_until = max(self._hold_until, time.monotonic() + seconds)
+
+    async def _release_held(self) -> None:
+        """At the end of the hold, apply the latest read as it came."""
+        while (wait := self._hold_until - time.monotonic()) > 0:
+            await asyncio.sleep(wait)
+        if self._latest is not None:
+            await self._apply(self._latest)
+
+    async def _stop_release(self) -> None:
+        await cancel(self._release_task)
+        self._release_task = None
 
     async def _wait_known(self) -> None:
         try:
@@ -264,6 +304,7 @@ class WatchingDiscovery(Discovery):
     async def stop(self) -> None:
         await cancel(self._keepalive_task)
         await cancel(self._watch_task)
+        await self._stop_release()
         self._keepalive_task = self._watch_task = None
         if self._session is not None:
             await self._session.close()

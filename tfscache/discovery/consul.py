@@ -224,9 +224,11 @@ class ConsulDiscovery(WatchingDiscovery):
                         raise
                 if lost:
                     log.warning("consul: the agent lost %s's registration; registering again", self.label)
+                    self._hold_removals(self.ttl_s)
                     await self._register_once()
             except ConsulError as exc:
                 self._check_state.failed(exc)
+                self._hold_removals(self.ttl_s)
                 await asyncio.sleep(min(backoff.next_delay(), interval))
                 continue
             self._check_state.ok()

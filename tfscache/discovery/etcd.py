@@ -140,8 +140,14 @@ class EtcdDiscovery(WatchingDiscovery):
             reply = await self._post("/v3/lease/grant", {"TTL": self.ttl_s})
             self._lease = str(reply["ID"])
         value = json.dumps({"name": self._self.name, "grpc": self._self.grpc, "rest": self._self.rest})
-        await self._post("/v3/kv/put", {"key": _b64(self._key(self._self)), "value": _b64(value),
-                                        "lease": self._lease})
+        try:
+            await self._post("/v3/kv/put", {"key": _b64(self._key(self._self)), "value": _b64(value),
+                                            "lease": self._lease})
+        except EtcdError:
+            # The lease may be gone by the next try (a put that timed out, tried again after the TTL:
+            # "requested lease not found" for ever). Grant a new one then; an unused lease expires by itself.
+            self._lease = None
+            raise
         self._written = True
 
     async def register(self, peer: Peer) -> None:
@@ -171,10 +177,12 @@ class EtcdDiscovery(WatchingDiscovery):
                     reply = await self._post("/v3/lease/keepalive", {"ID": self._lease})
                     if int(reply.get("TTL", 0)) <= 0:
                         log.warning("etcd: lease %s of %s expired; registering again", self._lease, self.label)
+                        self._hold_removals(self.ttl_s)  # the others' leases may have expired too
                         self._lease = None
                         await self._put_self()
             except (EtcdError, KeyError, ValueError) as exc:
                 self._lease_state.failed(exc)
+                self._hold_removals(self.ttl_s)
                 await asyncio.sleep(min(backoff.next_delay(), interval))
                 continue
             self._lease_state.ok()

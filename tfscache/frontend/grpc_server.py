@@ -29,7 +29,7 @@ from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.frontend.methods import Method, RouteKey
 from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.router import Router
-from tfscache.frontend.upstream import forwardable_metadata
+from tfscache.frontend.upstream import PEER_PING_SERVER_OPTIONS, forwardable_metadata
 
 log = logging.getLogger("tfscache.frontend.grpc_server")
 
@@ -174,6 +174,7 @@ class GrpcFrontend:
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.so_reuseport", 0),
+            *PEER_PING_SERVER_OPTIONS,  # peer sidecars ping while their calls are in flight
         ])
         self._server.add_generic_rpc_handlers([_Handlers(router, metrics, protocol.grpc_methods,
                                                          protocol.grpc_refused, protocol.grpc_streams)])

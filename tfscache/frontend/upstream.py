@@ -51,6 +51,16 @@ def forwardable_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
                  if not key.startswith(":") and key not in _HOP_METADATA)
 
 
+# A peer that stops answering mid-call (its host cut off: no reset, packets just dropped) is
+# found within about 3 s: a ping after 1 s without a frame from it, unanswered after 2 s more.
+PEER_KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_timeout_ms", 2000),
+                          ("grpc.keepalive_permit_without_calls", 0), ("grpc.http2.max_pings_without_data", 0))
+# What a front end must allow for those pings (gRPC's default answers a ping more often than
+# every 5 minutes without data with GOAWAY "too_many_pings", which would fail a long cold load).
+PEER_PING_SERVER_OPTIONS = (("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+                            ("grpc.http2.max_ping_strikes", 0))
+
+
 @dataclass(frozen=True)
 class RestReply:
     """An HTTP answer passed back unchanged."""
@@ -65,8 +75,12 @@ class Upstream:
     """One channel to a server's gRPC port and a base URL for its REST port."""
 
     def __init__(self, grpc_address: str, rest_address: str | None, http: aiohttp.ClientSession, *,
-                 max_send_bytes: int, max_receive_bytes: int, tls: PeerTls | None = None) -> None:
-        """``tls``: reach the server over TLS (a peer sidecar whose front ends use it); None: plaintext."""
+                 max_send_bytes: int, max_receive_bytes: int, tls: PeerTls | None = None,
+                 keepalive: bool = False) -> None:
+        """``tls``: reach the server over TLS (a peer sidecar whose front ends use it); None: plaintext.
+        ``keepalive``: while calls are in flight, ping the server (a peer sidecar, whose front end allows
+        it: ``PEER_PING_SERVER_OPTIONS``) and end them UNAVAILABLE when it stops answering, so a peer
+        cut off mid-call is retried on another replica instead of holding the call to its deadline."""
         self.grpc_address = grpc_address
         self.rest_address = rest_address
         self._http = http
@@ -76,6 +90,7 @@ class Upstream:
             ("grpc.max_receive_message_length", max_receive_bytes),
             ("grpc.enable_retries", 0),
             *RECONNECT_OPTIONS,
+            *(PEER_KEEPALIVE_OPTIONS if keepalive else ()),
         ]
         if tls is None:
             self.channel = grpc.aio.insecure_channel(grpc_address, options=options)
