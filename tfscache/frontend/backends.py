@@ -39,8 +39,8 @@ FORWARDED_KEY = "x-tfscache-forwarded"  # gRPC metadata key / HTTP header on a f
 class _LostReply(errors.NotFound):
     """A REST 404 with a "not found" body for a leased model, raised to be rechecked like gRPC's."""
 
-    def __init__(self, reply: RestReply) -> None:
-        super().__init__(reply.body[:200].decode("utf-8", "replace"))
+    def __init__(self, reply: RestReply, text: str) -> None:
+        super().__init__(text)  # the kind's words the body holds: ``_forward`` matches them to recheck
         self.reply = reply
 
 
@@ -232,8 +232,10 @@ class NodeBackend:
 
         async def send(upstream: Upstream) -> RestReply:
             reply = await upstream.rest(method, path_qs, body, headers, timeout=remaining(deadline))
-            if reply.status == 404 and any(text.encode() in reply.body[:200] for text in _lost_texts(self.cache)):
-                raise _LostReply(reply)
+            if reply.status == 404:
+                lost = next((t for t in _lost_texts(self.cache) if t.encode() in reply.body[:200]), None)
+                if lost is not None:
+                    raise _LostReply(reply, lost)
             return reply
 
         try:
