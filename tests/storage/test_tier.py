@@ -178,6 +178,7 @@ async def test_an_object_deleted_after_listing_fails_cleanly_then_succeeds(bucke
     assert not list((root / PARTIAL).iterdir())
     path = await tier.fetch("m", 1)  # listed again after the failure
     assert not (path / "saved_model.pb").exists() and (path / "assets" / "empty.txt").exists()
+    await tier.stop()  # its listings' refresher (rescan_s > 0)
 
 
 @pytest.mark.parametrize("bucket", ["s3", pytest.param("gs", marks=pytest.mark.xfail(
@@ -195,6 +196,7 @@ async def test_an_object_overwritten_after_listing_is_refused_by_etag(bucket, ro
     assert "changed during the download" in caught.value.message
     assert tier.resident() == {} and not list((root / PARTIAL).iterdir())
     assert (await tier.fetch("m", 1) / "saved_model.pb").read_bytes() == b"x" * 1000
+    await tier.stop()
 
 
 @pytest.mark.parametrize("key", ["m/1/../../../evil", "m/1/a/../../../../evil", "m/1//evil", "m/1/./evil",
