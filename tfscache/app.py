@@ -232,6 +232,8 @@ class ServeApp:
         for node in self.topology.nodes():
             if node.cache is not None:
                 await node.cache.stop()
+        if self.repository is not None:
+            await self.repository.stop()
         if self.router is not None:  # our connections to the nodes go first: a node (tritonserver)
             await self.router.close()  # waits for open HTTP connections before it exits
         await self.topology.close()

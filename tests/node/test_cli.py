@@ -19,7 +19,8 @@ TF_SERVING_DEFAULTS = {
     "model_name": "default", "model_base_path": "", "model_config_file_poll_wait_seconds": 0,
     "file_system_poll_wait_seconds": 1, "max_num_load_retries": 5,
     "load_retry_interval_micros": 60_000_000, "num_load_threads": 0, "num_unload_threads": 0,
-    "enable_model_warmup": True, "allow_version_labels_for_unavailable_models": False,
+    "enable_model_warmup": True, "num_request_iterations_for_warmup": 0,
+    "allow_version_labels_for_unavailable_models": False,
     "saved_model_tags": "serve", "grpc_channel_arguments": "",
 }
 

@@ -163,6 +163,8 @@ def test_the_page_lists_every_metric_sorted_by_name():
     assert dict(types) == {
         ":tensorflow:cc:saved_model:load_attempt_count": "counter",
         ":tensorflow:cc:saved_model:load_latency": "counter",
+        ":tensorflow:serving:model_warmup_latency": "histogram",
+        ":tensorflow:serving:model_warmup_records_read": "counter",
         ":tensorflow:serving:request_count": "counter",
         ":tensorflow:serving:request_example_count_total": "counter",
         ":tensorflow:serving:request_example_counts": "histogram",

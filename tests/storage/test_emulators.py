@@ -1,11 +1,10 @@
 """The GCS and Azure protocol servers the storage tests run against (docs/storage.md, "Emulators"):
-gcp-storage-emulator (support.gcs) and Azurite (support.azure), each its own process on
+fake-gcs-server (support.gcs) and Azurite (support.azure), each its own process on
 127.0.0.1. Each starts, holds a bucket/container of ``NAME/VERSION/file`` objects that the
 official client lists and downloads, is reached by a client configured only through the
 cloud's standard variables, and comes back on the same port with its objects after a stop
-or a kill (what the fault tests need). Then ``open_store`` on each: az:// lists and
-downloads through Azurite; gs:// cannot reach gcp-storage-emulator (obstore speaks GCS's
-XML API, which the emulator answers 501).
+or a kill (what the fault tests need). Then ``open_store`` on each: gs:// and az:// list and
+download through them.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ import pytest
 
 from support import azure, gcs
 
-from tfscache.errors import Unavailable
 from tfscache.storage import ObjectInfo, open_store
 
-gcs_emulator = gcs.gcs_emulator
+gcs_server = gcs.gcs_server
 azurite = azure.azurite
 
 VERSION_1 = {
@@ -39,7 +37,7 @@ OBJECTS = {
 @pytest.fixture(params=["gcs", "azure"])
 def emulator(request):
     """Each emulator in turn (same surface: upload, listing, read, start, stop, kill, port)."""
-    return request.getfixturevalue({"gcs": "gcs_emulator", "azure": "azurite"}[request.param])
+    return request.getfixturevalue({"gcs": "gcs_server", "azure": "azurite"}[request.param])
 
 
 def refused(port: int) -> bool:
@@ -77,19 +75,19 @@ def test_restarts_on_the_same_port_with_its_objects(emulator):
         VERSION_1["half_plus_two/1/variables/variables.data-00000-of-00001"]
 
 
-def test_gcs_client_configured_by_the_environment_alone(gcs_emulator, monkeypatch):
+def test_gcs_client_configured_by_the_environment_alone(gcs_server, monkeypatch):
     """google-cloud-storage: STORAGE_EMULATOR_HOST alone sends it to the emulator, unauthenticated."""
     from google.cloud import storage
 
-    gcs_emulator.upload(VERSION_1)
-    for name, value in gcs_emulator.env.items():
+    gcs_server.upload(VERSION_1)
+    for name, value in gcs_server.env.items():
         monkeypatch.setenv(name, value)
 
     client = storage.Client()
     try:
-        blobs = list(client.list_blobs(gcs_emulator.bucket, prefix="half_plus_two/1/"))
+        blobs = list(client.list_blobs(gcs_server.bucket, prefix="half_plus_two/1/"))
         assert {blob.name: blob.size for blob in blobs} == {key: len(data) for key, data in VERSION_1.items()}
-        assert client.bucket(gcs_emulator.bucket).blob("half_plus_two/1/saved_model.pb").download_as_bytes() == \
+        assert client.bucket(gcs_server.bucket).blob("half_plus_two/1/saved_model.pb").download_as_bytes() == \
             VERSION_1["half_plus_two/1/saved_model.pb"]
     finally:
         client.close()
@@ -130,16 +128,13 @@ async def test_open_store_az_lists_and_downloads_through_azurite(azurite, monkey
         assert dest.read_bytes() == VERSION_1[info.key]
 
 
-@pytest.mark.xfail(raises=Unavailable, strict=True,
-                   reason="obstore's GCSStore lists through GCS's XML API (GET /BUCKET?list-type=2), "
-                          "which gcp-storage-emulator answers 501 Not Implemented")
-async def test_open_store_gs_lists_and_downloads_through_the_emulator(gcs_emulator, monkeypatch, tmp_path):
+async def test_open_store_gs_lists_and_downloads_through_fake_gcs_server(gcs_server, monkeypatch, tmp_path):
     """obstore's GCSStore from GOOGLE_BASE_URL, unsigned (GOOGLE_SKIP_SIGNATURE): no credentials exist."""
-    gcs_emulator.upload({f"models/{key}": data for key, data in VERSION_1.items()})
-    monkeypatch.setenv("GOOGLE_BASE_URL", gcs_emulator.endpoint)
-    monkeypatch.setenv("GOOGLE_SKIP_SIGNATURE", "true")
+    gcs_server.upload({f"models/{key}": data for key, data in VERSION_1.items()})
+    for name in ("GOOGLE_BASE_URL", "GOOGLE_SKIP_SIGNATURE"):
+        monkeypatch.setenv(name, gcs_server.env[name])
 
-    store = open_store(f"gs://{gcs_emulator.bucket}/models")
+    store = open_store(f"gs://{gcs_server.bucket}/models")
     listed = await store.list("half_plus_two/1")
 
     assert {info.key: info.size for info in listed} == {key: len(data) for key, data in VERSION_1.items()}

@@ -1,4 +1,5 @@
-"""The store failing under the tier: killed mid-download, unreachable, no credentials."""
+"""The store failing under the tier: killed mid-download (moto and fake-gcs-server), unreachable,
+no credentials."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import socket
 import grpc
 import pytest
 
+from support.gcs import FakeGcs
 from support.s3 import MotoServer
 from tfscache.errors import FailedPrecondition, Unavailable
 from tfscache.storage import open_store
@@ -18,17 +20,26 @@ from tfscache.storage.tier import DiskTier
 BIG = 48 << 20  # more than loopback socket buffers hold: the stream cannot finish without the server
 
 
-def upload(server: MotoServer, big: bytes) -> None:
+def upload(server: MotoServer | FakeGcs, big: bytes) -> None:
+    objects = {"m/1/variables.data": big, "m/1/saved_model.pb": b"pb"}
+    if isinstance(server, FakeGcs):
+        server.upload(objects)  # the bucket exists and survives a restart (objects on disk)
+        return
     client = server.client()
     client.create_bucket(Bucket="models")
-    client.put_object(Bucket="models", Key="m/1/variables.data", Body=big)
-    client.put_object(Bucket="models", Key="m/1/saved_model.pb", Body=b"pb")
+    for key, data in objects.items():
+        client.put_object(Bucket="models", Key=key, Body=data)
     client.close()
 
 
-async def test_the_store_killed_mid_download_leaves_nothing_and_recovers(tmp_path, monkeypatch):
+SERVERS = {"s3": lambda directory: MotoServer(directory).start(),
+           "gs": lambda directory: FakeGcs(directory).start()}
+
+
+@pytest.mark.parametrize("scheme", ["s3", "gs"])
+async def test_the_store_killed_mid_download_leaves_nothing_and_recovers(tmp_path, monkeypatch, scheme):
     big = os.urandom(BIG)
-    with MotoServer(tmp_path / "moto") as server:
+    with SERVERS[scheme](tmp_path / "store") as server:
         for name, value in server.env.items():
             monkeypatch.setenv(name, value)
         upload(server, big)
@@ -40,7 +51,7 @@ async def test_the_store_killed_mid_download_leaves_nothing_and_recovers(tmp_pat
                 await go_on.wait()
 
         root = tmp_path / "tier"
-        tier = DiskTier(root, 1 << 30, open_store("s3://models", on_chunk=hold_after_first_chunk), rescan_s=0)
+        tier = DiskTier(root, 1 << 30, open_store(f"{scheme}://models", on_chunk=hold_after_first_chunk), rescan_s=0)
         await tier.start()
         fetch = asyncio.ensure_future(tier.fetch("m", 1))
         await asyncio.wait_for(first_chunk.wait(), 30)
@@ -49,15 +60,19 @@ async def test_the_store_killed_mid_download_leaves_nothing_and_recovers(tmp_pat
         with pytest.raises(Unavailable) as caught:
             await fetch
         assert caught.value.grpc_code == grpc.StatusCode.UNAVAILABLE
-        assert caught.value.message.startswith("store s3://models unreachable: ")
+        assert caught.value.message.startswith(f"store {scheme}://models unreachable: ")
         assert tier.resident() == {} and not (root / "m" / "1").exists()
         assert list((root / PARTIAL).iterdir()) == []
 
         with pytest.raises(Unavailable, match="unreachable: Connection refused"):
             await tier.fetch("m", 1)  # still down: the cause is named
 
-        server.start(port=server.port)  # back, empty: moto keeps no state across restarts
-        upload(server, big)
+        if scheme == "s3":
+            server.start(port=server.port)  # back, empty: moto keeps no state across restarts
+            upload(server, big)
+        else:
+            server.start()  # back on the same port, its objects on disk
+
         path = await tier.fetch("m", 1)
         assert (path / "variables.data").stat().st_size == BIG
         assert (path / "variables.data").read_bytes() == big

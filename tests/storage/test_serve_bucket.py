@@ -1,4 +1,5 @@
-"""`tfscache serve --model-repository s3://...` against a real moto server process (issue 13).
+"""`tfscache serve --model-repository s3://...` against a real moto server process (issue 13),
+and gs://... against fake-gcs-server (issue 25) for the tests marked ``on_each_store``.
 
 Embedded `tfscache node` children load from the disk tier (`--disk-cache-dir`), never from
 the bucket. Covered here, through the official TF Serving stubs and plain HTTP:
@@ -26,7 +27,7 @@ import grpc
 import pytest
 import requests
 
-from support.buckets import MARKER, gets, in_tier, metrics_port, predict, predict_error, serve_bucket, upload, \
+from support.buckets import MARKER, gets, on_each_store, in_tier, metrics_port, predict, predict_error, serve_bucket, upload, \
     version_bytes
 from support.tfs_traffic import Traffic
 from support.waiting import wait_until
@@ -37,7 +38,8 @@ def models(synthetic_models):
     return synthetic_models(6, size_bytes=200_000)
 
 
-def test_lazy_loads_through_serve_from_s3(tmp_path, bucket, models):
+@on_each_store
+def test_lazy_loads_through_serve_from_a_bucket(tmp_path, bucket, models):
     sizes = {}
     for base in models[:2]:
         sizes.update(upload(bucket, base))
@@ -68,6 +70,7 @@ def test_lazy_loads_through_serve_from_s3(tmp_path, bucket, models):
         assert "disk tier" in text.stdout and "2 versions" in text.stdout
 
 
+@on_each_store
 def test_sixteen_concurrent_cold_requests_download_once(tmp_path, bucket, models):
     sizes = upload(bucket, models[2])
     tier = tmp_path / "tier"
@@ -150,6 +153,7 @@ def test_store_down_is_unavailable_and_recovers(tmp_path, moto, bucket, models):
         assert predict(serve, "addk_2") == [3.0]  # no failure backoff for a store's error
 
 
+@on_each_store
 def test_deleted_object_is_not_found_and_retried(tmp_path, bucket, models):
     sizes = upload(bucket, models[4])
     tier = tmp_path / "tier"
@@ -168,6 +172,7 @@ def test_deleted_object_is_not_found_and_retried(tmp_path, bucket, models):
         assert predict(serve, "addk_5") == [6.0]  # no failure backoff: listed again and downloaded
 
 
+@on_each_store
 def test_changed_object_is_downloaded_again(tmp_path, bucket, models, synthetic_models):
     sizes = upload(bucket, models[5])
     upload(bucket, models[0])
@@ -217,6 +222,7 @@ def test_full_disk_is_resource_exhausted(tmp_path, bucket, synthetic_models, sma
     assert sizes["addk_7/1/variables/variables.data-00000-of-00001"] > 1 << 20
 
 
+@on_each_store
 def test_churn_more_models_than_fit_fails_no_request(tmp_path, bucket, models):
     sizes = {}
     for base in models:

@@ -4,9 +4,7 @@
 * s3:// (moto) with `--backend triton`: a real tritonserver loads from the disk tier, its
   config.pbtxt copied beside the versions; the client is the official tritonclient.
 
-gs:// is not served here: obstore's GCSStore speaks GCS's XML API, which
-gcp-storage-emulator (the GCS emulator installable here) answers 501 Not Implemented
-(see test_emulators.py's strict xfail and docs/storage.md).
+gs:// (fake-gcs-server) runs the s3:// tests of test_serve_bucket.py marked ``on_each_store``.
 """
 
 from __future__ import annotations

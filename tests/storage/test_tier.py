@@ -1,5 +1,6 @@
-"""DiskTier against a real S3 protocol server (moto): listing, single flight, LRU by bytes,
-adoption at restart, changed and deleted objects, the cap, unsafe keys."""
+"""DiskTier against real protocol servers, moto (s3://) and fake-gcs-server (gs://): listing,
+single flight, LRU by bytes, adoption at restart, changed and deleted objects, the cap, unsafe
+keys, a missing bucket."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import os
 import grpc
 import pytest
 
-from tfscache.errors import FailedPrecondition, NotFound, ResourceExhausted
+from support.buckets import on_each_store
+from tfscache.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from tfscache.storage import open_store
 from tfscache.storage.layout import MARKER, PARTIAL
 from tfscache.storage.tier import DiskTier
@@ -41,6 +43,7 @@ async def test_versions_lists_only_numeric_versions_of_the_model(bucket, root):
     assert bucket.server.log_text().count(f"GET /{bucket.name}?list-type=2&prefix=models/m/ ") == 1
 
 
+@on_each_store
 async def test_fetch_downloads_a_complete_version(bucket, root):
     files = seed(bucket)
     tier = tier_for(bucket, root)
@@ -54,6 +57,7 @@ async def test_fetch_downloads_a_complete_version(bucket, root):
     assert not list((root / PARTIAL).iterdir())
 
 
+@on_each_store
 async def test_sixteen_concurrent_fetches_download_once(bucket, root):
     seed(bucket, size=2_000_000)
     tier = tier_for(bucket, root, parallel=2)
@@ -66,6 +70,7 @@ async def test_sixteen_concurrent_fetches_download_once(bucket, root):
     assert bucket.gets("m/1/saved_model.pb") == 1
 
 
+@on_each_store
 async def test_lru_by_bytes_never_evicts_a_version_in_use(bucket, root):
     for name in "abcde":
         seed(bucket, name, size=100_000)  # 150 kB each
@@ -93,6 +98,7 @@ async def test_lru_by_bytes_never_evicts_a_version_in_use(bucket, root):
     assert list(tier.resident()) == [("c", 1), ("e", 1), ("b", 1)]
 
 
+@on_each_store
 async def test_a_version_bigger_than_the_tier_fails_at_once(bucket, root):
     seed(bucket, size=100_000)
     tier = tier_for(bucket, root, cap=100_000)
@@ -105,6 +111,7 @@ async def test_a_version_bigger_than_the_tier_fails_at_once(bucket, root):
     assert bucket.gets("m/1/saved_model.pb") == 0
 
 
+@on_each_store
 async def test_restart_adopts_complete_versions_and_removes_partial_ones(bucket, root):
     seed(bucket, "m", 1)
     seed(bucket, "m", 2)
@@ -128,6 +135,7 @@ async def test_restart_adopts_complete_versions_and_removes_partial_ones(bucket,
     assert bucket.gets("m/1/saved_model.pb") == 1  # adopted: not downloaded again
 
 
+@on_each_store
 async def test_a_changed_object_is_downloaded_again(bucket, root):
     seed(bucket)
     tier = tier_for(bucket, root)
@@ -141,6 +149,7 @@ async def test_a_changed_object_is_downloaded_again(bucket, root):
     assert tier.resident() == {("m", 1): 50_000 + len(b"new contents")}
 
 
+@on_each_store
 async def test_a_served_version_is_not_replaced_when_it_changes(bucket, root):
     files = seed(bucket)
     used: set[str] = set()
@@ -155,6 +164,7 @@ async def test_a_served_version_is_not_replaced_when_it_changes(bucket, root):
     assert (await tier.fetch("m", 1) / "saved_model.pb").read_bytes() == b"new contents"
 
 
+@on_each_store
 async def test_an_object_deleted_after_listing_fails_cleanly_then_succeeds(bucket, root):
     seed(bucket)
     tier = DiskTier(root, 1 << 30, open_store(bucket.url), rescan_s=3600)
@@ -168,8 +178,12 @@ async def test_an_object_deleted_after_listing_fails_cleanly_then_succeeds(bucke
     assert not list((root / PARTIAL).iterdir())
     path = await tier.fetch("m", 1)  # listed again after the failure
     assert not (path / "saved_model.pb").exists() and (path / "assets" / "empty.txt").exists()
+    await tier.stop()  # its listings' refresher (rescan_s > 0)
 
 
+@pytest.mark.parametrize("bucket", ["s3", pytest.param("gs", marks=pytest.mark.xfail(
+    strict=True, reason="fake-gcs-server ignores If-Match on reads (GCS's XML API honours it): the new "
+                        "bytes are downloaded"))], indirect=True)
 async def test_an_object_overwritten_after_listing_is_refused_by_etag(bucket, root):
     seed(bucket, size=1000)
     tier = DiskTier(root, 1 << 30, open_store(bucket.url), rescan_s=3600)
@@ -182,6 +196,7 @@ async def test_an_object_overwritten_after_listing_is_refused_by_etag(bucket, ro
     assert "changed during the download" in caught.value.message
     assert tier.resident() == {} and not list((root / PARTIAL).iterdir())
     assert (await tier.fetch("m", 1) / "saved_model.pb").read_bytes() == b"x" * 1000
+    await tier.stop()
 
 
 @pytest.mark.parametrize("key", ["m/1/../../../evil", "m/1/a/../../../../evil", "m/1//evil", "m/1/./evil",
@@ -196,14 +211,20 @@ async def test_unsafe_keys_are_never_written(bucket, root, tmp_path, key):
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
-async def test_a_missing_bucket_is_named(s3_env, root):
-    tier = DiskTier(root, 1 << 30, open_store("s3://no-such-bucket/models"), rescan_s=0)
+@pytest.mark.parametrize("bucket", ["s3", pytest.param("gs", marks=pytest.mark.xfail(
+    strict=True, raises=Unavailable, reason="fake-gcs-server answers a listing of a missing bucket 500 "
+                                            "(GCS: 404 NoSuchBucket), which reads as the store failing"))],
+                         indirect=True)
+async def test_a_missing_bucket_is_named(bucket, root):
+    url = bucket.url.replace(bucket.name, "no-such-bucket")
+    tier = DiskTier(root, 1 << 30, open_store(url), rescan_s=0)
     await tier.start()
     with pytest.raises(FailedPrecondition) as caught:
         await tier.fetch("m", 1)
-    assert caught.value.message == "bucket 'no-such-bucket' of s3://no-such-bucket/models does not exist"
+    assert caught.value.message == f"bucket 'no-such-bucket' of {url} does not exist"
 
 
+@on_each_store
 async def test_an_unknown_version_is_not_found(bucket, root):
     seed(bucket)
     tier = tier_for(bucket, root)

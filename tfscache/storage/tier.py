@@ -2,8 +2,13 @@
 
     tier = DiskTier(Path("/dev/shm/tfscache"), 20 << 30, open_store("s3://bucket/models"))
     await tier.start()                       # adopt complete versions, remove partial ones
-    await tier.versions("half_plus_two")     # {123: VersionListing, ...}: one listing per rescan
+    await tier.versions("half_plus_two")     # {123: VersionListing, ...}: tfscache.storage.listings
     path = await tier.fetch("half_plus_two", 123)   # ROOT/half_plus_two/123
+    await tier.stop()                        # the listings' background refresher
+
+Listings are kept off the request path (``tfscache.storage.listings``): a version the tier holds
+completely is served from disk without a LIST or a GET; the model's listing is refreshed in the
+background, and a copy whose listing changed is downloaded again at its next fetch.
 
 A cold fetch downloads the version once however many ask (one future per version), at
 most ``parallel`` objects at a time, into ROOT/.partial, checks every size (and each
@@ -27,8 +32,9 @@ from pathlib import Path
 
 from tfscache.errors import Aborted, DataLoss, NotFound, ResourceExhausted, Unavailable
 from tfscache.storage.base import ObjectStore, TierEvents, disk_error
-from tfscache.storage.layout import (PARTIAL, Key, VersionListing, check_name, group_versions, model_files,
-                                     plan_eviction, remove, safe_relpath, scan, write_marker)
+from tfscache.storage.layout import (PARTIAL, Key, VersionListing, check_name, plan_eviction, remove,
+                                     safe_relpath, scan, write_marker)
+from tfscache.storage.listings import Listings
 
 log = logging.getLogger("tfscache.storage.tier")
 
@@ -38,23 +44,23 @@ LOADERS = {"loading"}  # the use of a version that a changed copy may still be s
 class DiskTier:
     def __init__(self, root: Path, cap_bytes: int, store: ObjectStore, *, parallel: int = 8,
                  rescan_s: float = 1.0, in_use: Callable[[Key], set[str]] | None = None,
-                 events: TierEvents | None = None) -> None:
+                 events: TierEvents | None = None, list_rate: float = 20.0, list_active_s: float = 600.0) -> None:
         """``in_use(key)``: what the nodes do with that version now, as states of their caches'
         ledgers ("loading", "available", "unloading"; empty: nothing). A version in use is never
-        evicted; one a node serves ("available", "unloading") is never replaced either."""
+        evicted; one a node serves ("available", "unloading") is never replaced either.
+        ``rescan_s``, ``list_rate``, ``list_active_s``: the listings' (``Listings``)."""
         self.root, self.cap_bytes, self.store = Path(root), cap_bytes, store
         self.rescan_s = rescan_s
         self.in_use = in_use or (lambda key: set())
         self.events = events or TierEvents()
-        self._files: dict[str, dict[str, tuple[int, str]]] = {}  # the model's own files, as last listed
+        self.listings = Listings(store, interval_s=rescan_s, rate=list_rate, active_s=list_active_s,
+                                 on_disk=self._on_disk)
         self._local_files: dict[tuple[str, str], tuple[int, str]] = {}  # ... and the copies on disk
         self._file_flights: dict[str, asyncio.Future] = {}
         self._gate = asyncio.Semaphore(parallel)
         self._resident: OrderedDict[Key, tuple[int, dict]] = OrderedDict()  # LRU first; (bytes, manifest)
         self._reserved: dict[Key, int] = {}
         self._flights: dict[Key, asyncio.Future] = {}
-        self._listings: dict[str, tuple[float, dict[int, VersionListing]]] = {}
-        self._listing_flights: dict[str, asyncio.Future] = {}
 
     async def start(self) -> None:
         """Adopt the complete versions on disk (oldest marker first in LRU order) and remove partial
@@ -66,6 +72,11 @@ class DiskTier:
         log.log(logging.WARNING if self.used_bytes > self.cap_bytes else logging.INFO,
                 "disk tier %s: adopted %d versions, %d bytes (storage.cache_bytes = %d)", self.root,
                 len(self._resident), self.used_bytes, self.cap_bytes)
+        await self.listings.start(sorted({name for name, _ in self._resident}))
+
+    async def stop(self) -> None:
+        """Stop refreshing listings in the background."""
+        await self.listings.stop()
 
     # --- state, read by the cache and the tests ---
 
@@ -85,7 +96,8 @@ class DiskTier:
         """The tier in ``/status`` and ``tfscache status``."""
         return {"url": self.store.url, "directory": str(self.root), "bytes": self.used_bytes,
                 "cap_bytes": self.cap_bytes, "versions": len(self._resident),
-                "downloads_in_flight": self.downloads_in_flight, "in_use": len(self.protected())}
+                "downloads_in_flight": self.downloads_in_flight, "in_use": len(self.protected()),
+                "lists": self.listings.describe()}
 
     def path(self, name: str, version: int) -> Path:
         return self.root / check_name(name) / str(version)
@@ -96,25 +108,19 @@ class DiskTier:
 
     # --- listing ---
 
-    async def versions(self, name: str) -> dict[int, VersionListing]:
-        """The versions of ``name`` in the bucket (listing ``name/``; at most once per rescan_s)."""
-        check_name(name)
-        cached = self._listings.get(name)
-        if cached is not None and time.monotonic() - cached[0] < self.rescan_s:
-            return cached[1]
-        return await self._single(self._listing_flights, name, self._list(name))
+    async def versions(self, name: str, need: int | None = None) -> dict[int, VersionListing]:
+        """The versions of ``name`` in the bucket: the last listing, or the complete versions on disk,
+        refreshed in the background; listed now only when neither answers (``Listings.versions``)."""
+        return await self.listings.versions(check_name(name), need)
 
     def listed(self, name: str) -> dict[int, VersionListing] | None:
         """The model's last listing however old, without listing; None if never listed."""
-        cached = self._listings.get(name)
-        return cached[1] if cached is not None else None
+        return self.listings.last(name)
 
-    async def _list(self, name: str) -> dict[int, VersionListing]:
-        objects = await self.store.list(name + "/")
-        found = group_versions(name, objects)
-        self._files[name] = model_files(name, objects)
-        self._listings[name] = (time.monotonic(), found)
-        return found
+    def _on_disk(self, name: str) -> dict[int, VersionListing]:
+        """The complete versions of ``name`` in the tier, as the listings they were downloaded from."""
+        return {v: VersionListing(tuple(sorted((rel, size, etag) for rel, (size, etag) in manifest.items())))
+                for (n, v), (_, manifest) in self._resident.items() if n == name}
 
     async def model_file(self, name: str, rel: str) -> Path | None:
         """The local copy of one of the model's own files (``labels.json``), refreshed from the
@@ -130,7 +136,9 @@ class DiskTier:
         await self._single(self._file_flights, name, self._sync_files(name))
 
     async def _sync_files(self, name: str) -> None:
-        listed = self._files.get(name, {})
+        listed = self.listings.files(name)
+        if listed is None:  # not listed since start-up (served from disk): keep what is there
+            return
         for rel, (size, etag) in listed.items():
             if self._local_files.get((name, rel)) == (size, etag):
                 continue
@@ -170,7 +178,7 @@ class DiskTier:
     async def _fetch(self, key: Key) -> Path:
         name, version = key
         try:
-            listing = (await self.versions(name)).get(version)
+            listing = (await self.versions(name, version)).get(version)
         except Unavailable:
             if key not in self._resident:
                 raise
@@ -195,7 +203,7 @@ class DiskTier:
             await self._evict(evicted)
             return await self._download(key, listing)
         except (NotFound, Aborted, DataLoss):
-            self._listings.pop(name, None)  # the bucket changed under the listing: list again next time
+            self.listings.forget(name)  # the bucket changed under the listing: list again next time
             raise
         finally:
             self._reserved.pop(key, None)
