@@ -9,9 +9,9 @@ the reply is read, start it again over the same state directory, check every pin
 ``tfscache node`` runs throughout; ``tfscache serve`` is a sidecar in front of it
 (``--node-address``), so each round restarts only serve, the process that acknowledges.
 To keep 50 starts cheap, each serve is forked from a process that imported it once
-(``forked_serve``: the child runs the ``tfscache serve`` command's own ``main``). A pin the kill lost would show as a model not pinned
-after the restart (the node still holds it: it is adopted unpinned), an unpin lost as one
-still pinned.
+(``forked_serve``: the child runs the ``tfscache serve`` command's own ``main``). A pin
+the kill lost would show as a model not pinned after the restart (the node still holds it:
+it is adopted unpinned), an unpin lost as one still pinned.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ from tfscache import errors
 from tfscache.admin.client import AdminClient
 from tfscache.cache.manager import CacheManager
 from tfscache.cache.state import load_state
-from tfscache.nodeclient import NodeClient
-from tfscache.repository import ModelRepository
+from tfscache.kinds.nodepid import NodeMemory
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
+from tfscache.kinds.tfserving.client import NodeClient
+from tfscache.repository.local import ModelRepository
 from tfscache.settings import CacheSection
 
 ROUNDS = 50
@@ -54,8 +56,9 @@ def node(tmp_path_factory):
 async def cache_over(node, repository: Path, state_file: Path):
     """A started CacheManager over ``node`` with ``state_file``; stopped on exit."""
     client = NodeClient(node.grpc_target, rpc_deadline_s=10.0)
-    cache = CacheManager(client, ModelRepository(repository), CacheSection(), node_pid=node.pid,
-                         state_file=state_file)
+    models = ModelRepository(repository)
+    adapter = TFServingAdapter(client, models, rpc_deadline_s=10.0, memory=NodeMemory(node.pid))
+    cache = CacheManager(adapter, models, CacheSection(), state_file=state_file)
     await cache.start()
     try:
         await cache.wait_synced(60)

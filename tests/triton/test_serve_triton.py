@@ -266,7 +266,8 @@ def test_an_unknown_version_of_a_model_on_no_node_gets_tritons_text(serve, node_
     for (what, name), answer in expected.items():
         assert outcome(calls[what], raw, name, "9") == answer, (what, name)  # raw Triton says so
         assert outcome(calls[what], tfs, name, "9") == answer, (what, name)
-    rest = {"/v2/models/addk_11/versions/9": (404, missing[1]), "/v2/models/addk_11/versions/9/config": (404, missing[1]),
+    rest = {"/v2/models/addk_11/versions/9": (404, missing[1]),
+            "/v2/models/addk_11/versions/9/config": (404, missing[1]),
             "/v2/models/addk_11/versions/9/stats": (400, expected["statistics", "addk_11"][1]),
             "/v2/models/addk_11/versions/9/ready": (400, "Model version not ready"),
             "/v2/models/ghost/versions/9": (404, ghost[1]), "/v2/models/ghost/versions/9/ready":
