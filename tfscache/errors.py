@@ -12,6 +12,7 @@ client gets the same code from tfscache as from a TF Serving node.
     ├── OutOfRange                   OUT_OF_RANGE        400
     ├── NotFound                     NOT_FOUND           404
     │   └── ModelNotFound            NOT_FOUND           404
+    │       └── VersionNotFound      NOT_FOUND           404
     ├── AlreadyExists                ALREADY_EXISTS      409
     ├── Aborted                      ABORTED             409
     ├── PermissionDenied             PERMISSION_DENIED   403
@@ -77,6 +78,11 @@ class NotFound(TfscacheError):
 
 class ModelNotFound(NotFound):
     """No such model (or version) in the model repository."""
+
+
+class VersionNotFound(ModelNotFound):
+    """The model is in the repository, but not the version asked for (same text as ModelNotFound's;
+    a node kind that words the two cases apart, Triton, tells them by the class)."""
 
 
 class AlreadyExists(TfscacheError):

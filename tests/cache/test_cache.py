@@ -415,7 +415,7 @@ async def test_pins_survive_a_restart(make_cache, tmp_path, anode):
     first = await make_cache(state_file=state, max_models_per_node=2)
     await first.pin("addk_1")
     await first.pin("addk_2")
-    first.unpin("addk_2")
+    await first.unpin("addk_2")
     await first.stop()
     assert {m["name"]: m["pinned"] for m in json.loads(state.read_text())["models"]} == {
         "addk_1": True, "addk_2": False}

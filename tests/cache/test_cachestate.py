@@ -12,6 +12,7 @@ import threading
 
 import pytest
 
+from tfscache import errors
 from tfscache.cache import state as cachestate
 from tfscache.cache.state import CacheState, SavedVersion, StateWriter, load_state, save_state
 
@@ -281,3 +282,19 @@ async def test_no_path_writes_nothing(tmp_path):
     writer.schedule(lambda: pytest.fail("state_fn called without a path"))
     await writer.close()
     assert list(tmp_path.iterdir()) == []
+
+
+async def test_a_failed_write_fails_the_flushes_it_covered_and_not_close(tmp_path):
+    def failing(path, state):
+        raise OSError(28, "No space left on device")
+
+    writer = StateWriter(tmp_path / "s.json", write=failing)
+    writer.schedule(lambda: state(1))
+    with pytest.raises(errors.Internal) as caught:
+        await writer.flush()
+    assert caught.value.message == (f"the state file {tmp_path / 's.json'} could not be written: "
+                                    "[Errno 28] No space left on device")
+    assert not writer.pending and writer.writes == 1  # done, not retried forever
+    writer.schedule(lambda: state(2))
+    await asyncio.wait_for(writer.close(), WAIT_S)  # logged, not raised
+    assert writer.writes == 2

@@ -6,8 +6,9 @@ import copy
 
 import pytest
 
+from tfscache.cache.freeing import Freeing
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Ledger
-from tfscache.cache.planner import Caps, plan
+from tfscache.cache.planner import Caps, plan, waits_for_freed_memory
 from tfscache.cache.policy import make_policy
 
 
@@ -137,3 +138,56 @@ def test_planning_changes_nothing():
     plan(ledger, Caps(max_models=2), policy, 200.0)
     assert (ledger.entries, ledger.pending) == (entries, pending)
     assert {k: e.state for k, e in ledger.entries.items()} == states
+
+
+# -- memory freed means measured free (issue 23, item 5; tfscache/cache/freeing.py) ------------------
+
+
+def unloaded_but_not_freed(ledger: Ledger, name: str, *, host_before: int, until: float, gpu: int = 0,
+                           gpu_before: int | None = None) -> None:
+    """``name`` retired and reported gone by the node, its bytes held until measured free."""
+    key = (name, 1)
+    size = ledger.entries[key].bytes
+    ledger.retire(key)
+    ledger.unloaded(key)
+    ledger.free_later(Freeing((key,), size, gpu, host_before, gpu_before, until))
+
+
+def test_an_unloaded_models_bytes_count_until_the_node_measures_them_free():
+    ledger, policy = ledger_with({"a": 60, "c": 30})
+    unloaded_but_not_freed(ledger, "a", host_before=1000, until=50.0)
+    want(ledger, "b", size=60)
+    caps = Caps(memory_bytes=100)
+    assert ledger.freeing_bytes() == (60, 0) and "a" not in {k[0] for k in ledger.entries}
+    decided = plan(ledger, caps, policy, 10.0)  # b fits beside c: no victim taken for a's bytes
+    assert (names(decided.victims), names(decided.admit)) == ([], ["b"])
+    ledger.admitted(("b", 1), 10.0)
+    assert waits_for_freed_memory(ledger, caps)  # 30 + 60 admitted + 60 not given back > 100: b waits
+    assert ledger.freed(host_now=990, gpu_now=None, now=10.0) == ([], [])  # 10 of 60 bytes back: not yet
+    assert waits_for_freed_memory(ledger, caps)
+    [record], expired = ledger.freed(host_now=960, gpu_now=None, now=11.0)  # half of them back: free
+    assert (record.keys, expired, ledger.freeing_bytes()) == ((("a", 1),), [], (0, 0))
+    assert not waits_for_freed_memory(ledger, caps)
+
+
+def test_the_bounded_wait_counts_them_free_when_the_memory_never_drops():
+    ledger, policy = ledger_with({"a": 60})
+    unloaded_but_not_freed(ledger, "a", host_before=1000, until=50.0)
+    want(ledger, "b", size=60)
+    ledger.admitted(("b", 1), 10.0)
+    assert ledger.freed(host_now=1000, gpu_now=None, now=49.9) == ([], [])
+    assert waits_for_freed_memory(ledger, Caps(memory_bytes=100))
+    measured, [record] = ledger.freed(host_now=1000, gpu_now=None, now=50.0)
+    assert (measured, record.keys, ledger.freeing_bytes()) == ([], (("a", 1),), (0, 0))
+    assert not waits_for_freed_memory(ledger, Caps(memory_bytes=100))
+
+
+def test_gpu_bytes_wait_for_the_gpu_to_drop_and_an_unmeasured_node_is_taken_at_its_word():
+    ledger, policy = ledger_with({"a": 10, "c": 10})
+    unloaded_but_not_freed(ledger, "a", host_before=1000, until=50.0, gpu=80, gpu_before=500)
+    assert ledger.freeing_bytes() == (10, 80) and ledger.gpu_used() == 0
+    assert ledger.freed(host_now=900, gpu_now=480, now=1.0) == ([], [])  # host back, GPU not yet
+    [record], _ = ledger.freed(host_now=900, gpu_now=450, now=1.0)
+    assert record.gpu == 80 and ledger.freeing_bytes() == (0, 0)
+    unloaded_but_not_freed(ledger, "c", host_before=None, until=50.0)  # no pid: nothing to measure by
+    assert [r.keys for r in ledger.freed(host_now=None, gpu_now=None, now=1.0)[0]] == [(("c", 1),)]

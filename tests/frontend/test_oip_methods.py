@@ -13,7 +13,8 @@ from tritonclient.grpc import service_pb2 as triton
 from tfscache import errors
 from tfscache.frontend.protocols.tfserving.methods import RouteKey
 from tfscache.frontend.protocols.oip.methods import (METHODS, MODEL_READY_PATH, REFUSED, REPOSITORY_REFUSED, name_request,
-                                           parse_version, read_ready, ready_response, unknown_model)
+                                           parse_version, read_ready, ready_response, unknown_model,
+                                           unknown_version)
 from tfscache.wire import oip_heads_pb2
 
 SERVICE = "/inference.GRPCInferenceService/"
@@ -144,8 +145,22 @@ def test_wire_messages_round_trip_with_official_ones():
 
 def test_unknown_model_texts_are_tritons():
     assert unknown_model(RouteKey("x")).message == "Request for unknown model: 'x' is not found"
-    assert unknown_model(RouteKey("mv", version=1)).message == "Request for unknown model: 'mv' version 1 is not found"
+    # Triton looks the name up first: an unknown name's text names no version (measured on 2.51).
+    assert unknown_model(RouteKey("mv", version=1)).message == "Request for unknown model: 'mv' is not found"
     assert unknown_model(RouteKey("x")).grpc_code.name == "NOT_FOUND"
+
+
+def test_unknown_version_answers_are_those_of_a_triton_serving_the_model():
+    key = RouteKey("mv", version=9)
+    for method in ("ModelInfer", "ModelMetadata", "ModelConfig"):
+        answer = unknown_version(method, key)
+        assert (answer.grpc_code.name, answer.message) == (
+            "NOT_FOUND", "Request for unknown model: 'mv' version 9 is not found")
+    stats = unknown_version("ModelStatistics", key)
+    assert (stats.grpc_code.name, stats.http_status, stats.message) == (
+        "INVALID_ARGUMENT", 400, "requested model version is not available for model 'mv'")
+    assert read_ready(unknown_version("ModelReady", key)) is False
+    assert METHODS[SERVICE + "ModelReady"].unknown_version(key) == ready_response(False)
 
 
 def test_front_end_imports_no_tritonclient():

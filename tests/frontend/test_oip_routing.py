@@ -213,7 +213,7 @@ async def test_an_unknown_model_with_no_node_answering_gets_tritons_text(world):
     with pytest.raises(grpc.aio.AioRpcError) as info:
         await world["call"]("ModelInfer", infer_request("ghost", "3"))
     assert (info.value.code(), info.value.details()) == (
-        grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'ghost' version 3 is not found")
+        grpc.StatusCode.NOT_FOUND, "Request for unknown model: 'ghost' is not found")
 
 
 async def test_server_requests_go_to_a_node_without_a_lease(world):

@@ -343,3 +343,40 @@ async def test_retries_and_forwards_are_counted_per_backend(world):
     assert s.value("tfscache_retries_total", node=first) == 1 and s.value("tfscache_retries_total", node=second) == 0
     assert s.value("tfscache_forwards_total", node=first) == s.value("tfscache_forwards_total", node=second) == 1
     assert s.value("tfscache_forwards_total", node=third) == 0  # every backend has its series
+
+
+async def test_a_node_replaced_while_a_request_waits_for_it_serves_the_request(world):
+    """Issue 23, the Triton kill flake: a request that found every replica down waits for one to
+    connect again; the node's process is replaced meanwhile (serve detaches the backend, attaches
+    the new process, closes the old channel). Closing a channel under ``channel_ready`` raises
+    grpc's UsageError; it used to escape the router as INTERNAL "internal error in tfscache front
+    end" (an InferenceServerException to the client). The request goes to the new process."""
+    first, second = replicas(world, "r1")
+    for name in (first, second):
+        await world["servers"][name].server.stop(0)  # both replicas' processes die
+    backend, old = world["backends"][first], world["backends"][first].upstream
+    waiting = asyncio.Event()
+    wait_serving = backend.wait_serving
+
+    async def noted(timeout):
+        waiting.set()
+        return await wait_serving(timeout)
+
+    backend.wait_serving = noted
+    answer = asyncio.ensure_future(world["predict"](request_for("r1"), timeout=30))
+    await asyncio.wait_for(waiting.wait(), 10)  # it tried both and waits for one to serve again
+
+    async def failing():
+        while old.channel.get_state() != grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+            await asyncio.sleep(0.01)  # polling the channel's state, bounded by wait_for
+
+    await asyncio.wait_for(failing(), 10)  # the state in which a close ends channel_ready with UsageError
+    replacement = RecordingServer(first)
+    await replacement.server.start()
+    world["servers"][f"{first}-new"] = replacement  # stopped with the others
+    backend.detach()  # as ServeApp._node_exited, then _node_started
+    backend.attach(Upstream(f"127.0.0.1:{replacement.port}", None, old._http, max_send_bytes=1 << 20,
+                            max_receive_bytes=1 << 20), FakeCache())
+    await old.close()
+    assert await asyncio.wait_for(answer, 30) == f"from-{first}".encode()
+    assert len(replacement.calls) == 1

@@ -21,6 +21,12 @@ def addk_of(name: str) -> float:
     return float(name.rsplit("_", 1)[1])
 
 
+def describe(exc: BaseException) -> str:
+    """An exception with its text: tritonclient's InferenceServerException keeps its status and
+    message out of ``args``, so its repr alone reads ``InferenceServerException()``."""
+    return f"{type(exc).__name__}({str(exc)!r})"
+
+
 class ClientLoop:
     errors: tuple[type[BaseException], ...] = (Exception,)
 
@@ -71,7 +77,7 @@ class ClientLoop:
 
     def check(self) -> None:
         """No failed request, and every answer right (y = x + k)."""
-        failures = self.failures()
+        failures = [(name, describe(exc)) for name, exc in self.failures()]
         assert not failures, f"{len(failures)} failed of {len(self.results)}: {failures[:5]}"
         wrong = [(name, x, y) for name, x, y, _, _ in self.results if y != [x + addk_of(name)]]
         assert not wrong, f"{len(wrong)} wrong answers of {len(self.results)}: {wrong[:5]}"

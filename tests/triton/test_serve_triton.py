@@ -242,6 +242,49 @@ def test_unknown_model_and_version_get_tritons_own_errors(serve, triton, clients
         assert (ours.status_code, ours.json()) == (theirs.status_code, theirs.json()) == (status, {"error": text})
 
 
+def test_an_unknown_version_of_a_model_on_no_node_gets_tritons_text(serve, node_target, triton, clients):
+    """Issue 23: a version the repository lacks of a model no node has ever held is answered as raw
+    Triton serving that model answers (not "'addk_11' is not found", the text of a node that never
+    loaded it), over gRPC and REST; an unknown name names no version, whatever version was asked."""
+    tfs, raw = clients["tfs"][0], clients["raw"][0]
+    raw.load_model("addk_11", client_timeout=60)  # the reference: a Triton that serves the model
+    assert index_states(node_target)["addk_11"] == {""}  # tfscache's node never loaded it: no state
+    calls = {"infer": lambda c, n, v: grpc_infer(c, n, [1.0], version=v),
+             "metadata": lambda c, n, v: c.get_model_metadata(n, v),
+             "config": lambda c, n, v: c.get_model_config(n, v),
+             "statistics": lambda c, n, v: c.get_inference_statistics(n, v),
+             "ready": lambda c, n, v: c.is_model_ready(n, v)}
+    missing = ("StatusCode.NOT_FOUND", "Request for unknown model: 'addk_11' version 9 is not found")
+    ghost = ("StatusCode.NOT_FOUND", "Request for unknown model: 'ghost' is not found")
+    expected = {("infer", "addk_11"): missing, ("metadata", "addk_11"): missing, ("config", "addk_11"): missing,
+                ("statistics", "addk_11"): ("StatusCode.INVALID_ARGUMENT",
+                                            "requested model version is not available for model 'addk_11'"),
+                ("ready", "addk_11"): False,
+                ("infer", "ghost"): ghost, ("metadata", "ghost"): ghost, ("config", "ghost"): ghost,
+                ("statistics", "ghost"): ("StatusCode.INVALID_ARGUMENT", "requested model 'ghost' is not available"),
+                ("ready", "ghost"): False}
+    for (what, name), answer in expected.items():
+        assert outcome(calls[what], raw, name, "9") == answer, (what, name)  # raw Triton says so
+        assert outcome(calls[what], tfs, name, "9") == answer, (what, name)
+    rest = {"/v2/models/addk_11/versions/9": (404, missing[1]),
+            "/v2/models/addk_11/versions/9/config": (404, missing[1]),
+            "/v2/models/addk_11/versions/9/stats": (400, expected["statistics", "addk_11"][1]),
+            "/v2/models/addk_11/versions/9/ready": (400, "Model version not ready"),
+            "/v2/models/ghost/versions/9": (404, ghost[1]), "/v2/models/ghost/versions/9/ready":
+            (400, "Model version not ready")}
+    for path, (status, text) in rest.items():
+        for url in (triton.http_url, serve.rest_url):
+            reply = requests.get(f"{url}{path}", timeout=30)
+            assert (reply.status_code, reply.json()) == (status, {"error": text}), (url, path)
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    for name, text in (("addk_11", missing[1]), ("ghost", ghost[1])):
+        for url in (triton.http_url, serve.rest_url):
+            reply = requests.post(f"{url}/v2/models/{name}/versions/9/infer", json=body, headers=IDENTITY, timeout=30)
+            assert (reply.status_code, reply.json()) == (404, {"error": text}), (url, name)
+    assert index_states(node_target)["addk_11"] == {""}  # and nothing was loaded for it
+    raw.unload_model("addk_11")
+
+
 def assert_still_serving(serve, clients) -> None:
     assert serve.process.poll() is None
     assert grpc_infer(clients["tfs"][0], "addk_2", [1.0]) == [3.0]

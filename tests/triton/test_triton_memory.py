@@ -10,6 +10,7 @@ by at most the cap. Each test has its own serve, so its cache starts knowing no 
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -19,8 +20,8 @@ import pytest
 import tritonclient.grpc as tritongrpc
 
 from frontend.serving import start_serve
-from support.triton import IndexSampler, resident_models, serve_triton_nodes
-from tfscache.kinds.triton.testmodels import build_addk
+from support.triton import IndexSampler, index_states, oip_infer, resident_models, serve_triton_nodes
+from tfscache.kinds.triton.testmodels import build_addk, build_late_free
 
 MIB = 1 << 20
 PADDING = 96 * MIB
@@ -118,3 +119,35 @@ def test_first_loads_hold_the_cap_too(padded_serve):
         client.close()
     assert answers == expected(range(ROUNDS))
     check_samples(sampler, base, rss)
+
+
+def test_a_load_waits_until_an_unloaded_model_gives_its_memory_back(tmp_path):
+    """Issue 23, item 5: ``late_a`` keeps its memory after its unload until the test releases it (its
+    finalize() holds it: Triton shows it UNLOADING, the stub and its RSS stay). The cap has room for
+    one padded model, so ``late_b`` must wait for that memory: no index sample ever shows both, and
+    late_b is not even sent to the node before the release. (Triton keeps a python model UNLOADING
+    until its stub exits, so here the adapter's wait for UNAVAILABLE and the measured-free rule,
+    tfscache/cache/freeing.py, agree; tests/cache/test_freed_memory.py has a node that reports the
+    version gone first.)"""
+    repository, release = tmp_path / "late-repository", tmp_path / "release"
+    build_late_free(repository, 31, PADDING, release, "late_a")
+    build_late_free(repository, 32, PADDING, release, "late_b")
+    with start_serve(tmp_path, repository, "--backend", "triton", "--local-nodes", "1",
+                     "--memory-per-node", str(200 * MIB)) as serve:
+        target = f"127.0.0.1:{serve_triton_nodes(serve)['node0']['grpc']}"
+        assert oip_infer(serve.grpc_target, "late_a", 1.0, timeout=120) == [32.0]  # its size is learned
+        answers: list = []
+        with IndexSampler({"node0": target}) as sampler:
+            second = threading.Thread(target=lambda: answers.append(oip_infer(serve.grpc_target, "late_b", 1.0,
+                                                                              timeout=120)))
+            second.start()
+            deadline = time.monotonic() + 60
+            while index_states(target).get("late_a") != {"UNLOADING"}:
+                assert time.monotonic() < deadline, index_states(target)
+                time.sleep(0.02)  # polling a condition with a deadline
+            second.join(1.0)
+            assert second.is_alive() and index_states(target).get("late_b") == {""}  # waits, never sent
+            release.touch()
+            second.join(120)
+        assert answers == [[33.0]]
+    assert sampler.peak("node0") == 1, sampler.samples["node0"][-20:]

@@ -111,14 +111,16 @@ class AdminOperations:
         results = await asyncio.gather(*(getattr(self.cache(t), operation)(name, version, timeout) for t in targets))
         return {t: [r] for t, r in zip(targets, results)}
 
-    def unpin(self, name: str, version: int | None, node: str = "") -> dict[str, list[ResidentModel]]:
-        """Unpin where pinned; NOT_FOUND when pinned nowhere."""
+    async def unpin(self, name: str, version: int | None, node: str = "") -> dict[str, list[ResidentModel]]:
+        """Unpin where pinned (on disk before it returns); NOT_FOUND when pinned nowhere."""
         done: dict[str, list[ResidentModel]] = {}
+        caches = {}
         for target in self._all_targets(node):
             cache = self._optional_cache(target, node)
-            if cache is None or not _has(cache, name, version, pinned=True):
-                continue
-            keys = cache.unpin(name, version)
+            if cache is not None and _has(cache, name, version, pinned=True):
+                caches[target] = cache
+        unpinned = await asyncio.gather(*(cache.unpin(name, version) for cache in caches.values()))
+        for (target, cache), keys in zip(caches.items(), unpinned):
             done[target] = [m for m in cache.snapshot() if (m.name, m.version) in keys]
         if not done:
             where = f"node {node}" if node else "any node of this tfscache"

@@ -67,7 +67,7 @@ class AdminService:
                                              request.timeout_s or None))
 
     async def Unpin(self, request: admin_pb2.ModelRequest) -> admin_pb2.ModelResponse:
-        return _results(self.admin.unpin(request.name, _version(request), request.node))
+        return _results(await self.admin.unpin(request.name, _version(request), request.node))
 
     async def Preload(self, request: admin_pb2.ModelRequest) -> admin_pb2.ModelResponse:
         return _results(await self.admin.preload(request.name, _version(request), request.node,

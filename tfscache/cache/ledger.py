@@ -16,6 +16,7 @@ import asyncio
 from dataclasses import dataclass
 
 from tfscache import errors
+from tfscache.cache.freeing import Freeing
 from tfscache.cache.policy import EvictionPolicy
 
 Key = tuple[str, int]
@@ -82,6 +83,7 @@ class Ledger:
         self.learned: dict[Key, int] = {}  # bytes measured on an earlier load, kept across evictions
         self.learned_gpu: dict[Key, int] = {}  # GPU bytes measured on an earlier load, likewise
         self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
+        self._freeing: list[Freeing] = []  # gone from the node, memory not measured free yet
         self._policy = policy
 
     def __len__(self) -> int:
@@ -104,6 +106,14 @@ class Ledger:
     def gpu_used(self) -> int:
         """GPU bytes of every entry, leaving ones included."""
         return sum(e.gpu for e in self.entries.values())
+
+    def freeing(self) -> list[Freeing]:
+        """Versions the node reported gone whose memory still counts (tfscache.cache.freeing)."""
+        return list(self._freeing)
+
+    def freeing_bytes(self) -> tuple[int, int]:
+        """(host, GPU) bytes of versions gone whose memory the node has not given back yet."""
+        return sum(f.bytes for f in self._freeing), sum(f.gpu for f in self._freeing)
 
     def gpu_estimate(self, key: Key) -> int:
         """GPU bytes ``key`` will take: learned on an earlier load, else 0 (unknown until it loads once)."""
@@ -272,6 +282,19 @@ class Ledger:
             self._forget(entry)
         return entry
 
+    def free_later(self, record: Freeing) -> None:
+        """Versions just ``unloaded`` keep counting (``record.bytes``, ``record.gpu``) until ``freed``."""
+        if record.bytes or record.gpu:
+            self._freeing.append(record)
+
+    def freed(self, host_now: int | None, gpu_now: int | None, now: float) -> tuple[list[Freeing], list[Freeing]]:
+        """Release the records whose memory the node's measure shows given back, and those whose
+        bounded wait passed: (measured free, counted free by the wait)."""
+        measured = [f for f in self._freeing if f.dropped(host_now, gpu_now)]
+        expired = [f for f in self._freeing if f not in measured and now >= f.until]
+        self._freeing = [f for f in self._freeing if f not in measured and f not in expired]
+        return measured, expired
+
     def lost(self, key: Key) -> Entry | None:
         """The node no longer serves ``key`` (it restarted, or a load's outcome is unknown after it
         failed): the entry leaves, but its pin SURVIVES, so the cache loads and pins it again
@@ -283,11 +306,12 @@ class Ledger:
         return entry
 
     def reset(self) -> None:
-        """Forget every entry and pin (start-up re-adoption starting over)."""
+        """Forget every entry, pin and version being freed (start-up re-adoption starting over)."""
         for entry in self.entries.values():
             self._forget(entry)
         self.entries.clear()
         self.pinned.clear()
+        self._freeing.clear()
 
     def take_waiters(self) -> list[asyncio.Future]:
         """Every waiting caller (pending loads dropped): the node is down or the cache stopped."""

@@ -114,9 +114,24 @@ class CacheManager:
             await writer.close()
 
     async def flush_state(self) -> None:
-        """Wait until the state file holds every change made so far."""
+        """Wait until the state file holds every change made so far (fsynced); ``errors.Internal``
+        if the write failed."""
         if self._writer is not None:
             await self._writer.flush()
+
+    @property
+    def state_writes(self) -> int:
+        """How many times the state file was written since start (coalesced writes count once)."""
+        return self._writer.writes if self._writer is not None else 0
+
+    async def _durable(self, done: str) -> None:
+        """Before an admin operation's reply: the state file holds its change (``done``), so a crash
+        right after the reply keeps it. Concurrent operations share one coalesced write."""
+        try:
+            await self.flush_state()
+        except errors.Internal as exc:
+            raise errors.Internal(f"{done} on node {self.target}, but {exc.message}; "
+                                  "a restart of this process would lose it") from exc
 
     # -- requests ------------------------------------------------------------------------
 
@@ -198,6 +213,7 @@ class CacheManager:
         """Load ``name`` (version None: the highest on disk) unless resident; errors as ``acquire``'s."""
         lease = await self.acquire(name, version, timeout)
         lease.release()
+        await self._durable(f"loaded model {lease.name} version {lease.version}")
         return self._resident((lease.name, lease.version))
 
     async def pin(self, name: str, version: int | None = None, timeout: float | None = None) -> ResidentModel:
@@ -206,9 +222,10 @@ class CacheManager:
         self.ledger.pin((lease.name, lease.version))
         lease.release()
         self._save()
+        await self._durable(f"pinned model {lease.name} version {lease.version}")
         return self._resident((lease.name, lease.version))
 
-    def unpin(self, name: str, version: int | None = None) -> list[Key]:
+    async def unpin(self, name: str, version: int | None = None) -> list[Key]:
         """Make pinned versions of ``name`` (all when ``version`` is None) evictable again."""
         keys = sorted(k for k in self.ledger.pinned if k[0] == name and version in (None, k[1]))
         if not keys:
@@ -217,6 +234,7 @@ class CacheManager:
         self._reloader.lost_pins.unpinned(keys)
         self._save()
         self._signals.wake()  # a load may have been waiting for the room the pin held
+        await self._durable(f"unpinned model {name}{_version(version)}")
         return keys
 
     async def evict(self, name: str, version: int | None = None) -> list[Key]:
@@ -240,11 +258,13 @@ class CacheManager:
             futures.append(self._signals.request_evict(key))
         self._signals.wake()
         await asyncio.gather(*futures)
+        await self._durable(f"evicted model {name}{_version(version)}")
         return sorted(keys)
 
     async def drain(self) -> None:
         """Refuse new acquires, let leases and queued loads finish, then unload every model."""
         await self._signals.request_drain()
+        await self._durable("drained")
 
     # -- internals -----------------------------------------------------------------------
 

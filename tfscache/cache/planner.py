@@ -11,7 +11,9 @@ the live cache (the simulator and the cache cannot disagree). The rules:
    fit even with every idle model gone blocks itself and every load behind it (it waits
    for a lease to end, up to ``room_timeout_s``);
 3. only READY models without a lease or a pin are ever victims, and a model's bytes count
-   until the node reports it gone, so the caps hold at every instant.
+   until the node reports it gone, so the caps hold at every instant; after that, under a
+   memory or GPU cap, they count until measured free (``waits_for_freed_memory``: the
+   admitted loads wait for them, no further victim is taken).
 
 A third cap, ``gpu_bytes``, bounds the GPU memory of the models (``Entry.gpu``, learned from
 the growth across a load; tfscache.kinds.gpumem). A model never loaded before counts 0 GPU bytes
@@ -85,6 +87,17 @@ def plan(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float) -> Plan
     return result
 
 
+def waits_for_freed_memory(ledger: Ledger, caps: Caps) -> bool:
+    """Whether loads admitted now must wait before going to the node: counting the memory of
+    versions it reported gone but has not given back (``Ledger.freeing``), it is over a cap.
+
+    ``plan`` itself leaves those bytes out: they leave without an unload, so taking more
+    victims for them would evict models for nothing; the reloader holds the batch back
+    instead until they are measured free (tfscache/cache/freeing.py)."""
+    host, gpu = ledger.freeing_bytes()
+    return bool(host or gpu) and not caps.fit(len(ledger.entries), ledger.used() + host, ledger.gpu_used() + gpu)
+
+
 def room_message(ledger: Ledger, caps: Caps, pending: Pending, node: str, timeout_s: float) -> str:
     """RESOURCE_EXHAUSTED text for a load that waited ``timeout_s`` for room: which cap, what holds it."""
     entries = ledger.entries
@@ -102,6 +115,8 @@ def room_message(ledger: Ledger, caps: Caps, pending: Pending, node: str, timeou
     holders = [f"{n} version {v} ({_holding(e)})" for (n, v), e in list(entries.items())[:_MAX_HOLDERS_NAMED]]
     if len(entries) > _MAX_HOLDERS_NAMED:
         holders.append(f"and {len(entries) - _MAX_HOLDERS_NAMED} more")
+    holders += [f"{', '.join(f'{n} version {v}' for n, v in f.keys)} (unloaded, {f.bytes} bytes not yet "
+                f"measured free)" for f in ledger.freeing()]
     name, version = pending.key
     return (f"No room on node {node} to load model {name} version {version} "
             f"within {timeout_s} s: {' and '.join(reached) or 'a cap was reached'}; "

@@ -18,7 +18,8 @@ import time
 from tfscache import errors, logs
 from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger
-from tfscache.cache.planner import Caps, plan, room_message, share_growth
+from tfscache.cache.freeing import Freeing
+from tfscache.cache.planner import Caps, plan, room_message, waits_for_freed_memory, share_growth
 from tfscache.cache.policy import EvictionPolicy
 from tfscache.cache.recovery import LostPins, recover, startup
 from tfscache.cache.signals import Signals, done, fail
@@ -26,6 +27,8 @@ from tfscache.cache.state import CacheState, SavedVersion
 from tfscache.repository.local import ModelRepository, not_found
 
 log = logging.getLogger("tfscache.cache")
+
+FREE_POLL_S = 0.2  # how often memory being freed is measured again (cache/freeing.py)
 
 
 class Reloader:
@@ -61,6 +64,8 @@ class Reloader:
         sig.config_sent()
         if sig.recheck_asked and not await self.resync():
             return
+        if ledger.freeing():
+            await self.check_freed()
         keys = [k for k, e in ledger.entries.items() if e.state != UNLOADING]
         gone, replaced = await asyncio.to_thread(self.look, keys)  # one trip off the loop for both
         if replaced:
@@ -83,6 +88,7 @@ class Reloader:
         if leaving and not await self.unload(leaving):
             return
         if batch:
+            await self.await_freed()
             await self.load(batch)
         if leaving or batch:
             sig.wake()  # progress was made: whatever still waits may fit now
@@ -116,10 +122,38 @@ class Reloader:
                 fail(pending.waiters, errors.CapacityExhausted(message))
 
     def next_room_deadline(self) -> float | None:
+        """Seconds until the reloader must look again unwoken: a room wait ends, or memory being
+        freed is to be measured again (every ``FREE_POLL_S``)."""
         blocked = [p.blocked_since for p in self.ledger.pending.values() if p.blocked_since is not None]
-        if not blocked:
-            return None
-        return max(0.0, min(blocked) + self.settings.room_timeout_s - time.monotonic())
+        wait = None if not blocked else max(0.0, min(blocked) + self.settings.room_timeout_s - time.monotonic())
+        if self.ledger.freeing():
+            wait = FREE_POLL_S if wait is None else min(wait, FREE_POLL_S)
+        return wait
+
+    def holds_freed_memory(self) -> bool:
+        """Whether unloaded bytes count until measured free: a memory or GPU cap is in force."""
+        return bool(self.caps.memory_bytes or self.caps.gpu_bytes)
+
+    async def await_freed(self) -> None:
+        """Before a batch admitted on the room of versions just unloaded: while the node is over a
+        cap counting what it has not given back, measure again (bounded by ``free_wait_s``)."""
+        while waits_for_freed_memory(self.ledger, self.caps):
+            await asyncio.sleep(FREE_POLL_S)  # the node's memory is polled; nothing wakes us for it
+            await self.check_freed()
+
+    async def check_freed(self) -> None:
+        """Measure the node (in a worker thread) and release what it has given back (cache/freeing.py)."""
+        host, gpu = await asyncio.to_thread(self.memory_now)
+        measured, expired = self.ledger.freed(host, gpu, time.monotonic())
+        for record in measured:
+            log.info("node %s: memory of %s measured free (%d bytes)", self.node, names(list(record.keys)),
+                     record.bytes)
+        for record in expired:
+            log.warning("node %s: memory of %s (%d bytes) not measured free within cache.free_wait_s = %s s; "
+                        "counting it free", self.node, names(list(record.keys)), record.bytes,
+                        self.settings.free_wait_s)
+        if measured or expired:
+            self.signals.wake()  # a load may have waited for that room
 
     def take_evictions(self) -> list[Key]:
         """Versions ``evict`` marked UNLOADING, and while draining every idle one (pinned or not)."""
@@ -153,10 +187,15 @@ class Reloader:
         return gone
 
     async def unload(self, leaving: list[Key]) -> bool:
-        """The node without ``leaving``; returns once it reports each gone (the batch waits for that)."""
+        """The node without ``leaving``; returns once it reports each gone (the batch waits for that).
+        Under a memory or GPU cap their bytes keep counting until measured free (cache/freeing.py)."""
         started, sizes = time.monotonic(), {k: self.ledger.entries[k].bytes for k in leaving}
+        gpu = sum(self.ledger.entries[k].gpu for k in leaving)
+        before = await asyncio.to_thread(self.memory_now) if self.holds_freed_memory() else None
+        done = False
         try:
             await self.adapter.unload(leaving, self.wanted(loading=False), self.settings.reload_deadline_s)
+            done = True
         except errors.TfscacheError as e:
             self.mark_unhealthy(f"unloading {names(leaving)}: {e.grpc_code.name}: {e.message}")
             return False
@@ -164,7 +203,13 @@ class Reloader:
             for key in leaving:
                 self.ledger.unloaded(key)
                 self.signals.unloaded(key)
+            if done and before is not None:  # each cap in force waits for its own memory
+                host = sum(sizes.values()) if self.caps.memory_bytes else 0
+                self.ledger.free_later(Freeing(tuple(leaving), host, gpu if self.caps.gpu_bytes else 0, *before,
+                                               until=time.monotonic() + self.settings.free_wait_s))
             self.signals.services.save()
+        if before is not None:
+            await self.check_freed()
         seconds = time.monotonic() - started
         for key in leaving:
             log.info("node %s: unloaded %s version %s in %.3f s (%d bytes)", self.node, key[0], key[1],

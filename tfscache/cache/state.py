@@ -8,7 +8,10 @@ moment, sees either the old file or the new one, never part of one. (A SIGKILL i
 middle of a write can leave a ``.NAME.*.tmp`` file behind; it is never read.)
 
 ``save_state`` blocks for the fsyncs; on the event loop use a ``StateWriter``: ``schedule``
-returns at once, and writes are coalesced and done in a worker thread.
+returns at once, and writes are coalesced and done in a worker thread; ``await flush()``
+returns once a write that started after everything scheduled so far is on disk. What the
+admin API acknowledges (pin, unpin, preload, evict, drain) is flushed before the reply, so
+it survives a SIGKILL right after it (docs/state.md); a burst of them shares one write.
 
 A missing or unreadable file reads as empty (logged): the manager then clears the node.
 """
@@ -24,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from tfscache import errors
 from tfscache.cache.ledger import READY, Key, Ledger
 
 log = logging.getLogger("tfscache.cache.state")
@@ -94,16 +98,21 @@ def load_state(path: Path | None) -> CacheState:
 
 def save_state(path: Path | None, state: CacheState) -> None:
     """Write ``state`` atomically and durably (see the module docstring); errors are logged."""
+    try:
+        write_state(path, state)
+    except OSError as e:
+        log.error("cannot write cache state file %s: %s", path, e)
+
+
+def write_state(path: Path | None, state: CacheState) -> None:
+    """``save_state`` that raises ``OSError`` when the file cannot be written."""
     if path is None:
         return
     path = Path(path)
     data = {"format": FORMAT, "node": state.node,
             "models": [asdict(m) for m in state.models], "learned": state.learned}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _replace_durably(path, json.dumps(data, separators=(",", ":")).encode())
-    except OSError as e:
-        log.error("cannot write cache state file %s: %s", path, e)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _replace_durably(path, json.dumps(data, separators=(",", ":")).encode())
 
 
 def _replace_durably(path: Path, data: bytes) -> None:
@@ -134,13 +143,15 @@ class StateWriter:
     exactly one more follows it, however many schedules came meanwhile. ``state_fn`` is
     called on the event loop when that write starts (so it sees the state of that moment,
     not a stale copy); the write itself runs in a worker thread. ``await flush()`` returns
-    once everything scheduled before it was written; ``await close()`` flushes, after which
-    ``schedule`` raises. A write that fails is logged (as by ``save_state``) and counts as
-    done: flush does not wait forever on a full disk. Event-loop thread only.
+    once everything scheduled before it was written (fsynced); ``await close()`` flushes,
+    after which ``schedule`` raises. A write that fails is logged and counts as done (flush
+    does not wait forever on a full disk), but the flushes it was to cover raise
+    ``errors.Internal`` naming the file: an acknowledgement waiting on it is not given
+    (``close`` only logs). Event-loop thread only.
     """
 
     def __init__(self, path: Path | None,
-                 write: Callable[[Path | None, CacheState], None] = save_state) -> None:
+                 write: Callable[[Path | None, CacheState], None] = write_state) -> None:
         self.path = path
         self._write = write
         self._state_fn: Callable[[], CacheState] | None = None
@@ -149,6 +160,7 @@ class StateWriter:
         self._task: asyncio.Task | None = None
         self._waiters: list[tuple[int, asyncio.Future]] = []
         self._closed = False
+        self.writes = 0  # writes started so far (each one file replaced, fsynced)
 
     def schedule(self, state_fn: Callable[[], CacheState]) -> None:
         """Ask for a write of ``state_fn()``; the latest ``state_fn`` given wins."""
@@ -175,30 +187,40 @@ class StateWriter:
         await future
 
     async def close(self) -> None:
-        """Flush, then refuse further schedules."""
+        """Flush, then refuse further schedules (a failed last write is logged, not raised)."""
         self._closed = True
-        await self.flush()
+        try:
+            await self.flush()
+        except errors.Internal:
+            pass
 
     async def _run(self) -> None:
         try:
             while self.pending:
                 covers = self._scheduled
+                failure = None
                 try:
                     state = self._state_fn()
+                    self.writes += 1
                     await asyncio.to_thread(self._write, self.path, state)
-                except Exception:
+                except Exception as exc:
                     log.exception("cannot write cache state file %s", self.path)
+                    failure = f"the state file {self.path} could not be written: {exc}"
                 self._written = covers
-                self._wake_flushes()
+                self._wake_flushes(failure)
         finally:
             self._task = None
             for _, future in self._waiters:  # any left: this task was cancelled mid-write
                 future.cancel()
             self._waiters = []
 
-    def _wake_flushes(self) -> None:
+    def _wake_flushes(self, failure: str | None) -> None:
         done = [future for upto, future in self._waiters if upto <= self._written]
         self._waiters = [(upto, future) for upto, future in self._waiters if upto > self._written]
         for future in done:
-            if not future.done():
+            if future.done():
+                continue
+            if failure is None:
                 future.set_result(None)
+            else:
+                future.set_exception(errors.Internal(failure))

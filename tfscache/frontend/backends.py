@@ -137,7 +137,10 @@ class NodeBackend:
                     if cache.draining:
                         raise errors.NodeUnavailable(f"node {self.name} is draining")
                     if await cache.wait_ready(None):
-                        return await upstream.wait_ready(timeout)
+                        connected = await upstream.wait_ready(timeout)
+                        if self.upstream is upstream:
+                            return connected
+                        continue  # its process was replaced meanwhile (the old channel closed): the new one
                     if self.cache is cache:
                         raise errors.NodeUnavailable(f"node {self.name} stopped")
                     # its process exited and the cache with it: wait for the restarted one

@@ -154,7 +154,13 @@ async def _unknown_model(router: Router, method: Method, key: RouteKey, request:
                          deadline: float | None, forwarded: bool, missing: errors.ModelNotFound) -> bytes:
     """A model the repository lacks, for a node that words that error itself (``Method.unknown``):
     a node's own answer, asked without a lease (it has no such model: the cache alone loads);
-    the method's text when no node answers."""
+    the method's text when no node answers. A version it lacks of a model it has: the method's
+    answer for a served model (``Method.unknown_version``), asking no node."""
+    if isinstance(missing, errors.VersionNotFound) and method.unknown_version is not None:
+        answer = method.unknown_version(key)
+        if isinstance(answer, errors.TfscacheError):
+            raise answer from missing
+        return answer
     try:
         return await router.grpc(method.path, None, request, metadata, deadline, forwarded)
     except (errors.Unavailable, errors.DeadlineExceeded):

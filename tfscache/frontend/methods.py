@@ -106,6 +106,9 @@ class Method:
     # How the request is answered, when not by ``Router.grpc`` (one node under a lease):
     # ``send(router, path, key, request, metadata, deadline, forwarded)`` -> response bytes.
     send: Callable[..., Awaitable[bytes]] | None = None
+    # For such a node: the answer (an error, or response bytes) when the repository has the model but
+    # not the version asked for, as that node kind answers while it serves the model. None: as above.
+    unknown_version: Callable[[RouteKey], errors.TfscacheError | bytes] | None = None
 
     def route_key(self, request: bytes) -> RouteKey | None:
         """The request's RouteKey; None when it names no model (the node then reports TF's error)."""

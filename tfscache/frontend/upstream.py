@@ -208,8 +208,15 @@ class Upstream:
             raise errors.NodeUnavailable(f"REST request to {self.rest_address} failed: {exc}") from exc
 
     async def wait_ready(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` s for the gRPC channel to connect (the server listening again)."""
-        return not self._closed and await channel_ready(self.channel, timeout)
+        """Wait up to ``timeout`` s for the gRPC channel to connect (the server listening again);
+        False if it did not, or was closed meanwhile (its node's process replaced, a peer retired:
+        grpc then ends ``channel_ready`` with a UsageError, which must not reach a request)."""
+        if self._closed:
+            return False
+        try:
+            return await channel_ready(self.channel, timeout)
+        except grpc.aio.UsageError:  # closed while waiting
+            return False
 
     async def retire(self, grace: float) -> None:
         """Close once the calls in flight have finished (at most ``grace`` s); calls may still start until then."""

@@ -67,10 +67,12 @@ def _name_problem(name: str) -> str | None:
     return None
 
 
-def not_found(name: str, version: int | None) -> errors.ModelNotFound:
-    """TF Serving's NOT_FOUND for a ModelSpec that names no servable."""
+def not_found(name: str, version: int | None, *, model_known: bool = False) -> errors.ModelNotFound:
+    """TF Serving's NOT_FOUND for a ModelSpec that names no servable; ``model_known``: the model has
+    other versions (``VersionNotFound``, same text)."""
     spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
-    return errors.ModelNotFound(f"Servable not found for request: {spec}")
+    kind = errors.VersionNotFound if model_known else errors.ModelNotFound
+    return kind(f"Servable not found for request: {spec}")
 
 
 def parse_version(dirname: str) -> int | None:
@@ -190,7 +192,7 @@ class ModelRepository:
             return ModelVersion(name, latest, path)
         path = self.version_path(name, version)
         if path is None:
-            raise not_found(name, version)
+            raise not_found(name, version, model_known=self.latest_version(name) is not None)
         return ModelVersion(name, version, path)
 
     async def refresh_labels(self, name: str) -> None:

@@ -79,6 +79,9 @@ class CacheSection:
                                      "RESOURCE_EXHAUSTED", check=_at_least(0))
     failure_backoff_s: float = setting(30.0, "after a failed load, how long requests get the same error",
                                         check=_at_least(0))
+    free_wait_s: float = setting(10.0, "under a memory or GPU cap, how long an unloaded model's bytes count "
+                                 "until the node's measured memory drops; then they count as free",
+                                 check=_at_least(0))
     rpc_deadline_s: float = setting(10.0, "deadline of GetModelStatus and of reloads that load nothing",
                                      check=_at_least(0.001))
     reload_deadline_s: float = setting(300.0, "deadline of a reload that loads models",

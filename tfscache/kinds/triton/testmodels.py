@@ -13,6 +13,8 @@ complete: Triton runs with ``--disable-auto-complete-config``.
   [-1]). Parameter ``padding_bytes``: ``initialize()`` allocates and touches a uint8 array of
   that many bytes and keeps it while loaded, so the model's process really holds that memory
   and memory caps mean something.
+* ``build_late_free``: an addk model whose memory outlives its unload: ``finalize()`` keeps
+  its padding until a release file exists (memory released late, Triton server#4844).
 * ``sleep_ms``: input ``x``/output ``y`` as addk (y = x); ``execute()`` sleeps the
   parameter ``sleep_ms`` milliseconds per request.
 * ``stream_k`` (decoupled, ``model_transaction_policy { decoupled: true }``): for each request,
@@ -145,6 +147,44 @@ def model_config(name: str, parameters: dict[str, str], decoupled: bool = False)
             + params)
 
 
+_LATE_FREE_PY = '''\
+import json
+import os
+import threading
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"])["parameters"]
+        self.k = np.float32(float(parameters["k"]["string_value"]))
+        self.release = parameters["release_file"]["string_value"]
+        self.padding = np.ones(int(parameters["padding_bytes"]["string_value"]), dtype=np.uint8)
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            y = pb_utils.Tensor("y", (x + self.k).astype(np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[y]))
+        return responses
+
+    def finalize(self):
+        padding, release = self.padding, self.release
+
+        def hold():  # a non-daemon thread: the stub, and its memory, stay until it ends
+            deadline = time.monotonic() + 120
+            while not os.path.exists(release) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            return padding.size
+
+        threading.Thread(target=hold).start()
+'''
+
+
 def write_model(dest: Path, name: str, source: str, parameters: dict[str, str], decoupled: bool = False) -> Path:
     """Write DEST/NAME/config.pbtxt and DEST/NAME/1/model.py; returns DEST/NAME."""
     model = Path(dest) / name
@@ -176,6 +216,13 @@ def build_stream(dest: Path, k: int, delay_ms: int, name: str | None = None, mar
 def build_sparse(dest: Path, name: str = "sparse") -> Path:
     """``sparse`` (or ``name``), decoupled: no response for a request whose x[0] < 0, else one (y = x)."""
     return write_model(dest, name, _SPARSE_PY, {}, decoupled=True)
+
+
+def build_late_free(dest: Path, k: int, padding_bytes: int, release_file: Path, name: str) -> Path:
+    """``name``: y = x + k, holding ``padding_bytes`` while loaded and, after its unload, until
+    ``release_file`` exists (at most 120 s): its stub stays, and Triton shows it UNLOADING, until then."""
+    return write_model(dest, name, _LATE_FREE_PY, {"k": str(k), "padding_bytes": str(int(padding_bytes)),
+                                                   "release_file": str(release_file)})
 
 
 def build_triton_models(dest: Path, synthetic: int = 0, padding_bytes: int = 0,

@@ -20,9 +20,13 @@ INVALID_ARGUMENT texts.
   already is gathered from all of them and merged, without a lease (``protocols/oip/stats``).
 * ModelStreamInfer is served by ``protocols/oip/stream`` (each streamed request leased by
   its own model).
-* A model (or version) not in the repository is asked of a node without a lease, so the
-  client gets Triton's own text (``Request for unknown model: 'X' is not found``); the
-  same text is made here only when no node answers (``unknown_model``).
+* A model not in the repository is asked of a node without a lease, so the client gets
+  Triton's own text (``Request for unknown model: 'X' is not found``, whatever version was
+  asked); the same text is made here only when no node answers (``unknown_model``).
+* A version not in the repository of a model that is there is answered here, as a Triton
+  serving that model answers (``unknown_version``): a node's own answer would depend on
+  whether it happens to hold the model now (one that never loaded it says "'X' is not
+  found", one that did "'X' version N is not found").
 * The repository extension is refused: the models a node holds are the cache's to
   decide (REPOSITORY_REFUSED; ``tfscache preload``/``evict`` on the admin port instead).
 * Everything else (shared memory, trace and log settings) is not served: UNIMPLEMENTED,
@@ -83,10 +87,37 @@ def _no_model(request: bytes) -> None:
 
 
 def unknown_model(key: RouteKey) -> errors.NotFound:
-    """Triton's NOT_FOUND text for a model (or version) it has never had (model_lifecycle.cc)."""
-    if key.version is None:
-        return errors.NotFound(f"Request for unknown model: '{key.name}' is not found")
+    """Triton's NOT_FOUND text for a model it has never had (model_lifecycle.cc: the name is looked
+    up before the version, so the text names no version)."""
+    return errors.NotFound(f"Request for unknown model: '{key.name}' is not found")
+
+
+def version_not_found(key: RouteKey) -> errors.NotFound:
+    """Triton's NOT_FOUND text for a version a model it serves lacks (ModelLifecycle::GetModel)."""
     return errors.NotFound(f"Request for unknown model: '{key.name}' version {key.version} is not found")
+
+
+def statistics_version_unavailable(key: RouteKey) -> errors.InvalidArgument:
+    """ModelStatistics' text for a version a model it serves lacks (tritonserver.cc)."""
+    return errors.InvalidArgument(f"requested model version is not available for model '{key.name}'")
+
+
+def version_not_ready(key: RouteKey) -> bytes:
+    """ModelReady's answer for a version a model it serves lacks: not ready."""
+    return ready_response(False)
+
+
+# A version the repository lacks of a model it has, answered as Triton serving that model answers
+# (measured on tritonserver 2.51): by method name (the REST routes use the same names).
+_UNKNOWN_VERSION = {"ModelInfer": version_not_found, "ModelMetadata": version_not_found,
+                    "ModelConfig": version_not_found, "ModelStatistics": statistics_version_unavailable,
+                    "ModelReady": version_not_ready}
+
+
+def unknown_version(method: str, key: RouteKey) -> errors.TfscacheError | bytes:
+    """Triton's answer to ``method`` (ModelInfer, ModelReady, ...) for a version missing from a model
+    it serves: the error, or the response (ModelReady: not ready)."""
+    return _UNKNOWN_VERSION.get(method, version_not_found)(key)
 
 
 def ready_response(ready: bool) -> bytes:
@@ -114,8 +145,10 @@ def _ready_probe(answer: ProbeAnswer) -> bytes:
 
 
 def _method(name: str, read_key, probe=None, send=None) -> Method:
-    return Method(f"/{SERVICE}/{name}", f"inference.{name}Request", read_key,
-                  unknown=unknown_model if read_key is _name_head else None, probe=probe, send=send)
+    if read_key is not _name_head:
+        return Method(f"/{SERVICE}/{name}", f"inference.{name}Request", read_key, probe=probe, send=send)
+    return Method(f"/{SERVICE}/{name}", f"inference.{name}Request", read_key, unknown=unknown_model,
+                  unknown_version=lambda key: unknown_version(name, key), probe=probe, send=send)
 
 
 METHODS: dict[str, Method] = {

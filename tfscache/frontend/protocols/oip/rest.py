@@ -14,7 +14,9 @@ and the node's reply comes back with its status, body, ``Content-Type`` and
 * ``GET .../ready`` is a readiness probe and loads nothing: it is asked as gRPC ModelReady
   (``protocols/oip/methods``, ``probe``) and answered as Triton does, 200 with no body or 400
   ``{"error":"Model version not ready"}``.
-* A model the repository lacks is asked of a node without a lease, for Triton's own 404.
+* A model the repository lacks is asked of a node without a lease, for Triton's own 404; a
+  version it lacks of a model it has is answered here as Triton serving that model answers
+  (``protocols.oip.methods.unknown_version``).
 * ``POST .../generate_stream`` streams the node's Server-Sent Events back as they come,
   under a lease (``protocols/oip/generate``).
 * ``GET .../stats`` of a model that nodes hold already is gathered from all of them and
@@ -41,8 +43,8 @@ from tfscache import errors, logs
 from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.frontend.grpc_server import REQUEST_ID_KEY, new_request_id
 from tfscache.frontend.methods import RouteKey
-from tfscache.frontend.protocols.oip.methods import (METHODS, MODEL_READY_PATH, REPOSITORY_REFUSED, name_request, parse_version,
-                                           read_ready, unknown_model)
+from tfscache.frontend.protocols.oip.methods import (METHODS, MODEL_READY_PATH, REPOSITORY_REFUSED, name_request,
+                                                    parse_version, read_ready, unknown_model, unknown_version)
 from tfscache.frontend.rest import REQUEST_ID_HEADER
 from tfscache.frontend.protocols.oip import stats
 from tfscache.frontend.protocols.oip.generate import generate_stream
@@ -157,7 +159,7 @@ class OipRestApi:
         except errors.ModelNotFound as missing:
             if route.key is None:
                 raise
-            reply = await self._unknown(route.key, missing, send)
+            reply = await self._unknown(route.key, missing, send, route.method)
         if isinstance(reply, web.StreamResponse):  # a stream, relayed already
             return reply
         return web.Response(status=reply.status, body=reply.body,
@@ -175,16 +177,21 @@ class OipRestApi:
         try:
             reply = await ask(key)
         except errors.ModelNotFound as missing:
-            reply = await self._unknown(key, missing, ask)
+            reply = await self._unknown(key, missing, ask, "ModelReady")
         if read_ready(reply):
             return web.Response(status=200)
         return error_response(400, NOT_READY)
 
     @staticmethod
-    async def _unknown(key: RouteKey, missing: errors.ModelNotFound, send):
+    async def _unknown(key: RouteKey, missing: errors.ModelNotFound, send, method: str):
         """A model the repository lacks: a node's own answer, ``send(None)`` (no key: no lease; no
         node holds it, the cache alone loads), in Triton's words; those words made here when none
-        answers."""
+        answers. A version it lacks of a model it has: ``method``'s answer for a served model."""
+        if isinstance(missing, errors.VersionNotFound):
+            answer = unknown_version(method, key)
+            if isinstance(answer, errors.TfscacheError):
+                raise answer from missing
+            return answer
         try:
             return await send(None)
         except (errors.Unavailable, errors.DeadlineExceeded):
