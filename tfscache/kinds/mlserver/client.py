@@ -21,7 +21,7 @@ from __future__ import annotations
 import grpc
 
 from tfscache import errors
-from tfscache.kinds.tfserving.client import NodeChannel
+from tfscache.kinds.channel import NodeChannel
 from tfscache.wire import oip_repository_pb2 as pb
 
 SERVICE = "/inference.GRPCInferenceService/"

@@ -27,6 +27,10 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from tfscache.kinds.supervisor import Launch, Launcher, NodeProcess, free_port
+from tfscache.kinds.table import NodeKind
+from tfscache.settings import NodeSection, Settings, SettingsError
+
 INSTALL_HINT = ("python3.11 -m venv .mlserver && .mlserver/bin/pip install mlserver==1.7.1 "
                 "mlserver-sklearn==1.7.1 mlserver-xgboost==1.7.1 'uvloop<0.22', then put .mlserver/bin on "
                 "PATH or give --node-command .mlserver/bin/mlserver (docs/mlserver.md)")
@@ -77,11 +81,28 @@ def command(binary: Path, repository: Path, *, http_port: int, grpc_port: int, m
     return [str(binary), "start", str(repository)], env
 
 
-def check(node_command: str, extra: Iterable[str]) -> str | None:
-    """Why embedded MLServer nodes cannot start here (no ``mlserver``, bad ``node.extra_args``), or None."""
+def launcher(settings: NodeSection, repository: Path, state_dir: Path) -> Launcher:
+    """The launch of each child over ``repository``; fails at start-up, naming the install, when no
+    ``mlserver`` is found (``--node-command``: the one to run)."""
+    binary = find_mlserver(settings.node_command)
+    settings_env(settings.extra_args)  # a bad node.extra_args fails here, not at each start
+
+    def launch(node: NodeProcess) -> Launch:
+        node.grpc_port, node.rest_port = free_port(), free_port()  # MLServer cannot report port 0
+        argv, env = command(binary, repository, http_port=node.rest_port, grpc_port=node.grpc_port,
+                            metrics_port=free_port(), extra=settings.extra_args)
+        return Launch(argv, env)
+
+    return launch
+
+
+def preflight(settings: Settings, kind: NodeKind) -> None:
+    """Embedded MLServer nodes need an ``mlserver`` program (in an environment of its own, so no pip
+    extra of tfscache's) and ``node.extra_args`` that are MLServer settings."""
     try:
-        find_mlserver(node_command)
-        settings_env(extra)
-    except (MLServerNotFound, ValueError) as e:
-        return str(e)
-    return None
+        find_mlserver(settings.node.node_command)
+        settings_env(settings.node.extra_args)
+    except MLServerNotFound as e:
+        raise SettingsError(f"node.backend = mlserver (embedded MLServer nodes): {e}") from None
+    except ValueError as e:
+        raise SettingsError(f"bad value for setting node.extra_args: {e}") from None

@@ -1,4 +1,4 @@
-"""The Open Inference Protocol as MLServer speaks it: the OIP front end with MLServer's differences.
+"""The Open Inference Protocol as MLServer speaks it: ``PROTOCOL``, the OIP front end with its differences.
 
 The gRPC methods and /v2 URLs are the Open Inference Protocol's (tfscache.frontend.protocols.oip),
 routed and forwarded unchanged; what MLServer 1.7 does otherwise lives here, not in branches
@@ -20,9 +20,10 @@ from __future__ import annotations
 import dataclasses
 
 from tfscache import errors
+from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.protocols.oip import methods as oip
 from tfscache.frontend.protocols.oip.rest import OipRestApi
-from tfscache.frontend.protocols.tfserving.methods import RouteKey
 
 _UNSERVED = ("ModelConfig", "ModelStatistics")
 
@@ -47,3 +48,6 @@ class MLServerRestApi(OipRestApi):
     default_content_type = "application/json"
     unserved = frozenset(_UNSERVED)
     unknown = staticmethod(unknown_model)
+
+
+PROTOCOL = Protocol("Open Inference Protocol (MLServer)", METHODS, REFUSED, MLServerRestApi, ("", oip.SERVICE))
