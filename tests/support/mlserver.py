@@ -100,7 +100,7 @@ def start_mlserver(tmp_path: Path, repository: Path, *, extra: Iterable[str] = (
     log_path = directory / "mlserver.log"
     ports = dict(ports) if ports else {"grpc": free_port(), "rest": free_port(), "metrics": free_port()}
     argv, env = launcher.command(MLSERVER, Path(repository), http_port=ports["rest"], grpc_port=ports["grpc"],
-                                 metrics_port=ports["metrics"], extra=extra)
+                                 metrics_port=ports["metrics"], metrics_dir=directory / "metrics", extra=extra)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    cwd=directory, env=env, start_new_session=True)

@@ -9,6 +9,8 @@ tfscache pins 7: docs/mlserver.md, "Install"), so tfscache never imports it: it 
 own environment variables (``MLSERVER_*``, read by its pydantic settings):
 
 * ``MLSERVER_LOAD_MODELS_AT_STARTUP=false``: nothing loaded at start; the cache decides;
+* ``MLSERVER_METRICS_DIR``: the node's own directory in the state directory (MLServer's workers
+  share their Prometheus counters there; its default is ``.metrics`` in the working directory);
 * ``MLSERVER_HOST=127.0.0.1`` and the HTTP, gRPC and metrics ports: MLServer cannot bind port 0
   and report the port, so callers choose free ones (``free_port``: bind, read, close; the
   accepted race, as for tensorflow_model_server and tritonserver);
@@ -67,8 +69,10 @@ def settings_env(extra: Iterable[str]) -> dict[str, str]:
 
 
 def command(binary: Path, repository: Path, *, http_port: int, grpc_port: int, metrics_port: int,
-            address: str = "127.0.0.1", extra: Iterable[str] = ()) -> tuple[list[str], dict[str, str]]:
-    """``(argv, env)`` for ``mlserver start`` over ``repository`` with nothing loaded at start."""
+            metrics_dir: Path, address: str = "127.0.0.1",
+            extra: Iterable[str] = ()) -> tuple[list[str], dict[str, str]]:
+    """``(argv, env)`` for ``mlserver start`` over ``repository`` with nothing loaded at start;
+    ``metrics_dir``: where its workers share their Prometheus counters (default: .metrics in the cwd)."""
     env = dict(os.environ)
     env.update({
         "MLSERVER_LOAD_MODELS_AT_STARTUP": "false",
@@ -76,6 +80,7 @@ def command(binary: Path, repository: Path, *, http_port: int, grpc_port: int, m
         "MLSERVER_HTTP_PORT": str(http_port),
         "MLSERVER_GRPC_PORT": str(grpc_port),
         "MLSERVER_METRICS_PORT": str(metrics_port),
+        "MLSERVER_METRICS_DIR": str(metrics_dir),
     })
     env.update(settings_env(extra))
     return [str(binary), "start", str(repository)], env
@@ -90,7 +95,8 @@ def launcher(settings: NodeSection, repository: Path, state_dir: Path) -> Launch
     def launch(node: NodeProcess) -> Launch:
         node.grpc_port, node.rest_port = free_port(), free_port()  # MLServer cannot report port 0
         argv, env = command(binary, repository, http_port=node.rest_port, grpc_port=node.grpc_port,
-                            metrics_port=free_port(), extra=settings.extra_args)
+                            metrics_port=free_port(), metrics_dir=state_dir / f"{node.name}.mlserver-metrics",
+                            extra=settings.extra_args)
         return Launch(argv, env)
 
     return launch

@@ -76,13 +76,18 @@ def _folder(dest: Path, name: str, implementation: str, uri: str, version: str =
 
 
 def build_mlserver_models(dest: Path, python: str | Path, *, synthetic: int = 12, padding_bytes: int = 0,
-                          classifier: bool = True, xgboost: bool = True) -> list[str]:
+                          classifier: bool = True, xgboost: bool = True,
+                          padded: dict[str, int] | None = None) -> list[str]:
     """Build ``addk_1`` .. ``addk_N``, ``sk_clf``, ``xgb_reg`` (and ``addk_pad`` holding
-    ``padding_bytes`` when not 0) into ``dest`` with MLServer's ``python``; returns the names."""
+    ``padding_bytes`` when not 0; and each ``padded`` {name: k}, predict = x + k, holding
+    ``padding_bytes`` too) into ``dest`` with MLServer's ``python``; returns the names."""
     specs: list[dict] = []
+    for name, k in (padded or {}).items():
+        specs.append({"kind": "addk", "k": k, "padding_bytes": padding_bytes,
+                      "path": str(_folder(dest, name, SKLEARN, "model.joblib"))})
     for k in range(1, synthetic + 1):
         specs.append({"kind": "addk", "k": k, "path": str(_folder(dest, f"addk_{k}", SKLEARN, "model.joblib"))})
-    if padding_bytes:
+    if padding_bytes and padded is None:
         specs.append({"kind": "addk", "k": 7, "padding_bytes": padding_bytes,
                       "path": str(_folder(dest, "addk_pad", SKLEARN, "model.joblib"))})
     if classifier:
