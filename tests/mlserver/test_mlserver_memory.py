@@ -11,7 +11,6 @@ the cap.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import psutil
 import pytest

@@ -19,7 +19,7 @@ import tritonclient.grpc as tritongrpc
 from tritonclient.utils import InferenceServerException
 
 from frontend.serving import start_serve
-from support.mlserver import IndexSampler, mlserver_infer, serve_nodes
+from support.mlserver import PATIENT, IndexSampler, mlserver_infer, serve_nodes
 from support.traffic import addk_of
 
 MODEL = "addk_3"
@@ -103,7 +103,8 @@ def test_raw_mlserver_fails_a_request_when_another_client_unloads_between_load_a
 @pytest.fixture(scope="module")
 def cap_one(tmp_path_factory, mlserver_repository, mlserver_bin):
     with start_serve(tmp_path_factory.mktemp("race-serve"), mlserver_repository, "--backend", "mlserver",
-                     "--local-nodes", "1", "--node-command", mlserver_bin, "--max-models-per-node", "1") as serve:
+                     "--local-nodes", "1", "--node-command", mlserver_bin, "--max-models-per-node", "1",
+                     *PATIENT) as serve:
         yield serve
 
 

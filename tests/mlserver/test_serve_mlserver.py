@@ -27,7 +27,7 @@ import tritonclient.http as tritonhttp
 from tritonclient.utils import InferenceServerException
 
 from frontend.serving import start_serve
-from support.mlserver import IndexSampler, index_states, mlserver_infer, resident_models, serve_nodes
+from support.mlserver import PATIENT, IndexSampler, index_states, mlserver_infer, resident_models, serve_nodes
 from support.traffic import ClientLoop
 from support.waiting import wait_until
 
@@ -38,7 +38,8 @@ LIMIT = 1 << 20  # --max-receive-message-size
 def serve(tmp_path_factory, mlserver_repository, mlserver_bin):
     with start_serve(tmp_path_factory.mktemp("mlserver-serve"), mlserver_repository, "--backend", "mlserver",
                      "--local-nodes", "1", "--node-command", mlserver_bin, "--max-models-per-node", "2",
-                     "--max-receive-message-size", str(LIMIT)) as process:
+                     "--max-receive-message-size", str(LIMIT),
+                     *PATIENT) as process:
         yield process
 
 
@@ -73,8 +74,8 @@ def test_each_client_loads_its_model_on_first_request(serve, node_url, clients):
     assert "addk_2" in resident_models(node_url)
     # requests with and without a Content-Type: MLServer takes JSON only as application/json,
     # tfscache sends a body that has none as that.
-    for kwargs in ({"json": body(5.0)}, {"data": f'{{"inputs":[{{"name":"x","shape":[1,1],"datatype":"FP32",'
-                                                 f'"data":[5]}}]}}'}):
+    for kwargs in ({"json": body(5.0)}, {"data": '{"inputs":[{"name":"x","shape":[1,1],"datatype":"FP32",'
+                                                 '"data":[5]}]}'}):
         reply = requests.post(f"{serve.rest_url}/v2/models/addk_3/infer", timeout=120, **kwargs)
         assert reply.status_code == 200, reply.text
         assert reply.json()["outputs"][0]["data"] == [8.0]
@@ -218,9 +219,9 @@ def test_sixteen_clients_churning_fail_nothing_and_the_count_cap_holds(serve, no
     models = ["addk_1", "addk_2", "addk_3", "addk_4"]
     with IndexSampler({"node0": node_url}) as sampler:
         with Churn(serve, models) as churn:
-            wait_until(lambda: churn.done() >= 400 or churn.failures(), 600, "400 requests of churn")
+            wait_until(lambda: churn.done() >= 200 or churn.failures(), 600, "200 requests of churn")
     churn.check()
-    assert churn.done() >= 400
+    assert churn.done() >= 200
     assert sampler.count() > 0 and sampler.errors == 0
     assert sampler.peak("node0") <= 2, [s for s in sampler.samples["node0"] if len(s) > 2][:3]
     seen = [frozenset(s) for s in sampler.samples["node0"] if s]
