@@ -24,6 +24,7 @@ from tfscache.frontend.methods import RouteKey
 from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.protocols.oip import methods as oip
 from tfscache.frontend.protocols.oip.rest import OipRestApi
+from tfscache.frontend.protocols.oip.stream import STREAMS
 
 _UNSERVED = ("ModelConfig", "ModelStatistics")
 
@@ -50,4 +51,5 @@ class MLServerRestApi(OipRestApi):
     unknown = staticmethod(unknown_model)
 
 
-PROTOCOL = Protocol("Open Inference Protocol (MLServer)", METHODS, REFUSED, MLServerRestApi, ("", oip.SERVICE))
+PROTOCOL = Protocol("Open Inference Protocol (MLServer)", METHODS, REFUSED, MLServerRestApi, ("", oip.SERVICE),
+                    grpc_streams=STREAMS)
