@@ -141,6 +141,19 @@ def test_unknown_models_and_versions_get_mlserver_s_own_answers(serve, mlserver,
         raw.unload_model("addk_1")
 
 
+def test_a_failed_load_gets_mlserver_s_reason_and_the_server_keeps_serving(clients):
+    raw, tfs = clients["raw"][0], clients["tfs"][0]
+    with pytest.raises(InferenceServerException) as raw_load:
+        raw.load_model("broken", client_timeout=60)
+    assert raw_load.value.status() == "StatusCode.INTERNAL", raw_load.value.message()
+    status, message = grpc_error(tfs, "broken")
+    assert status == "StatusCode.INTERNAL"
+    assert message.startswith("load failed for model 'broken' version 1 on node node0: "), message
+    assert message.endswith(raw_load.value.message()), (message, raw_load.value.message())
+    assert grpc_error(tfs, "broken")[0] == "StatusCode.INTERNAL"  # backing off: the same answer
+    assert mlserver_infer(tritongrpc, tfs, "addk_1", 2.0) == [3.0]
+
+
 def test_what_mlserver_lacks_is_refused_without_loading(serve, node_url, clients):
     grpc_client, http_client = clients["tfs"]
     assert "addk_6" not in resident_models(node_url)
