@@ -45,11 +45,11 @@ def test_an_embedded_node_killed_under_traffic_fails_no_request(tmp_path, mlserv
                      "--node-command", mlserver_bin) as serve:
         first = serve_nodes(serve)["node0"]
         with Traffic(serve.grpc_target) as traffic:
-            wait_until(lambda: traffic.ok() >= 30, 180, "warm traffic")
+            wait_until(lambda: traffic.ok() >= 20, 180, "warm traffic")
             os.killpg(first["pid"], signal.SIGKILL)  # mlserver and its workers, as the OOM killer might
             count = traffic.done()
             wait_until(lambda: serve_nodes(serve)["node0"]["pid"] != first["pid"], 180, "the node restarted")
-            wait_until(lambda: traffic.done() >= count + 60, 240, "traffic after the restart")
+            wait_until(lambda: traffic.done() >= count + 30, 240, "traffic after the restart")
         traffic.check()
         assert "node0 (pid %d) exited" % first["pid"] in serve.log_text()
 
@@ -61,11 +61,11 @@ def test_mlserver_restarting_behind_a_sidecar_fails_no_request(tmp_path, mlserve
         with start_serve(tmp_path, mlserver_repository, "--backend", "mlserver",
                          "--node-address", f"127.0.0.1:{node.grpc_port},{node.rest_port}") as serve:
             with Traffic(serve.grpc_target) as traffic:
-                wait_until(lambda: traffic.ok() >= 30, 180, "warm traffic")
+                wait_until(lambda: traffic.ok() >= 20, 180, "warm traffic")
                 node.kill()
                 count = traffic.done()
                 restarted = start_mlserver(tmp_path / "second", mlserver_repository, ports=node.ports)
-                wait_until(lambda: traffic.done() >= count + 60, 240, "traffic after the restart")
+                wait_until(lambda: traffic.done() >= count + 30, 240, "traffic after the restart")
             traffic.check()
             assert "lost" in serve.log_text()  # the cache found the restarted node without its models
     finally:
