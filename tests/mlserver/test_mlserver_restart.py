@@ -40,6 +40,14 @@ class Traffic(ClientLoop):
             client.close()
 
 
+def check(traffic: Traffic, serve) -> None:
+    """No failed request (each failure shown with its code and text), every answer right."""
+    failed = [(name, exc.status(), exc.message()) if isinstance(exc, InferenceServerException) else (name, exc)
+              for name, exc in traffic.failures()]
+    assert not failed, (len(failed), traffic.done(), failed[:5], serve.log_text()[-3000:])
+    traffic.check()
+
+
 def test_an_embedded_node_killed_under_traffic_fails_no_request(tmp_path, mlserver_repository, mlserver_bin):
     with start_serve(tmp_path, mlserver_repository, "--backend", "mlserver", "--local-nodes", "1",
                      "--node-command", mlserver_bin) as serve:
@@ -50,7 +58,7 @@ def test_an_embedded_node_killed_under_traffic_fails_no_request(tmp_path, mlserv
             count = traffic.done()
             wait_until(lambda: serve_nodes(serve)["node0"]["pid"] != first["pid"], 180, "the node restarted")
             wait_until(lambda: traffic.done() >= count + 30, 240, "traffic after the restart")
-        traffic.check()
+        check(traffic, serve)
         assert "node0 (pid %d) exited" % first["pid"] in serve.log_text()
 
 
@@ -66,7 +74,7 @@ def test_mlserver_restarting_behind_a_sidecar_fails_no_request(tmp_path, mlserve
                 count = traffic.done()
                 restarted = start_mlserver(tmp_path / "second", mlserver_repository, ports=node.ports)
                 wait_until(lambda: traffic.done() >= count + 30, 240, "traffic after the restart")
-            traffic.check()
+            check(traffic, serve)
             assert "lost" in serve.log_text()  # the cache found the restarted node without its models
     finally:
         node.stop()
