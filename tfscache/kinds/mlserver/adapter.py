@@ -173,6 +173,9 @@ class MLServerAdapter:
                                            f"repository of node {self.target})") from e
             except errors.Unavailable:
                 raise
+            except (errors.Cancelled, errors.DeadlineExceeded) as e:  # the channel closed, the node went away
+                raise errors.NodeUnavailable(f"node {self.target}: the load of model {name} version {version} "
+                                             f"ended {e.grpc_code.name} (the node went away?)") from e
             except errors.TfscacheError as e:
                 raise type(e)(f"load failed for model '{name}' version {version} on node {self.target}: "
                               f"{e.message}") from e
