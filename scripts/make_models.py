@@ -3,6 +3,7 @@
 
     python scripts/make_models.py DEST [--synthetic N --size-mb S]
     python scripts/make_models.py --triton DEST [--synthetic N --padding-mb S --sleep-ms T]
+    python scripts/make_models.py --mlserver DEST [--synthetic N --padding-mb S --mlserver-python PY]
 
 DEST/half_plus_two/{00000123,00000124}, DEST/half_plus_three/00000123,
 DEST/half_plus_two_tf2/00000123, ...; with --synthetic N also DEST/addk_1 ..
@@ -11,6 +12,11 @@ DEST/addk_N (version 1, y = x + k, about S MB each). See tfscache/node/testmodel
 With --triton, DEST is a Triton model repository of python-backend models instead (no
 tensorflow): addk_1 .. addk_N (input x, output y = x + k, FP32; each holding S MB while
 loaded) and, with --sleep-ms T, sleep_ms (y = x after T ms). See tfscache/kinds/triton/testmodels.py.
+
+With --mlserver, DEST is an MLServer model repository instead, trained by MLServer's own
+interpreter (--mlserver-python, default .mlserver/bin/python): addk_1 .. addk_N (scikit-learn,
+predict = x + k), sk_clf, xgb_reg and, with --padding-mb S, addk_pad holding S MB while loaded.
+See tfscache/kinds/mlserver/testmodels.py.
 """
 
 from __future__ import annotations
@@ -27,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dest", type=Path, nargs="?", help="directory to build the models into")
     parser.add_argument("--triton", type=Path, metavar="DEST",
                         help="build a Triton model repository (python backend) into DEST instead")
+    parser.add_argument("--mlserver", type=Path, metavar="DEST",
+                        help="build an MLServer model repository (scikit-learn, XGBoost) into DEST instead, "
+                             "with MLServer's interpreter (--mlserver-python)")
+    parser.add_argument("--mlserver-python", type=Path, default=Path(".mlserver/bin/python"),
+                        help="--mlserver: the python of MLServer's environment (default .mlserver/bin/python, "
+                             "made by scripts/install_mlserver.sh)")
     parser.add_argument("--padding-mb", type=float, default=0.0, metavar="S",
                         help="--triton: memory each addk model holds while loaded, in MB")
     parser.add_argument("--sleep-ms", type=int, default=None, metavar="T",
@@ -38,8 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-test-models", action="store_true",
                         help="build only the synthetic models")
     args = parser.parse_args(argv)
-    if (args.dest is None) == (args.triton is None):
-        parser.error("give either DEST (TF Serving models) or --triton DEST")
+    if sum(x is not None for x in (args.dest, args.triton, args.mlserver)) != 1:
+        parser.error("give one of DEST (TF Serving models), --triton DEST or --mlserver DEST")
+    if args.mlserver is not None:
+        from tfscache.kinds.mlserver.testmodels import build_mlserver_models
+
+        for name in build_mlserver_models(args.mlserver, args.mlserver_python, synthetic=args.synthetic,
+                                          padding_bytes=int(args.padding_mb * 1_000_000)):
+            print(f"{name}\t{args.mlserver / name}")
+        return 0
     if args.triton is not None:
         return _triton(args)
 

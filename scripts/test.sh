@@ -28,4 +28,5 @@ python3.11 -m venv .venv
 .venv/bin/pip install -q -c constraints.txt -e '.[test]'
 .venv/bin/pip install -q -c constraints.txt --no-deps 'nvidia-pytriton==0.7.0'
 bash scripts/install_azurite.sh   # Microsoft's Azure Storage emulator, from npm, into .azurite/
+bash scripts/install_mlserver.sh  # MLServer and its sklearn/xgboost runtimes, a venv of their own: .mlserver/
 exec .venv/bin/python -m pytest "$@"

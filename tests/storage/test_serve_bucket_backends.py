@@ -2,7 +2,9 @@
 
 * az:// against Microsoft's Azurite (npm), with `tfscache node`;
 * s3:// (moto) with `--backend triton`: a real tritonserver loads from the disk tier, its
-  config.pbtxt copied beside the versions; the client is the official tritonclient.
+  config.pbtxt copied beside the versions; the client is the official tritonclient;
+* s3:// (moto) with `--backend mlserver`: a real MLServer loads a version's model-settings.json
+  and model file from the disk tier.
 
 gs:// (fake-gcs-server) runs the s3:// tests of test_serve_bucket.py marked ``on_each_store``.
 """
@@ -11,10 +13,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import tritonclient.grpc as tritongrpc
 from frontend.serving import start_serve
 from support import azure
 from support.buckets import MARKER, in_tier, predict
+from support.mlserver import MLSERVER, PYTHON, SKIP_REASON, mlserver_infer, serve_nodes
+from support.mlserver import resident_models as mlserver_resident
 from support.triton import oip_infer, resident_models, serve_triton_nodes
+
+from tfscache.kinds.mlserver.testmodels import build_mlserver_models
 from tfscache.kinds.triton.testmodels import build_triton_models
 
 azurite = azure.azurite
@@ -50,4 +58,29 @@ def test_triton_loads_from_the_disk_tier(tmp_path, bucket):
         assert oip_infer(serve.grpc_target, "addk_2", 1.0) == [3.0]
         assert resident_models(node) == {"addk_2"}
         assert (tier / "addk_2" / "config.pbtxt").read_bytes() == (built["addk_2"] / "config.pbtxt").read_bytes()
+        assert (tier / "addk_2" / "1" / MARKER).exists() and not (tier / "addk_1").exists()
+
+
+def test_mlserver_loads_from_the_disk_tier(tmp_path, bucket):
+    """s3:// with ``--backend mlserver``: MLServer finds the downloaded version's
+    model-settings.json in the disk tier and loads it from there."""
+    if MLSERVER is None:
+        pytest.skip(SKIP_REASON)
+    names = build_mlserver_models(tmp_path / "built", PYTHON, synthetic=2, classifier=False, xgboost=False)
+    for name in names:
+        for key, data in files_of(tmp_path / "built" / name, name).items():
+            bucket.put(key, data)
+    tier = tmp_path / "tier"
+    with start_serve(tmp_path, bucket.url, "--backend", "mlserver", "--node-command", str(MLSERVER),
+                     "--local-nodes", "1", "--disk-cache-dir", str(tier), "--disk-cache-bytes", "100MiB",
+                     env=bucket.server.env) as serve:
+        node = f"http://127.0.0.1:{serve_nodes(serve)['node0']['rest']}"
+        client = tritongrpc.InferenceServerClient(serve.grpc_target)
+        try:
+            assert mlserver_infer(tritongrpc, client, "addk_2", 1.0) == [3.0]
+        finally:
+            client.close()
+        assert mlserver_resident(node) == {"addk_2"}
+        assert (tier / "addk_2" / "1" / "model-settings.json").read_bytes() == \
+            (tmp_path / "built" / "addk_2" / "1" / "model-settings.json").read_bytes()
         assert (tier / "addk_2" / "1" / MARKER).exists() and not (tier / "addk_1").exists()

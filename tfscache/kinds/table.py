@@ -59,6 +59,12 @@ KINDS: dict[str, NodeKind] = {
         "tfscache.frontend.protocols.oip:PROTOCOL", "tfscache.kinds.triton.launcher:launcher",
         "tfscache.kinds.triton.launcher:preflight", "triton", ("numpy", "pytriton"),
         "pip install 'tfscache[triton]' && pip install --no-deps nvidia-pytriton==0.7.0"),
+    "mlserver": NodeKind(
+        "Seldon MLServer (scikit-learn, XGBoost, ...): the Open Inference Protocol; `mlserver start` children",
+        "tfscache.kinds.mlserver.adapter:MLServerAdapter", "tfscache.kinds.mlserver.client:MLServerClient",
+        "tfscache.frontend.protocols.oip.mlserver:PROTOCOL", "tfscache.kinds.mlserver.launcher:launcher",
+        "tfscache.kinds.mlserver.launcher:preflight", "", (),
+        "bash scripts/install_mlserver.sh (MLServer in a virtual environment of its own: docs/mlserver.md)"),
 }
 
 DEFAULT_KIND = next(iter(KINDS))

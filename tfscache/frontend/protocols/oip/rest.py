@@ -60,6 +60,9 @@ _UNSERVED = re.compile(r"/v2/(?:systemsharedmemory|cudasharedmemory|trace|loggin
 _ALL_STATS = "/v2/models/stats"
 _FORWARD_HEADERS = ("Content-Type", "Accept", "Accept-Encoding", "Content-Encoding", "Inference-Header-Content-Length")
 NOT_READY = "Model version not ready"
+BINARY_HEADER = "Inference-Header-Content-Length"
+BINARY_REFUSED = ("the binary tensor extension is not served by this kind of node: send the tensors as JSON "
+                  "(tritonclient.http: binary_data=False)")
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,15 @@ def error_response(status: int, message: str) -> web.Response:
 class OipRestApi:
     """The /v2 URLs over the router; ``respond`` is RestFrontend's one handler for every request."""
 
+    # What a node kind's variant of the protocol changes (tfscache.frontend.protocols.mlserver):
+    binary_tensors = True  # the binary tensor extension (Inference-Header-Content-Length) goes to the node
+    default_content_type = ""  # a POST body without Content-Type goes with this one ("": none)
+    unserved = frozenset()  # model URLs' methods the node does not have: 404 "Not Found", nothing loaded
+    unknown = staticmethod(unknown_model)  # a model the repository lacks, when no node answers
+    # a version the repository lacks of a model it has: answered here in the node's words
+    # (None: asked of a node without a lease, for its own answer)
+    unknown_version = staticmethod(unknown_version)
+
     def __init__(self, router: Router, *, max_receive_bytes: int, timeout_s: float) -> None:
         self._router = router
         self._max_receive = max_receive_bytes
@@ -135,6 +147,10 @@ class OipRestApi:
 
     async def _send(self, request: web.Request, route: OipRoute, request_id: str) -> web.StreamResponse:
         forwarded = FORWARDED_KEY in request.headers
+        if route.method in self.unserved:
+            raise errors.NotFound("Not Found")
+        if not self.binary_tensors and BINARY_HEADER in request.headers:
+            raise errors.InvalidArgument(BINARY_REFUSED)
         if route.method == "ModelReady":
             return await self._ready(route.key, request_id, forwarded)
         try:
@@ -143,6 +159,8 @@ class OipRestApi:
             raise errors.ResourceExhausted(f"request body larger than the limit of {self._max_receive} bytes") from exc
         headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
         headers[REQUEST_ID_HEADER] = request_id
+        if self.default_content_type and request.method == "POST" and "Content-Type" not in headers:
+            headers["Content-Type"] = self.default_content_type
 
         def send(route_key: RouteKey | None):
             if route.method == "ModelGenerateStream":
@@ -182,17 +200,16 @@ class OipRestApi:
             return web.Response(status=200)
         return error_response(400, NOT_READY)
 
-    @staticmethod
-    async def _unknown(key: RouteKey, missing: errors.ModelNotFound, send, method: str):
+    async def _unknown(self, key: RouteKey, missing: errors.ModelNotFound, send, method: str):
         """A model the repository lacks: a node's own answer, ``send(None)`` (no key: no lease; no
         node holds it, the cache alone loads), in Triton's words; those words made here when none
         answers. A version it lacks of a model it has: ``method``'s answer for a served model."""
-        if isinstance(missing, errors.VersionNotFound):
-            answer = unknown_version(method, key)
+        if isinstance(missing, errors.VersionNotFound) and self.unknown_version is not None:
+            answer = self.unknown_version(method, key)
             if isinstance(answer, errors.TfscacheError):
                 raise answer from missing
             return answer
         try:
             return await send(None)
         except (errors.Unavailable, errors.DeadlineExceeded):
-            raise unknown_model(key) from missing
+            raise self.unknown(key) from missing

@@ -1,0 +1,82 @@
+"""MLServer nodes that die under traffic: no request fails.
+
+* Embedded: the ``mlserver start`` child is SIGKILLed (with its inference workers) while 6
+  clients send requests; the supervisor starts it again (new ports: chosen again), the router
+  waits for it within each request's deadline (docs/restarts.md), and the new cache loads the
+  models again on their next requests.
+* Sidecar: MLServer behind ``tfscache serve --node-address`` is killed and started again at the
+  same address with nothing loaded. The first request for a model the cache holds as ready
+  gets MLServer's NOT_FOUND "Model NAME with version  not found": the cache rechecks what the
+  node still serves, loads what it lost once, and the request is sent again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import tritonclient.grpc as tritongrpc
+from tritonclient.utils import InferenceServerException
+
+from frontend.serving import start_serve
+from support.mlserver import mlserver_infer, serve_nodes, start_mlserver
+from support.traffic import ClientLoop
+from support.waiting import wait_until
+
+MODELS = ["addk_1", "addk_2", "addk_3"]
+
+
+class Traffic(ClientLoop):
+    def __init__(self, target: str, clients: int = 6) -> None:
+        super().__init__(MODELS, clients, timeout=180.0)
+        self.target = target
+        self.errors = (InferenceServerException, OSError)
+
+    def client(self, worker: int) -> None:
+        client = tritongrpc.InferenceServerClient(self.target)
+        try:
+            self.loop(worker, lambda name, x: mlserver_infer(tritongrpc, client, name, x, timeout=self.timeout))
+        finally:
+            client.close()
+
+
+def check(traffic: Traffic, serve) -> None:
+    """No failed request (each failure shown with its code and text), every answer right."""
+    failed = [(name, exc.status(), exc.message()) if isinstance(exc, InferenceServerException) else (name, exc)
+              for name, exc in traffic.failures()]
+    assert not failed, (len(failed), traffic.done(), failed[:5], serve.log_text()[-3000:])
+    traffic.check()
+
+
+def test_an_embedded_node_killed_under_traffic_fails_no_request(tmp_path, mlserver_repository, mlserver_bin):
+    with start_serve(tmp_path, mlserver_repository, "--backend", "mlserver", "--local-nodes", "1",
+                     "--node-command", mlserver_bin) as serve:
+        first = serve_nodes(serve)["node0"]
+        with Traffic(serve.grpc_target) as traffic:
+            wait_until(lambda: traffic.ok() >= 20, 180, "warm traffic")
+            os.killpg(first["pid"], signal.SIGKILL)  # mlserver and its workers, as the OOM killer might
+            count = traffic.done()
+            wait_until(lambda: serve_nodes(serve)["node0"]["pid"] != first["pid"], 180, "the node restarted")
+            wait_until(lambda: traffic.done() >= count + 30, 240, "traffic after the restart")
+        check(traffic, serve)
+        assert "node0 (pid %d) exited" % first["pid"] in serve.log_text()
+
+
+def test_mlserver_restarting_behind_a_sidecar_fails_no_request(tmp_path, mlserver_repository, mlserver_bin):
+    node = start_mlserver(tmp_path / "first", mlserver_repository)
+    restarted = None
+    try:
+        with start_serve(tmp_path, mlserver_repository, "--backend", "mlserver",
+                         "--node-address", f"127.0.0.1:{node.grpc_port},{node.rest_port}") as serve:
+            with Traffic(serve.grpc_target) as traffic:
+                wait_until(lambda: traffic.ok() >= 20, 180, "warm traffic")
+                node.kill()
+                count = traffic.done()
+                restarted = start_mlserver(tmp_path / "second", mlserver_repository, ports=node.ports)
+                wait_until(lambda: traffic.done() >= count + 30, 240, "traffic after the restart")
+            check(traffic, serve)
+            assert "lost" in serve.log_text()  # the cache found the restarted node without its models
+    finally:
+        node.stop()
+        if restarted is not None:
+            restarted.stop()

@@ -1,0 +1,57 @@
+"""The Open Inference Protocol as MLServer speaks it: ``PROTOCOL``, the OIP front end with its differences.
+
+The gRPC methods and /v2 URLs are the Open Inference Protocol's (tfscache.frontend.protocols.oip),
+routed and forwarded unchanged; what MLServer 1.7 does otherwise lives here, not in branches
+of the OIP front end (docs/mlserver.md, "Differences from Triton"):
+
+* no ModelConfig and no ModelStatistics (gRPC UNIMPLEMENTED, REST 404 "Not Found" on MLServer):
+  tfscache answers the same without loading the model;
+* no binary tensor extension over REST (MLServer refuses such a body, 422 "JSON decode error",
+  after tfscache would have loaded the model): a request with ``Inference-Header-Content-Length``
+  is INVALID_ARGUMENT (400) at once, saying to send JSON tensors;
+* MLServer parses an infer body only with ``Content-Type: application/json`` (else 422): a POST
+  without a Content-Type is sent with that one;
+* a model it does not know is NOT_FOUND "Model NAME not found" (with a version: "Model NAME with
+  version V not found"), MLServer's own words, which tfscache writes only when no node answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tfscache import errors
+from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.protocol import Protocol
+from tfscache.frontend.protocols.oip import methods as oip
+from tfscache.frontend.protocols.oip.rest import OipRestApi
+from tfscache.frontend.protocols.oip.stream import STREAMS
+
+_UNSERVED = ("ModelConfig", "ModelStatistics")
+
+
+def unknown_model(key: RouteKey) -> errors.NotFound:
+    """MLServer's NOT_FOUND text (mlserver.errors.ModelNotFound) for a model or version it lacks."""
+    if key.version is None:
+        return errors.NotFound(f"Model {key.name} not found")
+    return errors.NotFound(f"Model {key.name} with version {key.version} not found")
+
+
+METHODS = {path: dataclasses.replace(method, unknown=unknown_model if method.unknown is not None else None,
+                                     unknown_version=None)  # MLServer words an unknown version itself
+           for path, method in oip.METHODS.items()
+           if path.rpartition("/")[2] not in _UNSERVED}
+REFUSED = oip.REFUSED
+
+
+class MLServerRestApi(OipRestApi):
+    """The /v2 URLs in front of MLServer nodes."""
+
+    binary_tensors = False
+    default_content_type = "application/json"
+    unserved = frozenset(_UNSERVED)
+    unknown = staticmethod(unknown_model)
+    unknown_version = None  # asked of a node, for MLServer's own words
+
+
+PROTOCOL = Protocol("Open Inference Protocol (MLServer)", METHODS, REFUSED, MLServerRestApi, ("", oip.SERVICE),
+                    grpc_streams=STREAMS)
