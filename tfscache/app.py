@@ -342,7 +342,8 @@ class ServeApp:
     def _peer_backend(self, peer: Peer) -> PeerBackend:
         """A backend for another sidecar's front end (Topology.set_peers makes one per new peer)."""
         return PeerBackend(peer.name, self._upstream(peer.grpc, peer.rest or None, self._peer_tls, keepalive=True),
-                           self.topology.own)
+                           self.topology.own, on_load=self.spread.copies.report
+                           if self.spread is not None and self.settings.copies.peer_reports else None)
 
     def _upstream(self, grpc_address: str, rest_address: str | None, tls: PeerTls | None = None,
                   keepalive: bool = False) -> Upstream:

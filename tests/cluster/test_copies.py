@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tfscache.cluster.copies import Copies, CopyRule
@@ -117,6 +119,21 @@ def test_a_peer_report_counts_as_load_for_a_while(clock):
     assert copies.pick("m", NODES).node == "node1"
     clock.now = 10.0
     assert copies.load("node0") == 0
+
+
+def test_a_peer_report_of_its_rate_decays_as_its_rate_would(clock):
+    copies = Copies(CopyRule(min_load=1, rate_window_s=10), clock)
+    assert copies.reported("node0") is None
+    copies.report("node0", 20.0)
+    assert copies.load("node0") == copies.reported("node0") == 20.0
+    assert copies.pick("m", NODES).node == "node1"  # node0 is over its bound on the report alone
+    clock.now += 10.0
+    assert copies.load("node0") == pytest.approx(20.0 * math.exp(-1))
+    for _ in range(10):  # what this front end sent counts when it is more
+        copies.begin("m", "node0")
+    assert copies.load("node0") == pytest.approx(10.0)
+    copies.report("node0", -3)
+    assert copies.reported("node0") == 0.0
 
 
 def test_the_rate_signal_spreads_a_model_that_draws_more_than_its_share(clock):

@@ -3,7 +3,12 @@
 Three real ``tfscache node`` processes, each behind an in-process sidecar (ServeApp), capped
 at 2 models per node. Requests are held in flight by holding their model's load open on the
 node's gate (--load_gate_dir), so the loads the rule sees are exact; the cool-down is driven
-by a fake clock and an explicit ``Spread.sweep()`` (the background sweep is set to an hour).
+by a fake clock and explicit ``Spread.sweep()`` calls every SWEEP_S of fake time (the
+background sweep is set to an hour).
+
+The transient (docs/copies.md, "Sidecars"): the nodes holding the hot model (loading or
+available) are sampled after every step; at most ``max_copies`` at once while hot, and the
+dropped copy is unloaded at most ``cool_s + sweep_s`` after its last request.
 
 addk_6's ring order is (a, b, c): its first copy is a, its extra copy goes to b, never c.
 """
@@ -12,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import grpc
 import pytest
 from prometheus_client import generate_latest
@@ -24,11 +30,13 @@ from support.sidecars import EMPTY, NODE_FLAGS, running_sidecars
 from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
 from tfscache.cluster.ring import Ring
+from tfscache.frontend.backends import parse_load
 from tfscache.observe.server import status_document
 
 HOT, IN_FLIGHT, IDLE = "addk_6", "addk_0", "addk_4"  # ring orders (a, b, c), (b, a, c), (b, a, c)
 NAMES = ("a", "b", "c")
 COOL_S = 100.0
+SWEEP_S = 5.0  # the sweep period the test plays with the fake clock (copies.sweep_s)
 SETTINGS = {"copies.max_copies": 2, "copies.min_load": 1, "copies.hot_share": 0.5, "copies.balance": 0.25,
             "copies.cool_s": COOL_S, "copies.sweep_s": 3600, "cache.max_models_per_node": 2}
 
@@ -105,9 +113,27 @@ async def send_until_spread(app, model, tasks, limit=8) -> None:
     raise AssertionError(f"{model} never spread through {app.topology.own}: {app.spread.counts()}")
 
 
+def holders(apps, model) -> set[str]:
+    """The nodes holding ``model`` now: loading or available on them."""
+    return {name for name, app in apps.items() if state(app, model) in ("loading", "available")}
+
+
+class Transient:
+    """The most nodes that held a model at once, over the samples taken."""
+
+    def __init__(self, apps, model) -> None:
+        self.apps, self.model, self.most = apps, model, 0
+
+    def sample(self) -> set[str]:
+        now = holders(self.apps, self.model)
+        self.most = max(self.most, len(now))
+        return now
+
+
 async def test_a_hot_model_spreads_then_shrinks_back_and_sidecars_agree(sidecars, three_nodes):
     apps, clock = sidecars
     gates = {name: node.gate for name, node in three_nodes.items()}
+    transient = Transient(apps, HOT)
     # b holds an idle model and a model with a request in flight (a lease held, as a request
     # holds it): its cap of 2 is full.
     assert await predict(apps["b"], IDLE) == [5.0]
@@ -121,10 +147,13 @@ async def test_a_hot_model_spreads_then_shrinks_back_and_sidecars_agree(sidecars
     assert apps["a"].spread.counts() == {HOT: ["a", "b"]}
     await gates["a"].wait_until_waiting(HOT)
     await gates["b"].wait_until_waiting(HOT)  # b loads the copy: its idle model made room
+    transient.sample()
     assert state(apps["b"], IDLE) in (None, "unloading") and state(apps["b"], IN_FLIGHT) == "available"
     # Through c and b, which learn of a's load only from their own requests: the same copies.
     await send_until_spread(apps["c"], HOT, tasks)
+    transient.sample()
     await send_until_spread(apps["b"], HOT, tasks)
+    transient.sample()
     for app in apps.values():
         assert app.spread.counts() == {HOT: ["a", "b"]}
         assert held(app) <= 2
@@ -134,20 +163,25 @@ async def test_a_hot_model_spreads_then_shrinks_back_and_sidecars_agree(sidecars
     results = await asyncio.gather(*tasks)
     assert results == [[7.0]] * len(tasks)  # 0 failed requests
     lease.release()
+    assert transient.sample() == {"a", "b"}
     assert {name for name in NAMES if state(apps[name], HOT) == "available"} == {"a", "b"}
     assert sum(app.spread.spills.get("b", 0) for app in apps.values()) >= 3
-    # Quiet for less than cool_s: nothing changes.
-    clock.now += COOL_S - 1
-    for app in apps.values():
-        await app.spread.sweep()
-        assert app.spread.counts() == {HOT: ["a", "b"]}
-    assert state(apps["b"], HOT) == "available"
-    # Quiet for cool_s: every sidecar drops the extra copy, and b's cache unloads it; a keeps its copy.
-    clock.now += 2
-    for app in apps.values():
-        await app.spread.sweep()
-        assert app.spread.counts() == {}
-    assert state(apps["b"], HOT) is None and state(apps["a"], HOT) == "available"
+    # Quiet: every SWEEP_S of fake time each sidecar sweeps. Nothing changes for cool_s; then every
+    # sidecar drops the extra copy, and b's cache unloads it; a keeps its copy.
+    quiet = 0.0
+    while state(apps["b"], HOT) is not None:
+        assert quiet <= COOL_S + SWEEP_S, f"b still holds {HOT} {quiet} s after its last request"
+        clock.now += SWEEP_S
+        quiet += SWEEP_S
+        for app in apps.values():
+            await app.spread.sweep()
+            assert app.spread.counts() == ({HOT: ["a", "b"]} if quiet < COOL_S else {})
+        assert transient.sample() <= {"a", "b"}
+    # The dropped copy's time on b after its last request: within cool_s + sweep_s, at the first sweep
+    # at or after cool_s (COOL_S is a multiple of SWEEP_S here: exactly cool_s).
+    assert quiet == COOL_S <= COOL_S + SWEEP_S
+    assert transient.most == 2  # never more nodes than max_copies, c never
+    assert state(apps["a"], HOT) == "available"
     assert not any(s.state == 30 for s in version_status_at(three_nodes["b"].grpc_target, HOT))
     assert apps["b"].spread.unloaded == {"b": 1}
     # Back to one copy: the next requests go to a alone.
@@ -186,6 +220,100 @@ async def predict_forwarded(app, name):
         response = await stub.Predict(predict_request(name, 1.0), timeout=60,
                                       metadata=(("x-tfscache-forwarded", "a"),))
         return list(response.outputs["y"].float_val)
+
+
+# -- peer reports: a sidecar sends its node's load back on a forwarded answer ------------------
+
+REPORT_MIN_LOAD = 4  # a node under 4 requests per window is never over: a sidecar alone needs 4 of its own
+
+
+@pytest.fixture(params=[True, False], ids=["reports", "no-reports"])
+async def reporting(request, three_nodes, frontend_repo, tmp_path):
+    clock = Clock()
+    settings = {**SETTINGS, "copies.min_load": REPORT_MIN_LOAD, "copies.peer_reports": request.param}
+    async with running_sidecars(three_nodes, frontend_repo, tmp_path, settings) as apps:
+        for app in apps.values():
+            app.spread.use_clock(clock)
+        yield apps, request.param
+
+
+async def predict_rest(app, name, x=1.0):
+    """A plain HTTP predict through ``app``: the predictions and the reply's headers."""
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://127.0.0.1:{app.rest_port}/v1/models/{name}:predict", json={"instances": [x]},
+            timeout=aiohttp.ClientTimeout(total=60)) as reply:
+        assert reply.status == 200, await reply.text()
+        return (await reply.json())["predictions"], reply.headers
+
+
+async def test_two_sidecars_converge_on_the_same_copies_with_peer_reports(reporting):
+    apps, reports = reporting
+    a, c = apps["a"], apps["c"]
+    # Through a: its own node takes REPORT_MIN_LOAD requests (the clock stands still: no decay),
+    # then a is over its bound and the next one makes b an extra copy.
+    for sent_through_a in range(1, 10):
+        assert await predict(a, HOT) == [7.0]
+        if a.spread.counts():
+            break
+    assert sent_through_a == REPORT_MIN_LOAD + 1 and a.spread.counts() == {HOT: ["a", "b"]}
+    # Through c: its first request goes to a (c has sent nothing yet), over REST; a serves it and
+    # reports its own node's load, every request a's node served, on the answer.
+    assert c.spread.copies.load("a") == 0
+    predictions, headers = await predict_rest(c, HOT)
+    assert predictions == [7.0]
+    assert "x-tfscache-load" not in headers  # the report is for c, not c's client
+    if reports:
+        assert c.spread.copies.reported("a") == REPORT_MIN_LOAD + 1
+        assert c.spread.copies.load("a") == REPORT_MIN_LOAD + 1
+    else:
+        assert c.spread.copies.reported("a") is None and c.spread.copies.load("a") == 1
+    # c's second request, over gRPC: with the report c sees a over its bound and takes b, the copy a
+    # chose; without it c still sees a as it sees its own single request, and stays on a.
+    assert await predict(c, HOT) == [7.0]
+    if reports:
+        assert c.spread.counts() == a.spread.counts() == {HOT: ["a", "b"]}
+        assert c.spread.copies.reported("b") == 2  # a's request and c's, both served by b's node
+        assert holders(apps, HOT) == {"a", "b"}  # never c
+    else:
+        assert c.spread.counts() == {} and a.spread.counts() == {HOT: ["a", "b"]}
+        assert c.spread.copies.reported("b") is None
+        # c alone: it spreads once it has sent a as many requests as a did itself.
+        for sent_through_c in range(3, 10):
+            assert await predict(c, HOT) == [7.0]
+            if c.spread.counts():
+                break
+        assert sent_through_c == REPORT_MIN_LOAD + 1 and c.spread.counts() == {HOT: ["a", "b"]}
+        assert c.spread.copies.reported("a") is None
+    assert state(c, HOT) is None
+
+
+async def test_a_forwarded_answer_carries_the_nodes_load(reporting):
+    apps, _ = reporting
+    a = apps["a"]
+    assert await predict(a, HOT) == [7.0]  # a's own node: a load of 1 request (the clock stands still)
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{a.grpc_port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        call = stub.Predict(predict_request(HOT, 1.0), timeout=60, metadata=(("x-tfscache-forwarded", "c"),))
+        assert list((await call).outputs["y"].float_val) == [7.0]
+        trailing = dict(await call.trailing_metadata())
+        plain = stub.Predict(predict_request(HOT, 1.0), timeout=60)
+        await plain
+        assert "x-tfscache-load" not in dict(await plain.trailing_metadata())  # only a forwarded answer
+    assert trailing["x-tfscache-load"] == "2"  # the request before and this one
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://127.0.0.1:{a.rest_port}/v1/models/{HOT}:predict", json={"instances": [1.0]},
+            headers={"x-tfscache-forwarded": "c"}) as reply:
+        assert reply.status == 200 and reply.headers["x-tfscache-load"] == "4"
+    async with aiohttp.ClientSession() as session, session.post(
+            f"http://127.0.0.1:{a.rest_port}/v1/models/nope:predict", json={"instances": [1.0]},
+            headers={"x-tfscache-forwarded": "c"}) as reply:
+        assert reply.status == 404 and "x-tfscache-load" not in reply.headers  # errors carry none
+
+
+@pytest.mark.parametrize("value, load", [("3", 3.0), ("0.25", 0.25), ("0", 0.0), (None, None), ("", None),
+                                         ("-1", None), ("nan", None), ("inf", None), ("many", None)])
+def test_a_load_report_is_read_or_ignored(value, load):
+    assert parse_load(value) == load
 
 
 # -- embedded mode: one tfscache serve, two local node children ------------------------------

@@ -11,8 +11,9 @@ Routing (``Copies.pick``), after Mirrokni, Thorup and Zadimoghaddam's bounded lo
 * a node's *load* is what this front end knows of it, by ``signal``: ``rate`` (the
   default) counts the requests sent to the node over the last ``rate_window_s``
   (exponentially decayed); ``inflight`` counts its requests in flight (its own, and for a
-  sidecar's own node every request that node serves, forwarded ones included; a fresh peer
-  report counts too);
+  sidecar's own node every request that node serves, forwarded ones included); a peer's
+  report of its own node's load (``report``, sent back on forwarded responses) counts too,
+  the larger of the two;
 * a node is *under its bound* while ``load < max(min_load, (1 + balance) x (total + 1) /
   nodes)``: at most ``1 + balance`` times the mean once this request is counted (rounded
   up for in-flight counts), and never "over" below ``min_load``;
@@ -80,7 +81,7 @@ class Copies:
         self._used: dict[tuple[str, str], float] = {}  # (model, extra node) -> last request sent there
         self._inflight: dict[tuple[str, str], int] = {}  # (model, node) -> requests in flight
         self._node_load: dict[str, int] = {}  # node -> requests in flight (all models)
-        self._reported: dict[str, tuple[int, float]] = {}  # node -> (load a peer reported, when)
+        self._reported: dict[str, tuple[float, float]] = {}  # node -> (load its front end reported, when)
         self._rates: dict[object, tuple[float, float]] = {}  # node or (model, node) -> (decayed count, when)
         self.added = 0  # copies added and removed since start (metrics read these)
         self.removed = 0
@@ -109,13 +110,21 @@ class Copies:
     def load(self, node: str) -> float:
         """``node``'s load as this front end knows it: requests in flight (a fresh peer report
         counts), or with the rate signal its requests over the last ``rate_window_s`` (decayed)."""
+        reported = self.reported(node)
+        own = self.rate(node) if self.rule.signal == "rate" else self._node_load.get(node, 0)
+        return own if reported is None else max(own, reported)
+
+    def reported(self, node: str) -> float | None:
+        """What ``node``'s own front end last reported of its load (``report``), as it stands now:
+        a rate decays as the node's own would (no request since the report); an in-flight count
+        holds for ``_REPORT_TTL_S``. None: no report (or an in-flight one gone stale)."""
+        report = self._reported.get(node)
+        if report is None:
+            return None
+        load, when = report
         if self.rule.signal == "rate":
-            return self.rate(node)
-        own = self._node_load.get(node, 0)
-        reported = self._reported.get(node)
-        if reported is not None and self.clock() - reported[1] <= _REPORT_TTL_S:
-            return max(own, reported[0])
-        return own
+            return load * math.exp(-(self.clock() - when) / self.rule.rate_window_s)
+        return load if self.clock() - when <= _REPORT_TTL_S else None
 
     def rate(self, key) -> float:
         """Requests sent to ``key`` (a node, or a (model, node) pair) over the rate window, decayed."""
@@ -206,9 +215,10 @@ class Copies:
         if key in self._used:
             self._used[key] = self.clock()
 
-    def report(self, node: str, load: int) -> None:
-        """A peer said ``node`` has ``load`` requests in flight (counts for ``_REPORT_TTL_S``)."""
-        self._reported[node] = (max(0, load), self.clock())
+    def report(self, node: str, load: float) -> None:
+        """``node``'s own front end said its load is ``load`` (in this rule's signal: a rate, or
+        requests in flight); ``load(node)`` takes the larger of that and what is known here."""
+        self._reported[node] = (max(0.0, load), self.clock())
 
     def expire(self) -> list[tuple[str, str]]:
         """Drop extra copies idle for ``cool_s`` (the last in ring order first, one at a time per

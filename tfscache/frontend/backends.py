@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol, runtime_checkable
@@ -34,6 +35,20 @@ from tfscache.frontend.probe import ProbeAnswer
 from tfscache.frontend.upstream import RestReply, Upstream
 
 FORWARDED_KEY = "x-tfscache-forwarded"  # gRPC metadata key / HTTP header on a forwarded request
+# Trailing metadata key / HTTP header on the answer to a forwarded request: the serving sidecar's
+# own node's load, in its copies signal (docs/copies.md, "Sidecars").
+LOAD_KEY = "x-tfscache-load"
+
+
+def parse_load(value: str | None) -> float | None:
+    """A reported load, or None when absent or not a finite number >= 0 (a bad report is ignored)."""
+    if value is None:
+        return None
+    try:
+        load = float(value)
+    except ValueError:
+        return None
+    return load if 0.0 <= load < float("inf") else None
 
 
 class _LostReply(errors.NotFound):
@@ -270,10 +285,14 @@ class NodeBackend:
 class PeerBackend:
     """Another sidecar's front end; it owns some models and serves them from its node."""
 
-    def __init__(self, name: str, upstream: Upstream, self_name: str) -> None:
+    def __init__(self, name: str, upstream: Upstream, self_name: str,
+                 on_load: Callable[[str, float], None] | None = None) -> None:
+        """``on_load(name, load)``: called with the load the peer reports of its own node on the
+        answer to a forwarded request (``LOAD_KEY``); None: reports are not read."""
         self.name = name
         self.upstream = upstream
         self._marker = (FORWARDED_KEY, self_name)
+        self._on_load = on_load
 
     def __repr__(self) -> str:
         return f"PeerBackend({self.name}, {self.upstream})"
@@ -290,12 +309,31 @@ class PeerBackend:
     async def grpc(self, key, path: str, request: bytes, metadata, deadline, *, probe=None) -> bytes:
         """``probe`` is the peer's to answer: it owns the model's node."""
         return await self.upstream.unary(path, request, metadata=(*metadata, self._marker),
-                                         timeout=remaining(deadline))
+                                         timeout=remaining(deadline),
+                                         trailers=None if self._on_load is None else self._trailers)
+
+    def _trailers(self, metadata) -> None:
+        for k, v in metadata or ():
+            if k == LOAD_KEY:
+                self._report(v)
+
+    def _report(self, value: str | None) -> None:
+        load = parse_load(value)
+        if load is not None:
+            self._on_load(self.name, load)
 
     async def rest(self, key, method: str, path_qs: str, body: bytes, headers: dict[str, str],
                    timeout: float, *, probe=None) -> RestReply:
-        return await self.upstream.rest(method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]},
-                                        timeout=timeout)
+        reply = await self.upstream.rest(method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]},
+                                         timeout=timeout)
+        if not reply.headers:
+            return reply
+        kept = tuple((h, v) for h, v in reply.headers if h != LOAD_KEY)
+        if len(kept) == len(reply.headers):
+            return reply
+        if self._on_load is not None:
+            self._report(dict(reply.headers)[LOAD_KEY])
+        return dataclasses.replace(reply, headers=kept)  # the report is for this sidecar, not its client
 
     async def stream(self, key, path: str, request: bytes, metadata, deadline) -> AsyncIterator[bytes]:
         async with contextlib.aclosing(self.upstream.stream(path, request, metadata=(*metadata, self._marker),

@@ -8,7 +8,9 @@ as one, with the node's code and its own text); anything else is INTERNAL and lo
 Each request binds its log context here (model, request id; the router adds the
 node): the id is the caller's ``x-request-id`` metadata, else a generated one, which
 is then sent on to the node or peer so a forwarded request keeps it, and sent back to
-the caller in the trailing metadata (``x-request-id``), errors included. Each request is
+the caller in the trailing metadata (``x-request-id``), errors included. The answer to a
+request a peer sidecar forwarded also carries this sidecar's own node's load
+(``x-tfscache-load``, docs/copies.md) for the peer's copies rule. Each request is
 timed and counted here too (``Metrics.begin`` / ``request``).
 """
 
@@ -25,7 +27,7 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from tfscache import errors, logs
-from tfscache.frontend.backends import FORWARDED_KEY
+from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY
 from tfscache.frontend.methods import Method, RouteKey
 from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.router import Router
@@ -119,6 +121,8 @@ class _Handlers(grpc.GenericRpcHandler):
                         raise
                     response = await _unknown_model(router, method, key, request, outgoing, deadline, forwarded,
                                                     missing)
+                if forwarded and (load := router.own_load()) is not None:  # for the peer's copies rule
+                    context.set_trailing_metadata(((REQUEST_ID_KEY, request_id), (LOAD_KEY, load)))
                 if debug():
                     log.debug("%s: OK", name, extra={"version": key.version} if key is not None else None)
                 if metrics is not None:

@@ -82,6 +82,13 @@ class Router:
         # What read_labels read just now counts, whatever rescan_s is (tests use 0).
         return self.repository.label_version(name, label, max_age=self.repository.rescan_s + 1.0)
 
+    def own_load(self) -> str | None:
+        """Sidecar mode with copies: this sidecar's own node's load (its copies signal), as sent back
+        on the answer to a forwarded request (``LOAD_KEY``); None otherwise."""
+        if self.spread is None or self.local is None:
+            return None
+        return f"{self.spread.copies.load(self.local):.6g}"
+
     def candidates(self, key: RouteKey | None, forwarded: bool = False) -> list:
         """Backends to try, best first (at most two are ever tried)."""
         if forwarded or (key is None and self.local):

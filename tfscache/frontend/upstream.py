@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -39,8 +39,9 @@ log = logging.getLogger("tfscache.frontend.upstream")
 _HOP_METADATA = {"user-agent", "te", "content-type", "grpc-accept-encoding", "grpc-encoding",
                  "grpc-timeout", "grpc-message-type", "host"}
 # Reply headers passed back besides Content-Type: where the JSON header of the Open Inference
-# Protocol's binary tensor extension ends in the body.
-_REPLY_HEADERS = ("Inference-Header-Content-Length", "Content-Encoding")
+# Protocol's binary tensor extension ends in the body; a peer sidecar's load report (backends.LOAD_KEY,
+# which PeerBackend takes off before the reply goes on).
+_REPLY_HEADERS = ("Inference-Header-Content-Length", "Content-Encoding", "x-tfscache-load")
 
 
 def forwardable_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
@@ -106,8 +107,10 @@ class Upstream:
     def __repr__(self) -> str:
         return f"Upstream(grpc={self.grpc_address}, rest={self.rest_address})"
 
-    async def unary(self, path: str, request: bytes, *, metadata=(), timeout: float | None = None) -> bytes:
-        """Send ``request`` bytes to method ``path``; the response bytes, or the upstream's error."""
+    async def unary(self, path: str, request: bytes, *, metadata=(), timeout: float | None = None,
+                    trailers: Callable[[tuple], None] | None = None) -> bytes:
+        """Send ``request`` bytes to method ``path``; the response bytes, or the upstream's error.
+        ``trailers(metadata)``: given the answer's trailing metadata, when the call succeeded."""
         if self._closed:
             raise errors.NodeUnavailable(f"the channel to {self.grpc_address} is closed")
         call = self._calls.get(path)
@@ -116,7 +119,12 @@ class Upstream:
         self._in_flight += 1
         self._idle.clear()
         try:
-            return await call(request, timeout=timeout, metadata=metadata or None)
+            if trailers is None:
+                return await call(request, timeout=timeout, metadata=metadata or None)
+            running = call(request, timeout=timeout, metadata=metadata or None)
+            response = await running
+            trailers(await running.trailing_metadata())  # already received with the answer
+            return response
         except grpc.aio.AioRpcError as exc:
             raise _translate(exc, self.grpc_address) from exc
         except grpc.aio.UsageError as exc:  # the channel was closed before the call started

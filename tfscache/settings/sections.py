@@ -127,6 +127,8 @@ class CopiesSection:
     cool_s: float = setting(600.0, "an extra copy that got no request for this long is dropped (and its "
                              "node's cache unloads it once idle)", check=_at_least(0))
     sweep_s: float = setting(5.0, "how often extra copies are checked for cooling down", check=_at_least(0.01))
+    peer_reports: bool = setting(True, "sidecar mode: take the load a peer reports of its own node on the answer "
+                                  "to a request forwarded to it (x-tfscache-load) as that node's load")
 
 
 @dataclass
