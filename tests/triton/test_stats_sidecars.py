@@ -17,9 +17,9 @@ import aiohttp
 import numpy as np
 import pytest
 import tritonclient.grpc as tritongrpc
-
 from support.sidecars import running_sidecars
 from support.triton import resident_models, start_triton
+
 from tfscache.cluster.ring import Ring
 from tfscache.discovery import Peer
 from tfscache.frontend.backends import FORWARDED_KEY
@@ -69,11 +69,11 @@ def totals(stats: dict) -> tuple[int, int, int, int]:
 
 
 async def rest_stats(port: int, name: str) -> dict:
-    async with aiohttp.ClientSession() as http:  # in-process sidecars: the client must not block the loop
-        async with http.get(f"http://127.0.0.1:{port}/v2/models/{name}/stats") as reply:
-            assert reply.status == 200, await reply.text()
-            (stats,) = (await reply.json())["model_stats"]
-            return stats
+    # In-process sidecars: the client must not block the loop.
+    async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/v2/models/{name}/stats") as reply:
+        assert reply.status == 200, await reply.text()
+        (stats,) = (await reply.json())["model_stats"]
+        return stats
 
 
 def sum_of(*answers: tuple) -> tuple:
