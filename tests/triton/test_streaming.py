@@ -4,7 +4,8 @@ same repository (conftest's ``triton``), with the unmodified tritonclient and pl
 
 * each streamed answer is compared with raw Triton's: order and number of responses, final
   flags, error texts; one client stream carries requests for several models;
-* a client's cancellation (gRPC) and disconnection (REST) reach the model on the node;
+* a client's cancellation and deadline (gRPC) and disconnection (REST) reach the model on
+  the node;
 * statistics through tfscache are the node's own when one node holds the model, the sum when
   two do.
 """
@@ -69,11 +70,11 @@ def answer(result, error) -> tuple:
 class Stream:
     """One tritonclient gRPC stream; ``close()`` waits for the server to end it."""
 
-    def __init__(self, target: str) -> None:
+    def __init__(self, target: str, timeout: float = TIMEOUT) -> None:
         self.client = tritongrpc.InferenceServerClient(target)
         self.answers: queue.Queue = queue.Queue()
         self.client.start_stream(lambda result, error: self.answers.put(answer(result, error)),
-                                 stream_timeout=TIMEOUT)
+                                 stream_timeout=timeout)
 
     def send(self, model: str, values, request_id: str = "", version: str = "", empty_final: bool = False) -> None:
         self.client.async_stream_infer(model, [x_input(values)], model_version=version, request_id=request_id,
@@ -143,6 +144,31 @@ def test_cancelling_a_stream_reaches_the_model(serve, triton_markers: Path):
     # The lease went back: the model is idle on the node, and another request is served.
     stream = Stream(serve.grpc_target)
     stream.send("stream_b", [1.0], request_id="after", empty_final=True)
+    assert len(stream.close()) == 4
+
+
+def test_a_stream_deadline_reaches_the_model(serve, triton_markers: Path):
+    # The client's deadline (stream_timeout), not a cancellation: the stream is never closed
+    # by the client before the model has seen its request end. The model is loaded first, so
+    # that the deadline falls while it streams, not while it loads.
+    stream = Stream(serve.grpc_target)
+    stream.send("stream_e", [1.0], request_id="before-deadline", empty_final=True)
+    assert len(stream.close()) == 4
+    stream = Stream(serve.grpc_target, timeout=3.0)
+    try:
+        stream.send("stream_e", [-400.0], request_id="deadline-grpc")  # 400 responses, 20 s
+        assert stream.next()[:2] == ("deadline-grpc", "stream_e")
+        while (got := stream.next())[0] != "error":
+            assert got[:2] == ("deadline-grpc", "stream_e"), got
+        assert "Deadline Exceeded" in got[1], got
+        wait_for(lambda: (triton_markers / "cancelled-deadline-grpc").exists(),
+                 what="the model to see the deadline")
+    finally:
+        stream.close()
+    assert int((triton_markers / "cancelled-deadline-grpc").read_text()) < 399  # stopped early
+    # The lease went back: another request is served.
+    stream = Stream(serve.grpc_target)
+    stream.send("stream_e", [1.0], request_id="after-deadline", empty_final=True)
     assert len(stream.close()) == 4
 
 

@@ -9,11 +9,14 @@ two nodes capped at 2 models each, over the five decoupled stream models (confte
 * statistics through tfscache are the sum over the nodes that hold the model;
 * a node SIGKILLed while a request streams from it: the client gets an error naming the
   node's failure, the stream goes on serving, and the model serves again after the restart;
+  the same for a REST generate_stream: its last event is the error, and its lease goes back
+  (``/status``);
 * a drain of a node waits for the request streaming from it: the stream is not cut.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -40,7 +43,7 @@ REQUESTS_PER_CLIENT = 6
 @pytest.fixture(scope="module")
 def capped(tmp_path_factory, triton_repository: Path):
     with start_admin_serve(tmp_path_factory.mktemp("stream-churn"), triton_repository, "--backend", "triton",
-                     "--local-nodes", "2", "--max-models-per-node", str(CAP)) as serve:
+                     "--local-nodes", "2", "--max-models-per-node", str(CAP), "--metrics-port", "0") as serve:
         yield serve
 
 
@@ -131,6 +134,32 @@ def test_a_node_killed_mid_stream_ends_that_request_with_an_error(capped):
     wait_for(lambda: all(n in serve_triton_nodes(capped) for n in nodes), what="both nodes serving")
 
 
+def test_a_node_killed_mid_generate_stream_ends_it_with_an_error_event(capped):
+    nodes = serve_triton_nodes(capped)
+    model = "stream_c"
+    url = f"{capped.rest_url}/v2/models/{model}/generate_stream"
+    with requests.post(url, json={"id": "doomed-rest", "x": [-400.0]}, stream=True,  # 400 events, 20 s
+                       timeout=TIMEOUT, headers={"Accept-Encoding": "identity"}) as reply:
+        assert reply.status_code == 200
+        lines = reply.iter_lines()
+        assert next(line for line in lines if line).startswith(b'data: {"id":"doomed-rest","model_name":"stream_c"')
+        assert _leases(capped) == {model: 1}  # held while it streams
+        pid = next(ports["pid"] for ports in nodes.values() if model in _resident(ports))
+        os.kill(pid, signal.SIGKILL)
+        events = [line for line in lines if line]  # the server ends the reply
+    assert events, "no event after the kill"
+    assert events[-1].startswith(b'data: {"error":"the node serving this request became unavailable after'), \
+        events[-1]
+    assert all(e.startswith(b'data: {"id":"doomed-rest","model_name":"stream_c"') for e in events[:-1]), events[-3:]
+    wait_for(lambda: all(n in serve_triton_nodes(capped) for n in nodes), what="both nodes serving")
+    wait_for(lambda: not _leases(capped), what="the lease to go back")
+    # The model serves again (on the restarted node), and its lease goes back after.
+    reply = requests.post(url, json={"x": [1.0]}, timeout=TIMEOUT, headers={"Accept-Encoding": "identity"})
+    assert reply.status_code == 200 and [line for line in reply.iter_lines() if line] == [
+        b'data: {"model_name":"stream_c","model_version":"1","y":%s}' % y for y in (b"1.0", b"2.0", b"3.0")]
+    assert not _leases(capped)
+
+
 def test_a_drain_waits_for_an_open_stream(capped):
     stream = Stream(capped.grpc_target)
     try:
@@ -148,6 +177,18 @@ def test_a_drain_waits_for_an_open_stream(capped):
         assert got[-1][3] is True
     finally:
         stream.close()
+
+
+def _leases(serve) -> dict[str, int]:
+    """{model: leases} of the models with a lease on a local node, from ``/status``."""
+    metrics = json.loads((serve.directory / "ports.json").read_text())["metrics"]
+    document = requests.get(f"http://127.0.0.1:{metrics}/status", timeout=10).json()
+    leases: dict[str, int] = {}
+    for node in document["nodes"]:
+        for m in node.get("models", []):
+            if m["leases"]:
+                leases[m["name"]] = leases.get(m["name"], 0) + m["leases"]
+    return leases
 
 
 def _resident(ports) -> set[str]:

@@ -168,7 +168,7 @@ class OipRestApi:
                                        {REQUEST_ID_HEADER: request_id})
             if route.method == "ModelStatistics" and route_key is not None:
                 return stats.rest_statistics(self._router, route_key, request.raw_path, headers, self._timeout_s,
-                                             forwarded)
+                                             forwarded, stats.is_held_only(request.headers.keys()))
             return self._router.rest(route_key, request.method, request.raw_path, body, headers, self._timeout_s,
                                      forwarded=forwarded)
 

@@ -14,8 +14,15 @@ of every local node whose cache holds it now, and the answers are merged:
 One node's answer is passed on unchanged. When no node holds the model, the request is
 served as before: one node, under a lease, so the model loads (Triton's own answer,
 zeros). A node that stopped holding it between the look and the answer (NOT_FOUND) or
-that does not answer is left out. Only this process's own nodes are asked: in sidecar
-mode, the answer is that of the sidecar that serves the model.
+that does not answer is left out.
+
+Sidecar mode: a sidecar knows only its own node's cache, so it also asks every peer
+sidecar, marked as forwarded (the peer serves it from its own node, never from its
+peers: one hop) and as held-only (``HELD_ONLY_KEY``: the peer answers from its node if
+that node holds the model now, else NOT_FOUND / 404, and never loads it). Peers are asked
+in parallel, bounded by the request's deadline (``PEER_TIMEOUT_S`` when it has none); a
+peer that fails or does not answer in time is left out and named in a warning, the request
+itself does not fail. Peers' answers are merged with the local one as above.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import logging
 import time
 
 from google.protobuf.json_format import MessageToDict, ParseDict
@@ -33,6 +41,10 @@ from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import RestReply
 from tfscache.wire import oip_stats_pb2
 
+log = logging.getLogger("tfscache.frontend.protocols.oip.stats")
+
+HELD_ONLY_KEY = "x-tfscache-held-only"  # gRPC metadata key / HTTP header: answer only if the node holds it
+PEER_TIMEOUT_S = 30.0  # how long peers are asked when the request has no deadline
 _KEYED_LISTS = {"batch_stats": "batch_size"}
 
 
@@ -89,6 +101,18 @@ def _holders(router: Router, key: RouteKey, forwarded: bool) -> list:
     return [b for b in backends if b.upstream is not None and b.holds(key)]
 
 
+def _peers(router: Router, forwarded: bool) -> list:
+    """Sidecar mode, a request not forwarded: every peer sidecar (each answers for its own node)."""
+    if forwarded or router.local is None:
+        return []
+    return [b for name, b in router.backends.items() if name != router.local]
+
+
+def is_held_only(pairs) -> bool:
+    """Whether gRPC metadata pairs (or HTTP header names) carry ``HELD_ONLY_KEY``."""
+    return any((k[0] if isinstance(k, tuple) else k).lower() == HELD_ONLY_KEY for k in pairs)
+
+
 def _left(deadline: float | None) -> float | None:
     if deadline is None:
         return None
@@ -107,24 +131,57 @@ async def _gather(holders: list, ask) -> list:
     return [a for a in answers if not isinstance(a, BaseException)]
 
 
+async def _gather_peers(peers: list, ask) -> list:
+    """Each peer's answer; a peer whose node does not hold the model (NOT_FOUND) is left out
+    quietly, one that fails otherwise is left out and named in a warning."""
+    answers = await asyncio.gather(*(ask(peer) for peer in peers), return_exceptions=True)
+    kept = []
+    for peer, answer in zip(peers, answers):
+        if isinstance(answer, errors.NotFound):
+            continue
+        if isinstance(answer, Exception):
+            log.warning("statistics: peer %s left out of the merged answer: %s", peer.name,
+                        getattr(answer, "message", None) or repr(answer))
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            kept.append(answer)
+    return kept
+
+
+def _merged_grpc(answers: list[bytes]) -> bytes:
+    if len(answers) == 1:
+        return answers[0]
+    dicts = [MessageToDict(oip_stats_pb2.ModelStatisticsResponse.FromString(a), preserving_proto_field_name=True)
+             for a in answers]
+    return ParseDict(merge(dicts), oip_stats_pb2.ModelStatisticsResponse()).SerializeToString()
+
+
 async def grpc_statistics(router: Router, path: str, key: RouteKey | None, request: bytes, metadata,
                           deadline: float | None, forwarded: bool) -> bytes:
     """ModelStatistics' ``Method.send``: every holding node's answer, merged."""
+    held_only = forwarded and is_held_only(metadata)
     holders = [] if key is None else _holders(router, key, forwarded)
-    if holders:
-        answers = await _gather(holders, lambda upstream: upstream.unary(path, request, metadata=metadata,
-                                                                         timeout=_left(deadline)))
-        if len(answers) == 1:
-            return answers[0]
-        if answers:
-            dicts = [MessageToDict(oip_stats_pb2.ModelStatisticsResponse.FromString(a),
-                                   preserving_proto_field_name=True) for a in answers]
-            return ParseDict(merge(dicts), oip_stats_pb2.ModelStatisticsResponse()).SerializeToString()
+    peers = [] if key is None else _peers(router, forwarded)
+    peer_deadline = deadline if deadline is not None else time.monotonic() + PEER_TIMEOUT_S
+    asked = (*(k for k in metadata if k[0] != HELD_ONLY_KEY), (HELD_ONLY_KEY, "1"))
+
+    async def ask_peer(peer) -> bytes:
+        return await peer.grpc(key, path, request, asked, peer_deadline)
+
+    local, remote = await asyncio.gather(
+        _gather(holders, lambda upstream: upstream.unary(path, request, metadata=metadata, timeout=_left(deadline))),
+        _gather_peers(peers, ask_peer))
+    answers = [*local, *remote]
+    if answers:
+        return _merged_grpc(answers)
+    if held_only:
+        raise errors.NotFound(f"model '{key.name if key else ''}' is not held by this sidecar's node")
     return await router.grpc(path, key, request, metadata, deadline, forwarded)
 
 
 async def rest_statistics(router: Router, key: RouteKey, path_qs: str, headers: dict[str, str], timeout: float,
-                          forwarded: bool) -> RestReply:
+                          forwarded: bool, held_only: bool = False) -> RestReply:
     """``GET .../stats``: every holding node's answer, merged (Triton's JSON)."""
     deadline = time.monotonic() + timeout
 
@@ -134,11 +191,23 @@ async def rest_statistics(router: Router, key: RouteKey, path_qs: str, headers: 
             raise errors.NotFound(reply.body[:200].decode("utf-8", "replace"))
         return reply
 
+    async def ask_peer(peer) -> RestReply:
+        reply = await peer.rest(key, "GET", path_qs, b"", {**headers, HELD_ONLY_KEY: "1"},
+                                max(0.001, deadline - time.monotonic()))
+        if reply.status == 404:
+            raise errors.NotFound(reply.body[:200].decode("utf-8", "replace"))
+        if reply.status != 200:
+            raise errors.Unavailable(f"HTTP {reply.status}: {reply.body[:200].decode('utf-8', 'replace')}")
+        return reply
+
     holders = _holders(router, key, forwarded)
-    answers = await _gather(holders, ask) if holders else []
+    local, remote = await asyncio.gather(_gather(holders, ask), _gather_peers(_peers(router, forwarded), ask_peer))
+    answers = [*local, *remote]
     if len(answers) == 1:
         return answers[0]
     if answers:
         body = json.dumps(merge([json.loads(a.body) for a in answers]), separators=(",", ":")).encode()
         return RestReply(200, body, "application/json")
+    if held_only and forwarded:
+        raise errors.NotFound(f"model '{key.name}' is not held by this sidecar's node")
     return await router.rest(key, "GET", path_qs, b"", headers, timeout, forwarded=forwarded)
