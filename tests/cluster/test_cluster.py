@@ -200,8 +200,8 @@ def test_a_killed_sidecar_leaves_the_ring_and_its_models_load_elsewhere(cluster)
         traffic.wait_sent(len(MODELS) * 2 + 10)
         assert traffic.sent > left_at
     assert traffic.failures == []
-    # c's models loaded on their next request elsewhere: with two sidecars and two replicas,
-    # every model is resident on both.
+    # c's models loaded on their next request elsewhere: on a or d, whichever the copies rule
+    # routed them to (docs/copies.md: among a model's copies, the first under its load bound).
     owned_by_c = [m for m in MODELS if "c" in replicas("acd", m)]
     assert owned_by_c
     client = Client()
@@ -211,5 +211,5 @@ def test_a_killed_sidecar_leaves_the_ring_and_its_models_load_elsewhere(cluster)
                 client.check(sidecar.grpc_target, name, 5.0)
     finally:
         client.close()
-    for sidecar in (a, d):
-        assert set(owned_by_c) <= sidecar.resident()
+    resident = a.resident() | d.resident()
+    assert set(owned_by_c) <= resident
