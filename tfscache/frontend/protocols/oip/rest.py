@@ -101,9 +101,9 @@ def parse_url(path: str) -> OipRoute:
 
 
 def error_response(status: int, message: str) -> web.Response:
-    """Triton's REST error body."""
-    return web.Response(status=status, text=json.dumps({"error": message}, separators=(",", ":")),
-                        content_type="application/json")
+    """Triton's REST error body, with Triton's ``Content-Type: application/json`` (no charset)."""
+    return web.Response(status=status, body=json.dumps({"error": message}, separators=(",", ":")).encode(),
+                        headers={"Content-Type": "application/json"})
 
 
 class OipRestApi:
