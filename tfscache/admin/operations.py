@@ -135,11 +135,10 @@ class AdminOperations:
             if cache is not None and _has(cache, name, version):
                 caches[target] = cache
         if not caches:
-            if node:
-                self.repository.resolve(name, version)  # NOT_FOUND for an unknown model
-                raise errors.NotFound(f"model {name}{_version(version)} is not resident on node {node}")
-            self.repository.resolve(name, version)
-            raise errors.NotFound(f"model {name}{_version(version)} is not resident on any node of this tfscache")
+            # NOT_FOUND for an unknown model first (it lists the repository: off the event loop)
+            await asyncio.to_thread(self.repository.resolve, name, version)
+            where = f"node {node}" if node else "any node of this tfscache"
+            raise errors.NotFound(f"model {name}{_version(version)} is not resident on {where}")
         before = {t: [dataclasses.replace(m, state="unloaded", leases=0) for m in c.snapshot()
                       if m.name == name and version in (None, m.version)] for t, c in caches.items()}
         _check_evictable(caches, name, version)
