@@ -18,15 +18,8 @@ no mlserver, no tritonclient. What differs from Triton, as measured against MLSe
 
 from __future__ import annotations
 
-import grpc
-
 from tfscache import errors
-from tfscache.kinds.channel import NodeChannel
-from tfscache.wire import oip_repository_pb2 as pb
-
-SERVICE = "/inference.GRPCInferenceService/"
-
-ModelIndex = pb.RepositoryIndexResponse.ModelIndex
+from tfscache.kinds.oiprepository import ModelIndex, OipRepositoryChannel
 
 # MLServer's index states (mlserver.types.State); UNKNOWN: registered, not ready yet (loading).
 READY = "READY"
@@ -35,52 +28,25 @@ UNAVAILABLE = "UNAVAILABLE"
 NOT_FOUND_CLASS = "mlserver.errors.ModelNotFound"
 
 
-class MLServerClient(NodeChannel):
-    """Health, readiness and repository calls to the MLServer node at ``target`` ("host:port")."""
+class MLServerClient(OipRepositoryChannel):
+    """Health, readiness and repository calls to the MLServer node at ``target`` ("host:port").
 
-    def __init__(self, target: str, *, rpc_deadline_s: float = 10.0,
-                 channel: grpc.aio.Channel | None = None) -> None:
-        super().__init__(target, rpc_deadline_s=rpc_deadline_s, channel=channel)
-        self._live = self._oip("ServerLive", pb.ServerLiveRequest, pb.ServerLiveResponse)
-        self._ready = self._oip("ModelReady", pb.ModelReadyRequest, pb.ModelReadyResponse)
-        self._index = self._oip("RepositoryIndex", pb.RepositoryIndexRequest, pb.RepositoryIndexResponse)
-        self._load = self._oip("RepositoryModelLoad", pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse)
-        self._unload = self._oip("RepositoryModelUnload", pb.RepositoryModelUnloadRequest,
-                                 pb.RepositoryModelUnloadResponse)
-
-    def _oip(self, name: str, request, response):
-        return self.method(SERVICE + name, request, response)
-
-    async def live(self, deadline_s: float | None = None) -> bool:
-        """ServerLive (not ServerReady: MLServer's is false while any model is not ready)."""
-        return (await self.rpc(self._live, pb.ServerLiveRequest(), deadline_s)).live
+    A load returns once every version of the name in the repository loaded (NOT_FOUND ``Model
+    NAME not found`` when no ``model-settings.json`` names it; a failed load is INTERNAL with the
+    runtime's exception text, and MLServer drops the model again); an unload returns once every
+    version is unloaded in every worker (NOT_FOUND when none is loaded)."""
 
     async def index(self, ready: bool = False, deadline_s: float | None = None) -> list[ModelIndex]:
         """RepositoryIndex: one entry per ``model-settings.json`` under the repository (only READY
         ones if ``ready``), with the state as a bare name (READY, UNAVAILABLE, UNKNOWN)."""
-        response = await self.rpc(self._index, pb.RepositoryIndexRequest(ready=ready), deadline_s)
         return [ModelIndex(name=m.name, version=m.version, state=m.state.rpartition(".")[2], reason=m.reason)
-                for m in response.models]
-
-    async def load(self, name: str, deadline_s: float | None = None) -> None:
-        """RepositoryModelLoad: returns once every version of ``name`` in the repository loaded.
-
-        NOT_FOUND ``Model NAME not found`` when no ``model-settings.json`` names it; a load that
-        fails is INTERNAL with the runtime's exception text (MLServer drops the model again).
-        """
-        await self.rpc(self._load, pb.RepositoryModelLoadRequest(model_name=name), deadline_s)
-
-    async def unload(self, name: str, deadline_s: float | None = None) -> None:
-        """RepositoryModelUnload: returns once every version of ``name`` is unloaded, in every worker;
-        NOT_FOUND ``Model NAME not found`` when none is loaded."""
-        await self.rpc(self._unload, pb.RepositoryModelUnloadRequest(model_name=name), deadline_s)
+                for m in await super().index(ready, deadline_s)]
 
     async def model_ready(self, name: str, version: str = "", deadline_s: float | None = None) -> bool:
         """ModelReady; False for a model (or version) not loaded (MLServer answers UNKNOWN for those)."""
         try:
-            response = await self.rpc(self._ready, pb.ModelReadyRequest(name=name, version=version), deadline_s)
+            return await self.ready(name, version, deadline_s)
         except (errors.NotFound, errors.Unknown) as e:
             if isinstance(e, errors.Unknown) and NOT_FOUND_CLASS not in e.message:
                 raise
             return False
-        return response.ready

@@ -45,7 +45,7 @@ from collections.abc import Iterable, Sequence
 from tfscache import errors
 from tfscache.cache.ledger import Key
 from tfscache.kinds.nodepid import NodeMemory
-from tfscache.kinds.triton.client import LOADING, READY, UNLOADING, ModelIndex, OipClient
+from tfscache.kinds.triton.client import LOADING, READY, UNLOADING, OipClient
 from tfscache.repository.local import ModelRepository, not_found
 
 log = logging.getLogger("tfscache.cache")
