@@ -29,7 +29,7 @@ from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
 from tfscache.frontend.rest import RestFrontend
 from tfscache.frontend.router import Router
-from tfscache.frontend.upstream import Upstream
+from tfscache.frontend.upstream import Upstream, http_session
 from tfscache.kinds.gpumem import NodeGpuMemory, NvmlReader, gpu_cap
 from tfscache.observe.metrics import Metrics
 from tfscache.kinds.table import KINDS
@@ -120,8 +120,7 @@ class ServeApp:
             self._gpu_reader = NvmlReader()
             self.gpu_cap, line = await asyncio.to_thread(gpu_cap, s.cache.gpu_memory_per_node, self._gpu_reader)
             log.log(logging.INFO if self.gpu_cap else logging.WARNING, "%s", line)
-        self._http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
-                                           auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
+        self._http = http_session()
         try:
             if s.tls.cert_file:
                 self.tls = await asyncio.to_thread(ServerTls, s.tls)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -60,6 +61,30 @@ PEER_KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_tim
 # every 5 minutes without data with GOAWAY "too_many_pings", which would fail a long cold load).
 PEER_PING_SERVER_OPTIONS = (("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
                             ("grpc.http2.max_ping_strikes", 0))
+
+
+# The same for the REST hop, in TCP: a connection silent for 1 s is probed every 1 s by the
+# kernel, and reset after 2 unanswered probes. A healthy server's kernel answers the probes
+# however long its handler takes; a host cut off does not, and the request in flight there
+# ends UNAVAILABLE (retried on another replica) about 3 s later instead of at its timeout.
+REST_KEEPALIVE = ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1),
+                  (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2))
+
+
+def _keepalive_socket(addr_info) -> socket.socket:
+    family, kind, proto = addr_info[:3]
+    sock = socket.socket(family=family, type=kind, proto=proto)
+    for level, option, value in REST_KEEPALIVE:
+        sock.setsockopt(level, option, value)
+    return sock
+
+
+def http_session() -> aiohttp.ClientSession:
+    """The HTTP client of a front end's REST hops (nodes and peers): bytes as they came (no
+    decompression, no added headers), unlimited connections, TCP keep-alive probes (``REST_KEEPALIVE``)."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None,
+                                                                socket_factory=_keepalive_socket),
+                                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
 
 
 @dataclass(frozen=True)
