@@ -3,7 +3,8 @@
 On an NFS or FUSE model store one stat can take a long time; the cache and the front end
 share one event loop, so a stat on it would stall all traffic. Here every listing, stat and
 labels.json read of the repository takes 200 ms, and the loop must never be blocked for more
-than 50 ms while a cache loads, evicts and hits models through it.
+than 150 ms while a cache loads, evicts and hits models through it: less than one store call,
+so any call made on the loop fails the test, with room for a loaded machine's scheduling.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tfscache.settings import CacheSection
 from tfscache.repository.local import ModelRepository
 
 DELAY_S = 0.2
-MAX_LAG_S = 0.05
+MAX_LAG_S = 0.15  # < DELAY_S: one store call on the loop is caught
 
 
 class SlowStore(ModelRepository):
