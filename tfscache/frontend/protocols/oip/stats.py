@@ -36,6 +36,7 @@ import time
 from google.protobuf.json_format import MessageToDict, ParseDict
 
 from tfscache import errors
+from tfscache.frontend.backends import remaining
 from tfscache.frontend.methods import RouteKey
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import RestReply
@@ -113,15 +114,6 @@ def is_held_only(pairs) -> bool:
     return any((k[0] if isinstance(k, tuple) else k).lower() == HELD_ONLY_KEY for k in pairs)
 
 
-def _left(deadline: float | None) -> float | None:
-    if deadline is None:
-        return None
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise errors.DeadlineExceeded("Deadline Exceeded")
-    return left
-
-
 async def _gather(holders: list, ask) -> list:
     answers = await asyncio.gather(*(ask(b.upstream) for b in holders), return_exceptions=True)
     for answer in answers:
@@ -170,7 +162,7 @@ async def grpc_statistics(router: Router, path: str, key: RouteKey | None, reque
         return await peer.grpc(key, path, request, asked, peer_deadline)
 
     local, remote = await asyncio.gather(
-        _gather(holders, lambda upstream: upstream.unary(path, request, metadata=metadata, timeout=_left(deadline))),
+        _gather(holders, lambda upstream: upstream.unary(path, request, metadata=metadata, timeout=remaining(deadline))),
         _gather_peers(peers, ask_peer))
     answers = [*local, *remote]
     if answers:
