@@ -27,7 +27,7 @@ LOADING, READY, UNLOADING = "loading", "available", "unloading"
 class Entry:
     """A model version in the node's config (or leaving it)."""
 
-    __slots__ = ("key", "state", "bytes", "disk", "measured", "leases", "last_use", "waiters", "gpu")
+    __slots__ = ("key", "state", "bytes", "disk", "measured", "leases", "last_use", "waiters", "gpu", "prefetched")
 
     def __init__(self, key: Key, state: str, size: int, measured: bool, last_use: float,
                  disk: int = 0) -> None:
@@ -40,12 +40,13 @@ class Entry:
         self.last_use = last_use  # wall-clock seconds
         self.waiters: list[asyncio.Future] = []
         self.gpu = 0  # GPU bytes: learned from the growth across a load (tfscache.kinds.gpumem); 0 = none known
+        self.prefetched = False  # loaded by a prefetch and not requested since (tfscache.cache.prefetch)
 
 
 class Pending:
     """A cold model version waiting for its turn to load."""
 
-    __slots__ = ("key", "estimate", "disk", "first_seen", "waiters", "blocked_since")
+    __slots__ = ("key", "estimate", "disk", "first_seen", "waiters", "blocked_since", "prefetch")
 
     def __init__(self, key: Key, estimate: int, disk: int, now: float) -> None:
         self.key = key
@@ -54,6 +55,7 @@ class Pending:
         self.first_seen = now
         self.waiters: list[asyncio.Future] = []
         self.blocked_since: float | None = None  # monotonic; set while it waits for room
+        self.prefetch = False  # asked for by a prefetch: loads only when there is idle room
 
     def live(self) -> list[asyncio.Future]:
         """The waiters whose callers still wait."""
@@ -139,9 +141,15 @@ class Ledger:
         return [k for k, e in self.entries.items() if e.state == READY and e.leases == 0 and k not in self.pinned]
 
     def queue(self) -> list[Pending]:
-        """Pending loads not already in the config, most waiting requests first, then oldest."""
-        return sorted((p for p in self.pending.values() if p.key not in self.entries),
-                      key=lambda p: (-len(p.live()), p.first_seen))
+        """Pending loads not already in the config, most waiting requests first, then oldest
+        (a prefetch no request has joined is not among them: ``prefetches``)."""
+        return sorted((p for p in self.pending.values() if p.key not in self.entries
+                       and not (p.prefetch and not p.live())), key=lambda p: (-len(p.live()), p.first_seen))
+
+    def prefetches(self) -> list[Pending]:
+        """Prefetches no request has joined yet, oldest first."""
+        return sorted((p for p in self.pending.values() if p.prefetch and not p.live() and p.key not in self.entries),
+                      key=lambda p: p.first_seen)
 
     def failure(self, key: Key, now: float) -> errors.TfscacheError | None:
         """The recorded failure of ``key`` while it lasts (an expired one is forgotten)."""
@@ -167,6 +175,29 @@ class Ledger:
         if pending is None:
             pending = self.pending[key] = Pending(key, estimate, disk, now)
         pending.waiters.append(waiter)
+        return True
+
+    def prefetch(self, key: Key, estimate: int, disk: int, now: float) -> bool:
+        """A prefetch of cold ``key`` is wanted (``estimate``/``disk`` bytes); False when it is already
+        in the config or queued, or its last load failed within the backoff."""
+        if key in self.entries or key in self.pending or self.failure(key, now) is not None:
+            return False
+        pending = self.pending[key] = Pending(key, estimate, disk, now)
+        pending.prefetch = True
+        return True
+
+    def drop_prefetches(self, before: float) -> None:
+        """Forget prefetches still queued that were asked for before monotonic ``before`` (stale)."""
+        for pending in self.prefetches():
+            if pending.first_seen < before:
+                del self.pending[pending.key]
+
+    def first_use(self, key: Key) -> bool:
+        """A request takes ``key``: True if it was prefetched and this is its first request since."""
+        entry = self.entries.get(key)
+        if entry is None or not entry.prefetched:
+            return False
+        entry.prefetched = False
         return True
 
     def leased(self, key: Key, now_wall: float, now: float) -> Entry:
@@ -211,7 +242,7 @@ class Ledger:
     def drop_abandoned(self) -> None:
         """Forget pending loads whose callers all gave up."""
         for key, pending in list(self.pending.items()):
-            if not pending.live():
+            if not pending.live() and not pending.prefetch:
                 del self.pending[key]
 
     def admitted(self, key: Key, now_wall: float) -> Entry:
@@ -220,6 +251,7 @@ class Ledger:
         entry = Entry(key, LOADING, pending.estimate, key in self.learned, now_wall, disk=pending.disk)
         entry.waiters = pending.live()
         entry.gpu = self.gpu_estimate(key)
+        entry.prefetched = pending.prefetch and not entry.waiters
         self.entries[key] = entry
         return entry
 

@@ -87,6 +87,34 @@ def plan(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float) -> Plan
     return result
 
 
+def plan_prefetch(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float) -> tuple[Key, list[Key]] | None:
+    """The prefetch to load now and its victims, or None: only with idle room (docs/prefetch.md).
+
+    Idle room: no real load is queued or waiting for room, and no unloaded memory is still
+    counted (``ledger.freeing``). The first queued prefetch that fits goes, taking free room,
+    else idle victims in the policy's order among only those it ranks colder than the prefetched
+    model would be once requested (``EvictionPolicy.colder_than``): never a leased, pinned or
+    loading model, and never one hotter than it by the policy's own measure.
+    """
+    if ledger.queue() or ledger.freeing():
+        return None
+    entries = ledger.entries
+    for pending in ledger.prefetches():
+        need = ledger.gpu_estimate(pending.key)
+        count, used, gpu = len(entries) + 1, ledger.used() + pending.estimate, ledger.gpu_used() + need
+        take = []
+        colder = iter(policy.colder_than(ledger.idle(), pending.key, now))
+        while not caps.fit(count, used, gpu):
+            victim = next(colder, None)
+            if victim is None:
+                break
+            take.append(victim)
+            count, used, gpu = count - 1, used - entries[victim].bytes, gpu - entries[victim].gpu
+        if caps.fit(count, used, gpu):
+            return pending.key, take
+    return None
+
+
 def waits_for_freed_memory(ledger: Ledger, caps: Caps) -> bool:
     """Whether loads admitted now must wait before going to the node: counting the memory of
     versions it reported gone but has not given back (``Ledger.freeing``), it is over a cap.

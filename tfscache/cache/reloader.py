@@ -19,7 +19,7 @@ from tfscache import errors, logs
 from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger
 from tfscache.cache.freeing import Freeing
-from tfscache.cache.planner import Caps, plan, room_message, waits_for_freed_memory, share_growth
+from tfscache.cache.planner import Caps, plan, plan_prefetch, room_message, waits_for_freed_memory, share_growth
 from tfscache.cache.policy import EvictionPolicy
 from tfscache.cache.recovery import LostPins, recover, startup
 from tfscache.cache.signals import Signals, done, fail
@@ -35,7 +35,7 @@ class Reloader:
     """Carries out the planner's decisions against one node."""
 
     def __init__(self, adapter: NodeAdapter, ledger: Ledger, policy: EvictionPolicy, caps: Caps,
-                 repository: ModelRepository, signals: Signals, settings, events, gpu=None) -> None:
+                 repository: ModelRepository, signals: Signals, settings, events, gpu=None, prefetch=None) -> None:
         self.adapter = adapter
         self.node = adapter.target
         self.ledger = ledger
@@ -47,6 +47,7 @@ class Reloader:
         self.events = events
         self.gpu = gpu  # tfscache.kinds.gpumem.NodeGpuMemory when a GPU cap is in force: sizes learned per load
         self.lost_pins = LostPins()
+        self.prefetched = prefetch  # cache.prefetch.PrefetchCounts when prefetch is on (docs/prefetch.md)
 
     def memory_now(self) -> tuple[int | None, int | None]:
         """In a worker thread: the node's host memory and (with a GPU cap) its GPU memory now."""
@@ -85,6 +86,8 @@ class Reloader:
             ledger.retire(key)
         self.expire_room_waits(now)
         leaving += decided.victims
+        if not (batch or leaving or decided.blocked or sig.draining) and self.prefetched is not None:
+            leaving, batch = self.prefetch(now)
         if leaving and not await self.unload(leaving):
             return
         if batch:
@@ -101,9 +104,22 @@ class Reloader:
             self.events.room_waited(key, time.monotonic() - pending.blocked_since)
         return self.ledger.admitted(key, time.time())
 
+    def prefetch(self, now: float) -> tuple[list[Key], list[Entry]]:
+        """(victims, batch) of a prefetch with idle room (planner.plan_prefetch); stale ones dropped first."""
+        self.ledger.drop_prefetches(now - self.settings.prefetch_window_s)
+        key, victims = plan_prefetch(self.ledger, self.caps, self.policy, now) or (None, [])
+        for victim in victims:
+            self.evicted(victim, "prefetch")
+            self.ledger.retire(victim)
+        if key is not None:
+            self.prefetched.count("started")
+        return victims, [self.admit(key)] if key is not None else []
+
     def evicted(self, key: Key, reason: str) -> None:
         """The one log line and event of an eviction (the unload's line follows once the node confirms)."""
         entry = self.ledger.entries[key]
+        if entry.prefetched and entry.state == READY:  # prefetched, never requested: wasted
+            self.prefetched.count("wasted")
         idle_s = max(0.0, time.time() - entry.last_use)
         log.info("node %s: evicting %s version %s (%s; %d bytes, idle %.1f s)", self.node, key[0], key[1],
                  reason, entry.bytes, idle_s, extra={"model": key[0], "version": key[1], "node": self.node,
@@ -264,6 +280,8 @@ class Reloader:
         return [e for e, error in zip(batch, results) if not isinstance(error, BaseException)]
 
     def loaded(self, entry: Entry, load_s: float, now: float) -> None:
+        if entry.prefetched:
+            self.prefetched.count("completed")
         waiters = self.ledger.loaded(entry.key, load_s, now)
         log.info("node %s: loaded %s version %s in %.3f s (%d bytes%s)", self.node, entry.key[0], entry.key[1],
                  load_s, entry.bytes, "" if entry.measured else ", estimated",
@@ -283,7 +301,9 @@ class Reloader:
                     extra={"model": entry.key[0], "version": entry.key[1], "node": self.node,
                            "duration_s": round(load_s, 6), "bytes": entry.bytes})
         self.events.load_failed(entry.key, load_s, error)
-        until = now + self.settings.failure_backoff_s if backoff else None
+        if entry.prefetched:  # counted apart, and no backoff: the next request loads it again
+            self.prefetched.count("failed")
+        until = now + self.settings.failure_backoff_s if backoff and not entry.prefetched else None
         fail(self.ledger.failed(entry.key, error, until), error)
 
     async def send(self, deadline_s: float, why: str, *, loading: bool = True) -> bool:

@@ -129,6 +129,17 @@ class GDSFPolicy(HeapOrdered, EvictionPolicy):
             return max(share, 1.0 / self.max_models) if self.max_models else share
         return 1.0 / self.max_models if self.max_models else size
 
+    def colder_than(self, candidates, key: Key, now: float) -> list[Key]:
+        """The candidates whose ``H`` is below the one ``key`` would get from a request now
+        (its remembered frequency plus that request, its own or the mean cost and size)."""
+        cost = self._cost.get(key) or (self._cost_sum / self._cost_n if self._cost_n else 1.0)
+        worth = (self.frequency(key) * self._decay_one() + 1.0) * cost / self.room(key)
+        bar = (self._clock + 1) / self.halflife + math.log2(worth)
+        return [k for k in self.victims(candidates, now) if self._prio.get(k, (float("-inf"),))[0] < bar]
+
+    def _decay_one(self) -> float:
+        return math.exp2(-1.0 / self.halflife)
+
     # -- internals -----------------------------------------------------------------------
 
     def _drop(self, key: Key) -> None:

@@ -33,6 +33,10 @@ class LRUPolicy(EvictionPolicy):
         unknown = [key for key in wanted if key not in self._last_use]
         return unknown + [key for key in self._last_use if key in wanted]
 
+    def colder_than(self, candidates: Iterable[Key], key: Key, now: float) -> list[Key]:
+        """Every candidate: each was last used before ``now``, when ``key`` would be."""
+        return list(self.victims(candidates, now))
+
     def next_victim(self, now: float) -> Key | None:
         """The least recently used tracked key (O(1)); the simulator's fast path."""
         return next(iter(self._last_use), None)

@@ -1,0 +1,150 @@
+"""Co-access learning for prefetch: which model follows which. Pure bookkeeping, no I/O, no asyncio.
+
+``CoAccess.observe(key, now)`` hears every request (warm or cold) of one node, in time order;
+``followers(key)`` answers "``key`` was just requested: which models are likely asked next".
+The cache manager prefetches them (tfscache/cache/manager.py, the reloader's ``prefetch``);
+``tfscache simulate --prefetch`` replays a log through the same class (tfscache/sim/prefetch.py).
+
+What it counts, for a predecessor A and a follower B:
+
+* ``seen(A)``: requests of A;
+* ``pairs(A, B)``: requests of B that came within ``window_s`` seconds after a request of A
+  (each A counted once per request of B, however often A came in the window; A never follows itself).
+
+Both are *decayed*: each request to the node ages every count by ``2 ** (-1 / halflife)`` (kept
+lazily: a count remembers the request clock it was set at), so a pipeline that stops fades
+out within a few half-lives. B is a likely follower of A when ``pairs(A, B) >= min_support``
+(seen often enough to be no accident) and ``pairs(A, B) / seen(A) >= confidence`` (it follows
+most of A's requests, so loading it is more likely used than wasted).
+
+Memory is bounded: at most ``max_models`` predecessors are tracked (the least recently
+requested forgotten first), each with at most ``max_candidates`` followers (the weakest
+replaced by a new one), and the window holds at most ``max_window`` recent requests. So
+tens of thousands of models cost a few MB; ``observe`` is O(window), ``followers`` O(candidates).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Hashable
+from dataclasses import dataclass
+
+Key = Hashable
+
+
+@dataclass(frozen=True)
+class CoAccessSettings:
+    """The learner's knobs (the cache's ``prefetch_*`` settings; docs/prefetch.md has the reasoning)."""
+
+    window_s: float = 1.0
+    confidence: float = 0.5
+    min_support: float = 2.5
+    halflife: float = 10_000.0
+    max_models: int = 50_000
+    max_candidates: int = 4
+    max_window: int = 64
+
+    def __post_init__(self) -> None:
+        if not (self.window_s > 0 and 0 < self.confidence <= 1 and self.min_support > 0 and self.halflife > 0
+                and self.max_models >= 1 and self.max_candidates >= 1 and self.max_window >= 1):
+            raise ValueError(f"bad co-access settings: {self}")
+
+
+class _Stats:
+    """One predecessor: its decayed request count and its candidate followers' decayed pair counts."""
+
+    __slots__ = ("seen", "seen_at", "pairs")
+
+    def __init__(self, clock: int) -> None:
+        self.seen, self.seen_at = 0.0, clock
+        self.pairs: dict[Key, tuple[float, int]] = {}  # follower -> (count, clock when set)
+
+
+class CoAccess:
+    """Learns online which model follows which on one node (see the module docstring)."""
+
+    def __init__(self, settings: CoAccessSettings | None = None) -> None:
+        self.settings = s = settings or CoAccessSettings()
+        self._decay = math.exp2(-1.0 / s.halflife)
+        self._clock = 0  # requests observed
+        self._stats: OrderedDict[Key, _Stats] = OrderedDict()  # least recently requested first
+        self._recent: deque[tuple[float, Key]] = deque()  # (time, key) within window_s, oldest first
+
+    def __len__(self) -> int:
+        """Predecessors tracked now (bounded by ``max_models``)."""
+        return len(self._stats)
+
+    def observe(self, key: Key, now: float) -> None:
+        """A request for ``key`` at ``now`` (seconds, non-decreasing per node)."""
+        s = self.settings
+        self._clock += 1
+        recent = self._recent
+        while recent and (now - recent[0][0] > s.window_s or len(recent) >= s.max_window):
+            recent.popleft()
+        for before in {k for _, k in recent if k != key}:
+            stats = self._stats.get(before)
+            if stats is not None:
+                self._pair(stats, key)
+        stats = self._stats.get(key)
+        if stats is None:
+            stats = self._stats[key] = _Stats(self._clock)
+            if len(self._stats) > s.max_models:
+                self._stats.popitem(last=False)
+        else:
+            self._stats.move_to_end(key)
+        stats.seen = self._aged(stats.seen, stats.seen_at) + 1.0
+        stats.seen_at = self._clock
+        recent.append((now, key))
+
+    def followers(self, key: Key) -> list[Key]:
+        """The likely followers of ``key`` now, most likely first (see the module docstring)."""
+        stats = self._stats.get(key)
+        if stats is None or not stats.pairs:
+            return []
+        s = self.settings
+        seen = self._aged(stats.seen, stats.seen_at)
+        aged = [(self._aged(*counted), follower) for follower, counted in stats.pairs.items()]
+        scored = [(count, follower) for count, follower in aged
+                  if count >= s.min_support and count >= s.confidence * seen]
+        return [follower for _, follower in sorted(scored, key=lambda pair: -pair[0])]
+
+    def confidence(self, before: Key, after: Key) -> float:
+        """``pairs(before, after) / seen(before)`` now (0 when unknown); for tests and reports."""
+        stats = self._stats.get(before)
+        if stats is None or after not in stats.pairs:
+            return 0.0
+        count, at = stats.pairs[after]
+        return self._aged(count, at) / max(self._aged(stats.seen, stats.seen_at), 1e-12)
+
+    def _pair(self, stats: _Stats, follower: Key) -> None:
+        pairs = stats.pairs
+        old = pairs.get(follower)
+        if old is None and len(pairs) >= self.settings.max_candidates:
+            weakest = min(pairs, key=lambda k: self._aged(*pairs[k]))
+            del pairs[weakest]  # space for the newcomer: the weakest candidate goes
+        count = self._aged(*old) if old is not None else 0.0
+        pairs[follower] = (count + 1.0, self._clock)
+
+    def _aged(self, count: float, at: int) -> float:
+        return count * self._decay ** (self._clock - at) if at != self._clock else count
+
+
+class PrefetchCounts:
+    """One node's prefetch loads, counted apart from its other loads (tfscache/observe/prefetchmetrics.py).
+
+    ``started``: prefetch loads sent to the node; ``completed`` / ``failed``: how they ended;
+    ``used``: prefetched versions then requested before they left; ``wasted``: evicted unused.
+    """
+
+    KINDS = ("started", "completed", "failed", "used", "wasted")
+
+    def __init__(self) -> None:
+        self._counts = dict.fromkeys(self.KINDS, 0)
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Add ``n`` to ``what`` (one of ``KINDS``; KeyError otherwise)."""
+        self._counts[what] += n
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self._counts)
