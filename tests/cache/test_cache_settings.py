@@ -28,7 +28,9 @@ def test_every_cache_field_can_be_set(source, tmp_path):
     values = {"max_models_per_node": 3, "memory_per_node": 1 << 30, "policy": "lfu", "load_timeout_s": 7.0,
               "room_timeout_s": 2.0, "failure_backoff_s": 3.0, "rpc_deadline_s": 4.0, "reload_deadline_s": 5.0,
               "estimate_factor": 1.5, "health_retry_s": 0.5, "policy_window_s": 30.0, "gpu_memory_per_node": 1 << 33,
-              "policy_halflife_requests": 500.0, "free_wait_s": 2.5}
+              "policy_halflife_requests": 500.0, "free_wait_s": 2.5, "prefetch": True, "prefetch_window_s": 2.0,
+              "prefetch_confidence": 0.6, "prefetch_min_support": 4.0, "prefetch_halflife_requests": 300.0,
+              "prefetch_followers": 2, "prefetch_max_models": 1000}
     assert set(values) == {f.name for f in dataclasses.fields(CacheSection)}  # every field
     if source == "env":
         env = {f"TFSCACHE_CACHE_{k.upper()}": str(v) for k, v in values.items()}

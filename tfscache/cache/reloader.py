@@ -118,7 +118,7 @@ class Reloader:
     def evicted(self, key: Key, reason: str) -> None:
         """The one log line and event of an eviction (the unload's line follows once the node confirms)."""
         entry = self.ledger.entries[key]
-        if entry.prefetched and entry.state == READY:  # prefetched, never requested: wasted
+        if entry.prefetched:  # prefetched, never requested: wasted
             self.prefetched.count("wasted")
         idle_s = max(0.0, time.time() - entry.last_use)
         log.info("node %s: evicting %s version %s (%s; %d bytes, idle %.1f s)", self.node, key[0], key[1],
