@@ -15,7 +15,8 @@
   favourites are today's long tail.
 * ``--pipeline P`` (pipelines where B follows A): each model has one follower, fixed for
   the log; a request is followed, with probability P, by a request for its model's follower
-  10 ms later (as a two-stage inference would send it), before the next arrival.
+  10 ms later (as a two-stage inference would send it; ``--follow-ms`` changes the gap),
+  before the next arrival.
   ``--requests`` counts both.
 
 Each model keeps its size and load time on every line. The output is the same for
@@ -53,7 +54,7 @@ FOLLOW_S = 0.01
 
 
 def generate(count: int, requests: int, alpha: float, seed: int, rate: float, days: int = 0,
-             pipeline: float = 0.0) -> list[tuple[float, str, float, int]]:
+             pipeline: float = 0.0, follow_s: float = FOLLOW_S) -> list[tuple[float, str, float, int]]:
     """(time, model, load seconds, bytes) for each request."""
     rng = random.Random(seed)
     table = models(count, rng)
@@ -76,7 +77,7 @@ def generate(count: int, requests: int, alpha: float, seed: int, rate: float, da
         rows.append((round(now, 6), name, load, size))
         if pipeline and len(rows) < requests and rng.random() < pipeline:
             name, size, load = follower[model]
-            now += FOLLOW_S  # the next arrival comes after it: the log stays in time order
+            now += follow_s  # the next arrival comes after it: the log stays in time order
             rows.append((round(now, 6), name, load, size))
     return rows
 
@@ -102,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                         "popularity ranking each day (default 0: one ranking, --rate applies)")
     parser.add_argument("--pipeline", type=float, default=0.0, help="probability that a request is followed by one "
                         "for its model's fixed follower (default 0)")
+    parser.add_argument("--follow-ms", type=float, default=FOLLOW_S * 1000, help="with --pipeline: milliseconds "
+                        "from a request to its follower's (default 10)")
     parser.add_argument("--out", type=Path, required=True, help="output file, .csv or .jsonl")
     args = parser.parse_args(argv)
     if args.models < 1 or args.requests < 0 or args.alpha < 0 or args.rate <= 0 or args.days < 0:
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--pipeline must be a probability in [0, 1], got {args.pipeline}")
     if args.out.suffix not in (".csv", ".jsonl"):
         parser.error(f"--out must end in .csv or .jsonl, got {args.out}")
-    write(generate(args.models, args.requests, args.alpha, args.seed, args.rate, args.days, args.pipeline), args.out)
+    write(generate(args.models, args.requests, args.alpha, args.seed, args.rate, args.days, args.pipeline,
+                   args.follow_ms / 1000), args.out)
     print(f"wrote {args.requests} requests for {args.models} models to {args.out}", file=sys.stderr)
     return 0
 

@@ -57,9 +57,7 @@ class CacheManager:
         self._signals = Signals(Services(self._lease, self._save, self.pin))
         self.adapter = adapter
         self.prefetch_counts = PrefetchCounts() if settings.prefetch else None  # docs/prefetch.md
-        self._coaccess = CoAccess(CoAccessSettings(
-            settings.prefetch_window_s, settings.prefetch_confidence, settings.prefetch_min_support,
-            settings.prefetch_halflife_requests, settings.prefetch_max_models)) if settings.prefetch else None
+        self._coaccess = CoAccess(CoAccessSettings.from_section(settings)) if settings.prefetch else None
         self._prefetching: set[asyncio.Task] = set()  # size estimates of followers, in worker threads
         self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository, self._signals,
                                   settings, self.events, gpu, self.prefetch_counts)

@@ -45,6 +45,12 @@ class CoAccessSettings:
     max_candidates: int = 4
     max_window: int = 64
 
+    @classmethod
+    def from_section(cls, section) -> CoAccessSettings:
+        """The knobs of a ``CacheSection`` (its ``prefetch_*`` fields)."""
+        return cls(section.prefetch_window_s, section.prefetch_confidence, section.prefetch_min_support,
+                   section.prefetch_halflife_requests, section.prefetch_max_models)
+
     def __post_init__(self) -> None:
         if not (self.window_s > 0 and 0 < self.confidence <= 1 and self.min_support > 0 and self.halflife > 0
                 and self.max_models >= 1 and self.max_candidates >= 1 and self.max_window >= 1):

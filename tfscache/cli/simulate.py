@@ -12,13 +12,16 @@ fractional one, a lower bound, under a memory cap), and every row its load secon
 ratio to it. The table (or, with ``--json``, a JSON document) goes to stdout; the log
 format is in tfscache/sim/trace.py and the cache model in tfscache/sim/engine.py. The
 progress bar and the summary line go to stderr (``--progress``/``--no-progress``/``--quiet``:
-tfscache.cli.options). ``--plot`` needs the ``[sim]`` extra (matplotlib): without it the command
+tfscache.cli.options). ``--prefetch`` replays each combination with co-access prefetch off and on
+(tfscache/sim/prefetch.py: loads take time there) and reports cold requests, cold follower requests,
+load seconds and wait instead. ``--plot`` needs the ``[sim]`` extra (matplotlib): without it the command
 exits 2 before simulating.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import logging
@@ -99,6 +102,14 @@ def _parser() -> argparse.ArgumentParser:
     load.add_argument("--copies", default="on", metavar="on[:NAME=VALUE...],...",
                       help="copies settings to run against copies off (default on: the [copies] defaults), "
                       "e.g. on,on:balance=0.25:hot_share=0.3")
+    parser.add_argument("--prefetch", action="store_true", help="replay with co-access prefetch off and on, with the "
+                        "cache's default prefetch_* settings (docs/prefetch.md)")
+    parser.add_argument("--prefetch-window-s", type=float, help="--prefetch: cache.prefetch_window_s (default: "
+                        "the setting's)")
+    parser.add_argument("--prefetch-confidence", type=float, help="--prefetch: cache.prefetch_confidence")
+    parser.add_argument("--prefetch-min-support", type=float, help="--prefetch: cache.prefetch_min_support")
+    parser.add_argument("--follow-ms", type=float, default=50.0, help="--prefetch: a request this many ms or less "
+                        "after its node's previous one, for another model, counts as a follower (default 50)")
     parser.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
     add_output_flags(parser)
     return parser
@@ -135,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.load:
         return _load(args, trace, rules, started)
+    if args.prefetch:
+        return _prefetch(args, trace, started)
     configs = [Config(policy, nodes, max_models, memory)
                for nodes, max_models, memory in itertools.product(args.nodes, args.max_models, args.memory)
                for policy in [*args.policies, BELADY]]
@@ -183,6 +196,38 @@ def _load(args, trace, rules, started: float) -> int:
     if not args.quiet:
         print(f"{len(configs)} configurations of {len(trace)} requests for {len(trace.models)} models "
               f"simulated under load in {wall:.1f} s", file=sys.stderr)
+    return 0
+
+
+def _prefetch(args, trace, started: float) -> int:
+    """``--prefetch``: every combination with prefetch off and on, one table (or JSON)."""
+    from tfscache.cache.prefetch import CoAccessSettings
+    from tfscache.settings import CacheSection
+    from tfscache.sim.prefetch import PrefetchConfig, simulate_prefetch, table
+
+    defaults = CacheSection()
+    given = {"prefetch_window_s": args.prefetch_window_s, "prefetch_confidence": args.prefetch_confidence,
+             "prefetch_min_support": args.prefetch_min_support}
+    try:
+        learner = CoAccessSettings.from_section(dataclasses.replace(
+            defaults, **{k: v for k, v in given.items() if v is not None}))
+    except ValueError as e:
+        print(f"tfscache simulate: --prefetch: {e}", file=sys.stderr)
+        return 2
+    configs = [PrefetchConfig(policy, nodes, max_models, memory, on)
+               for nodes, max_models, memory in itertools.product(args.nodes, args.max_models, args.memory)
+               for policy in args.policies for on in (None, learner)]
+    results = simulate_prefetch(trace, configs, build_policy, args.follow_ms / 1000)
+    wall = time.perf_counter() - started
+    if args.json:
+        json.dump({"log": str(args.log), "requests": len(trace), "models": len(trace.models),
+                   "wall_seconds": round(wall, 3), "results": [r.as_dict() for r in results]}, sys.stdout, indent=1)
+        print()
+    else:
+        print(table(results))
+    if not args.quiet:
+        print(f"{len(configs)} configurations of {len(trace)} requests replayed with prefetch off and on "
+              f"in {wall:.1f} s", file=sys.stderr)
     return 0
 
 
