@@ -17,6 +17,9 @@ class CacheEvents:
     def miss(self, key: Key) -> None:
         """An acquire had to wait for ``key``'s load (or was refused it)."""
 
+    def prefetch_used(self, key: Key) -> None:
+        """The running request is the first for ``key`` since a prefetch loaded it (in its task)."""
+
     def loaded(self, key: Key, seconds: float, size: int, measured: bool) -> None:
         """``key`` is AVAILABLE after a reload of ``seconds``; ``size`` bytes (measured or estimated)."""
 

@@ -10,12 +10,13 @@ from tfscache.cache.ledger import Key
 class Lease:
     """A hold on a resident model version; release it when the request is done."""
 
-    __slots__ = ("name", "version", "_release", "_released")
+    __slots__ = ("name", "version", "_release", "_released", "prefetched")
 
-    def __init__(self, release: Callable[[Key], None], key: Key) -> None:
+    def __init__(self, release: Callable[[Key], None], key: Key, prefetched: bool = False) -> None:
         self.name, self.version = key
         self._release = release
         self._released = False
+        self.prefetched = prefetched  # the first request of a version a prefetch loaded (docs/prefetch.md)
 
     def release(self) -> None:
         if not self._released:

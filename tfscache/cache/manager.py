@@ -25,7 +25,7 @@ from tfscache.cache.events import CacheEvents
 from tfscache.cache.lease import Lease
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger, QueuedLoad, ResidentModel
 from tfscache.cache.planner import Caps
-from tfscache.cache.prefetch import CoAccess, CoAccessSettings, PrefetchCounts
+from tfscache.cache.prefetcher import Prefetcher
 from tfscache.cache.policy import EvictionPolicy, make_policy
 from tfscache.cache.reloader import Reloader
 from tfscache.cache.signals import Services, Signals, copy_error
@@ -56,9 +56,9 @@ class CacheManager:
         self._writer: StateWriter | None = StateWriter(self.state_file)  # coalesced, in a worker thread
         self._signals = Signals(Services(self._lease, self._save, self.pin))
         self.adapter = adapter
-        self.prefetch_counts = PrefetchCounts() if settings.prefetch else None  # docs/prefetch.md
-        self._coaccess = CoAccess(CoAccessSettings.from_section(settings)) if settings.prefetch else None
-        self._prefetching: set[asyncio.Task] = set()  # size estimates of followers, in worker threads
+        self._prefetcher = (Prefetcher(self.ledger, self._signals, self._estimate, settings)
+                            if settings.prefetch else None)  # co-access prefetch, docs/prefetch.md
+        self.prefetch_counts = self._prefetcher.counts if self._prefetcher is not None else None
         self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository, self._signals,
                                   settings, self.events, gpu, self.prefetch_counts)
         self._task: asyncio.Task | None = None
@@ -104,8 +104,8 @@ class CacheManager:
         sig = self._signals
         sig.close("its cache manager stopped")  # ``wait_ready`` callers wake and see it closed
         self._reloader.lost_pins.cancel()
-        for task in list(self._prefetching):
-            task.cancel()
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
         if self._task is not None:
             self._task.cancel()
             try:
@@ -152,16 +152,18 @@ class CacheManager:
         entry = self.ledger.ready((name, latest)) if latest is not None else None
         if entry is not None and not self._signals.draining:
             self.events.hit(entry.key)
-            self._followers(entry.key)
-            return self._lease(entry)
+            if self._prefetcher is not None:
+                self._prefetcher.after(entry.key)
+            return self._prefetch_used(self._lease(entry))
         found, sizes = await asyncio.to_thread(self._resolve, name, version)  # one trip off the loop
         key = (found.name, found.version)
         self.events.miss(key)
-        self._followers(key)
+        if self._prefetcher is not None:
+            self._prefetcher.after(key)
         fut = await self._enqueue(key, sizes)
         try:
             async with asyncio.timeout(timeout):
-                return await fut
+                return self._prefetch_used(await fut)
         except BaseException as exc:
             # A lease granted just as the caller gave up goes straight back.
             if fut.done() and not fut.cancelled() and fut.exception() is None:
@@ -285,32 +287,17 @@ class CacheManager:
         return ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state,
                              e.key in self.ledger.pinned)
 
-    def _followers(self, key: Key) -> None:
-        """Prefetch (docs/prefetch.md): learn from this request; queue its likely cold followers."""
-        if self._coaccess is None:
-            return
-        self._coaccess.observe(key, time.monotonic())
-        for follower in self._coaccess.followers(key)[:self.settings.prefetch_followers]:
-            if follower not in self.ledger.entries and follower not in self.ledger.pending:
-                task = asyncio.create_task(self._prefetch(follower))  # its size: a walk of its directory
-                self._prefetching.add(task)
-                task.add_done_callback(self._prefetching.discard)
-
-    async def _prefetch(self, key: Key) -> None:
-        try:
-            estimate, disk = await asyncio.to_thread(self._estimate, key)
-        except errors.TfscacheError:  # gone from the repository, or larger than the cap: no prefetch
-            return
-        sig = self._signals
-        if sig.healthy and not (sig.closed or sig.draining) and self.ledger.prefetch(key, estimate, disk,
-                                                                                      time.monotonic()):
-            sig.wake()
+    def _prefetch_used(self, lease: Lease) -> Lease:
+        if lease.prefetched:  # told in the request's task: the request log marks it
+            self.events.prefetch_used((lease.name, lease.version))
+        return lease
 
     def _lease(self, entry: Entry) -> Lease:
         self.ledger.leased(entry.key, time.time(), time.monotonic())
-        if self.ledger.first_use(entry.key):
+        first = self.ledger.first_use(entry.key)
+        if first:
             self.prefetch_counts.count("used")
-        return Lease(self._release, entry.key)
+        return Lease(self._release, entry.key, prefetched=first)
 
     def _release(self, key: Key) -> None:
         entry = self.ledger.released(key)

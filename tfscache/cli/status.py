@@ -121,6 +121,9 @@ def render(doc: dict[str, Any]) -> str:
         lines += ["", f"disk tier {tier['directory']} for {tier['url']}: {format_bytes(tier['bytes'])} of "
                       f"{format_bytes(tier['cap_bytes'])}, {tier['versions']} version{'s' if tier['versions'] != 1 else ''}"
                       f" ({tier['in_use']} in use by nodes), {tier['downloads_in_flight']} downloading"]
+    for node in doc["nodes"]:
+        if node.get("prefetch"):  # co-access prefetch on (docs/prefetch.md)
+            lines += ["", f"prefetch on {node['name']}: " + ", ".join(f"{v} {k}" for k, v in node["prefetch"].items())]
     hits, misses, ratio = doc["hits"], doc["misses"], doc["hit_ratio"]
     shown = "n/a (no requests yet)" if ratio is None else f"{100 * ratio:.1f}%"
     lines += ["", f"hit ratio: {shown} ({hits} hit{'s' if hits != 1 else ''}, "

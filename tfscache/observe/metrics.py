@@ -200,7 +200,8 @@ class Metrics:
             load_s, size = self.costs.get((served.node, (served.name, served.version)), (0.0, 0))
             self.request_log.write({"time": round(time.time() - seconds, 6), "model": served.name,
                                     "version": served.version, "load_seconds": round(load_s, 6), "bytes": size,
-                                    "node": served.node, "cold": int(served.cold), "code": code})
+                                    "node": served.node, "cold": int(served.cold), "code": code,
+                                    "prefetched": int(served.prefetched)})
 
     def count(self, family: str, node: str) -> None:
         """One more node restart, forward or retry (``tfscache_node_restarts``, ``tfscache_forwards``,
@@ -267,6 +268,10 @@ class NodeEvents:
         self.metrics.misses.labels(*self._labels(key)).inc()
         if self.metrics.request_log is not None:
             requestlog.served(self.node, key, cold=True)
+
+    def prefetch_used(self, key: Key) -> None:
+        if self.metrics.request_log is not None:
+            requestlog.prefetched()  # runs in the request's task, after hit or miss
 
     def loaded(self, key: Key, seconds: float, size: int, measured: bool) -> None:
         self.metrics.loads.labels(*self._labels(key)).inc()

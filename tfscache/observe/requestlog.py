@@ -14,6 +14,8 @@ request once; ``tfscache simulate`` sorts by time). Columns, the simulator's fir
     node          the node that served it
     cold          1 if this request waited for a load, else 0
     code          how it ended (gRPC code name, or HTTP status)
+    prefetched    1 if a prefetch loaded the model and this is its first request since, else 0
+                  (docs/prefetch.md); a CSV log begun before this column keeps its columns
 
 CSV with a header row, unless FILE ends in ``.jsonl`` or ``.ndjson`` (JSON Lines, the same
 keys). An existing file is appended to (a CSV one must have the same header). Rows are
@@ -40,7 +42,8 @@ from pathlib import Path
 
 log = logging.getLogger("tfscache.observe.requestlog")
 
-COLUMNS = ("time", "model", "version", "load_seconds", "bytes", "node", "cold", "code")
+COLUMNS = ("time", "model", "version", "load_seconds", "bytes", "node", "cold", "code", "prefetched")
+LEGACY_COLUMNS = COLUMNS[:-1]  # a CSV log written before ``prefetched``: appended to with its own columns
 JSON_SUFFIXES = (".jsonl", ".ndjson")
 _BATCH = 1024  # rows written between flushes at most
 
@@ -53,6 +56,7 @@ class Served:
     name: str
     version: int
     cold: bool
+    prefetched: bool = False
 
 
 _served: contextvars.ContextVar[Served | None] = contextvars.ContextVar("tfscache_served", default=None)
@@ -64,6 +68,13 @@ def served(node: str, key: tuple[str, int], cold: bool) -> None:
     before = _served.get()
     again = before is not None and (before.node, before.name, before.version) == (node, *key)
     _served.set(Served(node, key[0], key[1], cold or (again and before.cold)))
+
+
+def prefetched() -> None:
+    """The running request is the first for its model since a prefetch loaded it."""
+    before = _served.get()
+    if before is not None:
+        _served.set(Served(before.node, before.name, before.version, before.cold, True))
 
 
 def forget() -> None:
@@ -90,6 +101,7 @@ class RequestLog:
         self._thread: threading.Thread | None = None
         self.written = 0  # rows written so far (the writer thread counts)
         self.broken = False  # writing failed: rows are dropped from then on (logged once)
+        self.columns = COLUMNS  # a CSV begun with LEGACY_COLUMNS keeps them
 
     async def start(self) -> None:
         """Open the file (in a thread) and start the writer; RequestLogError if it cannot be used."""
@@ -121,6 +133,8 @@ class RequestLog:
             first = stream.readline().strip()
             if not first and not self.json_lines:
                 stream.write(",".join(COLUMNS) + "\r\n")
+            elif first and not self.json_lines and first == ",".join(LEGACY_COLUMNS):
+                self.columns = LEGACY_COLUMNS
             elif first and not self.json_lines and first != ",".join(COLUMNS):
                 raise RequestLogError(f"request log {self.path}: it exists with other columns ({first[:80]!r}); "
                                       f"expected {','.join(COLUMNS)}: name a new file")
@@ -146,7 +160,7 @@ class RequestLog:
                     if self.json_lines:
                         stream.write(json.dumps(row, separators=(",", ":")) + "\n")
                     else:
-                        writer.writerow([row[c] for c in COLUMNS])
+                        writer.writerow([row[c] for c in self.columns])
                     self.written += 1
                 stream.flush()
                 if done:

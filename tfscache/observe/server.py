@@ -23,6 +23,9 @@ its backends (local nodes with their CacheManager, peer sidecars) and its ring.
                "unloads_per_minute": {"node0": 0.2}},
      "copies": {"min": 1, "max": 4, "models": {"a": ["node0", "node1"]}}}   # with copies on
 
+Per local node, ``prefetch``: its co-access prefetch loads (started, completed, failed, used,
+wasted; docs/prefetch.md), or null with prefetch off.
+
 Per local node: ``resident_models`` and ``resident_bytes`` count the *available* versions
 only (before issue 10 they counted loading and unloading ones too, so a node capped at 3
 could show 5); ``model_states`` has every state apart, each key always present; ``models``
@@ -53,6 +56,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tfscache.frontend.backends import NodeBackend
 from tfscache.observe.gauges import NodeView, by_state, caps
 from tfscache.observe.metrics import Metrics
+from tfscache.observe.prefetchmetrics import PrefetchCollector, prefetch_counts
 from tfscache.cluster.topology import Topology
 from tfscache.webserver import WebServer
 
@@ -62,6 +66,7 @@ log = logging.getLogger("tfscache.observe.server")
 def watch(metrics: Metrics, topology: Topology) -> None:
     """Point the gauges at the topology's local nodes, ring and backends (read at every scrape; they change)."""
     metrics.watch(lambda: _node_views(topology), lambda: len(topology.ring.nodes), lambda: list(topology.backends))
+    metrics.registry.register(PrefetchCollector(lambda: _node_views(topology)))
 
 
 def _node_views(topology: Topology) -> list[NodeView]:
@@ -112,7 +117,7 @@ def _local_node(cache) -> dict[str, Any]:
     return {"resident_models": states["available"]["models"], "resident_bytes": states["available"]["bytes"],
             "leases": sum(m.leases for m in resident),
             "queue": [dataclasses.asdict(q) for q in cache.queue()] if cache is not None else [],
-            "model_states": states, "caps": limits,
+            "model_states": states, "caps": limits, "prefetch": prefetch_counts(cache),
             "models": sorted(models, key=lambda m: (m["name"], m["version"]))}
 
 
