@@ -42,8 +42,8 @@ class CoAccessSettings:
     min_support: float = 2.5
     halflife: float = 10_000.0
     max_models: int = 50_000
-    max_candidates: int = 4
-    max_window: int = 64
+    max_candidates: int = 3
+    max_window: int = 8
 
     @classmethod
     def from_section(cls, section) -> CoAccessSettings:
@@ -88,10 +88,13 @@ class CoAccess:
         recent = self._recent
         while recent and (now - recent[0][0] > s.window_s or len(recent) >= s.max_window):
             recent.popleft()
-        for before in {k for _, k in recent if k != key}:
-            stats = self._stats.get(before)
-            if stats is not None:
-                self._pair(stats, key)
+        done = {key}  # each predecessor once per request; never the model itself
+        for _, before in recent:
+            if before not in done:
+                done.add(before)
+                stats = self._stats.get(before)
+                if stats is not None:
+                    self._pair(stats, key)
         stats = self._stats.get(key)
         if stats is None:
             stats = self._stats[key] = _Stats(self._clock)

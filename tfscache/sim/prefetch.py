@@ -127,7 +127,7 @@ class _Node:
             for after in self.learner.followers(key)[:1]:
                 if after in self.sizes:
                     ledger.prefetch(after, self.sizes[after][0], self.sizes[after][0], now)
-        if not self.batch:
+        if not self.batch and ledger.pending:  # the loader is idle and there is work
             self.next_batch(now)
 
     def next_batch(self, now: float) -> None:
@@ -163,7 +163,8 @@ class _Node:
                     self.counts.wait_seconds += ended - arrival
                     self.ledger.accessed(key, ended)
             self.batch = []
-            self.next_batch(ended)
+            if self.ledger.pending:
+                self.next_batch(ended)
 
 
 def replay_prefetch(requests: list[Request], policy: EvictionPolicy, config: PrefetchConfig,
