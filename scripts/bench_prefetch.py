@@ -8,7 +8,7 @@ workload: each round picks a model A by Zipf rank (alpha 1, fixed seed) and pred
 probability 0.5 the round then predicts A's fixed follower B, ``--gap-ms`` after A's answer (0: at
 once, as a two-stage inference does). The same rounds run against two ``tfscache serve`` processes
 in turn, each with one ``tfscache node`` child capped at ``--cap`` models (LRU): the baseline with
-``cache.prefetch=false``, then ``cache.prefetch=true`` (its defaults otherwise). Per run, from the
+``cache.prefetch=false``, then ``cache.prefetch=true`` (its defaults otherwise), ``--repeats`` times. Per run, from the
 request log's ``cold`` column (the request waited for a load) and the client's clock: cold
 requests, cold follower requests, follower requests served by a prefetched load, and the total
 wait (client seconds of the cold requests), plus the prefetch counts from /status. Prints
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 import random
 import sys
@@ -34,6 +35,9 @@ import requests  # noqa: E402
 from frontend.serving import link_repository, start_serve  # noqa: E402
 from support.requests import predict_request  # noqa: E402
 from tensorflow_serving.apis import prediction_service_pb2_grpc  # noqa: E402
+
+
+_RUNS = itertools.count(1)
 
 
 def build(root: Path, count: int, size_bytes: int) -> Path:
@@ -57,7 +61,7 @@ def rounds(count: int, n: int, seed: int = 1) -> list[tuple[int, int | None]]:
 
 
 def run(repo: Path, tmp: Path, plan: list[tuple[int, int | None]], cap: int, gap_s: float, prefetch: bool) -> dict:
-    log = tmp / f"requests-{int(prefetch)}.csv"
+    log = tmp / f"requests-{next(_RUNS)}.csv"
     with start_serve(tmp, repo, "--local-nodes", "1", "--max-models-per-node", str(cap), "--metrics-port", "0",
                      "--request-log", str(log), "--set", "cache.policy=lru",
                      "--set", f"cache.prefetch={'true' if prefetch else 'false'}") as serve:
@@ -105,12 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--size-mb", type=float, default=20.0, help="each model's variable (default 20 MB)")
     parser.add_argument("--gap-ms", type=float, default=0.0, help="pause between a pipeline's stages (default 0)")
+    parser.add_argument("--repeats", type=int, default=1, help="off-then-on pairs, alternating (default 1)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-prefetch-") as tmp:
         tmp = Path(tmp)
         repo = build(tmp, args.models, int(args.size_mb * 1e6))
         plan = rounds(args.models, args.rounds)
-        results = [run(repo, tmp, plan, args.cap, args.gap_ms / 1000, on) for on in (False, True)]
+        results = [run(repo, tmp, plan, args.cap, args.gap_ms / 1000, on)
+                   for _ in range(args.repeats) for on in (False, True)]
     print(f"{args.rounds} rounds, {args.models} models of {args.size_mb:g} MB, cap {args.cap} (LRU), "
           f"gap {args.gap_ms:g} ms between stages\n")
     print("| prefetch | requests | cold | follower requests | cold followers | followers served by a prefetch "

@@ -237,3 +237,20 @@ async def test_an_evicted_unused_prefetch_is_wasted(made):
 async def _until(predicate) -> None:
     while not predicate():
         await asyncio.sleep(0.005)
+
+
+async def test_a_drain_drops_a_prefetch_that_waits_for_room(made):
+    cache, adapter = await made(max_models_per_node=2)
+    await teach(cache)
+    await cold(cache, "b")
+    busy = await cache.acquire("c", 1, timeout=10)
+    await drain_started(adapter)
+    a = await cache.acquire("a", 1, timeout=10)  # b is queued as a prefetch: no room (a and c leased)
+    await no_load(adapter)
+    assert [q.name for q in cache.queue()] == []  # a prefetch alone is no cold request waiting
+    drained = asyncio.create_task(cache.drain())
+    a.release()
+    busy.release()
+    await asyncio.wait_for(drained, 5.0)  # the prefetch does not hold the drain open
+    assert cache.wanted() == [] and cache.state_of("b", 1) is None
+    assert cache.prefetch_counts.as_dict()["started"] == 0

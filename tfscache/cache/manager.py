@@ -207,7 +207,7 @@ class CacheManager:
     def queue(self) -> list[QueuedLoad]:
         """Cold model versions waiting for a reload, with their waiting requests."""
         return [QueuedLoad(p.key[0], p.key[1], len(p.live()), p.estimate, p.blocked_since is not None)
-                for p in self.ledger.pending.values()]
+                for p in self.ledger.pending.values() if p.live() or not p.prefetch]  # not a prefetch alone
 
     def snapshot(self) -> list[ResidentModel]:
         return [self._describe(e) for e in self.ledger.entries.values()]

@@ -86,7 +86,7 @@ class Reloader:
             ledger.retire(key)
         self.expire_room_waits(now)
         leaving += decided.victims
-        if not (batch or leaving or decided.blocked or sig.draining) and self.prefetched is not None:
+        if not (batch or leaving or decided.blocked) and self.prefetched is not None:
             leaving, batch = self.prefetch(now)
         if leaving and not await self.unload(leaving):
             return
@@ -105,8 +105,8 @@ class Reloader:
         return self.ledger.admitted(key, time.time())
 
     def prefetch(self, now: float) -> tuple[list[Key], list[Entry]]:
-        """(victims, batch) of a prefetch with idle room (planner.plan_prefetch); stale ones dropped first."""
-        self.ledger.drop_prefetches(now - self.settings.prefetch_window_s)
+        """(victims, batch) of a prefetch with idle room (planner.plan_prefetch); stale ones (all, draining) dropped."""
+        self.ledger.drop_prefetches(float("inf") if self.signals.draining else now - self.settings.prefetch_window_s)
         key, victims = plan_prefetch(self.ledger, self.caps, self.policy, now) or (None, [])
         for victim in victims:
             self.evicted(victim, "prefetch")
