@@ -65,3 +65,25 @@ def test_prefetch_loads_by_node_and_outcome():
     assert 'tfscache_prefetch_loads_total{node="node0",outcome="used"} 2.0' in text
     assert 'tfscache_prefetch_loads_total{node="node0",outcome="wasted"} 0.0' in text
     assert "node1" not in text and "node2" not in text
+
+
+def test_status_shows_each_nodes_prefetch_counts():
+    from tfscache.cli.status import render
+    from tfscache.frontend.backends import NodeBackend
+    from tfscache.observe.server import status_document
+
+    from .test_status_document import FakeCache, FakeUpstream, topology
+
+    counts = PrefetchCounts()
+    counts.count("started", 4)
+    counts.count("completed", 3)
+    counts.count("used", 2)
+    on, off = FakeCache([]), FakeCache([])
+    on.prefetch_counts = counts
+    doc = status_document(Metrics(process=False), topology([NodeBackend("node0", FakeUpstream("127.0.0.1:1"), on),
+                                                            NodeBackend("node1", FakeUpstream("127.0.0.1:2"), off)]))
+    assert [n["prefetch"] for n in doc["nodes"]] == [
+        {"started": 4, "completed": 3, "failed": 0, "used": 2, "wasted": 0}, None]
+    text = render(doc)
+    assert "prefetch on node0: 4 started, 3 completed, 0 failed, 2 used, 0 wasted" in text
+    assert "prefetch on node1" not in text

@@ -16,9 +16,10 @@ from tfscache.cluster.topology import Topology
 
 
 class FakeCache:
-    """What /status reads of a CacheManager: snapshot(), queue() and settings (its caps)."""
+    """What /status reads of a CacheManager: snapshot(), queue(), settings (its caps) and prefetch_counts."""
 
     healthy = True
+    prefetch_counts = None  # prefetch off (docs/prefetch.md)
 
     def __init__(self, resident: list[ResidentModel], max_models: int = 0, memory_bytes: int = 0) -> None:
         self.resident = resident
