@@ -48,7 +48,7 @@ class FakeCache:
 
 def test_node_events_implement_every_cache_event():
     hooks = {n for n in vars(CacheEvents) if not n.startswith("_")}
-    assert hooks == {"hit", "miss", "loaded", "load_failed", "room_waited", "evicted", "unloaded"}
+    assert hooks == {"hit", "miss", "loaded", "load_failed", "room_waited", "evicted", "unloaded", "prefetch_used"}
     assert hooks <= set(vars(NodeEvents))
 
 
