@@ -326,7 +326,7 @@ LAYERS = [
     {"frontend.protocols.tfserving", "frontend.protocols.oip"},
     {"kinds.tfserving", "kinds.triton", "kinds.mlserver"},
     {"cluster", "sim", "observe", "admin"},
-    {"app"},
+    {"app", "workers"},
     {"cli", "__main__"},
 ]
 

@@ -44,6 +44,7 @@ from tfscache.kinds.supervisor import NodeProcess, Supervisor
 from tfscache.observe.tiermetrics import TierMetrics
 from tfscache.tls import PeerTls, ServerTls
 from tfscache.cluster.topology import Topology
+from tfscache.workers.control import WorkerPool, internal
 
 log = logging.getLogger("tfscache.app")
 
@@ -100,6 +101,10 @@ class ServeApp:
         self._watchdog: asyncio.Task | None = None
         self.tls: ServerTls | None = None  # [tls]: the front ends' certificate (reload_tls re-reads it)
         self._peer_tls: PeerTls | None = None  # sidecar mode with [tls]: the hop to peers
+        # server.workers > 1: worker processes serve the public ports; the front ends here are internal.
+        self.workers = WorkerPool(settings, nodes=lambda: {n.name: n for n in self.topology.nodes()},
+                                  router=lambda: self.router, health=lambda: self.lifecycle and self.lifecycle.health,
+                                  spread=self.spread) if settings.server.workers > 1 else None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -126,20 +131,23 @@ class ServeApp:
                 self.tls = await asyncio.to_thread(ServerTls, s.tls)
                 self._peer_tls = await asyncio.to_thread(PeerTls, s.tls) if s.sidecar else None
             self.router = await (self._start_sidecar() if s.sidecar else self._start_embedded())
-            self._grpc = GrpcFrontend(self.router, bind_address=s.server.bind_address, port=s.server.grpc_port,
+            # Worker mode: these are the control process's internal listeners (127.0.0.1, plain, uncounted).
+            fe, tls, metrics = internal(s.server) if self.workers else (s.server, self.tls, self.metrics)
+            self._grpc = GrpcFrontend(self.router, bind_address=fe.bind_address, port=fe.grpc_port,
                                       max_send_bytes=s.server.max_send_message_bytes,
                                       max_receive_bytes=s.server.max_receive_message_bytes,
-                                      protocol=self.protocol, metrics=self.metrics,
-                                      credentials=self.tls.grpc_credentials() if self.tls else None)
+                                      protocol=self.protocol, metrics=metrics,
+                                      credentials=tls.grpc_credentials() if tls else None)
             self.grpc_port = await self._grpc.start()
             if s.server.rest_port >= 0:
-                self._rest = RestFrontend(self.router, bind_address=s.server.bind_address,
-                                          port=s.server.rest_port,
+                self._rest = RestFrontend(self.router, bind_address=fe.bind_address, port=fe.rest_port,
                                           max_receive_bytes=s.server.max_receive_message_bytes,
-                                          timeout_s=s.server.rest_timeout_s, metrics=self.metrics,
-                                          protocol=self.protocol,
-                                          ssl_context=self.tls.ssl_context if self.tls else None)
+                                          timeout_s=s.server.rest_timeout_s, metrics=metrics,
+                                          protocol=self.protocol, ssl_context=tls.ssl_context if tls else None)
                 self.rest_port = await self._rest.start()
+            if self.workers is not None:  # the public ports, served by the workers from now on
+                self.grpc_port, self.rest_port = await self.workers.start(
+                    self.grpc_port, self.rest_port, state_dir=self.state_dir, rescan_s=self.repository.rescan_s)
             operations = AdminOperations(self.topology, self.repository,
                                          default_timeout_s=s.cache.load_timeout_s, join=self.join)
             self.lifecycle = await Lifecycle.attach(
@@ -224,10 +232,7 @@ class ServeApp:
             await self.discovery.deregister()
             await self.discovery.stop()
             self.discovery = None
-        if self._grpc is not None:
-            await self._grpc.stop(grace)
-        if self._rest is not None:
-            await self._rest.stop()
+        await self._stop_frontends(grace)
         for node in self.topology.nodes():
             if node.cache is not None:
                 await node.cache.stop()
@@ -258,6 +263,8 @@ class ServeApp:
         for credentials in (self.tls, self._peer_tls):
             if credentials is not None:
                 await credentials.reload()
+        if self.workers is not None:
+            self.workers.reload_tls()
 
     async def _leave_discovery(self) -> None:
         """Deregister (the drain's first step, and SIGTERM's); stop() then stops discovery."""
@@ -265,7 +272,9 @@ class ServeApp:
             await self.discovery.deregister()
 
     async def _stop_frontends(self, grace: float) -> None:
-        """Stop accepting requests and let those in flight finish (an embedded process drain)."""
+        """Stop accepting requests and let those in flight finish (an embedded process drain); workers first."""
+        if self.workers is not None:
+            await self.workers.stop(grace)
         if self._grpc is not None:
             await self._grpc.stop(grace)
         if self._rest is not None:
@@ -332,10 +341,8 @@ class ServeApp:
         self.failed.set()
 
     async def set_peers(self, peers: list[Peer]) -> None:
-        """Sidecar mode: the sidecars on the ring (this one included), replacing the previous list.
-
-        ``Topology.set_peers``: discovery and SIGHUP call that directly; tests call this.
-        """
+        """Sidecar mode: the sidecars on the ring (this one included), replacing the previous list
+        (``Topology.set_peers``: discovery and SIGHUP call that directly; tests call this)."""
         self.topology.set_peers(peers)
 
     def _peer_backend(self, peer: Peer) -> PeerBackend:
@@ -363,8 +370,8 @@ class ServeApp:
                                              memory=NodeMemory(node_pid, find_node_pid))
         gpu = NodeGpuMemory(self._gpu_reader, lambda: adapter.node_pid) if self.gpu_cap else None
         cache = CacheManager(adapter, self.repository, self.settings.cache, state_file=state_file,
-                             events=self.metrics.cache_events(backend.name),
-                             gpu=gpu, gpu_cap=self.gpu_cap)
+                             events=self.metrics.cache_events(backend.name), gpu=gpu, gpu_cap=self.gpu_cap,
+                             before_unload=self.workers.revoker(backend.name) if self.workers else None)
         try:
             await cache.start()
         except BaseException:

@@ -115,8 +115,10 @@ class WebServer:
 
     what = "HTTP server"  # for the log line
 
-    def __init__(self, bind_address: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, bind_address: str, port: int, ssl_context: ssl.SSLContext | None = None, *,
+                 reuse_port: bool = False) -> None:
         self._bind = (bind_address, port)
+        self._reuse_port = reuse_port  # SO_REUSEPORT: worker processes share the port (tfscache.workers)
         self._ssl_context = ssl_context  # HTTPS (tfscache.tls.ServerTls); None: plain HTTP
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -127,7 +129,7 @@ class WebServer:
     async def start(self) -> int:
         self._runner = app_runner(self.web_app(), self.what)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._bind[0], self._bind[1], reuse_port=False,
+        site = web.TCPSite(self._runner, self._bind[0], self._bind[1], reuse_port=self._reuse_port,
                            ssl_context=self._ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]

@@ -213,6 +213,16 @@ class Ledger:
         if self._policy is not None:
             self._policy.record_access(key, now)
 
+    def worker_used(self, key: Key, requests: int, last_use: float, now: float) -> None:
+        """A worker process served ``requests`` on READY ``key`` under its delegation, the last at
+        wall-clock ``last_use`` (tfscache.workers: no lease here; the policy hears of each)."""
+        entry = self.entries.get(key)
+        if entry is None or entry.state != READY:
+            return
+        entry.last_use = max(entry.last_use, last_use)
+        for _ in range(requests):
+            self.accessed(key, now)
+
     def released(self, key: Key) -> Entry | None:
         """A lease on ``key`` ended; the entry, or None if it is gone."""
         entry = self.entries.get(key)

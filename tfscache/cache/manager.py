@@ -39,10 +39,12 @@ class CacheManager:
 
     def __init__(self, adapter: NodeAdapter, repository: ModelRepository, settings: CacheSection,
                  policy: EvictionPolicy | None = None, state_file: Path | None = None,
-                 events: CacheEvents | None = None, gpu=None, gpu_cap: int = 0) -> None:
+                 events: CacheEvents | None = None, gpu=None, gpu_cap: int = 0, before_unload=None) -> None:
         """``adapter``: the node, as its kind drives it (tfscache.kinds.table). ``gpu`` and ``gpu_cap``:
         with a GPU cap in force (tfscache.kinds.gpumem.gpu_cap), the node's GPU memory
-        (``NodeGpuMemory``), read around each load to learn each model's GPU size, and the cap in bytes."""
+        (``NodeGpuMemory``), read around each load to learn each model's GPU size, and the cap in bytes.
+        ``before_unload(keys)``: awaited before the node is told to unload ``keys`` (tfscache.workers
+        revokes its delegations there); None: nothing to wait for."""
         self.node = adapter.client
         self.target = adapter.target
         self.events = events or CacheEvents()
@@ -60,7 +62,7 @@ class CacheManager:
                             if settings.prefetch else None)  # co-access prefetch, docs/prefetch.md
         self.prefetch_counts = self._prefetcher.counts if self._prefetcher is not None else None
         self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository, self._signals,
-                                  settings, self.events, gpu, self.prefetch_counts)
+                                  settings, self.events, gpu, self.prefetch_counts, before_unload)
         self._task: asyncio.Task | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -174,6 +176,11 @@ class CacheManager:
                     f"Timed out after {timeout} s waiting for model {key[0]} version {key[1]} "
                     f"to load on node {self.target}") from None
             raise
+
+    def used(self, name: str, version: int, requests: int, last_use: float) -> None:
+        """A worker process served ``requests`` on resident ``(name, version)`` under its delegation,
+        the last at wall-clock ``last_use`` (tfscache.workers' usage reports)."""
+        self.ledger.worker_used((name, version), requests, last_use, time.monotonic())
 
     async def recheck(self) -> None:
         """The node answered NOT_FOUND for a model held as AVAILABLE: it may have lost its models

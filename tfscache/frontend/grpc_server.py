@@ -176,14 +176,15 @@ class GrpcFrontend:
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_send_bytes: int,
                  max_receive_bytes: int, protocol: Protocol, metrics=None,
-                 credentials: grpc.ServerCredentials | None = None) -> None:
+                 credentials: grpc.ServerCredentials | None = None, reuse_port: bool = False) -> None:
         """``protocol``: the API served, its methods, the ones refused and its streaming methods
-        (the node kind's). ``credentials``: TLS (``tfscache.tls.ServerTls``); None: plaintext."""
+        (the node kind's). ``credentials``: TLS (``tfscache.tls.ServerTls``); None: plaintext.
+        ``reuse_port``: SO_REUSEPORT, so that worker processes share the port (tfscache.workers)."""
         self._credentials = credentials
         self._server = grpc.aio.server(options=[
             ("grpc.max_send_message_length", max_send_bytes),
             ("grpc.max_receive_message_length", max_receive_bytes),
-            ("grpc.so_reuseport", 0),
+            ("grpc.so_reuseport", int(reuse_port)),
             *PEER_PING_SERVER_OPTIONS,  # peer sidecars ping while their calls are in flight
         ])
         self._server.add_generic_rpc_handlers([_Handlers(router, metrics, protocol.grpc_methods,

@@ -26,10 +26,10 @@ class RestFrontend(WebServer):
     what = "REST front end"
 
     def __init__(self, router: Router, *, bind_address: str, port: int, max_receive_bytes: int,
-                 timeout_s: float, protocol: Protocol, metrics=None, ssl_context=None) -> None:
+                 timeout_s: float, protocol: Protocol, metrics=None, ssl_context=None, reuse_port: bool = False) -> None:
         """``protocol``: the API served (the node kind's); its ``rest_api(router, max_receive_bytes=,
         timeout_s=)`` answers every request. ``ssl_context``: HTTPS (``tfscache.tls.ServerTls``)."""
-        super().__init__(bind_address, port, ssl_context)
+        super().__init__(bind_address, port, ssl_context, reuse_port=reuse_port)
         self._router = router
         self._metrics = metrics  # tfscache.observe.metrics.Metrics: requests counted by method and status
         self._max_receive = max_receive_bytes

@@ -46,6 +46,15 @@ def _dns_server(v: str) -> str | None:
     return None
 
 
+def parse_workers(raw: Any) -> int:
+    """``server.workers``: a count >= 1, or "auto" (one per core, at most 8)."""
+    if isinstance(raw, str) and raw.strip().lower() == "auto":
+        return min(os.cpu_count() or 1, 8)
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or not str(raw).strip().isdigit():
+        raise ValueError("must be a whole number >= 1 or auto")
+    return int(raw)
+
+
 def _parent_dir(path: str) -> str | None:
     """Why a file cannot be created at ``path`` (None: it can, or it is empty: not set)."""
     if not path:
@@ -209,6 +218,9 @@ class ServerSection:
     request_log: str = setting("", "append one row per request served by a local node to this file, the log "
                                 "`tfscache simulate` replays (CSV; .jsonl: JSON lines; docs/metrics.md)",
                                 check=_parent_dir, flag="--request-log")
+    workers: int = setting(1, "front-end worker processes sharing the gRPC and REST ports (auto = one per core, "
+                            "at most 8; 1 = one process, no workers: docs/workers.md)",
+                            parse=parse_workers, check=_at_least(1), flag="--workers")
 
 
 @dataclass

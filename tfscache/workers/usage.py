@@ -1,0 +1,100 @@
+"""Workers' usage reports, applied in the control process (tfscache.workers.control).
+
+Every <= 100 ms each worker reports, per node version it served under a delegation, the requests
+since its last report, the last use and the requests still in flight. Here they go:
+
+* to the node's cache (``CacheManager.used``): recency and counts for the policy (LRU, LFU, GDSF)
+  and the entry's last use;
+* with copies on (docs/copies.md), to the copies rule (``Copies.begin``/``end``), so that its load
+  signal (in flight, or the request rate) counts delegated requests as if they had been routed here.
+  A worker's in-flight counts are kept per worker and taken back when it dies.
+
+``hot()`` then says which delegated (node, model) pairs the copies rule would now spread (an extra
+copy, or another node picked first): the control process revokes those delegations, so that those
+requests are routed here again, request by request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tfscache import errors
+from tfscache.frontend.methods import RouteKey
+
+# (worker, node, model) -> requests in flight as last reported
+_InFlight = dict[tuple[int, str, str], int]
+
+
+class Usage:
+    """Applies reports to caches and (copies on) to the copies rule."""
+
+    def __init__(self, nodes: Callable[[], dict], spread=None) -> None:
+        """``nodes()``: local node backends by name; ``spread``: tfscache.cluster.spread.Spread or None."""
+        self._nodes = nodes
+        self._spread = spread
+        self._in_flight: _InFlight = {}
+
+    def apply(self, worker: int, rows: list) -> set[tuple[str, str]]:
+        """One report's rows ``[node, name, version, requests, last_use, in_flight]``; returns the
+        (node, model) pairs it named."""
+        nodes, seen = self._nodes(), set()
+        reported: dict[tuple[str, str], int] = {}
+        for node, name, version, requests, last_use, in_flight in rows:
+            backend = nodes.get(node)
+            if backend is not None and backend.cache is not None and requests:
+                backend.cache.used(name, version, requests, last_use)
+            seen.add((node, name))
+            reported[(node, name)] = reported.get((node, name), 0) + in_flight
+            if self._spread is not None:
+                self._count(worker, node, name, requests, reported[(node, name)])
+        if self._spread is not None:  # pairs no longer in its report: nothing in flight there now
+            for (w, node, name) in [k for k in self._in_flight if k[0] == worker and k[1:] not in reported]:
+                self._count(w, node, name, 0, 0)
+        return seen
+
+    def _count(self, worker: int, node: str, name: str, requests: int, in_flight: int) -> None:
+        copies = self._spread.copies
+        key = (worker, node, name)
+        before = self._in_flight.get(key, 0)
+        delta = in_flight - before
+        for _ in range(max(delta, 0)):  # requests that started and are still running
+            copies.begin(name, node)
+        for _ in range(max(requests - max(delta, 0), 0)):  # requests that started and finished
+            copies.begin(name, node)
+            copies.end(name, node)
+        for _ in range(max(-delta, 0)):
+            copies.end(name, node)
+        if in_flight:
+            self._in_flight[key] = in_flight
+        else:
+            self._in_flight.pop(key, None)
+
+    def worker_gone(self, worker: int) -> None:
+        """A dead worker's requests are in flight no more."""
+        if self._spread is None:
+            return
+        for (w, node, name) in [k for k in self._in_flight if k[0] == worker]:
+            self._count(w, node, name, 0, 0)
+
+    def moved(self, pairs, router) -> list[tuple[str, str]]:
+        """Of delegated (node, model) ``pairs``, those the router would not now send to that node
+        alone: copies spread the model (an extra copy, or another node picked first)."""
+        if self._spread is None:
+            return []
+        moved = []
+        for node, name in pairs:
+            try:
+                candidates = router.candidates(RouteKey(name))
+            except errors.TfscacheError:
+                moved.append((node, name))
+                continue
+            if not candidates or candidates[0].name != node or self.spread_over(name, router) > 1:
+                moved.append((node, name))
+        return moved
+
+    def spread_over(self, name: str, router) -> int:
+        """How many nodes hold copies of ``name`` now (1 without copies)."""
+        if self._spread is None:
+            return 1
+        ring = router.ring
+        return len(self._spread.copies.copies(name, ring.order(name, self._spread.rule.max_copies or None)))
