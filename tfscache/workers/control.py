@@ -258,11 +258,13 @@ class WorkerPool:
         """Grant ``(name, asked)`` if it is resident where the router sends it first; else refuse.
         No await between the check, the record and the send (tfscache.workers.delegation)."""
         grant = None if self._stopping else self.grantable(name, asked)
-        log.debug("worker %d asks for %s version %s: %s", worker.index, name, asked, grant)
         if grant is None:
             worker.channel.send({"op": "refuse", "name": name, "asked": asked})
             return
-        self.grants.granted(worker.index, tuple(grant["held"]))
+        held = tuple(grant["held"])
+        if worker.index not in self.grants.holders(held):  # once per delegation (a "latest" one is renewed)
+            log.info("worker %d: delegated model %s version %s on %s", worker.index, held[1], held[2], held[0])
+        self.grants.granted(worker.index, held)
         worker.channel.send({"op": "grant", "name": name, "asked": asked, **grant})
 
     def grantable(self, name: str, asked: int | None) -> dict | None:
@@ -295,6 +297,9 @@ class WorkerPool:
         waits = []
         for name, version in keys:
             revocation = self.grants.revoke((node, name, version))
+            if revocation.waiting:
+                log.info("revoking model %s version %s on %s from worker(s) %s", name, version, node,
+                         sorted(revocation.waiting))
             for index in revocation.waiting:
                 channel = self.workers[index].channel
                 try:

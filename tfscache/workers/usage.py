@@ -32,13 +32,16 @@ class Usage:
         """``nodes()``: local node backends by name; ``spread``: tfscache.cluster.spread.Spread or None."""
         self._nodes = nodes
         self._spread = spread
-        self._in_flight: _InFlight = {}
+        self._in_flight: _InFlight = {}  # copies on: what was counted into the copies rule
+        self._reported: dict[int, dict[tuple[str, str, int], int]] = {}  # worker -> node version -> in flight
 
     def apply(self, worker: int, rows: list) -> set[tuple[str, str]]:
         """One report's rows ``[node, name, version, requests, last_use, in_flight]``; returns the
         (node, model) pairs it named."""
         nodes, seen = self._nodes(), set()
         reported: dict[tuple[str, str], int] = {}
+        self._reported[worker] = {(node, name, version): in_flight for node, name, version, _, _, in_flight in rows
+                                  if in_flight}
         for node, name, version, requests, last_use, in_flight in rows:
             backend = nodes.get(node)
             if backend is not None and backend.cache is not None and requests:
@@ -71,10 +74,15 @@ class Usage:
 
     def worker_gone(self, worker: int) -> None:
         """A dead worker's requests are in flight no more."""
+        self._reported.pop(worker, None)
         if self._spread is None:
             return
         for (w, node, name) in [k for k in self._in_flight if k[0] == worker]:
             self._count(w, node, name, 0, 0)
+
+    def in_flight(self, held: tuple[str, str, int]) -> int:
+        """Requests on node version ``held`` in flight in the workers, as they last reported."""
+        return sum(counts.get(held, 0) for counts in self._reported.values())
 
     def moved(self, pairs, router) -> list[tuple[str, str]]:
         """Of delegated (node, model) ``pairs``, those the router would not now send to that node

@@ -1,0 +1,99 @@
+"""Revocation, deterministically: a request held in flight on a worker under its delegation (the
+``gate`` model blocks until released), then an admin eviction of that version. The node is not told
+to unload it until the held request has finished, and that request succeeds.
+
+The control process runs in this test's process (``ServeApp``), so that the test can see what the
+workers reported and evict through the cache as the admin API does; the node and the two workers are
+real processes, and requests go through the workers' public port with the official client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import pytest
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from frontend.serving import link_repository
+from support.node import version_status_at
+from support.requests import float_tensor, predict_request
+from tfscache import settings as settings_mod
+from tfscache.app import ServeApp
+from tfscache.node.testmodels import build_gate
+
+HELD = ("node0", "gate", 1)
+AVAILABLE = 30
+
+
+@pytest.fixture(scope="module")
+def gate_repo(tmp_path_factory, synthetic_models):
+    root = tmp_path_factory.mktemp("gate-repo")
+    build_gate(root / "built")
+    return link_repository(root / "models", [root / "built" / "gate", *synthetic_models(1)])
+
+
+def predict_gate(target: str) -> float:
+    """A gate request over a channel of its own (a new connection: any worker may take it)."""
+    with grpc.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        reply = stub.Predict(predict_request("gate", version=1, inputs={}), timeout=120)
+        return reply.outputs["value"].float_val[0]
+
+
+def release(target: str, value: float) -> None:
+    """Release one held gate request, at the node itself (not through tfscache: its delegation is revoked)."""
+    with grpc.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        stub.Predict(predict_request("gate", version=1, signature="release",
+                                     inputs={"value": float_tensor([value], shape=[])}), timeout=60)
+
+
+async def until(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)  # polling a condition with a deadline
+    return value
+
+
+def test_an_eviction_waits_for_a_request_in_flight_on_a_worker(gate_repo, tmp_path):
+    settings = settings_mod.load(None, {}, {
+        "model_repository": str(gate_repo), "server.workers": 2, "node.local_nodes": 1,
+        "server.grpc_port": 0, "server.rest_port": 0, "server.bind_address": "127.0.0.1",
+        "node.state_dir": str(tmp_path / "state")})
+
+    async def scenario() -> None:
+        app = ServeApp(settings)
+        grpc_port, _ = await app.start()
+        target = f"127.0.0.1:{grpc_port}"
+        try:
+            cache, pool = app.backends["node0"].cache, app.workers
+            node = app.backends["node0"].upstream.grpc_address
+            leases = lambda: sum(m.leases for m in cache.snapshot() if (m.name, m.version) == ("gate", 1))  # noqa: E731
+            for attempt in range(1, 31):  # until a held request is a delegated one (the first is cold)
+                held = asyncio.ensure_future(asyncio.to_thread(predict_gate, target))
+                await until(lambda: pool.usage.in_flight(HELD) or leases(), 60, "the gate request in flight")
+                if pool.usage.in_flight(HELD) == 1 and leases() == 0:
+                    break
+                await asyncio.to_thread(release, node, float(attempt))  # a cold one: let it go, try again
+                assert await held == float(attempt)
+            else:
+                raise AssertionError("no gate request was served under a delegation in 30 tries")
+            evict = asyncio.ensure_future(cache.evict("gate", 1))
+            done, _ = await asyncio.wait({evict}, timeout=0.5)
+            assert not done  # the unload waits for the request in flight on the worker ...
+            assert cache.state_of("gate", 1) == "unloading"
+            states = [s.state for s in await asyncio.to_thread(version_status_at, node, "gate")]
+            assert states == [AVAILABLE]  # ... and the node was not told to unload it
+            assert not held.done()
+            await asyncio.to_thread(release, node, 42.0)
+            assert await asyncio.wait_for(held, 60) == 42.0  # the held request succeeds
+            assert await asyncio.wait_for(evict, 60) == [("gate", 1)]  # then the unload goes ahead
+            assert pool.grants.holders(HELD) == set()
+        finally:
+            await app.stop(0)
+
+    asyncio.run(scenario())
