@@ -119,9 +119,10 @@ class WorkerPool:
         directory = str(state_dir)
         if len(directory) > 80:  # a Unix socket's path is at most 107 bytes
             directory = tempfile.mkdtemp(prefix="tfscache-workers-")
+        for stale in Path(directory).glob("workers-*.sock"):  # a killed control process's (the directory is ours)
+            with contextlib.suppress(FileNotFoundError):
+                stale.unlink()
         self._socket_path = os.path.join(directory, f"workers-{os.getpid()}.sock")
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self._socket_path)
         self._server = await asyncio.start_unix_server(self._connected, path=self._socket_path)
         self._spawn(self._push_health())
         for worker in self.workers:

@@ -1,6 +1,9 @@
-"""Revocation, deterministically: a request held in flight on a worker under its delegation (the
-``gate`` model blocks until released), then an admin eviction of that version. The node is not told
-to unload it until the held request has finished, and that request succeeds.
+"""Requests held in flight on a worker (the ``gate`` model blocks until released), deterministically:
+
+* revocation: an admin eviction of the version a worker serves under its delegation. The node is
+  not told to unload it until the held request has finished, and that request succeeds;
+* drain: the process stopping (what SIGTERM does: ``Lifecycle.shutdown``) lets the requests in
+  flight on its workers finish, then every worker exits.
 
 The control process runs in this test's process (``ServeApp``), so that the test can see what the
 workers reported and evict through the cache as the admin API does; the node and the two workers are
@@ -19,6 +22,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from frontend.serving import link_repository
 from support.node import version_status_at
 from support.requests import float_tensor, predict_request
+from support.waiting import process_ended
 from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
 from tfscache.node.testmodels import build_gate
@@ -59,11 +63,15 @@ async def until(condition, timeout: float, what: str):
     return value
 
 
-def test_an_eviction_waits_for_a_request_in_flight_on_a_worker(gate_repo, tmp_path):
-    settings = settings_mod.load(None, {}, {
-        "model_repository": str(gate_repo), "server.workers": 2, "node.local_nodes": 1,
+def serve_settings(repo, tmp_path):
+    return settings_mod.load(None, {}, {
+        "model_repository": str(repo), "server.workers": 2, "node.local_nodes": 1,
         "server.grpc_port": 0, "server.rest_port": 0, "server.bind_address": "127.0.0.1",
         "node.state_dir": str(tmp_path / "state")})
+
+
+def test_an_eviction_waits_for_a_request_in_flight_on_a_worker(gate_repo, tmp_path):
+    settings = serve_settings(gate_repo, tmp_path)
 
     async def scenario() -> None:
         app = ServeApp(settings)
@@ -95,5 +103,37 @@ def test_an_eviction_waits_for_a_request_in_flight_on_a_worker(gate_repo, tmp_pa
             assert pool.grants.holders(HELD) == set()
         finally:
             await app.stop(0)
+
+    asyncio.run(scenario())
+
+
+def test_stopping_drains_the_requests_in_flight_on_the_workers(gate_repo, tmp_path):
+    settings = serve_settings(gate_repo, tmp_path)
+
+    async def scenario() -> None:
+        app = ServeApp(settings)
+        grpc_port, _ = await app.start()
+        target = f"127.0.0.1:{grpc_port}"
+        stopping = None
+        try:
+            cache, pool = app.backends["node0"].cache, app.workers
+            node = app.backends["node0"].upstream.grpc_address
+            workers = [w.process.pid for w in pool.workers]
+            leases = lambda: sum(m.leases for m in cache.snapshot() if (m.name, m.version) == ("gate", 1))  # noqa: E731
+            held = [asyncio.ensure_future(asyncio.to_thread(predict_gate, target)) for _ in range(3)]
+            # in flight: cold ones hold a lease here, warm ones are in the workers' reports
+            await until(lambda: pool.usage.in_flight(HELD) + leases() == 3, 60, "three gate requests in flight")
+            stopping = asyncio.ensure_future(app.lifecycle.shutdown(30.0))
+            done, _ = await asyncio.wait({stopping}, timeout=0.5)
+            assert not done and not any(h.done() for h in held)  # the workers wait for them
+            for value in (1.0, 2.0, 3.0):
+                await asyncio.to_thread(release, node, value)
+            assert sorted(await asyncio.wait_for(asyncio.gather(*held), 60)) == [1.0, 2.0, 3.0]
+            await asyncio.wait_for(stopping, 60)
+            for pid in workers:
+                assert process_ended(pid)
+        finally:
+            if stopping is None:
+                await app.stop(0)
 
     asyncio.run(scenario())

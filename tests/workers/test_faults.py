@@ -1,0 +1,89 @@
+"""Faults with `tfscache serve --workers 2`: a worker SIGKILLed under traffic is restarted and only
+requests in flight on it may fail; the control process SIGKILLed takes every worker with it, and a
+restart re-adopts what its node serves (sidecar mode: the node outlives it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+import grpc
+import pytest
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from frontend.serving import start_serve
+from support.node import start_node
+from support.requests import predict_request
+from support.sidecars import EMPTY, NODE_FLAGS
+from support.tfs_traffic import Traffic
+from support.waiting import process_ended, wait_until
+from workers.conftest import worker_pids
+
+MODELS = ["addk_1", "addk_2", "addk_3"]
+CLIENTS = 16
+
+
+def predict(target: str, name: str, x: float) -> list[float]:
+    with grpc.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        return list(stub.Predict(predict_request(name, x), timeout=60).outputs["y"].float_val)
+
+
+@pytest.fixture(scope="module")
+def serve(workers_repo, tmp_path_factory):
+    with start_serve(tmp_path_factory.mktemp("faults"), workers_repo, "--workers", "2", "--local-nodes", "1") as serve:
+        yield serve
+
+
+def test_a_killed_worker_is_restarted_and_only_its_requests_fail(serve):
+    before = worker_pids(serve.pid)
+    assert len(before) == 2
+    with Traffic(serve.grpc_target, serve.rest_url, MODELS, clients=CLIENTS, timeout=60.0) as traffic:
+        wait_until(lambda: traffic.ok() >= 200, 120, "warm traffic")
+        os.kill(before[0], signal.SIGKILL)
+        wait_until(lambda: process_ended(before[0]), 30, "the killed worker to go")
+        wait_until(lambda: len(worker_pids(serve.pid)) == 2, 60, "the worker's restart")
+        after = worker_pids(serve.pid)
+        count = len(traffic.results)
+        wait_until(lambda: len(traffic.results) >= count + 300, 120, "traffic after the restart")
+    assert before[0] not in after and before[1] in after  # the other worker was untouched
+    failures = [r for r in traffic.results if isinstance(r[2], BaseException)]
+    # A client's connection is to one worker; the killed one's clients lose the request they had in
+    # flight on it (at most one each), and reconnect to a live worker. Nobody else loses any.
+    per_client = Counter(int(r[1] // 1000) for r in failures)
+    assert all(n == 1 for n in per_client.values()), per_client
+    assert len(failures) <= CLIENTS
+    wrong = [(name, x, y) for name, x, y, _, _ in traffic.results
+             if not isinstance(y, BaseException) and y != [x + float(name.rsplit("_", 1)[1])]]
+    assert not wrong
+    assert "worker 0 (pid" in serve.log_text() or "worker 1 (pid" in serve.log_text()  # said it restarted one
+    assert predict(serve.grpc_target, "addk_1", 1.0) == [2.0]
+
+
+def test_a_killed_control_process_leaves_no_worker_and_a_restart_readopts(workers_repo, tmp_path):
+    state = tmp_path / "sidecar-state"
+    with start_node(tmp_path / "node", config=EMPTY, flags=NODE_FLAGS) as node:
+        args = ("--workers", "2", "--node-address", f"127.0.0.1:{node.grpc_port},{node.rest_port}",
+                "--set", f"node.state_dir={state}")
+        first = start_serve(tmp_path, workers_repo, *args)
+        try:
+            workers = worker_pids(first.pid)
+            assert len(workers) == 2
+            assert predict(first.grpc_target, "addk_1", 1.0) == [2.0]
+            assert predict(first.grpc_target, "addk_2", 1.0) == [3.0]
+            state_file = state / "local.cache.json"  # written after the load, coalesced: wait for it
+            wait_until(lambda: state_file.exists() and "addk_2" in state_file.read_text(), 30, "the state file")
+            first.process.send_signal(signal.SIGKILL)
+            first.process.wait()
+            for pid in workers:  # no orphan: each worker died with it
+                wait_until(lambda: process_ended(pid), 30, f"worker {pid} to exit")
+        finally:
+            first.stop()
+        with start_serve(tmp_path, workers_repo, *args) as second:
+            assert predict(second.grpc_target, "addk_1", 5.0) == [6.0]
+            assert predict(second.grpc_target, "addk_2", 5.0) == [7.0]
+            assert "adopted 2 models" in second.log_text()
+        log = node.log_text()
+        for name in ("addk_1", "addk_2"):  # adopted, not loaded again
+            assert log.count(f"loaded {name} version 1") == 1, log[-3000:]
