@@ -1,0 +1,56 @@
+"""Churn through `tfscache serve --backend triton --workers N` (N = 2, 4): 16 clients (tritonclient,
+gRPC and HTTP with binary tensors) over six python-backend models on one Triton capped at two.
+
+Not one request fails, every answer is right, and the cap holds at every instant, as Triton's own
+RepositoryIndex says (support.triton.IndexSampler). A warm model, delegated to the workers first,
+is evicted by the churn from under them (revoked). N = 1, the single process, is
+tests/triton/test_triton_churn.py: that code path is unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+
+import pytest
+
+from frontend.serving import start_serve
+from support.triton import IndexSampler, OipTraffic, oip_infer, serve_triton_nodes
+from tfscache.kinds.triton import testmodels as tritonmodels
+from workers.conftest import worker_pids
+
+CAP = 2
+DURATION_S = 12.0
+MODELS = [f"addk_{k}" for k in range(1, 7)]
+
+
+@pytest.fixture(scope="session")
+def triton_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("workers-triton")
+    tritonmodels.build_triton_models(root, synthetic=len(MODELS))
+    return root
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_triton_churn_loses_no_request_and_holds_the_cap(workers, triton_models, tmp_path):
+    with start_serve(tmp_path, triton_models, "--backend", "triton", "--workers", str(workers),
+                     "--local-nodes", "1", "--max-models-per-node", str(CAP)) as serve:
+        assert len(worker_pids(serve.pid)) == workers
+        nodes = serve_triton_nodes(serve)
+        for x in range(20):  # warm first: addk_1 delegated to workers (each call a connection of its own)
+            assert oip_infer(serve.grpc_target, "addk_1", float(x)) == [x + 1.0]
+        serve.wait_for_log("delegated model addk_1")
+        with IndexSampler({"node0": f"127.0.0.1:{nodes['node0']['grpc']}"}) as sampler:
+            with OipTraffic(serve.grpc_target, f"127.0.0.1:{serve.rest_port}", MODELS, clients=16,
+                            timeout=120.0) as traffic:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    serve.process.wait(DURATION_S)
+        assert serve.process.poll() is None
+        traffic.check()
+        assert {r[0] for r in traffic.results} == set(MODELS)
+        samples = sampler.samples.get("node0", [])
+        assert len(samples) >= 20, len(samples)
+        assert sampler.peak("node0") <= CAP, [s for s in samples if len(s) > CAP][:5]
+        assert len(set().union(*samples)) > CAP  # the node really churned
+        assert sampler.errors == 0
+        assert "revoking model addk_1" in serve.log_text()  # the churn evicted it from under the workers
