@@ -20,7 +20,7 @@ from tfscache.kinds.triton import testmodels as tritonmodels
 from workers.conftest import worker_pids
 
 CAP = 2
-DURATION_S = 12.0
+DURATION_S = 8.0
 MODELS = [f"addk_{k}" for k in range(1, 7)]
 
 
@@ -54,3 +54,40 @@ def test_triton_churn_loses_no_request_and_holds_the_cap(workers, triton_models,
         assert len(set().union(*samples)) > CAP  # the node really churned
         assert sampler.errors == 0
         assert "revoking model addk_1" in serve.log_text()  # the churn evicted it from under the workers
+
+
+@pytest.fixture(scope="module")
+def stream_serve(triton_models, tmp_path_factory):
+    tritonmodels.build_stream(triton_models, 3, 20, name="stream_3")
+    with start_serve(tmp_path_factory.mktemp("workers-stream"), triton_models, "--backend", "triton",
+                     "--workers", "2", "--local-nodes", "1") as serve:
+        yield serve
+
+
+def test_streams_and_statistics_go_through_a_worker(stream_serve):
+    """ModelStreamInfer (several models on one client stream) and the statistics through a worker,
+    served by the control process's whole path."""
+    import queue
+
+    import numpy as np
+    import requests
+    import tritonclient.grpc as tritongrpc
+
+    client = tritongrpc.InferenceServerClient(stream_serve.grpc_target)
+    answers: queue.Queue = queue.Queue()
+    client.start_stream(lambda result, error: answers.put(
+        ("error", error.message()) if error is not None else
+        (result.get_response().id, result.as_numpy("y").tolist())), stream_timeout=120)
+    for model, request_id in (("stream_3", "a"), ("addk_2", "b"), ("stream_3", "c")):
+        tensor = tritongrpc.InferInput("x", [1], "FP32")
+        tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+        client.async_stream_infer(model, [tensor], request_id=request_id)
+    client.stop_stream()
+    client.close()
+    got = list(answers.queue)
+    assert not [a for a in got if a[0] == "error"], got
+    assert sorted(a[0] for a in got) == ["a", "a", "a", "b", "c", "c", "c"]
+    assert ("b", [3.0]) in got
+    reply = requests.get(f"http://127.0.0.1:{stream_serve.rest_port}/v2/models/addk_2/stats", timeout=60)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["model_stats"][0]["name"] == "addk_2"

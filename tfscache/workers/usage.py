@@ -9,9 +9,10 @@ since its last report, the last use and the requests still in flight. Here they 
   signal (in flight, or the request rate) counts delegated requests as if they had been routed here.
   A worker's in-flight counts are kept per worker and taken back when it dies.
 
-``hot()`` then says which delegated (node, model) pairs the copies rule would now spread (an extra
-copy, or another node picked first): the control process revokes those delegations, so that those
-requests are routed here again, request by request.
+``moved()`` then says which delegated (node, model) pairs the router would no longer send to that
+node alone (the ring changed, or the copies rule would now spread the model: an extra copy, or
+another node picked first): the control process revokes those delegations, so that those requests
+are routed by the control process again, request by request.
 """
 
 from __future__ import annotations
@@ -86,9 +87,8 @@ class Usage:
 
     def moved(self, pairs, router) -> list[tuple[str, str]]:
         """Of delegated (node, model) ``pairs``, those the router would not now send to that node
-        alone: copies spread the model (an extra copy, or another node picked first)."""
-        if self._spread is None:
-            return []
+        alone: the ring changed (another node first), or copies spread the model (an extra copy, or
+        another node picked first: with copies on this is asked as one request routed now would ask)."""
         moved = []
         for node, name in pairs:
             try:

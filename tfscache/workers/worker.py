@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 
 from tfscache import logs
 from tfscache.frontend.grpc_server import GrpcFrontend
@@ -67,6 +68,8 @@ class Worker:
         self._nodes: dict[str, Upstream] = {}
         self._tasks: set[asyncio.Task] = set()
         self.tls: ServerTls | None = None
+        # What goes in each report's ``metrics`` field (JSON-able): tfscache.observe wires its snapshot here.
+        self.report_metrics: Callable[[], object] | None = None
 
     def _node(self, grant: Grant) -> Upstream:
         upstream = self._nodes.get(grant.grpc)
@@ -148,7 +151,7 @@ class Worker:
             await asyncio.gather(*stops)
         await self.health.stop()
         with contextlib.suppress(ChannelClosed):
-            self.channel.send({"op": "report", "usage": self.delegations.report(), "metrics": None})
+            self._send_report()
             await self.channel.drain()
         await self.channel.close()
 
@@ -180,13 +183,17 @@ class Worker:
         with contextlib.suppress(ChannelClosed):
             self.channel.send({"op": "ack", "id": revocation_id})
 
+    def _send_report(self) -> None:
+        metrics = self.report_metrics() if self.report_metrics is not None else None
+        self.channel.send({"op": "report", "usage": self.delegations.report(), "metrics": metrics})
+
     async def _report(self) -> None:
-        """Usage every REPORT_S: requests, last use and in-flight per node version (and, for
-        tfscache.observe, a ``metrics`` field: None until it is wired)."""
+        """Usage every REPORT_S: requests, last use and in-flight per node version, and for
+        tfscache.observe a ``metrics`` field (``report_metrics()``; None while not wired)."""
         with contextlib.suppress(ChannelClosed):
             while True:
                 await asyncio.sleep(REPORT_S)
-                self.channel.send({"op": "report", "usage": self.delegations.report(), "metrics": None})
+                self._send_report()
                 await self.channel.drain()
 
 
