@@ -16,8 +16,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-import aiohttp
-
 from tfscache import errors
 from tfscache.frontend.backends import FORWARDED_KEY, remaining
 from tfscache.frontend.methods import RouteKey
@@ -137,9 +135,3 @@ class WorkerRouter:
 
     async def close(self) -> None:
         await self._control.close()
-
-
-def session() -> aiohttp.ClientSession:
-    """The HTTP session a worker's upstreams share (as ServeApp's)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None),
-                                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))

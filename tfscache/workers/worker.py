@@ -26,7 +26,7 @@ from tfscache import logs
 from tfscache.frontend.grpc_server import GrpcFrontend
 from tfscache.frontend.health import Health
 from tfscache.frontend.rest import RestFrontend
-from tfscache.frontend.upstream import Upstream
+from tfscache.frontend.upstream import Upstream, http_session
 from tfscache.kinds.table import KINDS
 from tfscache.observe.metrics import Metrics
 from tfscache.repository.local import ModelRepository
@@ -34,7 +34,7 @@ from tfscache.settings.sections import ScaleSection, ServerSection, TlsSection
 from tfscache.tls import ServerTls
 from tfscache.workers.channel import ChannelClosed, connect
 from tfscache.workers.delegation import Delegations, Grant
-from tfscache.workers.router import WorkerRouter, session
+from tfscache.workers.router import WorkerRouter
 
 log = logging.getLogger("tfscache.workers.worker")
 
@@ -87,7 +87,7 @@ class Worker:
         config, server = self.config, self.server
         self.channel = await connect(config["socket"])
         self.channel.send({"op": "hello", "index": self.index, "pid": os.getpid()})
-        self._http = session()
+        self._http = http_session()
         internal = config["internal"]
         control = Upstream(f"127.0.0.1:{internal['grpc']}",
                            f"127.0.0.1:{internal['rest']}" if internal.get("rest") else None, self._http,
