@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -39,6 +40,7 @@ log = logging.getLogger("tfscache.workers.control")
 
 START_TIMEOUT_S = 60.0  # each worker serves within this at start-up
 RESTART_BACKOFF_S = (0.1, 5.0)  # a worker that keeps dying is restarted at most this often
+STABLE_S = 30.0  # a worker that ran this long before it died starts its backoff again from the first step
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -72,6 +74,7 @@ class _Worker:
         self.ready = asyncio.Event()
         self.serving: bool | None = None  # the health last sent
         self.restarts = 0
+        self.started = 0.0  # monotonic
 
 
 class WorkerPool:
@@ -148,6 +151,7 @@ class WorkerPool:
 
     async def _launch(self, worker: _Worker) -> None:
         worker.ready.clear()
+        worker.started = time.monotonic()
         worker.process = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "tfscache.workers.worker",
             env={**os.environ, ENV: json.dumps(self._config(worker))})
@@ -160,7 +164,7 @@ class WorkerPool:
             return
         self._gone(worker.index)  # nothing it held blocks an unload from now on
         worker.channel = None
-        worker.restarts += 1
+        worker.restarts = 1 if time.monotonic() - worker.started >= STABLE_S else worker.restarts + 1
         delay = min(RESTART_BACKOFF_S[1], RESTART_BACKOFF_S[0] * 2 ** min(worker.restarts - 1, 6))
         log.warning("worker %d (pid %d) exited with status %s; restarting it in %.1f s", worker.index,
                     process.pid, rc, delay)
