@@ -61,6 +61,20 @@ def test_a_killed_worker_is_restarted_and_only_its_requests_fail(serve):
     assert predict(serve.grpc_target, "addk_1", 1.0) == [2.0]
 
 
+def test_a_killed_node_fails_no_request_sent_warm_by_the_workers(serve):
+    """Requests a worker sent straight to the node under its delegation when the node died are sent
+    again through the control process, which waits for the node's restart (docs/restarts.md)."""
+    old_pid = serve.node_ports("node0")["pid"]
+    with Traffic(serve.grpc_target, serve.rest_url, MODELS, clients=CLIENTS, timeout=120.0) as traffic:
+        wait_until(lambda: traffic.ok() >= 200, 120, "warm traffic")
+        os.kill(old_pid, signal.SIGKILL)
+        wait_until(lambda: serve.node_ports("node0").get("pid", old_pid) != old_pid, 120, "the node's restart")
+        count = len(traffic.results)
+        wait_until(lambda: len(traffic.results) >= count + 200, 120, "traffic after the restart")
+    traffic.check()
+    assert "delegated model addk_" in serve.log_text()
+
+
 def test_a_killed_control_process_leaves_no_worker_and_a_restart_readopts(workers_repo, tmp_path):
     state = tmp_path / "sidecar-state"
     with start_node(tmp_path / "node", config=EMPTY, flags=NODE_FLAGS) as node:
