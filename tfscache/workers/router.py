@@ -13,14 +13,26 @@ retries as a single process does.
 
 from __future__ import annotations
 
+import contextvars
 import time
 from collections.abc import Awaitable, Callable
 
 from tfscache import errors
-from tfscache.frontend.backends import FORWARDED_KEY, remaining
+from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY, remaining
 from tfscache.frontend.methods import RouteKey
 from tfscache.frontend.upstream import RestReply, Upstream
 from tfscache.workers.delegation import Asked, Delegations, Grant
+
+
+# The control process's own load report on its answer to the request this task serves (sidecar mode,
+# a request a peer forwarded): what the worker's front end sends back to that peer.
+_load: contextvars.ContextVar[str | None] = contextvars.ContextVar("tfscache_worker_load", default=None)
+
+
+def _keep_load(pairs) -> None:
+    for key, value in pairs or ():
+        if key == LOAD_KEY:
+            _load.set(value)
 
 
 class ControlBackend:
@@ -78,8 +90,10 @@ class WorkerRouter:
             raise errors.Unimplemented("version labels with server.workers > 1 need a local model repository")
         return self.repository.label_version(name, label, max_age=self.repository.rescan_s + 1.0)
 
-    def own_load(self) -> None:
-        return None
+    def own_load(self) -> str | None:
+        """The load the control process reported on its answer to this request (a request a peer
+        sidecar forwarded: ``LOAD_KEY``), for the front end to send back to that peer."""
+        return _load.get()
 
     def _asked(self, key: RouteKey | None, forwarded: bool, probe) -> Asked | None:
         if key is None or forwarded or probe is not None or key.label is not None:
@@ -101,7 +115,10 @@ class WorkerRouter:
                 self._delegations.drop(grant)  # the node went away or lost it: the control process's path
             finally:
                 self._delegations.end(grant)
-        response = await self._control.unary(path, request, metadata=metadata, timeout=remaining(deadline))
+        if forwarded:
+            _load.set(None)  # an aiohttp connection's requests share a task: no report left from the last one
+        response = await self._control.unary(path, request, metadata=metadata, timeout=remaining(deadline),
+                                             trailers=_keep_load if forwarded else None)
         self._cold(asked)
         return response
 
@@ -125,6 +142,9 @@ class WorkerRouter:
         if forwarded:
             headers = {**headers, FORWARDED_KEY: "1"}
         reply = await self._control.rest(method, path_qs, body, headers, timeout=remaining(deadline) or 0.001)
+        if forwarded:
+            _load.set(None)
+            _keep_load(reply.headers)
         if reply.status < 400:
             self._cold(asked)
         return reply
