@@ -86,6 +86,8 @@ class Ledger:
         self.learned_gpu: dict[Key, int] = {}  # GPU bytes measured on an earlier load, likewise
         self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
         self._freeing: list[Freeing] = []  # gone from the node, memory not measured free yet
+        # READY versions with requests in flight in worker processes, as they last reported (tfscache.workers)
+        self.elsewhere: dict[Key, int] = {}
         self._policy = policy
 
     def __len__(self) -> int:
@@ -137,8 +139,10 @@ class Ledger:
         return entry if entry is not None and entry.state == READY else None
 
     def idle(self) -> list[Key]:
-        """READY entries with no lease and no pin: what the policy may choose victims from."""
-        return [k for k, e in self.entries.items() if e.state == READY and e.leases == 0 and k not in self.pinned]
+        """READY entries with no lease, no pin and no request in flight in a worker: what the policy
+        may choose victims from."""
+        return [k for k, e in self.entries.items()
+                if e.state == READY and e.leases == 0 and k not in self.pinned and k not in self.elsewhere]
 
     def queue(self) -> list[Pending]:
         """Pending loads not already in the config, most waiting requests first, then oldest
@@ -222,6 +226,13 @@ class Ledger:
         entry.last_use = max(entry.last_use, last_use)
         for _ in range(requests):
             self.accessed(key, now)
+
+    def in_flight_elsewhere(self, key: Key, count: int) -> None:
+        """Worker processes reported ``count`` requests in flight on READY ``key`` (0: none)."""
+        if count > 0 and key in self.entries:
+            self.elsewhere[key] = count
+        else:
+            self.elsewhere.pop(key, None)
 
     def released(self, key: Key) -> Entry | None:
         """A lease on ``key`` ended; the entry, or None if it is gone."""
@@ -364,6 +375,7 @@ class Ledger:
         return waiters
 
     def _forget(self, entry: Entry) -> None:
+        self.elsewhere.pop(entry.key, None)
         if self._policy is not None and entry.state != UNLOADING:  # a retired one was forgotten then
             self._policy.forget(entry.key)
 

@@ -182,6 +182,14 @@ class CacheManager:
         the last at wall-clock ``last_use`` (tfscache.workers' usage reports)."""
         self.ledger.worker_used((name, version), requests, last_use, time.monotonic())
 
+    def in_flight_elsewhere(self, name: str, version: int, count: int) -> None:
+        """Worker processes have ``count`` requests in flight on ``(name, version)`` (tfscache.workers):
+        not a victim for capacity meanwhile; at 0 a load waiting for room may find it."""
+        self.ledger.in_flight_elsewhere((name, version), count)
+        sig = self._signals
+        if count == 0 and (self.ledger.pending or sig.over_cap):
+            sig.wake()
+
     async def recheck(self) -> None:
         """The node answered NOT_FOUND for a model held as AVAILABLE: it may have lost its models
         (TF Serving restarted behind a sidecar). The reloader checks each resident model and, if

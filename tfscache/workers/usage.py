@@ -4,7 +4,8 @@ Every <= 100 ms each worker reports, per node version it served under a delegati
 since its last report, the last use and the requests still in flight. Here they go:
 
 * to the node's cache (``CacheManager.used``): recency and counts for the policy (LRU, LFU, GDSF)
-  and the entry's last use;
+  and the entry's last use; and the requests in flight (``CacheManager.in_flight_elsewhere``): a
+  version busy in a worker is no victim for capacity, as a leased one is not;
 * with copies on (docs/copies.md), to the copies rule (``Copies.begin``/``end``), so that its load
   signal (in flight, or the request rate) counts delegated requests as if they had been routed here.
   A worker's in-flight counts are kept per worker and taken back when it dies.
@@ -41,8 +42,10 @@ class Usage:
         (node, model) pairs it named."""
         nodes, seen = self._nodes(), set()
         reported: dict[tuple[str, str], int] = {}
+        before = self._reported.get(worker, {})
         self._reported[worker] = {(node, name, version): in_flight for node, name, version, _, _, in_flight in rows
                                   if in_flight}
+        self._tell_caches(nodes, before.keys() | self._reported[worker].keys())
         for node, name, version, requests, last_use, in_flight in rows:
             backend = nodes.get(node)
             if backend is not None and backend.cache is not None and requests:
@@ -75,11 +78,18 @@ class Usage:
 
     def worker_gone(self, worker: int) -> None:
         """A dead worker's requests are in flight no more."""
-        self._reported.pop(worker, None)
+        self._tell_caches(self._nodes(), self._reported.pop(worker, {}).keys())
         if self._spread is None:
             return
         for (w, node, name) in [k for k in self._in_flight if k[0] == worker]:
             self._count(w, node, name, 0, 0)
+
+    def _tell_caches(self, nodes: dict, helds) -> None:
+        """Each node version's requests in flight in all workers, to its cache (the planner's idleness)."""
+        for held in helds:
+            backend = nodes.get(held[0])
+            if backend is not None and backend.cache is not None:
+                backend.cache.in_flight_elsewhere(held[1], held[2], self.in_flight(held))
 
     def in_flight(self, held: tuple[str, str, int]) -> int:
         """Requests on node version ``held`` in flight in the workers, as they last reported."""
