@@ -12,7 +12,6 @@ import threading
 
 import psutil
 import pytest
-
 from frontend.serving import link_repository
 from support.node import version_status
 
@@ -43,7 +42,7 @@ class StatusSampler:
     (the argument of tests/cache/cache_support.py's CapSampler).
     """
 
-    RESIDENT = {10, 20, 30, 40}
+    RESIDENT = frozenset({10, 20, 30, 40})
 
     def __init__(self, target: str, names: list[str]) -> None:
         import grpc

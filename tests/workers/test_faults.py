@@ -10,14 +10,14 @@ from collections import Counter
 
 import grpc
 import pytest
-from tensorflow_serving.apis import prediction_service_pb2_grpc
-
 from frontend.serving import start_serve
 from support.node import start_node
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS
 from support.tfs_traffic import Traffic
 from support.waiting import process_ended, wait_until
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
 from workers.conftest import worker_pids
 
 MODELS = ["addk_1", "addk_2", "addk_3"]
@@ -91,7 +91,7 @@ def test_a_killed_control_process_leaves_no_worker_and_a_restart_readopts(worker
             first.process.send_signal(signal.SIGKILL)
             first.process.wait()
             for pid in workers:  # no orphan: each worker died with it
-                wait_until(lambda: process_ended(pid), 30, f"worker {pid} to exit")
+                wait_until(lambda pid=pid: process_ended(pid), 30, f"worker {pid} to exit")
         finally:
             first.stop()
         with start_serve(tmp_path, workers_repo, *args) as second:

@@ -17,12 +17,12 @@ import time
 
 import grpc
 import pytest
-from tensorflow_serving.apis import prediction_service_pb2_grpc
-
 from frontend.serving import link_repository
 from support.node import version_status_at
 from support.requests import float_tensor, predict_request
 from support.waiting import process_ended
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
 from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
 from tfscache.node.testmodels import build_gate
@@ -80,7 +80,7 @@ def test_an_eviction_waits_for_a_request_in_flight_on_a_worker(gate_repo, tmp_pa
         try:
             cache, pool = app.backends["node0"].cache, app.workers
             node = app.backends["node0"].upstream.grpc_address
-            leases = lambda: sum(m.leases for m in cache.snapshot() if (m.name, m.version) == ("gate", 1))  # noqa: E731
+            leases = lambda: sum(m.leases for m in cache.snapshot() if (m.name, m.version) == ("gate", 1))
             for attempt in range(1, 31):  # until a held request is a delegated one (the first is cold)
                 held = asyncio.ensure_future(asyncio.to_thread(predict_gate, target))
                 await until(lambda: pool.usage.in_flight(HELD) or leases(), 60, "the gate request in flight")
@@ -119,7 +119,7 @@ def test_stopping_drains_the_requests_in_flight_on_the_workers(gate_repo, tmp_pa
             cache, pool = app.backends["node0"].cache, app.workers
             node = app.backends["node0"].upstream.grpc_address
             workers = [w.process.pid for w in pool.workers]
-            leases = lambda: sum(m.leases for m in cache.snapshot() if (m.name, m.version) == ("gate", 1))  # noqa: E731
+            leases = lambda: sum(m.leases for m in cache.snapshot() if (m.name, m.version) == ("gate", 1))
             held = [asyncio.ensure_future(asyncio.to_thread(predict_gate, target)) for _ in range(3)]
             # in flight: cold ones hold a lease here, warm ones are in the workers' reports
             await until(lambda: pool.usage.in_flight(HELD) + leases() == 3, 60, "three gate requests in flight")

@@ -9,11 +9,15 @@ import json
 import grpc
 import pytest
 import requests
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, prediction_service_pb2_grpc
-
 from frontend.serving import link_repository, start_serve
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.requests import predict_request, status_request
+from tensorflow_serving.apis import (
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    prediction_service_pb2_grpc,
+)
+
 from workers.conftest import worker_pids
 
 AVAILABLE = get_model_status_pb2.ModelVersionStatus.AVAILABLE

@@ -13,9 +13,9 @@ import contextlib
 import subprocess
 
 import pytest
-
 from frontend.serving import start_serve
 from support.triton import IndexSampler, OipTraffic, oip_infer, serve_triton_nodes
+
 from tfscache.kinds.triton import testmodels as tritonmodels
 from workers.conftest import worker_pids
 

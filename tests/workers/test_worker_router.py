@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import aiohttp
 import pytest
-
 from frontend.test_router import PREDICT, RecordingServer
+
 from tfscache import errors
 from tfscache.frontend.backends import LOAD_KEY
 from tfscache.frontend.methods import RouteKey
@@ -76,7 +76,7 @@ async def test_probes_labels_forwarded_and_unnamed_requests_never_take_a_delegat
 
 
 async def test_a_delegated_send_the_node_fails_goes_through_the_control_process(world):
-    router, table, wanted, grant, node, control = world
+    router, table, _, grant, node, control = world
     table.add(grant)
     node.reply = lambda request: errors.NotFound("Servable not found for request: Specific(addk_1, 1)")
     assert await router.grpc(PREDICT, RouteKey("addk_1", 1), b"x", (), None) == b"from-control"
@@ -86,7 +86,7 @@ async def test_a_delegated_send_the_node_fails_goes_through_the_control_process(
 
 
 async def test_a_forwarded_requests_load_report_comes_back(world):
-    router, table, wanted, grant, node, control = world
+    router, _, _, _, _, control = world
     control.trailers = ((LOAD_KEY, "3"),)
     await router.grpc(PREDICT, RouteKey("addk_1", 1), b"x", (), None, forwarded=True)
     assert router.own_load() == "3"

@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import contextvars
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 
 from tfscache import errors
 from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY, remaining
 from tfscache.frontend.methods import RouteKey
 from tfscache.frontend.upstream import RestReply, Upstream
 from tfscache.workers.delegation import Asked, Delegations, Grant
-
 
 # The control process's own load report on its answer to the request this task serves (sidecar mode,
 # a request a peer forwarded): what the worker's front end sends back to that peer.
@@ -67,7 +67,7 @@ class WorkerRouter:
     """What a worker's front ends route through (the Router's interface)."""
 
     local = None  # no node of its own: statistics and the like go to the control process
-    backends: dict = {}
+    backends: Mapping = MappingProxyType({})
     spread = None
 
     def __init__(self, control: Upstream, delegations: Delegations, *, want: Callable[[Asked], None],
