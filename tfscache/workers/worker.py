@@ -119,7 +119,6 @@ class Worker:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
         loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.tls.reload()) if self.tls else None)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.channel.send({"op": "ready", "index": self.index})
         log.info("worker %d serving (pid %d)", self.index, os.getpid())
         reader = asyncio.create_task(self._read())
@@ -127,9 +126,10 @@ class Worker:
         stopping = asyncio.create_task(self.stopping.wait())
         await asyncio.wait([reader, stopping], return_when=asyncio.FIRST_COMPLETED)
         lost = reader.done()  # the control process is gone: no one to drain for
+        # While draining, revocations are still read and acknowledged, and usage still reported.
+        await self._stop(0 if lost else self._grace)
         reporter.cancel()
         reader.cancel()
-        await self._stop(0 if lost else self._grace)
         await router.close()
         for upstream in self._nodes.values():
             await upstream.close()
@@ -200,6 +200,7 @@ class Worker:
 def main() -> int:
     config = json.loads(os.environ[ENV])
     die_with_parent(config["control_pid"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the control process's to handle, from the first instant
     logs.setup(config.get("log_level", "INFO"), json_lines=config.get("log_json", False))
     return asyncio.run(Worker(config).run())
 
