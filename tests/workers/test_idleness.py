@@ -1,10 +1,11 @@
 """What workers report reaches the ledger: a version with requests in flight in a worker is no
 victim for capacity (``Ledger.idle``), until the count falls to 0 or the version leaves; a worker's
-requests count for the policy (``Ledger.worker_used``)."""
+requests count for the policy and the entry's last use (``tfscache.workers.usage.used``)."""
 
 from __future__ import annotations
 
 from tfscache.cache.ledger import Ledger
+from tfscache.workers.usage import used
 
 KEY, OTHER = ("addk_1", 1), ("addk_2", 1)
 
@@ -47,16 +48,15 @@ def test_a_count_for_a_version_not_resident_or_gone_is_dropped():
     ledger.in_flight_elsewhere(KEY, 1)
     ledger.retire(KEY)
     ledger.unloaded(KEY)
+    ledger.in_flight_elsewhere(KEY, 0)  # the report after the unload (revoked: none in flight)
     assert KEY not in ledger.elsewhere
 
 
 def test_a_workers_requests_reach_the_policy_and_the_last_use():
     ledger, policy = ledger_with_two()
     policy.calls.clear()
-    ledger.worker_used(KEY, 3, 250.0, 7.0)
-    assert policy.calls == [("access", KEY, 7.0)] * 3
-    assert ledger.entries[KEY].last_use == 250.0
-    ledger.worker_used(KEY, 1, 200.0, 8.0)  # an older last use does not go back
-    assert ledger.entries[KEY].last_use == 250.0
-    ledger.worker_used(("addk_9", 1), 5, 300.0, 9.0)  # not resident: nothing
-    assert len(policy.calls) == 4
+    used(ledger, KEY, 3, 250.0)
+    assert [c[:2] for c in policy.calls] == [("access", KEY)] * 3
+    assert ledger.entries[KEY].last_use == 250.0 and ledger.entries[KEY].leases == 0  # each lease given back
+    used(ledger, ("addk_9", 1), 5, 300.0)  # not resident: nothing
+    assert len(policy.calls) == 3

@@ -34,7 +34,7 @@ reloader then marks it unhealthy and recovers it):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from tfscache.cache.ledger import Key
@@ -63,3 +63,21 @@ class NodeAdapter(Protocol):
 
     def restarted(self) -> bool: ...
 
+
+
+class BeforeUnload:
+    """A node's adapter that awaits ``before_unload(keys)`` before each unload, and is the adapter
+    otherwise. Every unload the reloader carries out (capacity, admin, drain, vanished) goes through
+    ``unload``, so a hook here sees each one before the node is told (tfscache.workers revokes its
+    delegations there)."""
+
+    def __init__(self, adapter: NodeAdapter, before_unload: Callable[[Sequence[Key]], Awaitable[None]]) -> None:
+        self._adapter = adapter
+        self._before_unload = before_unload
+
+    def __getattr__(self, name: str):
+        return getattr(self._adapter, name)
+
+    async def unload(self, keys: Sequence[Key], wanted: Sequence[Key], deadline_s: float) -> None:
+        await self._before_unload(keys)
+        await self._adapter.unload(keys, wanted, deadline_s)

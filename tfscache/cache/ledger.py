@@ -86,8 +86,7 @@ class Ledger:
         self.learned_gpu: dict[Key, int] = {}  # GPU bytes measured on an earlier load, likewise
         self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
         self._freeing: list[Freeing] = []  # gone from the node, memory not measured free yet
-        # READY versions with requests in flight in worker processes, as they last reported (tfscache.workers)
-        self.elsewhere: dict[Key, int] = {}
+        self.elsewhere: dict[Key, int] = {}  # READY keys' requests in flight in workers, as last reported
         self._policy = policy
 
     def __len__(self) -> int:
@@ -139,8 +138,7 @@ class Ledger:
         return entry if entry is not None and entry.state == READY else None
 
     def idle(self) -> list[Key]:
-        """READY entries with no lease, no pin and no request in flight in a worker: what the policy
-        may choose victims from."""
+        """READY entries with no lease, no pin, none in flight in a worker: the policy's victims to choose from."""
         return [k for k, e in self.entries.items()
                 if e.state == READY and e.leases == 0 and k not in self.pinned and k not in self.elsewhere]
 
@@ -217,18 +215,8 @@ class Ledger:
         if self._policy is not None:
             self._policy.record_access(key, now)
 
-    def worker_used(self, key: Key, requests: int, last_use: float, now: float) -> None:
-        """A worker process served ``requests`` on READY ``key`` under its delegation, the last at
-        wall-clock ``last_use`` (tfscache.workers: no lease here; the policy hears of each)."""
-        entry = self.entries.get(key)
-        if entry is None or entry.state != READY:
-            return
-        entry.last_use = max(entry.last_use, last_use)
-        for _ in range(requests):
-            self.accessed(key, now)
-
     def in_flight_elsewhere(self, key: Key, count: int) -> None:
-        """Worker processes reported ``count`` requests in flight on READY ``key`` (0: none)."""
+        """Worker processes (tfscache.workers) run ``count`` requests on ``key`` now: no victim while > 0."""
         if count > 0 and key in self.entries:
             self.elsewhere[key] = count
         else:
@@ -375,7 +363,6 @@ class Ledger:
         return waiters
 
     def _forget(self, entry: Entry) -> None:
-        self.elsewhere.pop(entry.key, None)
         if self._policy is not None and entry.state != UNLOADING:  # a retired one was forgotten then
             self._policy.forget(entry.key)
 

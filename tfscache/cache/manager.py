@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from tfscache import errors
-from tfscache.cache.adapter import NodeAdapter
+from tfscache.cache.adapter import BeforeUnload, NodeAdapter
 from tfscache.cache.events import CacheEvents
 from tfscache.cache.lease import Lease
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger, QueuedLoad, ResidentModel
@@ -43,8 +43,7 @@ class CacheManager:
         """``adapter``: the node, as its kind drives it (tfscache.kinds.table). ``gpu`` and ``gpu_cap``:
         with a GPU cap in force (tfscache.kinds.gpumem.gpu_cap), the node's GPU memory
         (``NodeGpuMemory``), read around each load to learn each model's GPU size, and the cap in bytes.
-        ``before_unload(keys)``: awaited before the node is told to unload ``keys`` (tfscache.workers
-        revokes its delegations there); None: nothing to wait for."""
+        ``before_unload(keys)``: awaited before the node is told to unload ``keys`` (tfscache.workers)."""
         self.node = adapter.client
         self.target = adapter.target
         self.events = events or CacheEvents()
@@ -61,8 +60,9 @@ class CacheManager:
         self._prefetcher = (Prefetcher(self.ledger, self._signals, self._estimate, settings)
                             if settings.prefetch else None)  # co-access prefetch, docs/prefetch.md
         self.prefetch_counts = self._prefetcher.counts if self._prefetcher is not None else None
-        self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository, self._signals,
-                                  settings, self.events, gpu, self.prefetch_counts, before_unload)
+        self._reloader = Reloader(adapter if before_unload is None else BeforeUnload(adapter, before_unload),
+                                  self.ledger, self.policy, self.caps, repository, self._signals,
+                                  settings, self.events, gpu, self.prefetch_counts)
         self._task: asyncio.Task | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -177,18 +177,11 @@ class CacheManager:
                     f"to load on node {self.target}") from None
             raise
 
-    def used(self, name: str, version: int, requests: int, last_use: float) -> None:
-        """A worker process served ``requests`` on resident ``(name, version)`` under its delegation,
-        the last at wall-clock ``last_use`` (tfscache.workers' usage reports)."""
-        self.ledger.worker_used((name, version), requests, last_use, time.monotonic())
-
     def in_flight_elsewhere(self, name: str, version: int, count: int) -> None:
-        """Worker processes have ``count`` requests in flight on ``(name, version)`` (tfscache.workers):
-        not a victim for capacity meanwhile; at 0 a load waiting for room may find it."""
+        """Worker processes run ``count`` requests on ``(name, version)`` now (tfscache.workers): no victim."""
         self.ledger.in_flight_elsewhere((name, version), count)
-        sig = self._signals
-        if count == 0 and (self.ledger.pending or sig.over_cap):
-            sig.wake()
+        if count == 0 and (self.ledger.pending or self._signals.over_cap):
+            self._signals.wake()  # a load waiting for room may find it now
 
     async def recheck(self) -> None:
         """The node answered NOT_FOUND for a model held as AVAILABLE: it may have lost its models

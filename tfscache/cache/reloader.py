@@ -35,8 +35,7 @@ class Reloader:
     """Carries out the planner's decisions against one node."""
 
     def __init__(self, adapter: NodeAdapter, ledger: Ledger, policy: EvictionPolicy, caps: Caps,
-                 repository: ModelRepository, signals: Signals, settings, events, gpu=None, prefetch=None,
-                 before_unload=None) -> None:
+                 repository: ModelRepository, signals: Signals, settings, events, gpu=None, prefetch=None) -> None:
         self.adapter = adapter
         self.node = adapter.target
         self.ledger = ledger
@@ -49,7 +48,6 @@ class Reloader:
         self.gpu = gpu  # tfscache.kinds.gpumem.NodeGpuMemory when a GPU cap is in force: sizes learned per load
         self.lost_pins = LostPins()
         self.prefetched = prefetch  # cache.prefetch.PrefetchCounts when prefetch is on (docs/prefetch.md)
-        self.before_unload = before_unload  # awaited before each unload (tfscache.workers: revocations)
 
     def memory_now(self) -> tuple[int | None, int | None]:
         """In a worker thread: the node's host memory and (with a GPU cap) its GPU memory now."""
@@ -207,8 +205,6 @@ class Reloader:
     async def unload(self, leaving: list[Key]) -> bool:
         """The node without ``leaving``; returns once it reports each gone (the batch waits for that).
         Under a memory or GPU cap their bytes keep counting until measured free (cache/freeing.py)."""
-        if self.before_unload is not None:  # the one place an unload is carried out: nothing serves them after
-            await self.before_unload(leaving)
         started, sizes = time.monotonic(), {k: self.ledger.entries[k].bytes for k in leaving}
         gpu = sum(self.ledger.entries[k].gpu for k in leaving)
         before = await asyncio.to_thread(self.memory_now) if self.holds_freed_memory() else None

@@ -7,7 +7,7 @@ drains them all on stop. It grants delegations only for a version AVAILABLE on a
 the router would send the request to first (fixed replicas; with copies on, no delegation: the
 copies rule picks by load per request), and records each; ``revoke`` (the caches' awaited hook
 before an unload) takes them back and returns once every holder acknowledged or died. Workers'
-usage reports go to the caches (``CacheManager.used``: recency and counts for the policy).
+usage reports go to the caches (tfscache.workers.usage: recency, counts and requests in flight).
 """
 
 from __future__ import annotations
