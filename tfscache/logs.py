@@ -13,6 +13,10 @@ its own with ``extra={"model": ..., "version": ..., "node": ..., "duration_s": .
 Text lines keep their usual shape (``2026-01-01 12:00:00,000 INFO tfscache.cache: ...``)
 with the context appended as ``[model=a node=node0]``; JSON lines are objects with
 ``time``, ``level``, ``logger``, ``message``, the context and the structured fields.
+
+A worker process of ``tfscache serve --workers N`` calls ``set_worker(id)`` once: every line
+it writes then names it, ``[worker=1 model=a]`` or ``"worker": 1``, whatever task or thread
+logs (a process-wide field, not a contextvar).
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ node: contextvars.ContextVar[str | None] = contextvars.ContextVar("tfscache_node
 request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("tfscache_request_id", default=None)
 
 _CONTEXT = {"model": model, "node": node, "request_id": request_id}
+# Fields of the whole process, on every line from any task or thread: ``worker`` with --workers N.
+_PROCESS: dict[str, Any] = {}
 # Structured fields a log call may pass in ``extra`` (in this order in JSON).
 FIELDS = ("model", "version", "node", "request_id", "reason", "duration_s", "bytes", "measured", "idle_s")
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -40,9 +46,20 @@ def bind(**values: str | None) -> None:
         _CONTEXT[key].set(value)
 
 
-def context() -> dict[str, str]:
-    """The context set here, without unset entries."""
-    return {k: v for k, var in _CONTEXT.items() if (v := var.get()) is not None}
+def set_worker(worker: int | str | None) -> None:
+    """Name this process's worker (``tfscache serve --workers N``) on every log line from now on,
+    from every task and thread; None: a process that is no worker (the default)."""
+    if worker is None:
+        _PROCESS.pop("worker", None)
+    else:
+        _PROCESS["worker"] = worker
+
+
+def context() -> dict[str, Any]:
+    """The process's fields (``worker``), then the context set here, without unset entries."""
+    found = dict(_PROCESS)
+    found.update((k, v) for k, var in _CONTEXT.items() if (v := var.get()) is not None)
+    return found
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import asyncio
 import io
 import json
 import logging
+import threading
 
 import pytest
 
@@ -89,3 +90,44 @@ def test_setup_replaces_its_own_handler_only(capture):
         assert other in root.handlers
     finally:
         root.removeHandler(other)
+
+
+@pytest.fixture
+def worker():
+    """Name this process a worker for one test; no worker afterwards."""
+    yield logs.set_worker
+    logs.set_worker(None)
+
+
+async def test_a_worker_is_named_on_text_lines_from_tasks_and_threads(capture, worker):
+    stream = capture(json_lines=False)
+    log = logging.getLogger("tfscache.test")
+    log.info("before")
+    worker(2)
+
+    async def request() -> None:
+        logs.bind(model="a")
+        log.info("in a task")
+
+    await asyncio.create_task(request())
+    await asyncio.to_thread(log.info, "in a thread")
+    thread = threading.Thread(target=log.info, args=("in a plain thread",))  # no context copied there
+    thread.start()
+    thread.join()
+    before, task, in_thread, plain = stream.getvalue().splitlines()
+    assert before.endswith("tfscache.test: before")
+    assert task.endswith("tfscache.test: in a task [worker=2 model=a]")
+    assert in_thread.endswith("tfscache.test: in a thread [worker=2]")
+    assert plain.endswith("tfscache.test: in a plain thread [worker=2]")
+
+
+def test_a_worker_is_named_on_json_lines_and_gone_when_unset(capture, worker):
+    stream = capture(json_lines=True)
+    log = logging.getLogger("tfscache.test")
+    worker(1)
+    log.info("served", extra={"model": "m", "node": "node0"})
+    worker(None)
+    log.info("after")
+    named, after = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert (named["worker"], named["model"], named["node"], named["message"]) == (1, "m", "node0", "served")
+    assert "worker" not in after

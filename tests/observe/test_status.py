@@ -137,3 +137,20 @@ def test_render_copies_of_a_serve_with_fixed_replicas():
     lines = status.render(DOC).splitlines()
     start = lines.index("model copies (fixed replicas)")
     assert [line.split() for line in lines[start + 2:start + 4]] == [["m", "1", "-", "a"], ["n", "1", "-", "a"]]
+
+
+def test_render_lists_the_workers_of_a_serve_with_several():
+    doc = {**DOC, "workers": [{"id": 0, "pid": 4001, "in_flight": 2, "restarts": 0, "delegations": 3},
+                              {"id": 1, "pid": 4107, "in_flight": 1, "restarts": 2, "delegations": 0}]}
+    lines = status.render(doc).splitlines()
+    at = lines.index("workers (2, 3 requests in flight)")
+    assert lines[at - 1] == "" and lines[at - 2].split()[0] == "b"  # right after the nodes
+    assert [line.split() for line in lines[at + 1:at + 4]] == [
+        ["WORKER", "PID", "IN", "FLIGHT", "RESTARTS", "DELEGATIONS"], ["0", "4001", "2", "0", "3"],
+        ["1", "4107", "1", "2", "0"]]
+    assert lines[-1] == "hit ratio: 75.0% (3 hits, 1 miss)"
+
+
+def test_render_with_one_process_has_no_workers_section():
+    assert status.render(DOC) == status.render({**DOC, "workers": []})
+    assert "workers" not in status.render(DOC)

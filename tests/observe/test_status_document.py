@@ -82,3 +82,15 @@ def test_every_state_is_present_and_a_down_node_has_no_caps():
     assert node0["model_states"] == empty and node0["caps"] == {"max_models": 0, "memory_bytes": 0}
     assert node1["model_states"] == empty and node1["caps"] is None and node1["resident_models"] == 0
     assert "model_states" not in peer and "caps" not in peer
+
+
+def test_workers_come_from_the_control_processs_provider_and_only_then():
+    nodes = [NodeBackend("node0", FakeUpstream("127.0.0.1:1"), FakeCache([]))]
+    assert "workers" not in status_document(Metrics(), topology(nodes))  # one process: as before
+    listed = [{"id": 0, "pid": 4001, "in_flight": 2, "restarts": 0, "delegations": [("a", 1), ("b", None)]},
+              {"id": 1, "pid": 4007, "in_flight": 0, "restarts": 1, "delegations": 0, "alive": True}]
+    doc = status_document(Metrics(), topology(nodes), workers=lambda: listed)
+    assert doc["workers"] == [
+        {"id": 0, "pid": 4001, "in_flight": 2, "restarts": 0, "delegations": 2},  # a list is counted
+        {"id": 1, "pid": 4007, "in_flight": 0, "restarts": 1, "delegations": 0, "alive": True}]
+    json.dumps(doc)

@@ -3,7 +3,8 @@
     tfscache status --address 127.0.0.1:8503          # tables
     tfscache status --address 127.0.0.1:8503 --json   # the /status document, for scripts
 
-Prints the nodes, every model version in a node's config with its state, size, last use
+Prints the nodes, the worker processes (``--workers N``: pid, requests in flight, restarts,
+delegations held), every model version in a node's config with its state, size, last use
 and leases, and the hit ratio. Exit status 1 when the server cannot be read. Only the
 standard library: no tensorflow, no aiohttp. It shows no progress, so it has no
 ``--quiet``/``--progress`` (tfscache.cli.options); bad flags exit 2.
@@ -103,6 +104,7 @@ def render(doc: dict[str, Any]) -> str:
                      _rate(node) if local else "-"])
     lines += _table(["NODE", "KIND", "ADDRESS", "HEALTHY", "AVAILABLE", "LOADING", "UNLOADING", "CAP", "BYTES",
                      "LEASES", "QUEUED", "UNLOADS/MIN"], rows)
+    lines += _workers(doc)
     rows = []
     for node in doc["nodes"]:
         for m in node.get("models", []):
@@ -129,6 +131,18 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["", f"hit ratio: {shown} ({hits} hit{'s' if hits != 1 else ''}, "
                   f"{misses} miss{'es' if misses != 1 else ''})"]
     return "\n".join(lines)
+
+
+def _workers(doc: dict[str, Any]) -> list[str]:
+    """The worker processes of a serve with ``--workers N`` (none: nothing, as with one process)."""
+    workers = doc.get("workers")
+    if not workers:
+        return []
+    rows = [[str(w["id"]), str(w.get("pid") or "-"), str(w.get("in_flight", 0)), str(w.get("restarts", 0)),
+             str(w.get("delegations", 0))] for w in workers]
+    in_flight = sum(int(w.get("in_flight", 0)) for w in workers)
+    return ["", f"workers ({len(workers)}, {in_flight} request{'s' if in_flight != 1 else ''} in flight)",
+            *_table(["WORKER", "PID", "IN FLIGHT", "RESTARTS", "DELEGATIONS"], rows)]
 
 
 def _copies(doc: dict[str, Any]) -> list[str]:

@@ -91,6 +91,7 @@ from tfscache.observe import requestlog
 from tfscache.cache.ledger import UNLOADING
 from tfscache.observe.gauges import STATES, NodeView, Sources, StateCollector, by_state, caps
 from tfscache.observe.scale import Advice, NodeLoad, UnloadRate, advise
+from tfscache.observe.workermetrics import WorkerMetrics
 from tfscache.settings import ScaleSection
 
 __all__ = ["STATES", "Metrics", "NodeEvents", "NodeView", "by_state", "caps"]
@@ -154,6 +155,9 @@ class Metrics:
         self._sources = Sources(lambda: (), lambda: 0, lambda: ())
         r.register(StateCollector(lambda: self._sources, lambda: self.counts))
         r.register(_ScaleCollector(self))
+        # What /metrics exports: this registry, plus the workers' counts with ``--workers N``
+        # (the control process feeds it their reports: tfscache.observe.workermetrics).
+        self.exported = WorkerMetrics(r)
 
     def watch(self, nodes: Callable[[], Iterable[NodeView]], ring_nodes: Callable[[], int],
               backends: Callable[[], Iterable[str]] | None = None) -> None:
@@ -235,7 +239,10 @@ class Metrics:
         return advise(self.node_loads() if loads is None else loads, self.scale)
 
     def hit_counts(self) -> tuple[int, int]:
-        """(hits, misses) over every node and model."""
+        """(hits, misses) over every node and model, the workers' counts included."""
+        if self.exported.merging:
+            return (int(self.exported.total("tfscache_cache_hits_total")),
+                    int(self.exported.total("tfscache_cache_misses_total")))
         return int(_total(self.hits)), int(_total(self.misses))
 
 

@@ -19,8 +19,14 @@ request once; ``tfscache simulate`` sorts by time). Columns, the simulator's fir
 
 CSV with a header row, unless FILE ends in ``.jsonl`` or ``.ndjson`` (JSON Lines, the same
 keys). An existing file is appended to (a CSV one must have the same header). Rows are
-queued on the event loop and written by one thread, flushed after each batch: the event
-loop never waits for the disk.
+queued on the event loop and written by one thread: the event loop never waits for the disk.
+
+Many processes write the one file (``tfscache serve --workers N``: each worker logs the
+requests it received). The file is opened O_APPEND and every write() holds whole rows (a
+batch of them, at most 64 KiB, never part of a row), so rows from different processes never
+interleave: on a local file system the kernel appends each write() whole, under the file's
+lock. The header is written (or checked) under flock(), so processes that open a new file
+together write it once. Not on NFS, where O_APPEND is not atomic across clients.
 
 Which request served which model comes from the cache's hit and miss events, which run in
 the request's task: ``served`` puts the node and model in a contextvar there, and the front
@@ -32,9 +38,11 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import csv
+import fcntl
 import io
 import json
 import logging
+import os
 import queue
 import threading
 from dataclasses import dataclass
@@ -45,7 +53,8 @@ log = logging.getLogger("tfscache.observe.requestlog")
 COLUMNS = ("time", "model", "version", "load_seconds", "bytes", "node", "cold", "code", "prefetched")
 LEGACY_COLUMNS = COLUMNS[:-1]  # a CSV log written before ``prefetched``: appended to with its own columns
 JSON_SUFFIXES = (".jsonl", ".ndjson")
-_BATCH = 1024  # rows written between flushes at most
+_BATCH = 1024  # rows taken off the queue at once at most
+_WRITE_BYTES = 64 * 1024  # bytes of whole rows per write() at most
 
 
 @dataclass(frozen=True)
@@ -105,8 +114,8 @@ class RequestLog:
 
     async def start(self) -> None:
         """Open the file (in a thread) and start the writer; RequestLogError if it cannot be used."""
-        stream = await asyncio.to_thread(self._open)
-        self._thread = threading.Thread(target=self._drain, args=(stream,), name="tfscache-request-log",
+        fd = await asyncio.to_thread(self._open)
+        self._thread = threading.Thread(target=self._drain, args=(fd,), name="tfscache-request-log",
                                         daemon=True)
         self._thread.start()
         log.info("request log: %s (%s)", self.path, "JSON lines" if self.json_lines else "CSV")
@@ -123,30 +132,39 @@ class RequestLog:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
 
-    def _open(self) -> io.TextIOBase:
+    def _open(self) -> int:
+        """The file's descriptor, opened for appending; the CSV header written or checked under a lock,
+        so that processes opening it together write one header."""
         try:
-            stream = open(self.path, "a+", encoding="utf-8", newline="")
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
             raise RequestLogError(f"request log {self.path}: cannot open it: {exc.strerror or exc}") from exc
         try:
-            stream.seek(0)
-            first = stream.readline().strip()
-            if not first and not self.json_lines:
-                stream.write(",".join(COLUMNS) + "\r\n")
-            elif first and not self.json_lines and first == ",".join(LEGACY_COLUMNS):
-                self.columns = LEGACY_COLUMNS
-            elif first and not self.json_lines and first != ",".join(COLUMNS):
-                raise RequestLogError(f"request log {self.path}: it exists with other columns ({first[:80]!r}); "
-                                      f"expected {','.join(COLUMNS)}: name a new file")
-            stream.seek(0, io.SEEK_END)
-            stream.flush()
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                self._header(fd)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
         except BaseException:
-            stream.close()
+            os.close(fd)
             raise
-        return stream
+        return fd
 
-    def _drain(self, stream: io.TextIOBase) -> None:
-        writer = csv.writer(stream)
+    def _header(self, fd: int) -> None:
+        if self.json_lines:
+            return
+        header = ",".join(COLUMNS)
+        with open(self.path, "rb") as reader:  # the write-only descriptor cannot read
+            first = reader.readline(4096).decode("utf-8", "replace").strip()
+        if not first:
+            _write_all(fd, (header + "\r\n").encode())
+        elif first == ",".join(LEGACY_COLUMNS):
+            self.columns = LEGACY_COLUMNS
+        elif first != header:
+            raise RequestLogError(f"request log {self.path}: it exists with other columns ({first[:80]!r}); "
+                                  f"expected {header}: name a new file")
+
+    def _drain(self, fd: int) -> None:
         try:
             while True:
                 rows = [self._queue.get()]
@@ -156,17 +174,46 @@ class RequestLog:
                     except queue.Empty:
                         break
                 done = rows[-1] is None
-                for row in rows[:-1] if done else rows:
-                    if self.json_lines:
-                        stream.write(json.dumps(row, separators=(",", ":")) + "\n")
-                    else:
-                        writer.writerow([row[c] for c in self.columns])
-                    self.written += 1
-                stream.flush()
+                rows = rows[:-1] if done else rows
+                for chunk in _chunks([self._format(row) for row in rows]):
+                    _write_all(fd, chunk)
+                self.written += len(rows)
                 if done:
                     return
         except OSError:
             self.broken = True
             log.exception("request log %s: writing failed; no more rows are written", self.path)
         finally:
-            stream.close()
+            os.close(fd)
+
+    def _format(self, row: dict) -> bytes:
+        if self.json_lines:
+            return (json.dumps(row, separators=(",", ":")) + "\n").encode()
+        line = io.StringIO()
+        csv.writer(line).writerow([row[c] for c in self.columns])
+        return line.getvalue().encode()
+
+
+def _chunks(rows: list[bytes]) -> list[bytes]:
+    """Whole rows joined into writes of at most _WRITE_BYTES (a longer row alone): no row is split."""
+    chunks: list[bytes] = []
+    current: list[bytes] = []
+    size = 0
+    for row in rows:
+        if current and size + len(row) > _WRITE_BYTES:
+            chunks.append(b"".join(current))
+            current, size = [], 0
+        current.append(row)
+        size += len(row)
+    if current:
+        chunks.append(b"".join(current))
+    return chunks
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """One write() of whole rows at the end of the file (O_APPEND); the rest again if the kernel
+    took part of it (a full disk, a signal: rare, and only then could another writer's rows come
+    between the two parts)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -21,7 +21,8 @@ its backends (local nodes with their CacheManager, peer sidecars) and its ring.
                {"name": "b", "kind": "peer", "address": "10.0.0.2:8500", "healthy": true}],
      "scale": {"advice": 0, "reason": "0.2 unloads per minute per node > 0", "window_s": 300.0,
                "unloads_per_minute": {"node0": 0.2}},
-     "copies": {"min": 1, "max": 4, "models": {"a": ["node0", "node1"]}}}   # with copies on
+     "copies": {"min": 1, "max": 4, "models": {"a": ["node0", "node1"]}},   # with copies on
+     "workers": [{"id": 0, "pid": 4242, "in_flight": 3, "restarts": 0, "delegations": 2}]}  # --workers N
 
 Per local node, ``prefetch``: its co-access prefetch loads (started, completed, failed, used,
 wasted; docs/prefetch.md), or null with prefetch off.
@@ -39,6 +40,12 @@ likewise with the bytes.
 ``advice`` +1 more nodes, 0 hold, -1 fewer, with its ``reason``; each local node's capacity
 unloads per minute over the last ``window_s`` seconds (also in its entry, ``unloads_per_minute``).
 
+``workers`` (``--workers N`` only; absent with one process): each worker process, from the
+provider the control process sets (``ObserveServer.workers``): its ``id``, ``pid``, requests
+``in_flight`` on it now, ``restarts`` (times a process under that id was restarted) and the
+``delegations`` it holds (a count); a provider may add keys. ``hits`` and ``misses`` then
+include the workers' counts (tfscache.observe.workermetrics).
+
 ``copies`` (copies that follow load on, docs/copies.md): each model that has extra copies
 now, with every copy in ring order; every other model has its first ``min`` ring nodes.
 """
@@ -48,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -73,8 +81,10 @@ def _node_views(topology: Topology) -> list[NodeView]:
     return [NodeView(b.name, b.cache, bool(b.healthy)) for b in topology.nodes()]
 
 
-def status_document(metrics: Metrics, topology: Topology, tier=None, spread=None) -> dict[str, Any]:
-    """What ``/status`` serves (see the module docstring)."""
+def status_document(metrics: Metrics, topology: Topology, tier=None, spread=None,
+                    workers: Callable[[], list[dict[str, Any]]] | None = None) -> dict[str, Any]:
+    """What ``/status`` serves (see the module docstring); ``workers``: the control process's list of
+    its worker processes (``--workers N``), absent with one process."""
     hits, misses = metrics.hit_counts()
     ring = topology.ring
     loads = metrics.node_loads(_node_views(topology))
@@ -101,7 +111,17 @@ def status_document(metrics: Metrics, topology: Topology, tier=None, spread=None
     if spread is not None:  # copies that follow load (tfscache.cluster.spread)
         document["copies"] = {"min": spread.rule.min_copies, "max": spread.rule.max_copies,
                               "models": spread.counts()}
+    if workers is not None:  # --workers N: one entry per worker process (tfscache.workers)
+        document["workers"] = [_worker(w) for w in workers()]
     return document
+
+
+def _worker(entry: dict[str, Any]) -> dict[str, Any]:
+    """A worker's entry with id, pid, in_flight, restarts and delegations (a list of them is counted)."""
+    delegations = entry.get("delegations", 0)
+    return {**entry, "id": entry["id"], "pid": entry.get("pid"), "in_flight": int(entry.get("in_flight", 0)),
+            "restarts": int(entry.get("restarts", 0)),
+            "delegations": delegations if isinstance(delegations, int) else len(delegations)}
 
 
 def _local_node(cache) -> dict[str, Any]:
@@ -129,6 +149,7 @@ class ObserveServer(WebServer):
     def __init__(self, metrics: Metrics, topology: Topology, *, bind_address: str, port: int,
                  tier=None, spread=None) -> None:
         super().__init__(bind_address, port)
+        self.workers: Callable[[], list[dict[str, Any]]] | None = None  # the control process sets it
         self._spread = spread  # tfscache.cluster.spread.Spread when copies follow load, else None
         self.metrics = metrics
         self._topology = topology
@@ -141,8 +162,9 @@ class ObserveServer(WebServer):
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        body = generate_latest(self.metrics.registry)
+        body = generate_latest(self.metrics.exported)  # on the loop: the gauges read the caches
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(status_document(self.metrics, self._topology, self._tier, self._spread))
+        return web.json_response(status_document(self.metrics, self._topology, self._tier, self._spread,
+                                                  self.workers))
