@@ -3,7 +3,7 @@
 naive grpc.aio byte hop, same run.
 
     .venv/bin/python scripts/bench_frontend.py [--requests 2000] [--seconds 10] [--concurrency 16,64]
-        [--client-processes 4] [--baseline-tree DIR] [--quick] [--out results.json]
+        [--client-processes 4] [--workers 1,2,4] [--baseline-tree DIR] [--quick] [--out results.json]
 
 1. Builds half_plus_two and ``slow_5ms`` (a graph of chained 256x256 matmuls taking
    about 5 ms per call, calibrated here) into a temporary repository.
@@ -17,6 +17,11 @@ naive grpc.aio byte hop, same run.
    runs each path for ``--seconds`` from ``--client-processes`` client processes (not
    threads: one Python client process would be the bottleneck) and reports throughput, the
    ratio to direct, and CPU per request of the proxy (with its child processes) and the node.
+   ``--workers 1,2,4``: one ``tfscache serve --workers N`` per N, all sidecars of the same
+   node, every one measured in the same run; the front end's CPU is the serve process with
+   all its children (the control process and its workers, read from /proc), and a table per
+   model gives each N's ratio to direct at each concurrency, its p50/p99 at c=1, its CPU per
+   request, and its throughput over that of 1 worker.
 4. Front-end RSS and start-up time with 10,000 model directories in the repository
    (sidecar mode against a running node, so start-up is the front end's own).
 
@@ -265,6 +270,38 @@ def _cpu(pid: int) -> float:
     return total
 
 
+def _rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and its children (a serve's control process and workers)."""
+    try:
+        process = psutil.Process(pid)
+        return sum(p.memory_info().rss for p in [process, *process.children(recursive=True)])
+    except psutil.NoSuchProcess:
+        return 0
+
+
+def front_label(n: int, workers: list[int]) -> str:
+    """The path's name for ``tfscache serve --workers n``: plain "tfscache" when it is the only one."""
+    return "tfscache" if workers == [1] else f"tfscache w={n}"
+
+
+def workers_table(model: dict, workers: list[int]) -> list[str]:
+    """Each worker count's figures in one table (issue 22 item 6), ratios to direct and to 1 worker."""
+    paths = model["paths"]
+    cs = [int(k[5:]) for k in paths["direct"] if k.startswith("rps_c")]
+    one = paths.get(front_label(1, workers))
+    head = "| workers | p50 ms (c=1) | p99 ms (c=1) |" + "".join(
+        f" ratio to direct c={c} | front-end CPU µs/req c={c} | vs 1 worker c={c} |" for c in cs)
+    lines = [head, "|" + "---|" * (3 + 3 * len(cs))]
+    for label, shown in [("naive hop", "naive hop"), *((front_label(n, workers), str(n)) for n in workers)]:
+        p = paths[label]
+        row = f"| {shown} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} |"
+        for c in cs:
+            versus = "–" if one is None or label == "naive hop" else f"{p[f'rps_c{c}'] / one[f'rps_c{c}']:.2f}"
+            row += f" {p[f'ratio_c{c}']:.2f} | {p[f'proxy_cpu_us_c{c}']:.0f} | {versus} |"
+        lines.append(row)
+    return lines
+
+
 def pct(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
@@ -391,6 +428,8 @@ def markdown(results: dict) -> str:
                 row += f" {p[f'rps_c{c}']:.0f} | {p[f'ratio_c{c}']:.2f} | {'–' if cpu is None else f'{cpu:.0f}'} |"
             lines.append(row)
         lines.append("")
+        if results.get("workers", [1]) != [1]:
+            lines += [f"{model['model']} by workers:", "", *workers_table(model, results["workers"]), ""]
     return "\n".join(lines)
 
 
@@ -404,6 +443,9 @@ def main() -> int:
     parser.add_argument("--baseline-tree", type=Path,
                         help="also run the front end from this checkout (e.g. the commit before a change): "
                              "a same-run before/after")
+    parser.add_argument("--workers", default="1",
+                        help="comma-separated worker counts (tfscache serve --workers N), each its own front end "
+                             "in the same run, e.g. 1,2,4")
     parser.add_argument("--only", help="comma-separated models (half_plus_two, slow_5ms); default both")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: 400 requests at c=1, 3 s per path, half_plus_two, no start-up test")
@@ -418,6 +460,7 @@ def main() -> int:
         args.requests, args.seconds, args.models = min(args.requests, 400), min(args.seconds, 3.0), 0
         args.only = args.only or "half_plus_two"
     concurrencies = tuple(int(c) for c in args.concurrency.split(","))
+    workers = [int(n) for n in args.workers.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
         workdir = Path(tmp)
         repo = workdir / "models"
@@ -432,7 +475,7 @@ def main() -> int:
             targets = {"direct": direct, "naive hop": f"127.0.0.1:{hop_ports['grpc']}"}
             pids = {"node": node["pid"], "naive hop": hop.pid}
             # Every front end is a sidecar of the same node, so all paths use the same node process.
-            fronts = [("tfscache", REPO, ())]
+            fronts = [(front_label(n, workers), REPO, ("--workers", str(n)) if n != 1 else ()) for n in workers]
             if args.baseline_tree is not None:
                 fronts.insert(0, ("tfscache (baseline tree)", args.baseline_tree.resolve(), ()))
             for i, (label, tree, extra) in enumerate(fronts):
@@ -451,7 +494,9 @@ def main() -> int:
                 results["models"].append(bench_model(name, targets, args.requests, args.seconds, pids,
                                                      concurrencies, args.client_processes))
                 print(json.dumps(results["models"][-1], indent=1), file=sys.stderr)
-            results["frontend_rss_mb"] = round(psutil.Process(pids["tfscache"]).memory_info().rss / 2**20, 1)
+            results["workers"] = workers
+            results["frontend_rss_mb"] = {label: round(_rss(pids[label]) / 2**20, 1)
+                                          for label in pids if label.startswith("tfscache")}
         finally:
             for process in reversed(processes):
                 process.send_signal(signal.SIGTERM)

@@ -2,7 +2,7 @@
 """Benchmark: Triton through `tfscache serve --backend triton` versus straight to the node, same run.
 
     .venv/bin/python scripts/bench_triton.py [--requests 1000] [--seconds 10] [--rounds 11]
-        [--client-processes 4] [--quick] [--json F]
+        [--client-processes 4] [--workers 1,2,4] [--concurrency 16,64] [--quick] [--json F]
 
 1. Builds a Triton repository of python-backend models (tfscache/kinds/triton/testmodels.py, no
    tensorflow): addk_1 .. addk_N (y = x + k, tiny) and ``sleep_ms`` sleeping --sleep-ms
@@ -22,6 +22,11 @@
    allows; every answer is checked (y = x + k). Then, at concurrency 1 on addk_1 only,
    the same comparison with ``tritonclient.grpc.InferenceServerClient.infer`` and
    ``tritonclient.http.InferenceServerClient.infer`` (REST), what a user's client costs.
+   ``--workers 1,2,4``: the embedded serve runs with the first count, and one sidecar serve
+   per other count in front of the same tritonserver; every one is a path of its own
+   ("tfscache w=N"), measured in the same run at every ``--concurrency``. A front end's CPU
+   is its serve process and children (control process and workers, from /proc) without
+   the node's tree.
 4. Cold load, --rounds rounds over models not loaded yet, in alternating order: a first
    ModelInfer through tfscache (the cache loads the model: RepositoryModelLoad, confirmed
    in the repository index) versus RepositoryModelLoad + ModelInfer straight to the node
@@ -92,15 +97,33 @@ def check_answer(name: str, answer: bytes) -> bytes:
     return answer
 
 
-def start_serve(repo: Path, workdir: Path) -> tuple[subprocess.Popen, dict, dict]:
-    """tfscache serve --backend triton --local-nodes 1; its ports and its node's (from the log)."""
-    ports_file, log_path = workdir / "ports.json", workdir / "serve.log"
+def start_serve(repo: Path, workdir: Path, *extra: str, name: str = "serve") -> tuple[subprocess.Popen, dict, dict]:
+    """tfscache serve --backend triton --local-nodes 1 (``extra``: more flags); its ports and its
+    node's (from the log)."""
+    process, ports, log_path = _serve(repo, workdir, name, "--local-nodes", "1", *extra)
+    node = NODE_LINE.search(log_path.read_text(errors="replace"))
+    if node is None:
+        stop(process)
+        raise SystemExit(f"no 'node0 serving' line in {log_path}")
+    pid, grpc_port, rest_port = map(int, node.groups())
+    return process, ports, {"pid": pid, "grpc": grpc_port, "rest": rest_port}
+
+
+def start_sidecar(repo: Path, workdir: Path, node: dict, *extra: str, name: str) -> tuple[subprocess.Popen, dict]:
+    """tfscache serve --backend triton as a sidecar of ``node`` (the embedded serve's tritonserver)."""
+    process, ports, _ = _serve(repo, workdir, name, "--node-address", f"127.0.0.1:{node['grpc']},{node['rest']}",
+                               *extra)
+    return process, ports
+
+
+def _serve(repo: Path, workdir: Path, name: str, *extra: str) -> tuple[subprocess.Popen, dict, Path]:
+    ports_file, log_path = workdir / f"{name}.ports.json", workdir / f"{name}.log"
     log = open(log_path, "ab")
     process = subprocess.Popen([PYTHON, "-m", "tfscache", "serve", "--backend", "triton",
-                                "--model-repository", str(repo), "--local-nodes", "1",
+                                "--model-repository", str(repo),
                                 "--grpc-port", "0", "--rest-port", "0", "--admin-port", "0",
                                 "--bind-address", "127.0.0.1", "--ports-file", str(ports_file),
-                                "--set", f"node.state_dir={workdir / 'state'}"],
+                                "--set", f"node.state_dir={workdir / f'{name}.state'}", *extra],
                                cwd=REPO, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while not ports_file.exists():
@@ -109,12 +132,11 @@ def start_serve(repo: Path, workdir: Path) -> tuple[subprocess.Popen, dict, dict
             raise SystemExit(f"serve did not start (exit {process.returncode}); see {log_path}:\n"
                              + log_path.read_text(errors="replace")[-3000:])
         time.sleep(0.02)
-    node = NODE_LINE.search(log_path.read_text(errors="replace"))
-    if node is None:
-        stop(process)
-        raise SystemExit(f"no 'node0 serving' line in {log_path}")
-    pid, grpc_port, rest_port = map(int, node.groups())
-    return process, json.loads(ports_file.read_text()), {"pid": pid, "grpc": grpc_port, "rest": rest_port}
+    return process, json.loads(ports_file.read_text()), log_path
+
+
+def _workers_flag(n: int) -> tuple[str, ...]:
+    return ("--workers", str(n)) if n != 1 else ()
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -147,7 +169,7 @@ def alternate(calls: dict, n: int, block: int = 50) -> dict[str, list[float]]:
 def raw_calls(name: str, targets: dict[str, str]) -> tuple[dict, list]:
     request = infer_bytes(name)
     calls, channels = {}, []
-    for label, target in sorted(targets.items(), key=lambda item: item[0] != "tfscache"):  # it loads first
+    for label, target in sorted(targets.items(), key=lambda item: not item[0].startswith("tfscache")):  # load first
         channel = grpc.insecure_channel(target)
         channels.append(channel)
         stub = channel.unary_unary(INFER)
@@ -184,40 +206,62 @@ def client_calls(name: str, grpc_targets: dict[str, str], http_targets: dict[str
     return calls, clients
 
 
-def _cpu(who: str, pid: int) -> float:
-    """CPU seconds of serve itself, or of the node with its children (the python stubs); serve's
-    children are the node, so they are not counted in its own."""
+def _cpu(who: str, pid: int, node_pid: int) -> float:
+    """CPU seconds of the node with its children (the python stubs), or of a front end: the serve
+    process and its children (its workers with ``--workers N``) but not the node's tree (an
+    embedded serve's child)."""
     try:
         process = psutil.Process(pid)
+        tree = [process, *process.children(recursive=True)]
+        if who != "node":
+            node = {p.pid for p in tree if p.pid == node_pid}
+            if node:
+                node |= {p.pid for p in psutil.Process(node_pid).children(recursive=True)}
+            tree = [p for p in tree if p.pid not in node]
         total = 0.0
-        for p in [process, *(process.children(recursive=True) if who == "node" else ())]:
-            times = p.cpu_times()
+        for p in tree:
+            try:
+                times = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
             total += times.user + times.system
         return total
     except psutil.NoSuchProcess:
         return 0.0
 
 
+def fronts(labels) -> list[str]:
+    """The paths through tfscache ("tfscache", or "tfscache w=N" per worker count)."""
+    return [label for label in labels if label.startswith("tfscache")]
+
+
 def bench_warm(name: str, targets: dict[str, str], n: int, seconds: float, pids: dict[str, int],
-               processes: int) -> dict:
-    """c=1 latency over every path (alternating blocks); c=16 throughput from ``processes`` client
-    processes, with each process tree's CPU per request."""
+               processes: int, concurrencies: tuple[int, ...], cpu) -> dict:
+    """c=1 latency over every path (alternating blocks); throughput at each concurrency from
+    ``processes`` client processes, with each process tree's CPU per request (``cpu(who, pid)``)."""
     calls, channels = raw_calls(name, targets)
     s = alternate(calls, n)
     for channel in channels:
         channel.close()
-    result = {"model": name, "requests_c1": len(s["direct"])}
+    result = {"model": name, "requests_c1": len(s["direct"]), "concurrencies": list(concurrencies)}
     for label in targets:
         result[f"{label}_p50_ms"] = pct(s[label], 50) * 1e3
         result[f"{label}_p99_ms"] = pct(s[label], 99) * 1e3
-    result["added_p50_ms"] = result["tfscache_p50_ms"] - result["direct_p50_ms"]
-    result["added_p99_ms"] = result["tfscache_p99_ms"] - result["direct_p99_ms"]
-    for label, target in targets.items():
-        rps, cpu = throughput(target, infer_bytes(name), 16, seconds, processes, method=INFER, pids=pids, cpu=_cpu)
-        result[f"{label}_rps_c16"] = rps
-        for who in pids:  # CPU time per request of each process (tree) on this path
-            result[f"{label}_c16_{who}_cpu_us_per_request"] = cpu[who] / (rps * seconds) * 1e6
-    result["throughput_ratio_c16"] = result["tfscache_rps_c16"] / result["direct_rps_c16"]
+    for label in fronts(targets):
+        prefix = "" if label == "tfscache" else f"{label}_"
+        result[f"{prefix}added_p50_ms"] = result[f"{label}_p50_ms"] - result["direct_p50_ms"]
+        result[f"{prefix}added_p99_ms"] = result[f"{label}_p99_ms"] - result["direct_p99_ms"]
+    for c in concurrencies:
+        for label, target in targets.items():
+            own = {who: pid for who, pid in pids.items() if who in (label, "node")}
+            rps, used = throughput(target, infer_bytes(name), c, seconds, processes, method=INFER, pids=own, cpu=cpu)
+            result[f"{label}_rps_c{c}"] = rps
+            for who in own:  # CPU time per request of each process (tree) on this path
+                result[f"{label}_c{c}_{who}_cpu_us_per_request"] = used[who] / (rps * seconds) * 1e6
+        for label in targets:
+            result[f"{label}_ratio_c{c}"] = result[f"{label}_rps_c{c}"] / result[f"direct_rps_c{c}"]
+        if "tfscache" in targets:
+            result[f"throughput_ratio_c{c}"] = result[f"tfscache_ratio_c{c}"]
     return result
 
 
@@ -326,26 +370,33 @@ def machine() -> str:
             f"load average {os.getloadavg()[0]:.2f} at start")
 
 
+def warm_table(r: dict) -> list[str]:
+    """One model's warm figures: every path's latency at c=1, and per concurrency its throughput,
+    ratio to direct and CPU per request of the front end and the node."""
+    cs = r.get("concurrencies", [16])
+    labels = [label for label in ("direct", "naive hop") if f"{label}_p50_ms" in r]
+    labels += sorted({k[:-len("_p50_ms")] for k in r if k.startswith("tfscache") and k.endswith("_p50_ms")},
+                     key=lambda label: (len(label), label))
+    lines = [f"Warm ModelInfer on {r['model']}, pre-serialized requests over raw gRPC channels:", "",
+             "| path | p50 ms (c=1) | p99 ms (c=1) |" + "".join(
+                 f" req/s c={c} | ratio to direct c={c} | front-end CPU µs/req c={c} | node CPU µs/req c={c} |"
+                 for c in cs), "|" + "---|" * (3 + 4 * len(cs))]
+    for label in labels:
+        shown = {"naive hop": "naive grpc.aio hop", "tfscache": "through tfscache"}.get(label, label)
+        row = f"| {shown} | {r[f'{label}_p50_ms']:.2f} | {r[f'{label}_p99_ms']:.2f} |"
+        for c in cs:
+            front = "–" if label == "direct" else f"{r[f'{label}_c{c}_{label}_cpu_us_per_request']:.0f}"
+            ratio = r.get(f"{label}_ratio_c{c}", r[f"{label}_rps_c{c}"] / r[f"direct_rps_c{c}"])
+            row += (f" {r[f'{label}_rps_c{c}']:.0f} | {ratio:.2f} | {front} "
+                    f"| {r[f'{label}_c{c}_node_cpu_us_per_request']:.0f} |")
+        lines.append(row)
+    return lines
+
+
 def markdown(figures: dict) -> str:
     lines = [f"Machine: {figures['machine']}"]
-    if figures.get("warm"):
-        lines += ["", "Warm ModelInfer, pre-serialized requests over raw gRPC channels:", "",
-             "| model | path | p50 ms (c=1) | p99 ms (c=1) | req/s (c=16) | proxy CPU µs/req (c=16) "
-             "| node CPU µs/req (c=16) |", "|---|---|---|---|---|---|---|"]
     for r in figures.get("warm", []):
-        for label, shown in (("direct", "direct"), ("naive hop", "naive grpc.aio hop"),
-                             ("tfscache", "through tfscache")):
-            if f"{label}_p50_ms" not in r:
-                continue
-            front = "–" if label == "direct" else f"{r[f'{label}_c16_{label}_cpu_us_per_request']:.0f}"
-            lines.append(f"| {r['model']} | {shown} | {r[f'{label}_p50_ms']:.2f} | {r[f'{label}_p99_ms']:.2f} "
-                         f"| {r[f'{label}_rps_c16']:.0f} | {front} | {r[f'{label}_c16_node_cpu_us_per_request']:.0f} |")
-    if figures.get("warm"):
-        lines += ["", "| model | added p50 (c=1) | added p99 (c=1) | throughput ratio (c=16) |",
-                  "|---|---|---|---|"]
-    for r in figures.get("warm", []):
-        lines.append(f"| {r['model']} | {r['added_p50_ms']:+.2f} ms | {r['added_p99_ms']:+.2f} ms "
-                     f"| {r['throughput_ratio_c16']:.2f} |")
+        lines += ["", *warm_table(r)]
     if figures.get("clients"):
         c = figures["clients"]
         lines += ["", f"tritonclient's InferenceServerClient.infer on {c['model']}, c=1, {c['requests_c1']} "
@@ -386,30 +437,45 @@ def main() -> int:
                         help="client processes for the c=16 throughput (not threads)")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: 300 requests at c=1, 3 s per path, warm part only")
+    parser.add_argument("--workers", default="1",
+                        help="comma-separated worker counts (tfscache serve --workers N), e.g. 1,2,4: the first "
+                             "is the embedded serve, each other one a sidecar of its node, all in the same run")
+    parser.add_argument("--concurrency", default="16", help="comma-separated concurrencies for throughput")
     parser.add_argument("--json", help="write the figures as JSON here")
     args = parser.parse_args()
+    workers = [int(n) for n in args.workers.split(",")]
+    concurrencies = tuple(int(c) for c in args.concurrency.split(","))
+    label = (lambda n: "tfscache") if workers == [1] else (lambda n: f"tfscache w={n}")
     if args.quick:
         args.requests, args.seconds = min(args.requests, 300), min(args.seconds, 3.0)
         args.skip = sorted({*args.skip, "clients", "cold"})
-    figures = {"machine": machine(), "command": " ".join(sys.argv)}
+    figures = {"machine": machine(), "command": " ".join(sys.argv), "workers": workers}
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
         workdir = Path(tmp)
         repo = workdir / "models"
         tritonmodels.build_triton_models(repo, synthetic=args.rounds + 2, sleep_ms=args.sleep_ms)
-        process, ports, node = start_serve(repo, workdir)
-        hop = None
+        process, ports, node = start_serve(repo, workdir, *_workers_flag(workers[0]))
+        hop, sidecars = None, []
         try:
             grpc_targets = {"direct": f"127.0.0.1:{node['grpc']}", "tfscache": f"127.0.0.1:{ports['grpc']}"}
             http_targets = {"direct": f"127.0.0.1:{node['rest']}", "tfscache": f"127.0.0.1:{ports['rest']}"}
-            pids = {"tfscache": process.pid, "node": node["pid"]}
             figures["warm"] = []
             if "warm" not in args.skip:
                 hop, hop_ports = start_hop(grpc_targets["direct"], workdir)  # the floor, in its own process
-                warm_targets = {**grpc_targets, "naive hop": f"127.0.0.1:{hop_ports['grpc']}"}
+                warm_targets = {"direct": grpc_targets["direct"], "naive hop": f"127.0.0.1:{hop_ports['grpc']}",
+                                label(workers[0]): grpc_targets["tfscache"]}
+                warm_pids = {"node": node["pid"], "naive hop": hop.pid, label(workers[0]): process.pid}
+                for n in workers[1:]:  # sidecars of the same node: every path hits one tritonserver
+                    sidecar, sidecar_ports = start_sidecar(repo, workdir, node, *_workers_flag(n), name=f"w{n}")
+                    sidecars.append(sidecar)
+                    warm_targets[label(n)], warm_pids[label(n)] = f"127.0.0.1:{sidecar_ports['grpc']}", sidecar.pid
                 for name in ("addk_1", "sleep_ms"):
-                    figures["warm"].append(bench_warm(name, warm_targets, args.requests, args.seconds,
-                                                      {**pids, "naive hop": hop.pid}, args.client_processes))
+                    figures["warm"].append(bench_warm(name, warm_targets, args.requests, args.seconds, warm_pids,
+                                                      args.client_processes, concurrencies,
+                                                      lambda who, pid: _cpu(who, pid, node["pid"])))
                     print(json.dumps(figures["warm"][-1], indent=1), file=sys.stderr)
+                for sidecar in sidecars:
+                    stop(sidecar)
             if "clients" not in args.skip:
                 figures["clients"] = bench_clients("addk_1", grpc_targets, http_targets, args.requests // 2)
                 print(json.dumps(figures["clients"], indent=1), file=sys.stderr)
@@ -421,6 +487,8 @@ def main() -> int:
                 print(json.dumps(figures["cold"], indent=1), file=sys.stderr)
             figures["tfscache_rss_mb"] = round(psutil.Process(process.pid).memory_info().rss / 2**20, 1)
         finally:
+            for sidecar in sidecars:
+                stop(sidecar)
             if hop is not None:
                 stop(hop)
             stop(process)

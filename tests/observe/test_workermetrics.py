@@ -11,7 +11,7 @@ import json
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from tfscache.observe.metrics import REQUEST_BUCKETS, Metrics
-from tfscache.observe.workermetrics import WorkerMetrics, snapshot
+from tfscache.observe.workermetrics import snapshot
 
 from .promtext import Scrape
 
