@@ -96,3 +96,25 @@ def test_the_lru_idle_age_is_of_the_oldest_idle_model_that_may_be_evicted():
                                                                                   pinned=True)]
     assert lru_idle_age(resident, now=100.0) == 10.0  # b is leased, c loading, d pinned
     assert lru_idle_age(resident[1:], now=100.0) is None
+
+
+async def test_rows_only_writes_the_row_and_counts_nothing(tmp_path):
+    """The control process's internal listeners (--workers N): the worker counted the request."""
+    log = RequestLog(tmp_path / "requests.csv")
+    metrics = Metrics(request_log=log, process=False)
+    events = metrics.cache_events("node0")
+    rows = metrics.rows_only()
+    await log.start()
+    started = rows.begin()
+    events.miss(("a", 1))
+    events.loaded(("a", 1), 0.5, 1000, True)
+    rows.request("grpc", "Predict", "OK", started)
+    started = rows.begin()  # no lease on a local node: no row
+    rows.request("grpc", "Predict", "NOT_FOUND", started)
+    await log.close()
+    trace = read_trace(tmp_path / "requests.csv")
+    assert (len(trace), trace.models, trace.load_seconds, trace.sizes) == (1, [("a", 1)], [0.5], [1000])
+    seen = Scrape(generate_latest(metrics.registry).decode())
+    assert seen.value("tfscache_requests_total") == 0
+    assert seen.value("tfscache_request_duration_seconds_count") == 0
+    assert seen.value("tfscache_cache_misses_total") == 1  # the cache's own events still count

@@ -197,15 +197,25 @@ class Metrics:
             return
         seconds = time.perf_counter() - started
         children[1].observe(seconds)
-        if self.request_log is None:
-            return
+        if self.request_log is not None:
+            self.log_row(code, seconds)
+
+    def log_row(self, code: str, seconds: float) -> None:
+        """The request log's row of the request ending now (``seconds`` after it arrived), if it
+        took a lease on a local node (``requestlog.served`` in its task)."""
         served = requestlog.current()
-        if served is not None:
+        if served is not None and self.request_log is not None:
             load_s, size = self.costs.get((served.node, (served.name, served.version)), (0.0, 0))
             self.request_log.write({"time": round(time.time() - seconds, 6), "model": served.name,
                                     "version": served.version, "load_seconds": round(load_s, 6), "bytes": size,
                                     "node": served.node, "cold": int(served.cold), "code": code,
                                     "prefetched": int(served.prefetched)})
+
+    def rows_only(self) -> RowsOnly:
+        """The accounting for front ends whose requests another process counts: the control
+        process's internal listeners with ``--workers N`` (the worker that received a request
+        counts it; the control process, which served it, writes its request-log row)."""
+        return RowsOnly(self)
 
     def count(self, family: str, node: str) -> None:
         """One more node restart, forward or retry (``tfscache_node_restarts``, ``tfscache_forwards``,
@@ -248,6 +258,20 @@ class Metrics:
 
 def _total(counter: Counter) -> float:
     return sum(s.value for m in counter.collect() for s in m.samples if s.name.endswith("_total"))
+
+
+class RowsOnly:
+    """A front end's accounting that counts nothing and writes request-log rows (``Metrics.rows_only``)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def begin(self) -> float:
+        return self._metrics.begin()
+
+    def request(self, protocol: str, method: str, code: str, started: float | None = None) -> None:
+        if started is not None and self._metrics.request_log is not None:
+            self._metrics.log_row(code, time.perf_counter() - started)
 
 
 class NodeEvents:
