@@ -61,6 +61,7 @@ def test_requests_of_every_worker_and_the_control_process_are_summed():
     requests(two, 2, code="NOT_FOUND")
     control.exported.update(1, wire(snapshot(one.registry), pid=101))
     control.exported.update(2, wire(snapshot(two.registry), pid=102))
+    assert [control.exported.counted(w, "tfscache_requests_total") for w in (1, 2, 3)] == [3, 7, 0]
     seen = scrape(control)
     assert seen.value("tfscache_requests_total", code="OK") == 9
     assert seen.value("tfscache_requests_total", code="NOT_FOUND") == 2

@@ -131,6 +131,13 @@ class WorkerMetrics:
         """The ids of the workers with a live snapshot."""
         return list(self._latest)
 
+    def counted(self, worker_id: Any, sample_name: str) -> float:
+        """``sample_name`` summed over every label set in the live process ``worker_id``'s latest
+        snapshot (0 without one): e.g. the requests it received, for /status."""
+        snap = self._latest.get(worker_id, {})
+        return sum(float(value) for family in snap.get("families", ()) for name, _, value in family["samples"]
+                   if name == sample_name)
+
     def collect(self) -> Iterator[Metric]:
         """Every family of the registry, then those only the workers have, summed per (sample, labels).
         Without workers (none yet, none ever retired) the registry's own, untouched."""
