@@ -104,7 +104,7 @@ class ServeApp:
         # server.workers > 1: worker processes serve the public ports; the front ends here are internal.
         self.workers = WorkerPool(settings, nodes=lambda: {n.name: n for n in self.topology.nodes()},
                                   router=lambda: self.router, health=lambda: self.lifecycle and self.lifecycle.health,
-                                  spread=self.spread) if settings.server.workers > 1 else None
+                                  spread=self.spread, metrics=self.metrics) if settings.server.workers > 1 else None
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -132,7 +132,7 @@ class ServeApp:
                 self._peer_tls = await asyncio.to_thread(PeerTls, s.tls) if s.sidecar else None
             self.router = await (self._start_sidecar() if s.sidecar else self._start_embedded())
             # Worker mode: these are the control process's internal listeners (127.0.0.1, plain, uncounted).
-            fe, tls, metrics = internal(s.server) if self.workers else (s.server, self.tls, self.metrics)
+            fe, tls, metrics = internal(s.server, self.metrics) if self.workers else (s.server, self.tls, self.metrics)
             self._grpc = GrpcFrontend(self.router, bind_address=fe.bind_address, port=fe.grpc_port,
                                       max_send_bytes=s.server.max_send_message_bytes,
                                       max_receive_bytes=s.server.max_receive_message_bytes,

@@ -12,6 +12,7 @@ from tfscache.discovery import Peer
 from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.observe.metrics import Metrics
 from tfscache.observe.server import status_document
+from tfscache.observe.workermetrics import snapshot
 from tfscache.cluster.topology import Topology
 
 
@@ -89,8 +90,12 @@ def test_workers_come_from_the_control_processs_provider_and_only_then():
     assert "workers" not in status_document(Metrics(), topology(nodes))  # one process: as before
     listed = [{"id": 0, "pid": 4001, "in_flight": 2, "restarts": 0, "delegations": [("a", 1), ("b", None)]},
               {"id": 1, "pid": 4007, "in_flight": 0, "restarts": 1, "delegations": 0, "alive": True}]
-    doc = status_document(Metrics(), topology(nodes), workers=lambda: listed)
+    control, worker = Metrics(), Metrics()
+    for _ in range(5):
+        worker.request("grpc", "Predict", "OK", worker.begin())
+    control.exported.update(1, snapshot(worker.registry))
+    doc = status_document(control, topology(nodes), workers=lambda: listed)
     assert doc["workers"] == [
-        {"id": 0, "pid": 4001, "in_flight": 2, "restarts": 0, "delegations": 2},  # a list is counted
-        {"id": 1, "pid": 4007, "in_flight": 0, "restarts": 1, "delegations": 0, "alive": True}]
+        {"id": 0, "pid": 4001, "in_flight": 2, "restarts": 0, "delegations": 2, "requests": 0},  # a list: counted
+        {"id": 1, "pid": 4007, "in_flight": 0, "restarts": 1, "delegations": 0, "alive": True, "requests": 5}]
     json.dumps(doc)

@@ -22,7 +22,8 @@ its backends (local nodes with their CacheManager, peer sidecars) and its ring.
      "scale": {"advice": 0, "reason": "0.2 unloads per minute per node > 0", "window_s": 300.0,
                "unloads_per_minute": {"node0": 0.2}},
      "copies": {"min": 1, "max": 4, "models": {"a": ["node0", "node1"]}},   # with copies on
-     "workers": [{"id": 0, "pid": 4242, "in_flight": 3, "restarts": 0, "delegations": 2}]}  # --workers N
+     "workers": [{"id": 0, "pid": 4242, "in_flight": 3, "restarts": 0, "delegations": 2,  # --workers N
+                  "requests": 1200}]}
 
 Per local node, ``prefetch``: its co-access prefetch loads (started, completed, failed, used,
 wasted; docs/prefetch.md), or null with prefetch off.
@@ -41,9 +42,10 @@ likewise with the bytes.
 unloads per minute over the last ``window_s`` seconds (also in its entry, ``unloads_per_minute``).
 
 ``workers`` (``--workers N`` only; absent with one process): each worker process, from the
-provider the control process sets (``ObserveServer.workers``): its ``id``, ``pid``, requests
-``in_flight`` on it now, ``restarts`` (times a process under that id was restarted) and the
-``delegations`` it holds (a count); a provider may add keys. ``hits`` and ``misses`` then
+provider the control process sets (``metrics.exported.status``): its ``id``, ``pid``, requests
+``in_flight`` on it now under its delegations, ``restarts`` (times a process under that id was
+restarted), the ``delegations`` it holds (a count), and the ``requests`` its live process has
+answered (from its last report; a restarted one counts from 0); a provider may add keys. ``hits`` and ``misses`` then
 include the workers' counts (tfscache.observe.workermetrics).
 
 ``copies`` (copies that follow load on, docs/copies.md): each model that has extra copies
@@ -112,8 +114,12 @@ def status_document(metrics: Metrics, topology: Topology, tier=None, spread=None
         document["copies"] = {"min": spread.rule.min_copies, "max": spread.rule.max_copies,
                               "models": spread.counts()}
     if workers is not None:  # --workers N: one entry per worker process (tfscache.workers)
-        document["workers"] = [_worker(w) for w in workers()]
+        document["workers"] = [{**_worker(w), "requests": int(metrics.exported.counted(w["id"], REQUESTS))}
+                               for w in workers()]
     return document
+
+
+REQUESTS = "tfscache_requests_total"
 
 
 def _worker(entry: dict[str, Any]) -> dict[str, Any]:
@@ -149,7 +155,6 @@ class ObserveServer(WebServer):
     def __init__(self, metrics: Metrics, topology: Topology, *, bind_address: str, port: int,
                  tier=None, spread=None) -> None:
         super().__init__(bind_address, port)
-        self.workers: Callable[[], list[dict[str, Any]]] | None = None  # the control process sets it
         self._spread = spread  # tfscache.cluster.spread.Spread when copies follow load, else None
         self.metrics = metrics
         self._topology = topology
@@ -167,4 +172,4 @@ class ObserveServer(WebServer):
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(status_document(self.metrics, self._topology, self._tier, self._spread,
-                                                  self.workers))
+                                                  self.metrics.exported.status))

@@ -27,7 +27,7 @@ the build info, the ring's size and the scale advice; the control process's own 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client.metrics_core import Metric
@@ -98,6 +98,9 @@ class WorkerMetrics:
         self._latest: dict[Any, dict[str, Any]] = {}  # worker id -> its latest snapshot
         self._base: dict[str, _Family] = {}  # counters and histograms that retired workers left
         self._retired: dict[int, None] = {}  # pids retired, oldest first (bounded)
+        # The control process's list of its workers for /status (tfscache.workers.control sets it):
+        # [{"id", "pid", "in_flight", "restarts", "delegations"}, ...]; None with one process.
+        self.status: Callable[[], list[dict[str, Any]]] | None = None
 
     def update(self, worker_id: Any, snap: dict[str, Any]) -> None:
         """A worker's latest cumulative snapshot. One from a new pid under ``worker_id`` retires the

@@ -57,11 +57,12 @@ def reserve_port(host: str, port: int) -> socket.socket:
     return sock
 
 
-def internal(server):
+def internal(server, metrics):
     """Worker mode: (server section, TLS, metrics) of the control process's own front ends, which only
-    the workers reach: 127.0.0.1, ports picked, plain text, no request counted (the workers count)."""
+    the workers reach: 127.0.0.1, ports picked, plain text, no request counted (the workers count;
+    the request-log rows of what this process served are written here: ``Metrics.rows_only``)."""
     return replace(server, bind_address="127.0.0.1", grpc_port=0, rest_port=0 if server.rest_port >= 0 else -1), \
-        None, None
+        None, metrics.rows_only()
 
 
 class _Worker:
@@ -75,16 +76,19 @@ class _Worker:
         self.serving: bool | None = None  # the health last sent
         self.restarts = 0
         self.started = 0.0  # monotonic
+        self.in_flight = 0  # requests in flight under its delegations, as last reported
 
 
 class WorkerPool:
     """N worker processes on the public ports; delegations granted, recorded and revoked."""
 
     def __init__(self, settings, *, nodes: Callable[[], dict], router: Callable[[], object],
-                 health: Callable[[], Health | None], spread=None) -> None:
+                 health: Callable[[], Health | None], spread=None, metrics=None) -> None:
         """``nodes()``: local node backends by name; ``router()``: the control process's router
         (which backend a request goes to first); ``health()``: the process's health (None: not yet);
-        ``spread``: copies that follow load (tfscache.cluster.spread.Spread), None when off."""
+        ``spread``: copies that follow load (tfscache.cluster.spread.Spread), None when off.
+        ``metrics``: the control process's Metrics: the workers' counts are merged into its /metrics,
+        their list is its /status's, and grants carry its last load costs (tfscache.observe)."""
         self.settings = settings
         self.count = settings.server.workers
         self._nodes = nodes
@@ -100,7 +104,11 @@ class WorkerPool:
         self._socket_path = ""
         self._stopping = False
         self._tasks: set[asyncio.Task] = set()
-        self.on_metrics: Callable[[int, object], None] | None = None  # a worker's ``metrics`` report
+        self.metrics = metrics
+        # a worker's ``metrics`` report: merged into /metrics (tfscache.observe.workermetrics)
+        self.on_metrics: Callable[[int, object], None] | None = metrics.exported.update if metrics else None
+        if metrics is not None:
+            metrics.exported.status = self.describe
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -147,7 +155,7 @@ class WorkerPool:
                 "server": asdict(s.server), "tls": asdict(s.tls), "scale": asdict(s.scale),
                 "repository": root, "rescan_s": self._rescan_s,
                 "log_level": logging.getLevelName(logging.getLogger().getEffectiveLevel()),
-                "log_json": bool(s.log_json)}
+                "log_json": bool(s.log_json), "request_log": s.server.request_log}
 
     async def _launch(self, worker: _Worker) -> None:
         worker.ready.clear()
@@ -209,6 +217,9 @@ class WorkerPool:
         """A worker died or stopped: its delegations and in-flight counts go at once."""
         self.grants.worker_gone(index)
         self.usage.worker_gone(index)
+        self.workers[index].in_flight = 0
+        if self.metrics is not None:  # its counters stay in /metrics, its gauges go
+            self.metrics.exported.retire(index)
 
     def reload_tls(self) -> None:
         """SIGHUP: each worker re-reads the [tls] files."""
@@ -249,6 +260,7 @@ class WorkerPool:
             self._answer(worker, message["name"], message["version"])
         elif op == "report":
             seen = self.usage.apply(worker.index, message["usage"])
+            worker.in_flight = sum(row[5] for row in message["usage"])
             held = [pair for pair in seen if self.grants.held_for(*pair)]
             for node, name in self.usage.moved(held, self._router()):  # copies spread it: routed here again
                 self._spawn(self.revoke(node, [h[1:] for h in self.grants.held_for(node, name)]))
@@ -289,8 +301,15 @@ class WorkerPool:
             return None
         if self.usage.spread_over(name, self._router()) > 1:  # copies: picked by load, request by request
             return None
+        cost = self.metrics.costs.get((backend.name, (name, version)), (0.0, 0)) if self.metrics else (0.0, 0)
         return {"held": [backend.name, name, version], "grpc": upstream.grpc_address, "rest": upstream.rest_address,
-                "ttl": self._rescan_s if asked is None else None}
+                "ttl": self._rescan_s if asked is None else None, "cost": list(cost)}
+
+    def describe(self) -> list[dict]:
+        """The workers for /status: id, pid, requests in flight under delegations, restarts,
+        delegations held."""
+        return [{"id": w.index, "pid": w.process.pid if w.process is not None else None, "in_flight": w.in_flight,
+                 "restarts": w.restarts, "delegations": len(self.grants.held_by(w.index))} for w in self.workers]
 
     def revoker(self, node: str) -> Callable[[list], Awaitable[None]]:
         """The hook ``node``'s cache awaits before an unload (``CacheManager(before_unload=)``)."""

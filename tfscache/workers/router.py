@@ -71,15 +71,19 @@ class WorkerRouter:
     spread = None
 
     def __init__(self, control: Upstream, delegations: Delegations, *, want: Callable[[Asked], None],
-                 node_upstream: Callable[[Grant], Upstream], repository=None) -> None:
+                 node_upstream: Callable[[Grant], Upstream], repository=None,
+                 served: Callable[[Grant], None] | None = None) -> None:
         """``want(asked)``: ask the control process for a delegation. ``node_upstream(grant)``: the
-        connection to a granted node. ``repository``: version labels (a local ModelRepository)."""
+        connection to a granted node. ``repository``: version labels (a local ModelRepository).
+        ``served(grant)``: a request was answered by the node under ``grant`` (in the request's task:
+        the worker counts the cache hit and logs it)."""
         self._control = control
         self._backend = ControlBackend(control)
         self._delegations = delegations
         self._want = want
         self._node = node_upstream
         self.repository = repository
+        self._served = served or (lambda grant: None)
 
     async def read_labels(self, name: str) -> None:
         if self.repository is not None:
@@ -110,7 +114,9 @@ class WorkerRouter:
         grant = self._delegations.begin(asked) if asked is not None else None
         if grant is not None:
             try:
-                return await self._node(grant).unary(path, request, metadata=metadata, timeout=remaining(deadline))
+                response = await self._node(grant).unary(path, request, metadata=metadata, timeout=remaining(deadline))
+                self._served(grant)
+                return response
             except (errors.Unavailable, errors.NotFound):
                 self._delegations.drop(grant)  # the node went away or lost it: the control process's path
             finally:
@@ -131,6 +137,7 @@ class WorkerRouter:
             try:
                 reply = await self._node(grant).rest(method, path_qs, body, headers, timeout=timeout)
                 if reply.status not in (404, 503):
+                    self._served(grant)
                     return reply
                 self._delegations.drop(grant)  # not served there now: the control process's path
             except errors.Unavailable:

@@ -28,7 +28,9 @@ from tfscache.frontend.health import Health
 from tfscache.frontend.rest import RestFrontend
 from tfscache.frontend.upstream import Upstream, http_session
 from tfscache.kinds.table import KINDS
-from tfscache.observe.metrics import Metrics
+from tfscache.observe.metrics import Metrics, NodeEvents
+from tfscache.observe.requestlog import RequestLog
+from tfscache.observe.workermetrics import snapshot
 from tfscache.repository.local import ModelRepository
 from tfscache.settings.sections import ScaleSection, ServerSection, TlsSection
 from tfscache.tls import ServerTls
@@ -61,15 +63,20 @@ class Worker:
         self.tls_section = TlsSection(**config["tls"])
         self.protocol = KINDS[config["kind"]].part("protocol")
         self.delegations = Delegations()
-        self.metrics = Metrics(per_model=self.server.metrics_per_model, scale=ScaleSection(**config["scale"]))
+        # Its own counts, sent in every report and merged into the control's /metrics; the request
+        # log's rows of what it served under its delegations (tfscache.observe.workermetrics, requestlog).
+        self.metrics = Metrics(per_model=self.server.metrics_per_model, scale=ScaleSection(**config["scale"]),
+                               request_log=RequestLog(config["request_log"]) if config.get("request_log") else None)
+        self._events: dict[str, NodeEvents] = {}
         self.serving = False  # the control process's health, as it last said
         self.stopping = asyncio.Event()
         self._grace = self.server.grace_s
         self._nodes: dict[str, Upstream] = {}
         self._tasks: set[asyncio.Task] = set()
         self.tls: ServerTls | None = None
-        # What goes in each report's ``metrics`` field (JSON-able): tfscache.observe wires its snapshot here.
-        self.report_metrics: Callable[[], object] | None = None
+        # What goes in each report's ``metrics`` field (JSON-able): this process's cumulative counts
+        # (tfscache.observe.workermetrics), summed into the control process's /metrics.
+        self.report_metrics: Callable[[], object] | None = lambda: snapshot(self.metrics.registry)
 
     def _node(self, grant: Grant) -> Upstream:
         upstream = self._nodes.get(grant.grpc)
@@ -96,7 +103,9 @@ class Worker:
         repository = ModelRepository(config["repository"], rescan_s=config["rescan_s"]) \
             if config.get("repository") else None
         router = WorkerRouter(control, self.delegations, want=self._want, node_upstream=self._node,
-                              repository=repository)
+                              repository=repository, served=self._served)
+        if self.metrics.request_log is not None:
+            await self.metrics.request_log.start()
         if self.tls_section.cert_file:
             self.tls = await asyncio.to_thread(ServerTls, self.tls_section)
         ports = config["ports"]
@@ -130,6 +139,8 @@ class Worker:
         await self._stop(0 if lost else self._grace)
         reporter.cancel()
         reader.cancel()
+        if self.metrics.request_log is not None:
+            await self.metrics.request_log.close()
         await router.close()
         for upstream in self._nodes.values():
             await upstream.close()
@@ -140,6 +151,15 @@ class Worker:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _served(self, grant: Grant) -> None:
+        """A request served under ``grant``: a cache hit on its node, counted here (and its row in
+        the request log, written when the request ends)."""
+        node, name, version = grant.held
+        events = self._events.get(node)
+        if events is None:
+            events = self._events[node] = self.metrics.cache_events(node)
+        events.hit((name, version))
 
     async def _stop(self, grace: float) -> None:
         log.info("worker %d stopping (grace %.1f s)", self.index, grace)
@@ -162,6 +182,8 @@ class Worker:
                 op = message["op"]
                 if op == "grant":
                     ttl = message.get("ttl")
+                    node, name, version = message["held"]
+                    self.metrics.costs[(node, (name, version))] = tuple(message.get("cost", (0.0, 0)))
                     self.delegations.add(Grant((message["name"], message["asked"]), tuple(message["held"]),
                                                message["grpc"], message.get("rest"),
                                                expires=None if ttl is None else time.monotonic() + ttl))
@@ -189,7 +211,7 @@ class Worker:
 
     async def _report(self) -> None:
         """Usage every REPORT_S: requests, last use and in-flight per node version, and for
-        tfscache.observe a ``metrics`` field (``report_metrics()``; None while not wired)."""
+        tfscache.observe a ``metrics`` field (``report_metrics()``)."""
         with contextlib.suppress(ChannelClosed):
             while True:
                 await asyncio.sleep(REPORT_S)
@@ -202,6 +224,7 @@ def main() -> int:
     die_with_parent(config["control_pid"])
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the control process's to handle, from the first instant
     logs.setup(config.get("log_level", "INFO"), json_lines=config.get("log_json", False))
+    logs.set_worker(config["index"])  # every line it writes names it
     return asyncio.run(Worker(config).run())
 
 
