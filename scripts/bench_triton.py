@@ -375,19 +375,23 @@ def warm_table(r: dict) -> list[str]:
     ratio to direct and CPU per request of the front end and the node."""
     cs = r.get("concurrencies", [16])
     labels = [label for label in ("direct", "naive hop") if f"{label}_p50_ms" in r]
-    labels += sorted({k[:-len("_p50_ms")] for k in r if k.startswith("tfscache") and k.endswith("_p50_ms")},
+    rps = f"_rps_c{cs[0]}"
+    labels += sorted({k[:-len(rps)] for k in r if k.startswith("tfscache") and k.endswith(rps)},
                      key=lambda label: (len(label), label))
     lines = [f"Warm ModelInfer on {r['model']}, pre-serialized requests over raw gRPC channels:", "",
              "| path | p50 ms (c=1) | p99 ms (c=1) |" + "".join(
-                 f" req/s c={c} | ratio to direct c={c} | front-end CPU µs/req c={c} | node CPU µs/req c={c} |"
-                 for c in cs), "|" + "---|" * (3 + 4 * len(cs))]
+                 f" req/s c={c} | ratio to direct c={c} | vs 1 worker c={c} | front-end CPU µs/req c={c} "
+                 f"| node CPU µs/req c={c} |" for c in cs), "|" + "---|" * (3 + 5 * len(cs))]
+    one = "tfscache w=1" if "tfscache w=1_rps_c" + str(cs[0]) in r else None
     for label in labels:
         shown = {"naive hop": "naive grpc.aio hop", "tfscache": "through tfscache"}.get(label, label)
         row = f"| {shown} | {r[f'{label}_p50_ms']:.2f} | {r[f'{label}_p99_ms']:.2f} |"
         for c in cs:
             front = "–" if label == "direct" else f"{r[f'{label}_c{c}_{label}_cpu_us_per_request']:.0f}"
             ratio = r.get(f"{label}_ratio_c{c}", r[f"{label}_rps_c{c}"] / r[f"direct_rps_c{c}"])
-            row += (f" {r[f'{label}_rps_c{c}']:.0f} | {ratio:.2f} | {front} "
+            versus = "–" if one is None or not label.startswith("tfscache") else \
+                f"{r[f'{label}_rps_c{c}'] / r[f'{one}_rps_c{c}']:.2f}"
+            row += (f" {r[f'{label}_rps_c{c}']:.0f} | {ratio:.2f} | {versus} | {front} "
                     f"| {r[f'{label}_c{c}_node_cpu_us_per_request']:.0f} |")
         lines.append(row)
     return lines
@@ -498,9 +502,9 @@ def main() -> int:
                     left.kill()
             except psutil.NoSuchProcess:
                 pass
-    print(markdown(figures))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
+    print(markdown(figures))
     return 0
 
 
