@@ -140,14 +140,15 @@ def test_render_copies_of_a_serve_with_fixed_replicas():
 
 
 def test_render_lists_the_workers_of_a_serve_with_several():
-    doc = {**DOC, "workers": [{"id": 0, "pid": 4001, "in_flight": 2, "restarts": 0, "delegations": 3},
+    doc = {**DOC, "workers": [{"id": 0, "pid": 4001, "in_flight": 2, "restarts": 0, "delegations": 3,
+                               "requests": 1200},
                               {"id": 1, "pid": 4107, "in_flight": 1, "restarts": 2, "delegations": 0}]}
     lines = status.render(doc).splitlines()
     at = lines.index("workers (2, 3 requests in flight)")
     assert lines[at - 1] == "" and lines[at - 2].split()[0] == "b"  # right after the nodes
     assert [line.split() for line in lines[at + 1:at + 4]] == [
-        ["WORKER", "PID", "IN", "FLIGHT", "RESTARTS", "DELEGATIONS"], ["0", "4001", "2", "0", "3"],
-        ["1", "4107", "1", "2", "0"]]
+        ["WORKER", "PID", "IN", "FLIGHT", "RESTARTS", "DELEGATIONS", "REQUESTS"], ["0", "4001", "2", "0", "3", "1200"],
+        ["1", "4107", "1", "2", "0", "-"]]  # a serve that reports no requests per worker: "-"
     assert lines[-1] == "hit ratio: 75.0% (3 hits, 1 miss)"
 
 

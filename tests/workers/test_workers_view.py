@@ -15,6 +15,7 @@ import csv
 import json
 import os
 import signal
+import subprocess
 
 import grpc
 import psutil
@@ -23,6 +24,7 @@ import requests
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from frontend.serving import start_serve
+from support.node import PYTHON
 from support.requests import predict_request
 from support.waiting import wait_until
 
@@ -97,6 +99,12 @@ def test_status_lists_both_workers(serve):
         assert process.ppid() == serve.process.pid  # the control process's children
         assert (worker["in_flight"], worker["restarts"]) == (0, 0)
         assert isinstance(worker["delegations"], int)
+    shown = subprocess.run([PYTHON, "-m", "tfscache", "status", "--address", f"127.0.0.1:{serve.metrics_port}"],
+                           capture_output=True, text=True, timeout=60, check=True).stdout.splitlines()
+    at = next(i for i, line in enumerate(shown) if line.startswith(f"workers ({WORKERS}, "))
+    assert shown[at + 1].split() == ["WORKER", "PID", "IN", "FLIGHT", "RESTARTS", "DELEGATIONS", "REQUESTS"]
+    assert [line.split()[:2] for line in shown[at + 2:at + 2 + WORKERS]] == [
+        [str(w["id"]), str(w["pid"])] for w in workers]
 
 
 def test_requests_through_both_workers_are_each_counted_once(serve):

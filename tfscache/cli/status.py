@@ -3,8 +3,8 @@
     tfscache status --address 127.0.0.1:8503          # tables
     tfscache status --address 127.0.0.1:8503 --json   # the /status document, for scripts
 
-Prints the nodes, the worker processes (``--workers N``: pid, requests in flight, restarts,
-delegations held), every model version in a node's config with its state, size, last use
+Prints the nodes, the worker processes (``--workers N``: pid, requests in flight under its
+delegations, restarts, delegations held, requests answered), every model version in a node's config with its state, size, last use
 and leases, and the hit ratio. Exit status 1 when the server cannot be read. Only the
 standard library: no tensorflow, no aiohttp. It shows no progress, so it has no
 ``--quiet``/``--progress`` (tfscache.cli.options); bad flags exit 2.
@@ -139,10 +139,10 @@ def _workers(doc: dict[str, Any]) -> list[str]:
     if not workers:
         return []
     rows = [[str(w["id"]), str(w.get("pid") or "-"), str(w.get("in_flight", 0)), str(w.get("restarts", 0)),
-             str(w.get("delegations", 0))] for w in workers]
+             str(w.get("delegations", 0)), str(w.get("requests", "-"))] for w in workers]
     in_flight = sum(int(w.get("in_flight", 0)) for w in workers)
     return ["", f"workers ({len(workers)}, {in_flight} request{'s' if in_flight != 1 else ''} in flight)",
-            *_table(["WORKER", "PID", "IN FLIGHT", "RESTARTS", "DELEGATIONS"], rows)]
+            *_table(["WORKER", "PID", "IN FLIGHT", "RESTARTS", "DELEGATIONS", "REQUESTS"], rows)]
 
 
 def _copies(doc: dict[str, Any]) -> list[str]:
