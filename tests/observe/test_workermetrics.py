@@ -11,7 +11,7 @@ import json
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
 from tfscache.observe.metrics import REQUEST_BUCKETS, Metrics
-from tfscache.observe.workermetrics import snapshot
+from tfscache.observe.workermetrics import Snapshots, snapshot
 
 from .promtext import Scrape
 
@@ -174,3 +174,45 @@ def test_the_merged_text_parses_with_every_family_once():
     assert seen.value("tfscache_load_duration_seconds_bucket", node="node1", model="m", le="0.5") == 1
     helps = [line.split()[2] for line in text.splitlines() if line.startswith("# HELP")]
     assert len(helps) == len(set(helps))
+
+
+class Clock:
+    """A fake monotonic clock; ``cost`` seconds pass during each snapshot (between its two reads)."""
+
+    def __init__(self) -> None:
+        self.now, self.cost, self.reads = 100.0, 0.0, 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        if self.reads % 2 == 0:  # the read after a snapshot
+            self.now += self.cost
+        return self.now
+
+
+def test_snapshots_only_when_requests_were_answered_at_most_every_interval():
+    worker, clock = Metrics(process=False), Clock()
+    snaps = Snapshots(worker, every_s=0.5, share=0.05, clock=clock)
+    first = snaps.take()
+    assert first is not None and first["families"]  # the first report carries one
+    requests(worker, 3)
+    clock.now += 0.2
+    assert snaps.take() is None  # answered, but within every_s of the last one
+    clock.now += 0.4
+    snap = snaps.take()
+    assert snap is not None
+    assert next(f for f in snap["families"] if f["name"] == "tfscache_requests")["samples"][0][2] == 3
+    clock.now += 5.0
+    assert snaps.take() is None  # nothing answered since
+    assert snaps.take(force=True) is not None  # the last report, at a drain, always carries one
+
+
+def test_a_costly_snapshot_waits_longer():
+    worker, clock = Metrics(process=False), Clock()
+    clock.cost = 0.1  # each snapshot takes 100 ms: at most 5 % of the time means every 2 s
+    snaps = Snapshots(worker, every_s=0.5, share=0.05, clock=clock)
+    assert snaps.take() is not None
+    requests(worker, 1)
+    clock.now += 1.5
+    assert snaps.take() is None
+    clock.now += 0.5
+    assert snaps.take() is not None

@@ -117,6 +117,7 @@ class Metrics:
         self.unload_rate = UnloadRate(self.scale.window_s, clock)
         self.request_log = request_log
         self.costs: dict[tuple[str, Key], tuple[float, int]] = {}  # (node, key) -> last load's (seconds, bytes)
+        self.answered = 0  # requests counted so far (a worker's snapshots skip when it did not move)
         self.counts: dict[str, dict[str, int]] = {"tfscache_node_restarts": {}, "tfscache_forwards": {},
                                                   "tfscache_retries": {}}
         # Label children bound once per label set, so a request's accounting looks up no labels:
@@ -193,6 +194,7 @@ class Metrics:
                 self.requests.labels(protocol, method, code),
                 self.latency.labels(*labels) if self.per_model else self.latency.labels(protocol, method, code))
         children[0].inc()
+        self.answered += 1
         if started is None:
             return
         seconds = time.perf_counter() - started

@@ -1,8 +1,9 @@
 """One ``/metrics`` over many processes: the control process's registry plus its workers' counts.
 
 With ``tfscache serve --workers N`` each worker process counts the requests it received in
-its own prometheus registry. Every report it sends the control process (at least every
-100 ms) carries ``snapshot(registry)``: its cumulative samples, JSON-able::
+its own prometheus registry. Its reports to the control process (every 100 ms) carry
+``snapshot(registry)`` when due (``Snapshots``: every 0.5 s while it answers requests, and
+at its drain): its cumulative samples, JSON-able::
 
     {"pid": 4242, "families": [
         {"name": "tfscache_requests", "type": "counter", "help": "...",
@@ -27,6 +28,7 @@ the build info, the ring's size and the scale advice; the control process's own 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -53,6 +55,38 @@ def snapshot(registry: Any) -> dict[str, Any]:
         families.append({"name": family.name, "type": family.type, "help": family.documentation,
                          "samples": [[s.name, dict(s.labels), float(s.value)] for s in family.samples]})
     return {"pid": os.getpid(), "families": families}
+
+
+class Snapshots:
+    """When a worker's report carries a snapshot (``take``; None: not this time).
+
+    A snapshot costs a collect of the whole registry (about 2-3 ms on the build machine for a
+    worker's usual families; far more with ``metrics_per_model`` and many models), so a worker
+    takes one only when it answered requests since the last (``metrics.answered`` moved), at
+    most every ``every_s``, and never more than ``share`` of its time (the interval grows with
+    what the last one cost). The last one, at a drain, is forced. So /metrics lags a worker by
+    about ``every_s``, and a SIGKILLed worker's counts since its last snapshot are lost (never
+    counted backwards)."""
+
+    def __init__(self, metrics: Any, *, every_s: float = 0.5, share: float = 0.05,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``metrics``: the worker's ``Metrics`` (its ``registry`` and ``answered``)."""
+        self._metrics = metrics
+        self.every_s, self.share = every_s, share
+        self._clock = clock
+        self._next = float("-inf")
+        self._seen: int | None = None
+
+    def take(self, force: bool = False) -> dict[str, Any] | None:
+        now = self._clock()
+        answered = self._metrics.answered
+        if not force and (now < self._next or answered == self._seen):
+            return None
+        snap = snapshot(self._metrics.registry)
+        cost = self._clock() - now
+        self._seen = answered
+        self._next = now + max(self.every_s, cost / self.share)
+        return snap
 
 
 class _Family:

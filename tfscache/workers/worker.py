@@ -30,7 +30,7 @@ from tfscache.frontend.upstream import Upstream, http_session
 from tfscache.kinds.table import KINDS
 from tfscache.observe.metrics import Metrics, NodeEvents
 from tfscache.observe.requestlog import RequestLog
-from tfscache.observe.workermetrics import snapshot
+from tfscache.observe.workermetrics import Snapshots
 from tfscache.repository.local import ModelRepository
 from tfscache.settings.sections import ScaleSection, ServerSection, TlsSection
 from tfscache.tls import ServerTls
@@ -63,7 +63,7 @@ class Worker:
         self.tls_section = TlsSection(**config["tls"])
         self.protocol = KINDS[config["kind"]].part("protocol")
         self.delegations = Delegations()
-        # Its own counts, sent in every report and merged into the control's /metrics; the request
+        # Its own counts, sent in its reports and merged into the control's /metrics; the request
         # log's rows of what it served under its delegations (tfscache.observe.workermetrics, requestlog).
         self.metrics = Metrics(per_model=self.server.metrics_per_model, scale=ScaleSection(**config["scale"]),
                                request_log=RequestLog(config["request_log"]) if config.get("request_log") else None)
@@ -76,7 +76,8 @@ class Worker:
         self.tls: ServerTls | None = None
         # What goes in each report's ``metrics`` field (JSON-able): this process's cumulative counts
         # (tfscache.observe.workermetrics), summed into the control process's /metrics.
-        self.report_metrics: Callable[[], object] | None = lambda: snapshot(self.metrics.registry)
+        # ``report_metrics(last)``: None when not due (Snapshots: every 0.5 s while busy; always at the last).
+        self.report_metrics: Callable[[bool], object] | None = Snapshots(self.metrics).take
 
     def _node(self, grant: Grant) -> Upstream:
         upstream = self._nodes.get(grant.grpc)
@@ -171,7 +172,7 @@ class Worker:
             await asyncio.gather(*stops)
         await self.health.stop()
         with contextlib.suppress(ChannelClosed):
-            self._send_report()
+            self._send_report(last=True)
             await self.channel.drain()
         await self.channel.close()
 
@@ -205,13 +206,14 @@ class Worker:
         with contextlib.suppress(ChannelClosed):
             self.channel.send({"op": "ack", "id": revocation_id})
 
-    def _send_report(self) -> None:
-        metrics = self.report_metrics() if self.report_metrics is not None else None
+    def _send_report(self, last: bool = False) -> None:
+        metrics = self.report_metrics(last) if self.report_metrics is not None else None
         self.channel.send({"op": "report", "usage": self.delegations.report(), "metrics": metrics})
 
     async def _report(self) -> None:
         """Usage every REPORT_S: requests, last use and in-flight per node version, and for
-        tfscache.observe a ``metrics`` field (``report_metrics()``)."""
+        tfscache.observe a ``metrics`` field (``report_metrics(last)``: this process's cumulative
+        counts when due, tfscache.observe.workermetrics.Snapshots; else None)."""
         with contextlib.suppress(ChannelClosed):
             while True:
                 await asyncio.sleep(REPORT_S)
