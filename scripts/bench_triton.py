@@ -42,7 +42,6 @@ it started is stopped on exit (SIGTERM to serve, which stops its tritonserver).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import platform
