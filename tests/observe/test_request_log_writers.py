@@ -33,7 +33,7 @@ async def main(path, tag, rows, node):
     sys.stdin.readline()  # the test releases every writer at once
     for i in range(rows):
         log.write({"time": 1000.0 + i, "model": f"w{tag}", "version": i + 1, "load_seconds": 0.25,
-                   "bytes": 1000 + i, "node": node, "cold": i % 2, "code": "OK"})
+                   "bytes": 1000 + i, "node": node, "cold": i % 2, "code": "OK", "prefetched": 0})
     await log.close()
     print("written", log.written, log.broken, flush=True)
 
