@@ -238,3 +238,21 @@ def test_churn_more_models_than_fit_fails_no_request(tmp_path, bucket, models):
     traffic.check()
     downloads = sum(bucket.gets(f"{name}/1/saved_model.pb") for name in names)
     assert downloads > len(names)  # the tier did evict and download again: churn, not a warm cache
+
+
+def test_version_labels_from_a_bucket_through_worker_processes(tmp_path, bucket, models):
+    """With --workers the worker processes have no repository of their own for a bucket: a request
+    naming a label goes on with its label to the control process, which resolves it from the tier."""
+    upload(bucket, models[0])
+    bucket.put("addk_1/labels.json", json.dumps({"stable": 1}).encode())
+    with serve_bucket(tmp_path, bucket, tmp_path / "tier", "--disk-cache-bytes", "100MiB", "--workers", "2") as serve:
+        for _ in range(4):  # cold, then warm, through whichever worker the kernel picks
+            assert predict(serve, "addk_1", 5.0, label="stable") == [6.0]
+            reply = requests.post(f"http://127.0.0.1:{serve.rest_port}/v1/models/addk_1/labels/stable:predict",
+                                  json={"instances": [1.0]}, timeout=120)
+            assert reply.status_code == 200 and reply.json() == {"predictions": [2.0]}
+        with pytest.raises(grpc.RpcError) as caught:
+            predict(serve, "addk_1", 1.0, label="nope")
+        error = caught.value
+        assert (error.code(), error.details()) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                                   "Unrecognized servable version label: nope")

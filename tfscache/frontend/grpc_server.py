@@ -102,7 +102,7 @@ class _Handlers(grpc.GenericRpcHandler):
                 key = method.route_key(request)
                 if key is not None:
                     logs.bind(model=key.name)
-                    if key.label is not None:
+                    if key.label is not None and router.resolves_labels:
                         await router.read_labels(key.name)  # labels.json, off the event loop
                         key, request = method.with_versions(request, key, router.label_version)
                 timeout = context.time_remaining()

@@ -62,6 +62,10 @@ class Router:
         self.repository = repository  # tfscache.repository.local.ModelRepository: version labels
         self.wait_s = wait_s  # how long a request without a deadline waits for a node to come back
 
+    # The front ends resolve a version label here before routing (False: a router that passes the
+    # request on with its label, for whoever it reaches to resolve: a worker without the repository).
+    resolves_labels = True
+
     def update(self, ring: Ring, backends: Mapping) -> None:
         """Route over ``ring`` and ``backends`` from now on (tfscache.cluster.topology.Topology calls this).
 

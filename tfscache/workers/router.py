@@ -85,13 +85,17 @@ class WorkerRouter:
         self.repository = repository
         self._served = served or (lambda grant: None)
 
+    @property
+    def resolves_labels(self) -> bool:
+        """Labels are resolved here from a local repository's labels.json; otherwise (a bucket) a label
+        request goes on with its label to the control process, which resolves it."""
+        return self.repository is not None
+
     async def read_labels(self, name: str) -> None:
         if self.repository is not None:
             await self.repository.refresh_labels(name)
 
     def label_version(self, name: str, label: str) -> int:
-        if self.repository is None:
-            raise errors.Unimplemented("version labels with server.workers > 1 need a local model repository")
         return self.repository.label_version(name, label, max_age=self.repository.rescan_s + 1.0)
 
     def own_load(self) -> str | None:

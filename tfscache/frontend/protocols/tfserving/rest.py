@@ -119,7 +119,7 @@ class TfServingRestApi:
             method = _METHOD_NAMES[route.verb]
             logs.bind(model=route.key.name)
             key, path_qs = route.key, request.raw_path
-            if route.label_span is not None and route.verb != "status":
+            if route.label_span is not None and route.verb != "status" and self._router.resolves_labels:
                 await self._router.read_labels(key.name)  # labels.json, off the event loop
                 key, node_path = route.with_version(path, self._router.label_version(key.name, key.label))
                 path_qs = node_path + sep + query
