@@ -181,9 +181,7 @@ async def test_an_object_deleted_after_listing_fails_cleanly_then_succeeds(bucke
     await tier.stop()  # its listings' refresher (rescan_s > 0)
 
 
-@pytest.mark.parametrize("bucket", ["s3", pytest.param("gs", marks=pytest.mark.xfail(
-    strict=True, reason="fake-gcs-server ignores If-Match on reads (GCS's XML API honours it): the new "
-                        "bytes are downloaded"))], indirect=True)
+@pytest.mark.parametrize("bucket", ["s3", "gs"], indirect=True)
 async def test_an_object_overwritten_after_listing_is_refused_by_etag(bucket, root):
     seed(bucket, size=1000)
     tier = DiskTier(root, 1 << 30, open_store(bucket.url), rescan_s=3600)

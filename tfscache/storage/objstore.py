@@ -77,6 +77,9 @@ class ObstoreStore:
             stream = result.stream(min_chunk_size=CHUNK_BYTES)
         except Exception as exc:
             raise self.translate(exc, key) from exc
+        got = result.meta.get("e_tag")
+        if etag and got and _bare(got) != _bare(etag):  # a store that ignored If-Match sent other bytes
+            raise self.changed(key)
         out = await self._open(dest)
         written = 0
         try:
@@ -117,6 +120,10 @@ class ObstoreStore:
         except OSError as exc:
             raise disk_error(exc, Path(args[0]) if args and isinstance(args[0], (str, Path)) else Path("?")) from exc
 
+    def changed(self, key: str) -> Aborted:
+        """Object ``key`` no longer has the ETag it was listed with."""
+        return Aborted(f"object {key!r} in {self.url} changed during the download")
+
     def translate(self, exc: Exception, key: str) -> TfscacheError:
         """obstore's error for ``key`` as the TfscacheError a client sees (package docstring)."""
         import obstore.exceptions as obx
@@ -132,12 +139,17 @@ class ObstoreStore:
         if isinstance(exc, (FileNotFoundError, obx.NotFoundError)):
             return NotFound(f"object {key!r} not found in {self.url}")
         if isinstance(exc, obx.PreconditionError):
-            return Aborted(f"object {key!r} in {self.url} changed during the download")
+            return self.changed(key)
         if isinstance(exc, obx.UnauthenticatedError) or any(m in text for m in CREDENTIAL_MARKS):
             return FailedPrecondition(f"no credentials for {self.url}: {CREDENTIALS_HINT[self.scheme]}; cause: {cause}")
         if isinstance(exc, (PermissionError, obx.PermissionDeniedError)) or "AccessDenied" in text:
             return FailedPrecondition(f"access to {self.url} denied: {cause}")
         return Unavailable(f"store {self.url} unreachable: {cause}")
+
+
+def _bare(etag: str) -> str:
+    """An ETag without its quotes (fake-gcs-server lists it bare and quotes it on a GET) or weak mark."""
+    return etag.removeprefix("W/").strip('"')
 
 
 def _build(scheme: str, factory, bucket: str, prefix: str, url: str, on_chunk: ChunkHook | None) -> ObstoreStore:
