@@ -22,12 +22,24 @@ def names(address: str) -> list[str]:
         return sorted(m.name for n in admin.list_models().nodes for m in n.models)
 
 
-@pytest.fixture
-def cluster(admin_repo, tmp_path):
-    """Two tfscache processes standing for sidecars "a" (now) and "b" (joining)."""
-    with start_admin_serve(tmp_path, admin_repo, "--local-nodes", "1") as a, \
-            start_admin_serve(tmp_path, admin_repo, "--local-nodes", "1") as b:
+@pytest.fixture(scope="module")
+def processes(admin_repo, tmp_path_factory):
+    """Two tfscache processes standing for sidecars "a" (now) and "b" (joining), shared by the module."""
+    directory = tmp_path_factory.mktemp("resize")
+    with start_admin_serve(directory, admin_repo, "--local-nodes", "1") as a, \
+            start_admin_serve(directory, admin_repo, "--local-nodes", "1") as b:
         yield {"a": a.admin_target, "b": b.admin_target}
+
+
+@pytest.fixture
+def cluster(processes):
+    """The module's two processes, each with nothing resident: every test starts as on fresh ones."""
+    for address in processes.values():
+        with AdminClient(address) as admin:
+            for name in names(address):
+                admin.evict(name)
+        assert names(address) == []
+    return processes
 
 
 def test_prewarm_preloads_the_hot_moving_models_on_their_new_owner(cluster, tmp_path):
