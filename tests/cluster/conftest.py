@@ -24,6 +24,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,13 +208,33 @@ class Cluster:
 
     def add(self, name: str, join: bool = True, peers: list[dict] | None = None) -> Sidecar:
         """A new node and its sidecar; ``join=False``: started with ``--no-join`` (off the ring until Join)."""
-        directory = self.directory / name
-        directory.mkdir(parents=True)
+        directory = self._make_dir(name)
         node = start_node(directory, config=EMPTY, flags=NODE_FLAGS)
         sidecar = Sidecar(name, node, directory, directory / "tfscache.toml")
         self.sidecars[name] = sidecar
         self.start(sidecar, join, peers)
         return sidecar
+
+    def add_all(self, names: list[str]) -> None:
+        """Nodes and sidecars ``names``, started concurrently (nodes first, then their sidecars):
+        each start mostly waits on its own process, so the cluster forms in the time of the slowest."""
+        with ThreadPoolExecutor(len(names)) as pool:
+            started = [pool.submit(start_node, self._make_dir(name), config=EMPTY, flags=NODE_FLAGS)
+                       for name in names]
+            wait(started)
+            for name, future in zip(names, started):
+                if future.exception() is None:
+                    node = future.result()
+                    self.sidecars[name] = Sidecar(name, node, self.directory / name, self.directory / name / "tfscache.toml")
+            for future in started:
+                future.result()  # a node that failed to start fails the fixture; close() stops the rest
+            for future in [pool.submit(self.start, self.sidecars[name]) for name in names]:
+                future.result()
+
+    def _make_dir(self, name: str) -> Path:
+        directory = self.directory / name
+        directory.mkdir(parents=True)
+        return directory
 
     def start(self, sidecar: Sidecar, join: bool = True, peers: list[dict] | None = None) -> None:
         """Start (or restart) ``sidecar``'s ``tfscache serve``; its state dir is kept across restarts."""
@@ -396,8 +417,7 @@ def cluster(registry, cluster_repo, tmp_path_factory):
     """Sidecars a, b, c (each with its node) that have formed a ring; shared by a module's tests in order."""
     c = Cluster(tmp_path_factory.mktemp(f"cluster-{registry.name}"), cluster_repo, registry)
     try:
-        for name in ("a", "b", "c"):
-            c.add(name)
+        c.add_all(["a", "b", "c"])
         if registry.name == "static":
             c.set_static_peers(["a", "b", "c"])
         yield c
