@@ -7,7 +7,7 @@ as soon as the reply is read, restart it over the same state directory, check ev
 Builds ``addk_1 .. addk_M`` into a temporary repository, starts one ``tfscache node`` and runs
 the rounds of tests/admin/sigkill_rounds.py (the suite's tests/admin/test_durable_acks.py runs
 five of them): round R pins model R mod M if it is not pinned, else unpins it, so with 6 models
-and 50 rounds there are 28 pins and 22 unpins. Prints the rounds, the acknowledgements lost
+and 50 rounds there are 26 pins and 24 unpins. Prints the rounds, the acknowledgements lost
 (must be 0), how soon after the reply the SIGKILL went (median, max) and the round time (median,
 p99: start of serve, re-adoption, one admin call). Exit status 1 if any acknowledgement was lost.
 """
