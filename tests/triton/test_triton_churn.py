@@ -1,5 +1,5 @@
 """Churn through ``tfscache serve --backend triton``: 16 clients over 12 models on 2 nodes capped
-at 3 models each, for 30 s.
+at 3 models each, for 10 s.
 
 Not one request fails, every answer is right (y = x + k), and the cap holds at every instant,
 as each node's own RepositoryIndex says: a sample counts every model READY, LOADING or
@@ -21,7 +21,7 @@ from support.triton import IndexSampler, OipTraffic, serve_triton_nodes
 from .conftest import ADDK_COUNT
 
 CAP = 3
-DURATION_S = 30.0
+DURATION_S = 10.0
 MODELS = [f"addk_{k}" for k in range(1, ADDK_COUNT + 1)]
 
 
