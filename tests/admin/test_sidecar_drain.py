@@ -13,7 +13,7 @@ from grpc_health.v1 import health_pb2
 import pytest
 
 from frontend.test_sidecar import node_holds, predict
-from support.node import start_node
+from support.node import started_nodes
 from support.sidecars import EMPTY, NODE_FLAGS
 from tfscache import settings as settings_mod
 from tfscache.discovery import Peer
@@ -24,8 +24,7 @@ from tfscache.wire import admin_pb2
 @pytest.fixture(scope="module")
 def nodes(tmp_path_factory):
     directory = tmp_path_factory.mktemp("sidecar-drain-nodes")
-    with start_node(directory, config=EMPTY, flags=NODE_FLAGS) as a, \
-            start_node(directory, config=EMPTY, flags=NODE_FLAGS) as b:
+    with started_nodes(directory, [NODE_FLAGS, NODE_FLAGS], config=EMPTY) as (a, b):
         yield {"a": a, "b": b}
 
 

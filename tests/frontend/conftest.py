@@ -12,7 +12,7 @@ import pytest
 
 from cache.cache_support import Gate
 from frontend.serving import link_repository
-from support.node import start_node
+from support.node import started_nodes
 from support.sidecars import EMPTY, NODE_FLAGS
 
 ADDK = range(8)
@@ -30,7 +30,7 @@ def nodes(tmp_path_factory):
     gates = {name: Gate(directory / f"gate-{name}") for name in "ab"}  # hold a node's loads open
     for gate in gates.values():
         gate.dir.mkdir()
-    with start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['a'].dir}"]) as a, \
-            start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['b'].dir}"]) as b:
+    with started_nodes(directory, [[*NODE_FLAGS, f"--load_gate_dir={gates[n].dir}"] for n in "ab"],
+                       config=EMPTY) as (a, b):
         a.gate, b.gate = gates["a"], gates["b"]
         yield {"a": a, "b": b}

@@ -16,11 +16,13 @@ raises ``NodeStartError`` with the node's log.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from support.process import REPO, ServerProcess, launch, wait_for_ports
@@ -88,6 +90,21 @@ def start_node(tmp_path: Path, *, config: str | None = None, model_name: str | N
     process = launch(command, log_path, env)
     ports = wait_for_ports(process, ports_file, log_path, timeout, NodeStartError)
     return NodeProcess(process, directory, log_path, config_path, ports)
+
+
+@contextlib.contextmanager
+def started_nodes(tmp_path: Path, flag_lists: list[list[str]], *, config: str | None = None
+                  ) -> Iterator[list[NodeProcess]]:
+    """One node per entry of ``flag_lists`` (``start_node``'s ``flags``), started concurrently:
+    each start mostly waits on its own process (TensorFlow's import), so two take the time of
+    about one. Every node that started is stopped on exit, and if one failed to start."""
+    with ThreadPoolExecutor(len(flag_lists)) as pool:
+        futures = [pool.submit(start_node, tmp_path, config=config, flags=flags) for flags in flag_lists]
+    with contextlib.ExitStack() as stack:
+        nodes = [stack.enter_context(f.result()) for f in futures if f.exception() is None]
+        for future in futures:
+            future.result()  # the first start that failed raises here; the stack stops the others
+        yield nodes
 
 
 def model_config(models: dict[str, str | Path], **per_model: str) -> str:
