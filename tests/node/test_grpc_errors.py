@@ -6,7 +6,7 @@ import concurrent.futures
 
 import grpc
 import pytest
-from support.node import start_node, wait_for_states
+from support.node import wait_for_states
 from support.requests import reload_request, status_request
 from tensorflow_serving.apis import (
     model_management_pb2,
@@ -33,10 +33,9 @@ UNSUPPORTED = ("ServerModelConfig type not supported by HandleReloadConfigReques
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory, test_models):
-    with start_node(tmp_path_factory.mktemp("grpc"), model_name="half_plus_two",
-                    model_base_path=str(test_models / "half_plus_two")) as node:
-        yield node
+def node(half_plus_two_node):
+    """The session's half_plus_two node (tests/node/conftest.py): these tests leave it as they found it."""
+    return half_plus_two_node
 
 
 @pytest.fixture(scope="module")

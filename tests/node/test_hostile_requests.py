@@ -25,10 +25,9 @@ SMALL_BOUND = 1 << 20  # --max_request_tensor_bytes of the bounded node
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory, test_models):
-    with start_node(tmp_path_factory.mktemp("hostile"), model_name="half_plus_two",
-                    model_base_path=str(test_models / "half_plus_two")) as node:
-        yield node
+def node(half_plus_two_node):
+    """The session's half_plus_two node (tests/node/conftest.py): these tests leave it as they found it."""
+    return half_plus_two_node
 
 
 @pytest.fixture(scope="module")
