@@ -1,12 +1,13 @@
-"""Fixtures for the cache-manager tests: one real ``tfscache node`` per module.
+"""Fixtures for the cache-manager tests: one real ``tfscache node`` for the session.
 
 * ``repo_root`` / ``repository``: a model repository (``ROOT/addk_<k>/1``) of small synthetic models
   addk_1..addk_12 (y = x + k), copied from the session's built models so a test may
   delete or add directories without touching other suites.
 * ``node``: a ``tfscache node`` with an empty config, a fast file-system poll, no load
-  retries, four load threads and a load gate (``--load_gate_dir``), shared by the
-  module. Every ``make_cache`` starts a CacheManager with no state file, which clears
-  the node, so tests sharing a node do not see each other's models.
+  retries, four load threads and a load gate (``--load_gate_dir``), shared by every
+  module here (a node start costs TensorFlow's import). Every ``make_cache`` starts a
+  CacheManager with no state file, which clears the node, so tests sharing a node do not
+  see each other's models; a test that counts lines of the node's log counts those it caused.
 * ``gate``: holds/fails loads deterministically (see ``Gate``).
 """
 
@@ -35,12 +36,12 @@ def repo_root(synthetic_models, tmp_path_factory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gate(tmp_path_factory) -> Gate:
     return Gate(tmp_path_factory.mktemp("gate"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def node(tmp_path_factory, gate):
     with start_node(tmp_path_factory.mktemp("node"), config="model_config_list {}\n",
                     flags=[*NODE_FLAGS, f"--load_gate_dir={gate.dir}"]) as process:

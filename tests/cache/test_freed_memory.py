@@ -11,9 +11,21 @@ from __future__ import annotations
 
 import asyncio
 
-from cache.cache_support import wait_for_condition
+import pytest
+
+from cache.cache_support import NODE_FLAGS, wait_for_condition
+from support.node import start_node
 
 BASE = 1_000_000_000  # the node's memory before any model, as HeldMemory reports it
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory, gate):
+    """This module's own node (not the session's of conftest.py): a test here asserts that a load
+    never reached the node by its state NONE, which a node that once held the model reports as END."""
+    with start_node(tmp_path_factory.mktemp("freed-node"), config="model_config_list {}\n",
+                    flags=[*NODE_FLAGS, f"--load_gate_dir={gate.dir}"]) as process:
+        yield process
 
 
 class HeldMemory:
