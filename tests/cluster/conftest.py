@@ -224,8 +224,8 @@ class Cluster:
             wait(started)
             for name, future in zip(names, started):
                 if future.exception() is None:
-                    node = future.result()
-                    self.sidecars[name] = Sidecar(name, node, self.directory / name, self.directory / name / "tfscache.toml")
+                    directory = self.directory / name
+                    self.sidecars[name] = Sidecar(name, future.result(), directory, directory / "tfscache.toml")
             for future in started:
                 future.result()  # a node that failed to start fails the fixture; close() stops the rest
             for future in [pool.submit(self.start, self.sidecars[name]) for name in names]:

@@ -96,8 +96,8 @@ def start_node(tmp_path: Path, *, config: str | None = None, model_name: str | N
 def started_nodes(tmp_path: Path, flag_lists: list[list[str]], *, config: str | None = None
                   ) -> Iterator[list[NodeProcess]]:
     """One node per entry of ``flag_lists`` (``start_node``'s ``flags``), started concurrently:
-    each start mostly waits on its own process (TensorFlow's import), so two take the time of
-    about one. Every node that started is stopped on exit, and if one failed to start."""
+    the starts overlap (each waits on its own process's TensorFlow import) instead of queueing.
+    Every node that started is stopped on exit, and also when another failed to start."""
     with ThreadPoolExecutor(len(flag_lists)) as pool:
         futures = [pool.submit(start_node, tmp_path, config=config, flags=flags) for flags in flag_lists]
     with contextlib.ExitStack() as stack:
