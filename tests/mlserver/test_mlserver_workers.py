@@ -10,10 +10,9 @@ from __future__ import annotations
 import pytest
 
 from frontend.serving import start_serve
-from support.mlserver import PATIENT, IndexSampler, index_states, serve_nodes
-from support.waiting import wait_until
+from support.mlserver import PATIENT, serve_nodes
 
-from .test_serve_mlserver import Churn
+from .test_serve_mlserver import churn_holds_the_cap
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +24,4 @@ def serve(tmp_path_factory, mlserver_repository, mlserver_bin):
 
 
 def test_churn_through_two_workers_fails_nothing_and_the_cap_holds(serve):
-    node_url = f"http://127.0.0.1:{serve_nodes(serve)['node0']['rest']}"
-    models = ["addk_1", "addk_2", "addk_3", "addk_4"]
-    with IndexSampler({"node0": node_url}) as sampler:
-        with Churn(serve, models) as churn:
-            wait_until(lambda: churn.done() >= 200 or churn.failures(), 600, "200 requests of churn")
-    churn.check()
-    assert churn.done() >= 200
-    assert sampler.count() > 0 and sampler.errors == 0
-    assert sampler.peak("node0") <= 2, [s for s in sampler.samples["node0"] if len(s) > 2][:3]
-    seen = [frozenset(s) for s in sampler.samples["node0"] if s]
-    assert sum(1 for a, b in zip(seen, seen[1:]) if a != b) >= 2  # models came and went
-    assert set(index_states(node_url)) >= set(models)
+    churn_holds_the_cap(serve, f"http://127.0.0.1:{serve_nodes(serve)['node0']['rest']}")

@@ -229,6 +229,12 @@ class Churn(ClientLoop):
 
 
 def test_sixteen_clients_churning_fail_nothing_and_the_count_cap_holds(serve, node_url):
+    churn_holds_the_cap(serve, node_url)
+
+
+def churn_holds_the_cap(serve, node_url) -> None:
+    """16 clients over four models with room for two on node0: no failure, the node's index never
+    shows three resident, and models came and went."""
     models = ["addk_1", "addk_2", "addk_3", "addk_4"]
     with IndexSampler({"node0": node_url}) as sampler:
         with Churn(serve, models) as churn:
