@@ -5,13 +5,16 @@ A plain HTTP server in a network namespace reads a request and never answers. Th
 HTTP client (``tfscache.frontend.upstream.http_session``, what `tfscache serve` forwards REST
 requests with) sends it a request; once the server has read it, the host's link is cut. The
 request must end UNAVAILABLE, which the router retries on another replica, and not wait for
-its 60 s timeout (DEADLINE_EXCEEDED, never retried: the soak's failed REST requests). A host
-that stays up but answers late keeps its request: the kernel answers the probes.
+its 60 s timeout (DEADLINE_EXCEEDED, never retried: the soak's failed REST requests), whether the
+request was acknowledged before the cut (the keep-alive probes find the silence) or not (nothing
+acknowledged within TCP_USER_TIMEOUT). A host that stays up but answers late keeps its request: its kernel answers the
+probes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 import time
 
@@ -102,7 +105,23 @@ async def test_a_late_answer_on_a_live_host_is_kept(silent_host, tmp_path):
         await upstream.close()
 
 
-async def test_a_request_to_a_host_cut_off_mid_call_ends_unavailable(silent_host, tmp_path):
+def _acknowledged(host, timeout: float = 30.0) -> None:
+    """Wait until the connection to ``host`` has nothing unacknowledged (``ss``: Send-Q 0)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = subprocess.run(["ss", "-Htn", "state", "established", "dst", host.address], capture_output=True,
+                              text=True, check=True).stdout.split("\n")
+        queues = [int(row.split()[1]) for row in rows if row.strip()]
+        if queues and all(q == 0 for q in queues):
+            return
+        assert time.monotonic() < deadline, f"the request to {host.address} was never acknowledged: {rows}"
+        time.sleep(0.01)  # polling a condition with a deadline
+
+
+@pytest.mark.parametrize("when", ["acknowledged", "as_read"])
+async def test_a_request_to_a_host_cut_off_mid_call_ends_unavailable(silent_host, tmp_path, when):
+    """Cut once the request's bytes are acknowledged (the keep-alive probes find it), or as soon as the
+    server has read them, usually before its delayed ACK left (TCP_USER_TIMEOUT finds it)."""
     host, log = silent_host
     async with http_session() as http:
         upstream = await _upstream(host, http)
@@ -110,6 +129,8 @@ async def test_a_request_to_a_host_cut_off_mid_call_ends_unavailable(silent_host
         never = tmp_path / "never"
         call = asyncio.ensure_future(upstream.rest("POST", str(never), b"{}", {}, timeout=60))
         await asyncio.to_thread(_read, log, str(never))
+        if when == "acknowledged":
+            await asyncio.to_thread(_acknowledged, host)
         host.cut()
         try:
             with pytest.raises(errors.NodeUnavailable, match=f"REST request to {host.address}:8501 failed"):

@@ -63,12 +63,17 @@ PEER_PING_SERVER_OPTIONS = (("grpc.http2.min_recv_ping_interval_without_data_ms"
                             ("grpc.http2.max_ping_strikes", 0))
 
 
-# The same for the REST hop, in TCP: a connection silent for 1 s is probed every 1 s by the
-# kernel, and reset after 2 unanswered probes. A healthy server's kernel answers the probes
-# however long its handler takes; a host cut off does not, and the request in flight there
-# ends UNAVAILABLE (retried on another replica) about 3 s later instead of at its timeout.
+# The same for the REST hop, in TCP. Keep-alive probes (after 1 s of silence, every 1 s) find a
+# host that stopped answering while a request waits for its reply; a healthy server's kernel answers
+# them however long its handler takes. Probes only run while nothing sent is unacknowledged: a host
+# cut off before it acknowledged the request's last bytes (servers delay that ACK by up to ~40 ms)
+# would leave the kernel retransmitting for minutes. TCP_USER_TIMEOUT, 5 s without an ACK, ends
+# both cases (with it set, it also decides when the unanswered probes give up): the request ends
+# UNAVAILABLE, retried on another replica, 5 to ~10 s after the cut instead of at its timeout. It
+# would also end a connection whose server kept its receive window shut for 5 s.
 REST_KEEPALIVE = ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1),
-                  (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2))
+                  (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2),
+                  (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 5000))
 
 
 def _keepalive_socket(addr_info) -> socket.socket:
