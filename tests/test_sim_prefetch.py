@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -53,22 +54,49 @@ def test_a_learned_follower_is_loaded_before_its_request():
     assert counts.wait_seconds == pytest.approx(17.0)
 
 
-def test_a_follower_sooner_than_its_load_joins_the_prefetch_and_still_waits_less():
-    counts = run(pipeline(5, gap=0.5), LEARNER)
-    # b's request comes 0.5 s after a's, while a loads (1 s): b's prefetch starts only after a's
-    # load (a cold request first), so b's request finds it queued and makes it a real load.
-    assert counts.cold_followers == 5
-    hit_a = [("a", 0.0, 10, 1.0), ("b", 0.2, 10, 1.0)] * 1  # a warm: b's prefetch starts at once
-    rows = [(n, t + 10.0 * i, s, c) for i in range(4) for n, t, s, c in hit_a]
-    counts = run(rows, LEARNER, max_models=1)  # one model: b's load evicts a, a's load evicts b
-    assert counts.cold_followers == 4  # b is never resident at its request
+def test_a_follower_sent_when_its_cold_predecessor_answers_loads_beside_it():
+    # b's request is sent 0.5 s after a's answer (a pipeline's client waits for a); its log time
+    # (0.5 s after a's request, while a loads) only gives the gap.
+    off = run(pipeline(5, gap=0.5), None)
+    assert (off.cold, off.cold_followers) == (20, 5) and off.wait_seconds == pytest.approx(20.0)
+    on = run(pipeline(5, gap=0.5), LEARNER)
+    # Rounds 1-2 teach a -> b; in rounds 3-5 b's prefetch is admitted beside a's load (taking the
+    # idle d), both end at once, and b's request, sent after a's answer, is a hit.
+    assert (on.cold, on.cold_followers) == (17, 2) and on.wait_seconds == pytest.approx(17.0)
+    assert (on.prefetches, on.used, on.wasted) == (3, 3, 0) and on.load_seconds == off.load_seconds
 
 
-def test_a_log_without_pipelines_prefetches_nothing():
-    rows = [(name, float(i), 10, 1.0) for i, name in enumerate("abcdabdcacbd" * 3)]
-    off, on = run(rows, None, max_models=3), run(rows, LEARNER, max_models=3)
-    assert on.prefetches == 0
-    assert (on.cold, on.load_seconds, on.wait_seconds) == (off.cold, off.load_seconds, off.wait_seconds)
+def test_the_pair_is_timed_from_the_predecessors_answer_not_its_arrival():
+    rows = [(name, t, size, 3.0 if name == "a" else cost) for name, t, size, cost in pipeline(5, gap=0.01)]
+    learner = CoAccessSettings(window_s=1.0, confidence=0.5, min_support=1.5)
+    # a loads 3 s, longer than the 1 s window; b comes 10 ms after a's answer: still a pair.
+    on = run(rows, learner)
+    assert on.cold_followers == 2 and (on.prefetches, on.used) == (3, 3)
+
+
+def test_a_warm_predecessors_follower_joins_its_prefetch_and_waits_less():
+    rows = []
+    for i in range(4):  # a (warm from round 1 on), b 0.2 s later; a again; y evicts b
+        t = 100.0 * i
+        rows += [("a", t, 10, 1.0), ("b", t + 0.2, 10, 1.0), ("a", t + 50, 10, 1.0), ("y", t + 60, 10, 1.0)]
+    learner = CoAccessSettings(window_s=5.0, confidence=0.3, min_support=1.5)  # b follows half of a's requests
+    off, on = run(rows, None), run(rows, learner)
+    assert off.cold_followers == on.cold_followers == 4  # b's load cannot end 0.2 s after a hit on a
+    # Rounds 0-1 teach a -> b; in rounds 2-3 b's prefetch starts at a's hit (taking the idle y)
+    # and b's request joins it: 0.8 s of waiting instead of 1.
+    assert (on.prefetches, on.used, on.wasted) == (2, 2, 0)
+    assert off.wait_seconds == pytest.approx(9.0) and on.wait_seconds == pytest.approx(8.6)
+
+
+def test_a_log_without_pipelines_costs_next_to_no_load_seconds():
+    rng = random.Random(7)  # 3,000 requests over 100 models, about 1 a second, each load 1 s: no pipeline
+    t, rows = 0.0, []
+    for _ in range(3000):
+        t += rng.expovariate(1.0)
+        rows.append((f"m{min(int(rng.paretovariate(0.8)), 100)}", t, 10, 1.0))
+    off, on = run(rows, None, max_models=20), run(rows, CoAccessSettings(), max_models=20)  # the defaults
+    assert on.load_seconds <= 1.05 * off.load_seconds and on.cold <= 1.05 * off.cold
+    assert on.prefetches <= 0.02 * off.loads  # coincidences only
 
 
 def test_prefetch_never_takes_a_model_gdsf_ranks_hotter():

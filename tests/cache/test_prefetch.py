@@ -11,7 +11,9 @@ from tfscache.cache.prefetch import CoAccess, CoAccessSettings, PrefetchCounts
 
 
 def learner(**kw) -> CoAccess:
-    return CoAccess(CoAccessSettings(**{"window_s": 1.0, "min_support": 2.5, "confidence": 0.5, **kw}))
+    """No decay unless asked (``halflife``): counts are exact."""
+    return CoAccess(CoAccessSettings(**{"window_s": 1.0, "min_support": 2.5, "confidence": 0.5, "halflife": 1e9,
+                                        **kw}))
 
 
 def feed(co: CoAccess, pairs: int, a="a", b="b", start=0.0, gap=0.01, spacing=10.0) -> float:
@@ -59,13 +61,17 @@ def test_a_model_never_follows_itself_and_each_predecessor_counts_once_per_reque
     assert co.confidence("a", "b") == pytest.approx(1 / 3, rel=1e-3)
 
 
-def test_decay_forgets_a_pipeline_that_stopped():
+def test_decay_forgets_a_pipeline_that_stopped_but_not_a_rare_one():
     co = learner(halflife=10)
     t = feed(co, 5)
     assert co.followers("a") == ["b"]
-    for i in range(200):  # other traffic: the pair's count halves every 10 requests
+    for i in range(200):  # other traffic ages nothing of a's: a rare predecessor keeps its follower
         co.observe(f"x{i}", t + 10.0 * i)
-    assert co.followers("a") == []
+    assert co.followers("a") == ["b"]
+    t += 2000.0
+    for i in range(30):  # a alone: the pair's count halves every 10 of a's requests, a's stays near 14
+        co.observe("a", t + 10.0 * i)
+    assert co.followers("a") == [] and co.confidence("a", "b") < 0.1
 
 
 def test_followers_ranked_most_likely_first():
@@ -122,16 +128,16 @@ def test_free_room_takes_no_victim():
     policy = make_policy("lru")
     ledger = Ledger(policy)
     resident(ledger, ("a", 1))
-    assert ledger.prefetch(("b", 1), 10, 10, 1.0)
-    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0) == (("b", 1), [])
+    assert ledger.prefetch(("b", 1), 10, 10, 1.0, None)
+    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0, victims=True) == (("b", 1), [])
 
 
 def test_real_loads_come_first():
     policy = make_policy("lru")
     ledger = Ledger(policy)
-    ledger.prefetch(("b", 1), 10, 10, 1.0)
+    ledger.prefetch(("b", 1), 10, 10, 1.0, None)
     ledger.requested(("c", 1), _LiveWaiter(), 10, 10, 1.0)
-    assert plan_prefetch(ledger, Caps(max_models=5), policy, 2.0) is None
+    assert plan_prefetch(ledger, Caps(max_models=5), policy, 2.0, victims=True) is None
 
 
 class _LiveWaiter:
@@ -147,8 +153,8 @@ def test_no_victim_leased_or_pinned():
     resident(ledger, ("c", 1))
     ledger.leased(("a", 1), 0.0, 1.0)
     ledger.pin(("c", 1))
-    ledger.prefetch(("b", 1), 10, 10, 1.0)
-    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0) is None
+    ledger.prefetch(("b", 1), 10, 10, 1.0, None)
+    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0, victims=True) is None
 
 
 def test_lru_takes_the_least_recent_idle_model():
@@ -156,8 +162,8 @@ def test_lru_takes_the_least_recent_idle_model():
     ledger = Ledger(policy)
     resident(ledger, ("a", 1), now=0.0)
     resident(ledger, ("c", 1), now=1.0)
-    ledger.prefetch(("b", 1), 10, 10, 2.0)
-    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0) == (("b", 1), [("a", 1)])
+    ledger.prefetch(("b", 1), 10, 10, 2.0, None)
+    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0, victims=True) == (("b", 1), [("a", 1)])
 
 
 @pytest.mark.parametrize("policy_name", ["fifo", "lfu", "cost", "oldest"])
@@ -165,9 +171,9 @@ def test_policies_without_a_rank_for_a_cold_model_take_free_room_only(policy_nam
     policy = make_policy(policy_name)
     ledger = Ledger(policy)
     resident(ledger, ("a", 1))
-    ledger.prefetch(("b", 1), 10, 10, 1.0)
-    assert plan_prefetch(ledger, Caps(max_models=1), policy, 2.0) is None
-    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0) == (("b", 1), [])
+    ledger.prefetch(("b", 1), 10, 10, 1.0, None)
+    assert plan_prefetch(ledger, Caps(max_models=1), policy, 2.0, victims=True) is None
+    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0, victims=True) == (("b", 1), [])
 
 
 def test_gdsf_never_evicts_a_model_hotter_than_the_follower():
@@ -179,23 +185,23 @@ def test_gdsf_never_evicts_a_model_hotter_than_the_follower():
     ledger.unloaded(("b", 1))
     resident(ledger, ("hot", 1), accesses=50)
     resident(ledger, ("cold", 1), accesses=0)  # loaded, never requested: colder than b would be
-    ledger.prefetch(("b", 1), 10, 10, 1.0)
-    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0) == (("b", 1), [("cold", 1)])
+    ledger.prefetch(("b", 1), 10, 10, 1.0, None)
+    assert plan_prefetch(ledger, Caps(max_models=2), policy, 2.0, victims=True) == (("b", 1), [("cold", 1)])
     ledger.retire(("cold", 1))
     ledger.unloaded(("cold", 1))
     resident(ledger, ("warm", 1), accesses=10)  # hotter than b (2 requests + 1) by GDSF's worth
-    assert plan_prefetch(ledger, Caps(max_models=2), policy, 3.0) is None
+    assert plan_prefetch(ledger, Caps(max_models=2), policy, 3.0, victims=True) is None
 
 
 def test_stale_prefetches_are_dropped_and_a_request_makes_one_real():
     ledger = Ledger(make_policy("lru"))
-    ledger.prefetch(("b", 1), 10, 10, 1.0)
-    assert not ledger.prefetch(("b", 1), 10, 10, 1.5)  # already queued
+    ledger.prefetch(("b", 1), 10, 10, 1.0, None)
+    assert not ledger.prefetch(("b", 1), 10, 10, 1.5, None)  # already queued
     assert ledger.queue() == []
     ledger.drop_abandoned()
     assert [p.key for p in ledger.prefetches()] == [("b", 1)]  # no caller left it: it was never a request
     ledger.requested(("b", 1), _LiveWaiter(), 10, 10, 2.0)
     assert [p.key for p in ledger.queue()] == [("b", 1)] and ledger.prefetches() == []
-    ledger.prefetch(("c", 1), 10, 10, 3.0)
+    ledger.prefetch(("c", 1), 10, 10, 3.0, None)
     ledger.drop_prefetches(before=4.0)
     assert ("c", 1) not in ledger.pending and ("b", 1) in ledger.pending

@@ -35,6 +35,7 @@ class FakeAdapter:
         self.failing: set[str] = set()
         self.started: asyncio.Queue = asyncio.Queue()
         self.loads: list = []
+        self.calls: list = []  # each load call's keys
 
     def hold(self, name: str) -> asyncio.Event:
         self.held[name] = asyncio.Event()
@@ -48,6 +49,7 @@ class FakeAdapter:
 
     async def load(self, keys, wanted, deadline_s: float):
         self.loads += list(keys)
+        self.calls.append(list(keys))
         for key in keys:
             self.started.put_nowait(key)
         for key in keys:
@@ -254,3 +256,48 @@ async def test_a_drain_drops_a_prefetch_that_waits_for_room(made):
     await asyncio.wait_for(drained, 5.0)  # the prefetch does not hold the drain open
     assert cache.wanted() == [] and cache.state_of("b", 1) is None
     assert cache.prefetch_counts.as_dict()["started"] == 0
+
+
+async def test_a_cold_predecessor_loads_its_follower_beside_it_and_is_answered_first(made):
+    cache, adapter = await made(max_models_per_node=3)
+    await teach(cache)
+    await cold(cache, "a")
+    await cold(cache, "b")
+    await drain_started(adapter)
+    release_a, release_b = adapter.hold("a"), adapter.hold("b")
+    request = asyncio.create_task(cache.acquire("a", 1, timeout=10))
+    # One reloader step: a's load and b's prefetch start together (a still loading), b's as a load of its own.
+    assert {await next_load(adapter), await next_load(adapter)} == {("a", 1), ("b", 1)}
+    assert not request.done() and [("a", 1)] in adapter.calls and [("b", 1)] in adapter.calls
+    release_a.set()
+    (await asyncio.wait_for(request, 5.0)).release()  # answered while b still loads
+    assert cache.state_of("b", 1) == LOADING
+    release_b.set()
+    await asyncio.wait_for(_until(lambda: cache.state_of("b", 1) == READY), 5.0)
+    loads = adapter.loads_of("b")
+    await use(cache, "b")  # the pipeline's next stage, sent once a answered: a hit
+    assert adapter.loads_of("b") == loads
+    assert cache.prefetch_counts.as_dict() == {"started": 1, "completed": 1, "failed": 0, "used": 1, "wasted": 0}
+
+
+async def test_a_failed_prefetch_beside_a_real_load_fails_only_itself(made):
+    cache, adapter = await made(max_models_per_node=3)
+    await teach(cache)
+    await cold(cache, "a")
+    await cold(cache, "b")
+    adapter.failing.add("b")
+    await use(cache, "a")  # served: b's failure is b's alone
+    await asyncio.wait_for(_until(lambda: cache.prefetch_counts.as_dict()["failed"] == 1), 5.0)
+    assert cache.healthy and cache.state_of("a", 1) == READY and cache.state_of("b", 1) is None
+    adapter.failing.clear()
+    await use(cache, "b")  # no failure backoff after a prefetch: it loads on request
+    assert cache.state_of("b", 1) == READY
+
+
+async def test_a_resident_follower_is_kept_as_warm_as_its_predecessor(made):
+    cache, _ = await made(max_models_per_node=3)
+    await teach(cache)
+    await use(cache, "c")  # resident: a, b, c; b least recently used by its own requests
+    await use(cache, "a")  # a hit: b, a's likely follower, is used with it
+    await use(cache, "d")  # the cap takes the least recently used: c, not b
+    assert cache.state_of("b", 1) == READY and cache.state_of("c", 1) is None

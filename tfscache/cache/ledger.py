@@ -46,7 +46,7 @@ class Entry:
 class Pending:
     """A cold model version waiting for its turn to load."""
 
-    __slots__ = ("key", "estimate", "disk", "first_seen", "waiters", "blocked_since", "prefetch")
+    __slots__ = ("key", "estimate", "disk", "first_seen", "waiters", "blocked_since", "prefetch", "after")
 
     def __init__(self, key: Key, estimate: int, disk: int, now: float) -> None:
         self.key = key
@@ -55,7 +55,7 @@ class Pending:
         self.first_seen = now
         self.waiters: list[asyncio.Future] = []
         self.blocked_since: float | None = None  # monotonic; set while it waits for room
-        self.prefetch = False  # asked for by a prefetch: loads only when there is idle room
+        self.prefetch, self.after = False, None  # a prefetch (loads with idle room) and its predecessor
 
     def live(self) -> list[asyncio.Future]:
         """The waiters whose callers still wait."""
@@ -179,20 +179,21 @@ class Ledger:
         pending.waiters.append(waiter)
         return True
 
-    def prefetch(self, key: Key, estimate: int, disk: int, now: float) -> bool:
-        """A prefetch of cold ``key`` is wanted (``estimate``/``disk`` bytes); False when it is already
-        in the config or queued, or its last load failed within the backoff."""
+    def prefetch(self, key: Key, estimate: int, disk: int, now: float, after: Key | None) -> bool:
+        """A prefetch of cold ``key`` (``estimate``/``disk`` bytes), the likely follower of ``after``; False
+        when it is already in the config or queued, or its last load failed within the backoff."""
         if key in self.entries or key in self.pending or self.failure(key, now) is not None:
             return False
         pending = self.pending[key] = Pending(key, estimate, disk, now)
-        pending.prefetch = True
+        pending.prefetch, pending.after = True, after
         return True
 
     def drop_prefetches(self, before: float) -> None:
-        """Forget prefetches still queued that were asked for before monotonic ``before`` (stale)."""
-        for pending in self.prefetches():
-            if pending.first_seen < before:
-                del self.pending[pending.key]
+        """Forget prefetches still queued that were asked for before monotonic ``before`` (stale),
+        unless their predecessor still waits for its own load or is loading: they go beside it."""
+        for p in self.prefetches():
+            if p.first_seen < before and not (p.after in self.pending or self.state_of(p.after) == LOADING):
+                del self.pending[p.key]
 
     def first_use(self, key: Key) -> bool:
         """A request takes ``key``: True if it was prefetched and this is its first request since."""

@@ -157,15 +157,20 @@ class CacheManager:
             if self._prefetcher is not None:
                 self._prefetcher.after(entry.key)
             return self._prefetch_used(self._lease(entry))
-        found, sizes = await asyncio.to_thread(self._resolve, name, version)  # one trip off the loop
+        prefetcher, guess = self._prefetcher, (name, latest)  # its followers load beside it: docs/prefetch.md
+        follow = prefetcher.wanted(guess) if prefetcher is not None and latest is not None else []
+        found, sizes, follow_sizes = await asyncio.to_thread(self._resolve, name, version, follow)  # one trip
         key = (found.name, found.version)
         self.events.miss(key)
-        if self._prefetcher is not None:
-            self._prefetcher.after(key)
         fut = await self._enqueue(key, sizes)
+        if prefetcher is not None:  # no await since the enqueue: one reloader step sees both
+            prefetcher.cold(key, follow_sizes if key == guess else None)
         try:
             async with asyncio.timeout(timeout):
-                return self._prefetch_used(await fut)
+                lease = await fut
+            if prefetcher is not None:
+                prefetcher.answered(key)
+            return self._prefetch_used(lease)
         except BaseException as exc:
             # A lease granted just as the caller gave up goes straight back.
             if fut.done() and not fut.cancelled() and fut.exception() is None:
@@ -315,18 +320,21 @@ class CacheManager:
         if entry.leases == 0 and (self.ledger.pending or sig.draining or sig.over_cap):
             sig.wake()  # a load may be waiting for room, or the caps for a victim
 
-    def _resolve(self, name: str, version: int | None) -> tuple[object, tuple[int, int] | Exception | None]:
+    def _resolve(self, name: str, version: int | None,
+                 follow: list[Key]) -> tuple[object, tuple[int, int] | Exception | None, dict]:
         """In a worker thread: the version to load (lists the model's directory) and, unless it is
-        already loading or queued, its size estimate (walks the version directory) or why not."""
+        already loading or queued, its size estimate (walks the version directory) or why not; and
+        the sizes of ``follow``, its likely followers to prefetch (``Prefetcher.estimates``)."""
         found = self.repository.resolve(name, version)
         key = (found.name, found.version)
+        follow_sizes = self._prefetcher.estimates(follow) if follow else {}
         entry = self.ledger.entries.get(key)  # a hint: _enqueue decides again, on the loop
         if key in self.ledger.pending or (entry is not None and entry.state != UNLOADING):
-            return found, None
+            return found, None, follow_sizes
         try:
-            return found, self._estimate(key)
+            return found, self._estimate(key), follow_sizes
         except errors.TfscacheError as exc:
-            return found, exc
+            return found, exc, follow_sizes
 
     async def _enqueue(self, key: Key, sizes: tuple[int, int] | Exception | None = None) -> asyncio.Future:
         """A future for a lease on cold ``key``, joined to its load (one load per key)."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from tfscache.cache.ledger import READY, Key, Ledger, Pending
+from tfscache.cache.ledger import READY, UNLOADING, Key, Ledger, Pending
 from tfscache.cache.policy import EvictionPolicy
 
 _MAX_HOLDERS_NAMED = 20
@@ -87,29 +87,35 @@ def plan(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float) -> Plan
     return result
 
 
-def plan_prefetch(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float) -> tuple[Key, list[Key]] | None:
+def plan_prefetch(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float, *,
+                  victims: bool) -> tuple[Key, list[Key]] | None:
     """The prefetch to load now and its victims, or None: only with idle room (docs/prefetch.md).
 
-    Idle room: no real load is queued or waiting for room, and no unloaded memory is still
-    counted (``ledger.freeing``). The first queued prefetch that fits goes, taking free room,
-    else idle victims in the policy's order among only those it ranks colder than the prefetched
-    model would be once requested (``EvictionPolicy.colder_than``): never a leased, pinned or
-    loading model, and never one hotter than it by the policy's own measure.
+    Idle room: no real load waits for room (``ledger.queue``, once this step's loads are
+    admitted), and no unloaded memory is still counted (``ledger.freeing``). The first queued
+    prefetch that fits goes, taking free room, else (``victims``) idle victims in the policy's
+    order among only those it ranks colder than the prefetched model would be once requested
+    (``EvictionPolicy.colder_than``): never a leased, pinned or loading model, and never one
+    hotter than it by the policy's own measure. Versions already leaving (UNLOADING: this step
+    unloads them before it loads) do not count.
     """
     if ledger.queue() or ledger.freeing():
         return None
-    entries = ledger.entries
+    staying = [e for e in ledger.entries.values() if e.state != UNLOADING]
     for pending in ledger.prefetches():
         need = ledger.gpu_estimate(pending.key)
-        count, used, gpu = len(entries) + 1, ledger.used() + pending.estimate, ledger.gpu_used() + need
+        count = len(staying) + 1
+        used = sum(e.bytes for e in staying) + pending.estimate
+        gpu = sum(e.gpu for e in staying) + need
         take = []
-        colder = iter(policy.colder_than(ledger.idle(), pending.key, now))
+        colder = iter(policy.colder_than(ledger.idle(), pending.key, now) if victims else ())
         while not caps.fit(count, used, gpu):
             victim = next(colder, None)
             if victim is None:
                 break
             take.append(victim)
-            count, used, gpu = count - 1, used - entries[victim].bytes, gpu - entries[victim].gpu
+            entry = ledger.entries[victim]
+            count, used, gpu = count - 1, used - entry.bytes, gpu - entry.gpu
         if caps.fit(count, used, gpu):
             return pending.key, take
     return None

@@ -21,7 +21,8 @@ import time
 from dataclasses import replace
 
 from tfscache import errors
-from tfscache.cache.ledger import LOADING, UNLOADING, Key
+from tfscache.cache.ledger import LOADING, READY, UNLOADING, Key
+from tfscache.cache.signals import done, fail
 from tfscache.cache.state import CacheState, SavedVersion, parse_learned_key
 
 log = logging.getLogger("tfscache.cache")
@@ -177,3 +178,36 @@ async def recover(reloader, failures: int) -> bool:
     sig.rechecked()  # the node has its wanted set again
     reloader.lost_pins.start(reloader)
     return True
+
+
+async def resync(reloader) -> bool:
+    """Answer ``recheck``: if the node lost resident models (it restarted), send them again.
+
+    One status call per resident model decides; the reload happens only when one was
+    lost, so callers that arrive after the restore cost no second reload. False (and the
+    node unhealthy) when the node cannot be reached.
+    """
+    sig = reloader.signals
+    waiters = sig.take_rechecks()
+    s = reloader.settings
+    try:
+        lost = [key for key, entry in list(reloader.ledger.entries.items()) if entry.state == READY
+                and not await reloader.adapter.available(key, s.rpc_deadline_s)]
+        if lost:
+            log.warning("node %s lost %s (it restarted?); sending its config again", reloader.node, names(lost))
+            results = await reloader.adapter.load(lost, reloader.wanted(), s.reload_deadline_s)
+            for key, result in results.items():
+                if result is not None and key in reloader.ledger.entries:
+                    reloader.lost(key)
+            sig.services.save()
+    except errors.TfscacheError as e:
+        reloader.mark_unhealthy(f"restoring its config: {e.grpc_code.name}: {e.message}")
+        fail(waiters, errors.NodeUnavailable(f"node {reloader.node} is unhealthy: {e.message}"))
+        return False
+    done(waiters)
+    reloader.lost_pins.start(reloader)
+    return True
+
+
+def names(keys: list[Key]) -> str:
+    return ", ".join(f"{n}:{v}" for n, v in keys)

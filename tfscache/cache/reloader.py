@@ -17,12 +17,20 @@ import time
 
 from tfscache import errors, logs
 from tfscache.cache.adapter import NodeAdapter
-from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger
 from tfscache.cache.freeing import Freeing
-from tfscache.cache.planner import Caps, plan, plan_prefetch, room_message, waits_for_freed_memory, share_growth
+from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger
+from tfscache.cache.measure import measure
+from tfscache.cache.planner import (
+    Caps,
+    plan,
+    plan_prefetch,
+    room_message,
+    share_growth,
+    waits_for_freed_memory,
+)
 from tfscache.cache.policy import EvictionPolicy
-from tfscache.cache.recovery import LostPins, recover, startup
-from tfscache.cache.signals import Signals, done, fail
+from tfscache.cache.recovery import LostPins, names, recover, resync, startup
+from tfscache.cache.signals import Signals, fail
 from tfscache.cache.state import CacheState, SavedVersion
 from tfscache.repository.local import ModelRepository, not_found
 
@@ -63,7 +71,7 @@ class Reloader:
         if sig.config_stale and not await self.send(self.settings.reload_deadline_s, "re-adopting"):
             return
         sig.config_sent()
-        if sig.recheck_asked and not await self.resync():
+        if sig.recheck_asked and not await resync(self):
             return
         if ledger.freeing():
             await self.check_freed()
@@ -71,7 +79,7 @@ class Reloader:
         gone, replaced = await asyncio.to_thread(self.look, keys)  # one trip off the loop for both
         if replaced:
             log.warning("node %s: its process was replaced; checking what it still serves", self.node)
-            if not await self.resync():
+            if not await resync(self):
                 return
         ledger.drop_abandoned()
         now = time.monotonic()
@@ -86,8 +94,9 @@ class Reloader:
             ledger.retire(key)
         self.expire_room_waits(now)
         leaving += decided.victims
-        if not (batch or leaving or decided.blocked) and self.prefetched is not None:
-            leaving, batch = self.prefetch(now)
+        if self.prefetched is not None and not decided.blocked:  # beside the batch, or alone
+            more, prefetches = self.prefetch(now, victims=not (batch and self.holds_freed_memory()))
+            leaving, batch = leaving + more, batch + prefetches
         if leaving and not await self.unload(leaving):
             return
         if batch:
@@ -104,16 +113,21 @@ class Reloader:
             self.events.room_waited(key, time.monotonic() - pending.blocked_since)
         return self.ledger.admitted(key, time.time())
 
-    def prefetch(self, now: float) -> tuple[list[Key], list[Entry]]:
-        """(victims, batch) of a prefetch with idle room (planner.plan_prefetch); stale ones (all, draining) dropped."""
+    def prefetch(self, now: float, *, victims: bool) -> tuple[list[Key], list[Entry]]:
+        """(victims, batch) of the prefetches with idle room (planner.plan_prefetch), beside this
+        step's real loads (``victims`` False: free room only, for a batch that would otherwise wait
+        for their memory to be measured free); stale ones (all, draining) dropped first."""
         self.ledger.drop_prefetches(float("inf") if self.signals.draining else now - self.settings.prefetch_window_s)
-        key, victims = plan_prefetch(self.ledger, self.caps, self.policy, now) or (None, [])
-        for victim in victims:
-            self.evicted(victim, "prefetch")
-            self.ledger.retire(victim)
-        if key is not None:
+        leaving, batch = [], []
+        while (planned := plan_prefetch(self.ledger, self.caps, self.policy, now, victims=victims)) is not None:
+            key, taken = planned
+            for victim in taken:
+                self.evicted(victim, "prefetch")
+                self.ledger.retire(victim)
             self.prefetched.count("started")
-        return victims, [self.admit(key)] if key is not None else []
+            leaving += taken
+            batch.append(self.admit(key))
+        return leaving, batch
 
     def evicted(self, key: Key, reason: str) -> None:
         """The one log line and event of an eviction (the unload's line follows once the node confirms)."""
@@ -239,29 +253,50 @@ class Reloader:
             batch = await self.fetch(batch)
             if not batch:
                 return
-        keys = [e.key for e in batch]
         rss_before, gpu_before = await asyncio.to_thread(self.memory_now)
         started = time.monotonic()
-        try:
-            results = await self.adapter.load(keys, self.wanted(), self.settings.reload_deadline_s)
-        except errors.TfscacheError as e:
-            self.mark_unhealthy(f"reload loading {names(keys)}: {e.message}")
-            return
+        real = [e for e in batch if not e.prefetched]  # prefetches beside real loads load apart, each
+        parts = [real] + [[e] for e in batch if e.prefetched] if real else [batch]  # answered as it ends
+        outcomes = await asyncio.gather(*(self.load_part(part, started, len(parts) > 1) for part in parts))
         load_s = time.monotonic() - started
-        loaded = [e for e in batch if results.get(e.key) is None]
+        if None in outcomes:
+            return
+        loaded = [e for part, results in zip(parts, outcomes) for e in part if results.get(e.key) is None]
         rss_after, gpu_after = await asyncio.to_thread(self.memory_now)
         measure(loaded, rss_before, rss_after, self.caps, self.ledger)
         for key, size in share_growth({e.key: e.bytes for e in loaded}, gpu_before, gpu_after).items():
             self.ledger.learn_gpu(key, size)
+        if len(parts) == 1:  # settled once measured: its log lines carry the bytes
+            self.settle(batch, outcomes[0], load_s)
+        self.signals.services.save()
+
+    async def load_part(self, part: list[Entry], started: float, apart: bool) -> dict | None:
+        """The adapter's results for ``part``, settled at once when ``apart`` (beside other parts);
+        None when the node failed (it is then unhealthy)."""
+        keys = [e.key for e in part]
+        try:
+            results = await self.adapter.load(keys, self.wanted(), self.settings.reload_deadline_s)
+        except errors.TfscacheError as e:
+            if self.signals.healthy:
+                self.mark_unhealthy(f"reload loading {names(keys)}: {e.message}")
+            return None
+        if not self.signals.healthy:  # another part found the node failed: it recovers everything
+            return None
+        if apart:
+            self.settle(part, results, time.monotonic() - started)
+        return results
+
+    def settle(self, part: list[Entry], results: dict, load_s: float) -> None:
+        """Record what the node did with ``part`` (``results``: the adapter's) and answer its waiters."""
         now = time.monotonic()
-        for entry in loaded:
-            self.loaded(entry, load_s, now)
-        failed = [(e, results[e.key]) for e in batch if results.get(e.key) is not None]
+        for entry in part:
+            if results.get(entry.key) is None:
+                self.loaded(entry, load_s, now)
+        failed = [(e, results[e.key]) for e in part if results.get(e.key) is not None]
         for entry, error in failed:
             self.load_failed(entry, error, load_s, now)
         if any(isinstance(error, errors.Unavailable) for _, error in failed):
-            self.mark_unhealthy(f"checking status of {names(keys)}: node unavailable")
-        self.signals.services.save()
+            self.mark_unhealthy(f"checking status of {names([e.key for e in part])}: node unavailable")
 
     async def fetch(self, batch: list[Entry]) -> list[Entry]:
         """Download the batch's versions (tfscache.storage); the ones that failed fail their requests
@@ -315,34 +350,6 @@ class Reloader:
             self.mark_unhealthy(f"reload {why}: {e.grpc_code.name}: {e.message}")
             return False
 
-    async def resync(self) -> bool:
-        """Answer ``recheck``: if the node lost resident models (it restarted), send them again.
-
-        One status call per resident model decides; the reload happens only when one was
-        lost, so callers that arrive after the restore cost no second reload. False (and the
-        node unhealthy) when the node cannot be reached.
-        """
-        sig = self.signals
-        waiters = sig.take_rechecks()
-        s = self.settings
-        try:
-            lost = [key for key, entry in list(self.ledger.entries.items()) if entry.state == READY
-                    and not await self.adapter.available(key, s.rpc_deadline_s)]
-            if lost:
-                log.warning("node %s lost %s (it restarted?); sending its config again", self.node, names(lost))
-                results = await self.adapter.load(lost, self.wanted(), s.reload_deadline_s)
-                for key, result in results.items():
-                    if result is not None and key in self.ledger.entries:
-                        self.lost(key)
-                sig.services.save()
-        except errors.TfscacheError as e:
-            self.mark_unhealthy(f"restoring its config: {e.grpc_code.name}: {e.message}")
-            fail(waiters, errors.NodeUnavailable(f"node {self.node} is unhealthy: {e.message}"))
-            return False
-        done(waiters)
-        self.lost_pins.start(self)
-        return True
-
     def lost(self, key: Key) -> None:
         """The node lost ``key`` (it restarted): the one path for it, whether ``recover`` or
         ``resync`` found it. The entry leaves (``Ledger.lost``); a pinned one keeps its pin and is
@@ -377,24 +384,3 @@ class Reloader:
             except Exception as e:  # a bug here must not leave callers hanging
                 log.exception("cache step for node %s failed", self.node)
                 self.mark_unhealthy(f"internal error: {e!r}")
-
-
-def measure(loaded: list[Entry], before: int | None, after: int | None, caps: Caps, ledger: Ledger) -> None:
-    """Share the node's memory growth across the batch by estimate, never below the size on disk.
-
-    Memory can grow by less than a model takes when the allocator reuses memory an
-    eviction freed; the size on disk is a floor no SavedModel's variables go under.
-    """
-    if before is None or after is None or not loaded:
-        return
-    growth = after - before
-    total = sum(e.bytes for e in loaded) or 1
-    for entry in loaded:
-        size = max(int(growth * entry.bytes / total), entry.disk, 1)
-        if caps.memory_bytes:
-            size = min(size, caps.memory_bytes)  # see CacheManager._estimate
-        ledger.measured(entry.key, size)
-
-
-def names(keys: list[Key]) -> str:
-    return ", ".join(f"{n}:{v}" for n, v in keys)

@@ -99,18 +99,19 @@ class CacheSection:
                                       check=_at_least(0))
     health_retry_s: float = setting(5.0, "while a node is unhealthy, the longest wait between tries to reach it",
                                      check=_at_least(0.001))
-    prefetch: bool = setting(False, "co-access prefetch: after a request for A, load a likely follower B in the "
-                             "background when B is cold and the node has idle room (docs/prefetch.md; off: "
-                             "the benchmark did not show a gain worth its risk)")
-    prefetch_window_s: float = setting(1.0, "prefetch: B follows A when requested within this many seconds after it",
-                                       check=lambda v: None if v > 0 else "must be > 0")
-    prefetch_confidence: float = setting(0.5, "prefetch: B is loaded after A when at least this share of A's "
-                                         "requests were followed by B (decayed counts)",
+    prefetch: bool = setting(False, "co-access prefetch: a likely follower B of a requested model A is loaded "
+                             "beside A's load, or in the background with idle room, and kept as warm as A "
+                             "(docs/prefetch.md; off by default: it costs loads where models do not follow "
+                             "each other in pipelines)")
+    prefetch_window_s: float = setting(0.25, "prefetch: B follows A when requested within this many seconds "
+                                       "after A was answered", check=lambda v: None if v > 0 else "must be > 0")
+    prefetch_confidence: float = setting(0.2, "prefetch: B is loaded with A when at least this share of A's "
+                                         "recent requests were followed by B (decayed counts)",
                                          check=lambda v: None if 0 < v <= 1 else "must be in (0, 1]")
-    prefetch_min_support: float = setting(2.5, "prefetch: the fewest decayed A-then-B pairs (each counts 1 when "
-                                          "new; 2.5: three recent ones) before B is loaded after A",
+    prefetch_min_support: float = setting(1.5, "prefetch: the fewest decayed A-then-B pairs (each counts 1 when "
+                                          "new; 1.5: two recent ones) before B is loaded with A",
                                           check=lambda v: None if v > 0 else "must be > 0")
-    prefetch_halflife_requests: float = setting(10000.0, "prefetch: requests to a node after which a pair "
+    prefetch_halflife_requests: float = setting(50.0, "prefetch: requests of A after which an A-then-B pair "
                                                 "counts half", check=lambda v: None if v > 0 else "must be > 0")
     prefetch_followers: int = setting(1, "prefetch: most followers of one request loaded", check=_at_least(1))
     prefetch_max_models: int = setting(50000, "prefetch: most models whose followers are remembered per node "

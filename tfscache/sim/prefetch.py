@@ -4,27 +4,34 @@ Each node's requests (tfscache's own routing, as ``tfscache.sim.engine``) are re
 order through a ledger and the node's policy, with the live cache's own code for every decision:
 ``planner.plan`` for a request's load and its victims, ``planner.plan_prefetch`` for a prefetch's
 room and victims, and ``cache.prefetch.CoAccess`` for what to prefetch. Unlike the timeless
-``replay``, loads take time here, because a prefetch helps only by starting a load earlier:
+``replay``, loads take time here (a discrete-event replay), because a prefetch helps only by
+starting a load earlier:
 
 * a node loads in batches, as the live reloader does: the cold models requested while a batch
-  loads go together in the next one, which ends (its requests served) after its slowest model's
-  ``load_seconds`` (the node loads a batch's models in parallel); requests take no time;
-* a request whose model is READY is a hit; any other is *cold*: it waits for its model's batch,
-  joining a load in flight (a prefetch's too), else queued for the next batch;
-* with prefetch on, every request teaches the learner, and its likely cold follower is queued
-  as a prefetch; a prefetch is a batch of its own, started only when the loader is idle with no
-  cold request queued and there is room (``plan_prefetch``); one not started within ``window_s``
-  is dropped, as live. A cold request that arrives during a prefetch waits for it to end.
+  loads go together in the next one; the node loads a batch's models in parallel, and the batch
+  ends (its requests served) after its slowest model's ``load_seconds``; requests take no time;
+* a request whose model is READY is a hit; any other is *cold*: it waits for its model's load,
+  joining one in flight (a prefetch's too), else queued for the next batch;
+* a *follower* (a request within ``follow_s`` after the node's previous request, for another
+  model: the second stage of a pipeline) is sent when its predecessor is answered, as a
+  pipeline's client sends it: when the predecessor waited for a load, the follower comes that
+  long later (the log's gap after the answer);
+* with prefetch on, as live (tfscache/cache/prefetcher.py): a request's likely cold followers
+  are queued as prefetches when it arrives, and the learner hears it when it is served; the
+  reloader's step admits the prefetches that fit with idle room beside its real loads, loaded
+  apart (a real load's requests are served when the real loads end, a prefetch when its own
+  does), or alone when nothing real waits; one not started within ``window_s`` is dropped.
 
-Reported per configuration, prefetch off and on: cold requests; *follower* requests (those that
-came within ``follow_s`` after the node's previous request, for another model: the second stage
-of a pipeline) and how many of them were cold; load seconds and loads (prefetches included);
-total wait (seconds cold requests waited); prefetch loads started, used (requested before
-evicted) and wasted (evicted unused).
+Reported per configuration, prefetch off and on: cold requests; follower requests and how many
+of them were cold; load seconds and loads (prefetches included); total wait (seconds cold
+requests waited); prefetch loads started, used (requested before evicted) and wasted (evicted
+unused).
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -91,93 +98,146 @@ class _Waiting:
 _WAITING = _Waiting()
 
 
+class _Request:
+    """One replayed request: when it was sent, whether it is a follower, when it was answered, and
+    the followers to send once it is (each with its gap after the answer)."""
+
+    __slots__ = ("key", "sent", "size", "cost", "follower", "answered", "then")
+
+    def __init__(self, key, sent: float, size: int, cost: float, follower: bool) -> None:
+        self.key, self.sent, self.size, self.cost, self.follower = key, sent, size, cost, follower
+        self.answered: float | None = None
+        self.then: list[tuple[float, _Request]] = []
+
+
 class _Node:
     """One node's replay: a ledger, its policy, the reloader's batches and (prefetch on) a learner."""
 
-    def __init__(self, policy: EvictionPolicy, caps: Caps, learner: CoAccess | None, follow_s: float) -> None:
+    def __init__(self, policy: EvictionPolicy, caps: Caps, learner: CoAccess | None) -> None:
         self.ledger, self.policy, self.caps, self.learner = Ledger(policy), policy, caps, learner
-        self.follow_s = follow_s
-        self.batch: list = []  # the keys loading now, together
-        self.free_at = 0.0  # when the batch in flight ends
-        self.waiting: dict = {}  # key -> arrival times of the cold requests waiting for it
+        self.loading: dict = {}  # key -> when its load ends (the batch in flight)
+        self.waiting: dict = {}  # key -> the cold requests waiting for it
         self.sizes: dict = {}  # key -> (bytes, load seconds), as the log last said
+        self.sent: list = []  # heap of (time, seq, _Request): followers sent once their predecessor was answered
+        self.seq = itertools.count()
         self.counts = PrefetchCounts()
-        self.last: tuple[float, object] | None = None  # (time, key) of the node's previous request
 
-    def request(self, key, now: float, size: int, cost: float) -> None:
-        c, ledger = self.counts, self.ledger
-        self.finish(now)
-        self.sizes[key] = (size, cost)
+    def next_end(self) -> float:
+        return min(self.loading.values(), default=float("inf"))
+
+    def request(self, r: _Request, now: float) -> None:
+        c, ledger, key = self.counts, self.ledger, r.key
+        self.sizes[key] = (r.size, r.cost)
         c.requests += 1
-        follower = self.last is not None and self.last[1] != key and now - self.last[0] <= self.follow_s
-        self.last = (now, key)
-        c.followers += follower
+        follow = []
+        if self.learner is not None:  # as the live Prefetcher: likely followers kept warm, or queued
+            self.learner.arrived(key, now)
+            follow = self.learner.followers(key)[:1]
+            for after in follow:
+                if ledger.ready(after) is not None:
+                    ledger.accessed(after, now)
         if ledger.first_use(key):  # READY, or LOADING: it joins the prefetch in flight
             c.used += 1
         if ledger.ready(key) is not None:
             ledger.accessed(key, now)
+            self.answer(r, now)
         else:
             c.cold += 1
-            c.cold_followers += follower
-            self.waiting.setdefault(key, []).append(now)
+            c.cold_followers += r.follower
+            self.waiting.setdefault(key, []).append(r)
             if key not in ledger.entries:
-                ledger.requested(key, _WAITING, size, size, now)
-        if self.learner is not None:
-            self.learner.observe(key, now)
-            for after in self.learner.followers(key)[:1]:
-                if after in self.sizes:
-                    ledger.prefetch(after, self.sizes[after][0], self.sizes[after][0], now)
-        if not self.batch and ledger.pending:  # the loader is idle and there is work
+                ledger.requested(key, _WAITING, r.size, r.size, now)
+        for after in follow:
+            if after in self.sizes and after not in ledger.entries:
+                ledger.prefetch(after, self.sizes[after][0], self.sizes[after][0], now, key)
+        if not self.loading and ledger.pending:  # the loader is idle and there is work
             self.next_batch(now)
 
+    def answer(self, r: _Request, now: float) -> None:
+        """``r`` is served at ``now``: the learner hears it, and its followers are sent."""
+        r.answered = now
+        if self.learner is not None:
+            self.learner.answered(r.key, now)
+        for gap, follower in r.then:
+            heapq.heappush(self.sent, (now + gap, next(self.seq), follower))
+
     def next_batch(self, now: float) -> None:
-        """The loader is idle at ``now``: load what the planner admits, else a prefetch with room."""
-        ledger = self.ledger
+        """The loader is idle at ``now``: load what the planner admits, and prefetches with room beside."""
+        ledger, counts = self.ledger, self.counts
         decided = plan(ledger, self.caps, self.policy, now)
-        victims, keys = decided.victims, decided.admit
-        if not keys and self.learner is not None:
-            ledger.drop_prefetches(now - self.learner.settings.window_s)
-            prefetch = plan_prefetch(ledger, self.caps, self.policy, now)
-            if prefetch is not None:
-                keys, victims = [prefetch[0]], prefetch[1]
-                self.counts.prefetches += 1
+        victims, keys = list(decided.victims), list(decided.admit)
         for victim in victims:
-            if ledger.entries[victim].prefetched:
-                self.counts.wasted += 1
-            ledger.retire(victim)
-            ledger.unloaded(victim)
+            self.unload(victim)
         for key in keys:
             ledger.admitted(key, now)
-        self.batch = keys
-        self.free_at = now + max((self.sizes[k][1] for k in keys), default=0.0)
-        self.counts.loads += len(keys)
-        self.counts.load_seconds += sum(self.sizes[k][1] for k in keys)
+        prefetched = []
+        if self.learner is not None and not decided.blocked:
+            ledger.drop_prefetches(now - self.learner.settings.window_s)
+            while (planned := plan_prefetch(ledger, self.caps, self.policy, now, victims=True)) is not None:
+                for victim in planned[1]:
+                    self.unload(victim)
+                ledger.admitted(planned[0], now)
+                prefetched.append(planned[0])
+                counts.prefetches += 1
+        parts = [keys] + [[k] for k in prefetched] if keys else [prefetched]
+        for part in parts:  # as the live reloader's load: each part's requests served when it ends
+            end = now + max((self.sizes[k][1] for k in part), default=0.0)
+            self.loading.update(dict.fromkeys(part, end))
+        counts.loads += len(keys) + len(prefetched)
+        counts.load_seconds += sum(self.sizes[k][1] for k in keys + prefetched)
 
-    def finish(self, now: float) -> None:
-        """Every batch that ended by ``now``: its models READY, their requests served; the next starts."""
-        while self.batch and self.free_at <= now:
-            ended, batch = self.free_at, self.batch
-            for key in batch:
-                self.ledger.loaded(key, self.sizes[key][1], ended)
-                for arrival in self.waiting.pop(key, ()):
-                    self.counts.wait_seconds += ended - arrival
-                    self.ledger.accessed(key, ended)
-            self.batch = []
-            if self.ledger.pending:
-                self.next_batch(ended)
+    def unload(self, victim) -> None:
+        if self.ledger.entries[victim].prefetched:
+            self.counts.wasted += 1
+        self.ledger.retire(victim)
+        self.ledger.unloaded(victim)
+
+    def end(self, now: float) -> None:
+        """The loads ending at ``now``: their models READY, their requests served; the next batch starts
+        once every part of this one ended."""
+        for key in [k for k, end in self.loading.items() if end <= now]:
+            del self.loading[key]
+            self.ledger.loaded(key, self.sizes[key][1], now)
+            for r in self.waiting.pop(key, ()):
+                self.counts.wait_seconds += now - r.sent
+                self.ledger.accessed(key, now)
+                self.answer(r, now)
+        if not self.loading and self.ledger.pending:
+            self.next_batch(now)
 
 
 def replay_prefetch(requests: list[Request], policy: EvictionPolicy, config: PrefetchConfig,
                     follow_s: float = FOLLOW_S) -> PrefetchCounts:
     """One node's requests under ``policy``, prefetching when ``config.learner`` is set."""
     learner = CoAccess(config.learner) if config.learner is not None else None
-    node = _Node(policy, Caps(config.max_models, config.memory_bytes), learner, follow_s)
-    for key, now, size, cost, _ in requests:
-        if config.memory_bytes and size > config.memory_bytes:
-            node.counts.requests += 1  # uncacheable: refused, never loaded
-            continue
-        node.request(key, now, size, cost)
-    node.finish(float("inf"))
+    node = _Node(policy, Caps(config.max_models, config.memory_bytes), learner)
+    inf, i, last = float("inf"), 0, None  # last: the node's previous request in the log (its time, _Request)
+    while True:
+        logged = requests[i][1] if i < len(requests) else inf
+        sent = node.sent[0][0] if node.sent else inf
+        ends = node.next_end()
+        if ends == sent == logged == inf:
+            break
+        if ends <= min(sent, logged):  # a load that ends at t serves before the requests of t
+            node.end(ends)
+        elif sent <= logged:
+            _, _, r = heapq.heappop(node.sent)
+            r.sent = sent
+            node.request(r, sent)
+        else:
+            key, now, size, cost, _ = requests[i]
+            i += 1
+            if config.memory_bytes and size > config.memory_bytes:
+                node.counts.requests += 1  # uncacheable: refused, never loaded
+                continue
+            follower = last is not None and last[1].key != key and now - last[0] <= follow_s
+            r = _Request(key, now, size, cost, follower)
+            node.counts.followers += follower
+            if follower and last[1].answered is None:  # sent when its predecessor is answered
+                last[1].then.append((now - last[0], r))
+            else:
+                node.request(r, now)
+            last = (now, r)
     return node.counts
 
 
