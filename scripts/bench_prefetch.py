@@ -1,13 +1,16 @@
 #!/usr/bin/env python
 """Co-access prefetch live: a pipeline replayed against ``tfscache serve``, prefetch off and on (issue 25).
 
-    .venv/bin/python scripts/bench_prefetch.py [--models 16] [--cap 6] [--rounds 150] [--gap-ms 0]
+    .venv/bin/python scripts/bench_prefetch.py [--backend tfserving|triton] [--models 16] [--cap 6]
+        [--rounds 150] [--gap-ms 0]
 
-Builds N ``addk`` models (``--size-mb`` each, so a load takes measurable time) and a pipeline
+Builds N ``addk`` models (``--size-mb`` each, so a load takes measurable time; with ``--backend
+triton`` python-backend models whose ``initialize()`` allocates that much, on a real tritonserver,
+asked with tritonclient.grpc) and a pipeline
 workload: each round picks a model A by Zipf rank (alpha 1, fixed seed) and predicts it; with
 probability 0.5 the round then predicts A's fixed follower B, ``--gap-ms`` after A's answer (0: at
 once, as a two-stage inference does). The same rounds run against two ``tfscache serve`` processes
-in turn, each with one ``tfscache node`` child capped at ``--cap`` models (LRU): the baseline with
+in turn, each with one node child (``tfscache node``, or tritonserver) capped at ``--cap`` models (LRU): the baseline with
 ``cache.prefetch=false``, then ``cache.prefetch=true`` (its defaults otherwise), ``--repeats`` times. Per run, from the
 request log's ``cold`` column (the request waited for a load) and the client's clock: cold
 requests, cold follower requests, follower requests served by a prefetched load, and the total
@@ -40,11 +43,35 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc  # noqa: E402
 _RUNS = itertools.count(1)
 
 
-def build(root: Path, count: int, size_bytes: int) -> Path:
+def build(root: Path, count: int, size_bytes: int, backend: str) -> Path:
+    if backend == "triton":
+        from tfscache.kinds.triton.testmodels import build_triton_models  # noqa: PLC0415
+
+        build_triton_models(root / "models", synthetic=count, padding_bytes=size_bytes)
+        return root / "models"
     from tfscache.node import testmodels  # noqa: PLC0415 (tensorflow: only here)
 
     bases = [testmodels.build_addk(root / f"built{k}", k, size_bytes, (1,)) for k in range(1, count + 1)]
     return link_repository(root / "models", bases)
+
+
+def client(backend: str, target: str):
+    """(a function predicting model ``name`` once, what closes it): the backend's official client."""
+    if backend == "triton":
+        import numpy as np  # noqa: PLC0415
+        import tritonclient.grpc as tritongrpc  # noqa: PLC0415
+
+        triton = tritongrpc.InferenceServerClient(target)
+
+        def infer(name: str) -> None:
+            tensor = tritongrpc.InferInput("x", [1], "FP32")
+            tensor.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+            triton.infer(name, [tensor], client_timeout=300)
+
+        return infer, triton.close
+    channel = grpc.insecure_channel(target)
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    return (lambda name: stub.Predict(predict_request(name, 1.0), timeout=300)), channel.close
 
 
 def rounds(count: int, n: int, seed: int = 1) -> list[tuple[int, int | None]]:
@@ -60,15 +87,16 @@ def rounds(count: int, n: int, seed: int = 1) -> list[tuple[int, int | None]]:
     return out
 
 
-def run(repo: Path, tmp: Path, plan: list[tuple[int, int | None]], cap: int, gap_s: float, prefetch: bool) -> dict:
+def run(repo: Path, tmp: Path, plan: list[tuple[int, int | None]], cap: int, gap_s: float, prefetch: bool,
+        backend: str) -> dict:
     log = tmp / f"requests-{next(_RUNS)}.csv"
-    with start_serve(tmp, repo, "--local-nodes", "1", "--max-models-per-node", str(cap), "--metrics-port", "0",
-                     "--request-log", str(log), "--set", "cache.policy=lru",
+    with start_serve(tmp, repo, "--backend", backend, "--local-nodes", "1", "--max-models-per-node", str(cap),
+                     "--metrics-port", "0", "--request-log", str(log), "--set", "cache.policy=lru",
                      "--set", f"cache.prefetch={'true' if prefetch else 'false'}") as serve:
         metrics_port = json.loads((serve.directory / "ports.json").read_text())["metrics"]
         seconds, follower = [], []
-        with grpc.insecure_channel(serve.grpc_target) as channel:
-            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        infer, close = client(backend, serve.grpc_target)
+        try:
             started = time.perf_counter()
             for a, b in plan:
                 for k, is_follower in ((a, False), (b, True)):
@@ -77,10 +105,12 @@ def run(repo: Path, tmp: Path, plan: list[tuple[int, int | None]], cap: int, gap
                     if is_follower and gap_s:
                         time.sleep(gap_s)  # the pipeline's own pace between stages, not a wait for the cache
                     t0 = time.perf_counter()
-                    stub.Predict(predict_request(f"addk_{k}", 1.0), timeout=300)
+                    infer(f"addk_{k}")
                     seconds.append(time.perf_counter() - t0)
                     follower.append(is_follower)
             wall = time.perf_counter() - started
+        finally:
+            close()
         node = requests.get(f"http://127.0.0.1:{metrics_port}/status", timeout=10).json()["nodes"][0]
         deadline = time.monotonic() + 30
         while len(_rows(log)) < len(seconds) and time.monotonic() < deadline:
@@ -104,6 +134,7 @@ def _rows(path: Path) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=("tfserving", "triton"), default="tfserving")
     parser.add_argument("--models", type=int, default=16)
     parser.add_argument("--cap", type=int, default=6, help="models per node (default 6)")
     parser.add_argument("--rounds", type=int, default=150)
@@ -113,11 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="bench-prefetch-") as tmp:
         tmp = Path(tmp)
-        repo = build(tmp, args.models, int(args.size_mb * 1e6))
+        repo = build(tmp, args.models, int(args.size_mb * 1e6), args.backend)
         plan = rounds(args.models, args.rounds)
-        results = [run(repo, tmp, plan, args.cap, args.gap_ms / 1000, on)
+        results = [run(repo, tmp, plan, args.cap, args.gap_ms / 1000, on, args.backend)
                    for _ in range(args.repeats) for on in (False, True)]
-    print(f"{args.rounds} rounds, {args.models} models of {args.size_mb:g} MB, cap {args.cap} (LRU), "
+    print(f"{args.backend}: {args.rounds} rounds, {args.models} models of {args.size_mb:g} MB, cap {args.cap} (LRU), "
           f"gap {args.gap_ms:g} ms between stages\n")
     print("| prefetch | requests | cold | follower requests | cold followers | followers served by a prefetch "
           "| total wait (s) | wall (s) | prefetch started / completed / used / wasted |")

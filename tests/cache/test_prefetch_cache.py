@@ -28,6 +28,7 @@ class FakeAdapter:
     client = None
     lost_texts = ("Servable not found",)
     sizes_on_disk = True
+    loads_apart = True  # a load call per key may run beside another (cache.adapter)
 
     def __init__(self) -> None:
         self.serving: set = set()

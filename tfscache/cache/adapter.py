@@ -16,6 +16,10 @@ reloader then marks it unhealthy and recovers it):
 * ``sizes_on_disk``: whether a model's size on disk predicts its memory (TF Serving: its
   variables; a Triton Python-backend model allocates in ``initialize()``). When False, a model
   never loaded before is estimated at least at the node's typical learned size.
+* ``loads_apart``: whether ``load`` calls for different keys run concurrently on the node, each
+  returning when its own keys settled (Triton, MLServer: a load call per model). Then a prefetch
+  loads beside a real load without delaying it (tfscache.cache.reloader); TF Serving's reload waits
+  for every model it adds, so there a prefetch loads only when the node has nothing else to load.
 * ``await wait_ready(timeout) -> bool``: wait until the node accepts connections.
 * ``await sync(wanted, deadline_s)``: make the node serve exactly ``wanted`` (keys), and
   nothing else, without waiting for loads (start-up re-adoption, recovery, restore).
@@ -47,6 +51,7 @@ class NodeAdapter(Protocol):
     client: object
     lost_texts: tuple[str, ...]
     sizes_on_disk: bool
+    loads_apart: bool
 
     async def wait_ready(self, timeout: float) -> bool: ...
 

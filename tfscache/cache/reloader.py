@@ -94,7 +94,8 @@ class Reloader:
             ledger.retire(key)
         self.expire_room_waits(now)
         leaving += decided.victims
-        if self.prefetched is not None and not decided.blocked:  # beside the batch, or alone
+        if self.prefetched is not None and not decided.blocked and (  # beside this batch where the node
+                self.adapter.loads_apart or not (batch or leaving)):  # loads apart, else with nothing else to do
             more, prefetches = self.prefetch(now, victims=not (batch and self.holds_freed_memory()))
             leaving, batch = leaving + more, batch + prefetches
         if leaving and not await self.unload(leaving):

@@ -56,6 +56,7 @@ class MLServerAdapter:
     """One MLServer node behind its gRPC repository API (``MLServerClient``)."""
 
     sizes_on_disk = False  # a pickled model's memory is the runtime's and its worker's: learned at load
+    loads_apart = True  # each model loads by its own call: a batch's loads end apart (cache.adapter)
     # MLServer's NOT_FOUND for a model it does not hold ("Model NAME not found", "Model NAME with
     # version V not found"): the only 404/NOT_FOUND it sends (mlserver.errors.ModelNotFound).
     lost_texts = ("Model ",)

@@ -37,6 +37,7 @@ class TFServingAdapter:
     """One TF Serving node (real, or `tfscache node`) behind its ModelService."""
 
     sizes_on_disk = True  # whether a model's size on disk predicts its memory (cache.adapter)
+    loads_apart = False  # one reload waits for every model it adds: a batch's loads end together (cache.adapter)
     lost_texts = ("Servable not found for request",)  # a model not in its config (cache.adapter)
 
     def __init__(self, client: NodeClient, repository: ModelRepository, *, rpc_deadline_s: float = 10.0,

@@ -89,6 +89,7 @@ class TritonAdapter:
     """One Triton node behind its gRPC repository API (``tfscache.kinds.triton.client.OipClient``)."""
 
     sizes_on_disk = False  # whether a model's size on disk predicts its memory (cache.adapter)
+    loads_apart = True  # each model loads by its own call: a batch's loads end apart (cache.adapter)
     lost_texts = ("Request for unknown model:",)  # a model it has not loaded since it started (cache.adapter)
 
     def __init__(self, client: OipClient, repository: ModelRepository, *, rpc_deadline_s: float = 10.0,
