@@ -20,11 +20,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tfscache.cache.prefetch import CoAccessSettings  # noqa: E402
-from tfscache.sim import build_policy  # noqa: E402
-from tfscache.sim import prefetch as sim  # noqa: E402
-from tfscache.sim.engine import split  # noqa: E402
-from tfscache.sim.trace import read_trace  # noqa: E402
+from tfscache.cache.prefetch import CoAccessSettings
+from tfscache.sim import build_policy
+from tfscache.sim import prefetch as sim
+from tfscache.sim.engine import split
+from tfscache.sim.trace import read_trace
 
 GAP_S = 0.01
 
