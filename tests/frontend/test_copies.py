@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from cache.cache_support import Gate, wait_for_condition
-from support.node import start_node, version_status_at
+from support.node import started_nodes, version_status_at
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS, running_sidecars
 from tfscache import settings as settings_mod
@@ -55,9 +55,8 @@ def three_nodes(tmp_path_factory):
     gates = {name: Gate(directory / f"gate-{name}") for name in NAMES}
     for gate in gates.values():
         gate.dir.mkdir()
-    with start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['a'].dir}"]) as a, \
-            start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['b'].dir}"]) as b, \
-            start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['c'].dir}"]) as c:
+    with started_nodes(directory, [[*NODE_FLAGS, f"--load_gate_dir={gates[name].dir}"] for name in NAMES],
+                       config=EMPTY) as (a, b, c):
         a.gate, b.gate, c.gate = gates["a"], gates["b"], gates["c"]
         yield {"a": a, "b": b, "c": c}
 
