@@ -57,14 +57,20 @@ def started_together(starts: list[Callable[[], S]]) -> Iterator[list[S]]:
     """Run each of ``starts`` (a call that starts a server and returns it, a context manager that
     stops it, once serving) at once: the starts overlap (each waits on its own process's imports,
     TensorFlow's above all) instead of queueing. The servers, in the order of ``starts``; every one
-    that started is stopped on exit, and also when another failed to start."""
+    that started is stopped on exit, and also when another failed to start; the stops overlap too
+    (a tritonserver takes seconds to exit)."""
     with ThreadPoolExecutor(len(starts)) as pool:
         futures = [pool.submit(start) for start in starts]
-    with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(f.result()) for f in futures if f.exception() is None]
+    started = [f.result().__enter__() for f in futures if f.exception() is None]
+    try:
         for future in futures:
-            future.result()  # the first start that failed raises here; the stack stops the others
-        yield servers
+            future.result()  # the first start that failed raises here; the others are stopped
+        yield started
+    finally:
+        with ThreadPoolExecutor(max(len(started), 1)) as pool:
+            stops = [pool.submit(server.__exit__, None, None, None) for server in started]
+        for stop in stops:
+            stop.result()
 
 
 class ServerProcess:
