@@ -24,7 +24,7 @@ from prometheus_client import generate_latest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from cache.cache_support import Gate, wait_for_condition
-from support.node import started_nodes, version_status_at
+from support.node import start_node, version_status_at
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS, running_sidecars
 from tfscache import settings as settings_mod
@@ -50,15 +50,14 @@ class Clock:
 
 
 @pytest.fixture(scope="module")
-def three_nodes(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("copies-nodes")
-    gates = {name: Gate(directory / f"gate-{name}") for name in NAMES}
-    for gate in gates.values():
-        gate.dir.mkdir()
-    with started_nodes(directory, [[*NODE_FLAGS, f"--load_gate_dir={gates[name].dir}"] for name in NAMES],
-                       config=EMPTY) as (a, b, c):
-        a.gate, b.gate, c.gate = gates["a"], gates["b"], gates["c"]
-        yield {"a": a, "b": b, "c": c}
+def three_nodes(nodes, tmp_path_factory):
+    """The package's two nodes (conftest's ``nodes``: a and b, emptied) and a third, c, of this module's."""
+    directory = tmp_path_factory.mktemp("copies-node-c")
+    gate = Gate(directory / "gate-c")
+    gate.dir.mkdir()
+    with start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gate.dir}"]) as c:
+        c.gate = gate
+        yield {**nodes, "c": c}
 
 
 @pytest.fixture
