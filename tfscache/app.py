@@ -143,7 +143,8 @@ class ServeApp:
                 self._rest = RestFrontend(self.router, bind_address=fe.bind_address, port=fe.rest_port,
                                           max_receive_bytes=s.server.max_receive_message_bytes,
                                           timeout_s=s.server.rest_timeout_s, metrics=metrics,
-                                          protocol=self.protocol, ssl_context=tls.ssl_context if tls else None)
+                                          protocol=self.protocol, ssl_context=tls.ssl_context if tls else None,
+                                          refusal_log_period_s=s.server.refusal_log_period_s)
                 self.rest_port = await self._rest.start()
             if self.workers is not None:  # the public ports, served by the workers from now on
                 self.grpc_port, self.rest_port = await self.workers.start(

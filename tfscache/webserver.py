@@ -7,7 +7,8 @@ handler runs) get their own status, not aiohttp's 400 for all: a request line ov
 ``MAX_REQUEST_LINE`` bytes is 414, a header over ``MAX_HEADER_FIELD`` bytes or too
 many headers 431, anything else 400. aiohttp logs each at ERROR with a traceback,
 so any client could fill the log; here they are counted and reported in at most one
-WARNING line per ``REFUSAL_LOG_PERIOD_S`` per server.
+WARNING line per period per server (``REFUSAL_LOG_PERIOD_S``; ``tfscache serve``'s REST front end:
+``server.refusal_log_period_s``).
 """
 
 from __future__ import annotations
@@ -41,15 +42,16 @@ def refusal_status(exc: HttpProcessingError) -> int:
 class _RefusalLog:
     """Counts refused requests; one WARNING per period at most, with the count."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, period_s: float) -> None:
         self._what = what
+        self._period_s = period_s
         self._counts: dict[int, int] = {}
         self._last_logged = float("-inf")
         self._pending: asyncio.TimerHandle | None = None
 
     def refused(self, status: int) -> None:
         self._counts[status] = self._counts.get(status, 0) + 1
-        wait = self._last_logged + REFUSAL_LOG_PERIOD_S - time.monotonic()
+        wait = self._last_logged + self._period_s - time.monotonic()
         if wait <= 0:
             self._flush()
         elif self._pending is None:
@@ -93,21 +95,23 @@ class _Server(web_server.Server):
 
 
 class _AppRunner(web.AppRunner):
-    def __init__(self, app: web.Application, what: str, **kwargs) -> None:
+    def __init__(self, app: web.Application, what: str, refusal_log_period_s: float, **kwargs) -> None:
         super().__init__(app, max_line_size=MAX_REQUEST_LINE, max_field_size=MAX_HEADER_FIELD,
                          **kwargs)
         self._what = what
+        self._refusal_log_period_s = refusal_log_period_s
 
     async def _make_server(self) -> web_server.Server:
         server = await super()._make_server()
         server.__class__ = _Server  # the same server; only its protocol factory differs
-        server.refusals = _RefusalLog(self._what)
+        server.refusals = _RefusalLog(self._what, self._refusal_log_period_s)
         return server
 
 
-def app_runner(app: web.Application, what: str) -> web.AppRunner:
-    """An AppRunner for ``app`` that refuses unparsable requests quietly (see above)."""
-    return _AppRunner(app, what, access_log=None, handle_signals=False)
+def app_runner(app: web.Application, what: str, refusal_log_period_s: float = REFUSAL_LOG_PERIOD_S) -> web.AppRunner:
+    """An AppRunner for ``app`` that refuses unparsable requests quietly, counting them in one
+    WARNING line per ``refusal_log_period_s`` at most (see above)."""
+    return _AppRunner(app, what, refusal_log_period_s, access_log=None, handle_signals=False)
 
 
 class WebServer:
@@ -116,8 +120,9 @@ class WebServer:
     what = "HTTP server"  # for the log line
 
     def __init__(self, bind_address: str, port: int, ssl_context: ssl.SSLContext | None = None, *,
-                 reuse_port: bool = False) -> None:
+                 reuse_port: bool = False, refusal_log_period_s: float = REFUSAL_LOG_PERIOD_S) -> None:
         self._bind = (bind_address, port)
+        self._refusal_log_period_s = refusal_log_period_s
         self._reuse_port = reuse_port  # SO_REUSEPORT: worker processes share the port (tfscache.workers)
         self._ssl_context = ssl_context  # HTTPS (tfscache.tls.ServerTls); None: plain HTTP
         self._runner: web.AppRunner | None = None
@@ -127,7 +132,7 @@ class WebServer:
         raise NotImplementedError
 
     async def start(self) -> int:
-        self._runner = app_runner(self.web_app(), self.what)
+        self._runner = app_runner(self.web_app(), self.what, self._refusal_log_period_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._bind[0], self._bind[1], reuse_port=self._reuse_port,
                            ssl_context=self._ssl_context)

@@ -10,6 +10,7 @@ No sleeps: clients count their requests and the test waits for counts and states
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -19,6 +20,7 @@ from grpc_health.v1 import health_pb2
 import pytest
 
 from admin.serving import health_check, predict, start_admin_serve
+from support.process import started_together
 from tfscache.admin.client import AdminClient
 from tfscache.cluster.ring import Ring
 
@@ -74,10 +76,21 @@ class Traffic:
 
 
 @pytest.fixture(scope="module")
-def two_nodes(admin_repo, tmp_path_factory):
-    with start_admin_serve(tmp_path_factory.mktemp("drain"), admin_repo, "--local-nodes", "2",
-                           "--replicas-per-model", "2", "--set", "server.grace_s=2") as process:
-        yield process
+def serves(admin_repo, tmp_path_factory):
+    """The module's three serves, started at once: ``two_nodes``'s and ``ending``'s two."""
+    directory = tmp_path_factory.mktemp("drain")
+    ending = functools.partial(start_admin_serve, directory, admin_repo, "--local-nodes", "1",
+                               "--set", "server.grace_s=1")
+    with started_together([
+            functools.partial(start_admin_serve, directory, admin_repo, "--local-nodes", "2",
+                              "--replicas-per-model", "2", "--set", "server.grace_s=2"),
+            ending, ending]) as started:
+        yield started
+
+
+@pytest.fixture(scope="module")
+def two_nodes(serves):
+    return serves[0]
 
 
 def test_draining_one_of_two_replicas_fails_no_request(two_nodes):
@@ -143,35 +156,41 @@ class Watch:
         self._channel.close()
 
 
-def test_draining_the_process_unloads_everything_and_exits_0(admin_repo, tmp_path):
-    with start_admin_serve(tmp_path, admin_repo, "--local-nodes", "1", "--set", "server.grace_s=1") as serve:
-        with AdminClient(serve.admin_target) as admin:
-            admin.preload("addk_1")
-            admin.pin("addk_2")
-            watch = Watch(serve.grpc_target)
-            try:
-                watch.wait_for([SERVING])
-                progress = list(admin.drain())
-                watch.wait_for([SERVING, NOT_SERVING])
-            finally:
-                watch.close()
-        assert progress[0].models_total == 2
-        assert (progress[-1].done, progress[-1].models_left) == (True, 0)
-        assert serve.process.wait(60) == 0
-        log = serve.log_text()
-        assert "health: NOT_SERVING (draining)" in log
-        assert "draining: unloading" in log and "drained: every model unloaded; exiting" in log
-        assert log.index("health: NOT_SERVING") < log.index("drained: every model unloaded")
+@pytest.fixture(scope="module")
+def ending(serves):
+    """A serve of its own (one node, grace 1 s) for each test below that ends it."""
+    return {"drain": serves[1], "sigterm": serves[2]}
 
 
-def test_sigterm_turns_health_not_serving_first_and_exits_0(admin_repo, tmp_path):
-    with start_admin_serve(tmp_path, admin_repo, "--local-nodes", "1", "--set", "server.grace_s=1") as serve:
-        assert predict(grpc.insecure_channel(serve.grpc_target), "addk_1", 1.0) == [2.0]
+def test_draining_the_process_unloads_everything_and_exits_0(ending):
+    serve = ending["drain"]
+    with AdminClient(serve.admin_target) as admin:
+        admin.preload("addk_1")
+        admin.pin("addk_2")
         watch = Watch(serve.grpc_target)
         try:
             watch.wait_for([SERVING])
-            serve.process.send_signal(signal.SIGTERM)
-            watch.wait_for([SERVING, NOT_SERVING])  # seen before the server went away
+            progress = list(admin.drain())
+            watch.wait_for([SERVING, NOT_SERVING])
         finally:
             watch.close()
-        assert serve.process.wait(60) == 0
+    assert progress[0].models_total == 2
+    assert (progress[-1].done, progress[-1].models_left) == (True, 0)
+    assert serve.process.wait(60) == 0
+    log = serve.log_text()
+    assert "health: NOT_SERVING (draining)" in log
+    assert "draining: unloading" in log and "drained: every model unloaded; exiting" in log
+    assert log.index("health: NOT_SERVING") < log.index("drained: every model unloaded")
+
+
+def test_sigterm_turns_health_not_serving_first_and_exits_0(ending):
+    serve = ending["sigterm"]
+    assert predict(grpc.insecure_channel(serve.grpc_target), "addk_1", 1.0) == [2.0]
+    watch = Watch(serve.grpc_target)
+    try:
+        watch.wait_for([SERVING])
+        serve.process.send_signal(signal.SIGTERM)
+        watch.wait_for([SERVING, NOT_SERVING])  # seen before the server went away
+    finally:
+        watch.close()
+    assert serve.process.wait(60) == 0

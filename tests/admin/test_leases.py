@@ -13,23 +13,42 @@ import signal
 import grpc
 from grpc_health.v1 import health_pb2
 import pytest
+import pytest_asyncio
 
 from tfscache import errors
 from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
 from tfscache.wire import admin_pb2
 
+pytestmark = pytest.mark.asyncio(loop_scope="module")  # the module's apps live on one loop
 
-@pytest.fixture
-async def app(admin_repo, tmp_path):
-    settings = settings_mod.load(env={}, overrides={
+
+def settings_for(admin_repo, state_dir, **more):
+    return settings_mod.load(env={}, overrides={
         "model_repository": str(admin_repo), "node.local_nodes": 1, "server.bind_address": "127.0.0.1",
         "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "server.admin_port": 0,
-        "node.state_dir": str(tmp_path / "state")})
-    app = ServeApp(settings)
-    await app.start()  # health and the admin server: app.lifecycle
-    yield app
-    await app.lifecycle.shutdown(grace=0)
+        "node.state_dir": str(state_dir), **more})
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def apps(admin_repo, tmp_path_factory):
+    """An app (one node) for each test below, started at once (their nodes' starts overlap):
+    "evict", "drain" and "two nodes" (replicas on both). Each test ends or empties its own."""
+    directory = tmp_path_factory.mktemp("leases")
+    made = {"evict": ServeApp(settings_for(admin_repo, directory / "evict")),
+            "drain": ServeApp(settings_for(admin_repo, directory / "drain")),
+            "two nodes": ServeApp(settings_for(admin_repo, directory / "two", **{
+                "node.local_nodes": 2, "ring.replicas_per_model": 2}))}
+    started = await asyncio.gather(*(app.start() for app in made.values()), return_exceptions=True)
+    try:
+        for result in started:  # health and the admin server: app.lifecycle
+            if isinstance(result, BaseException):
+                raise result
+        yield made
+    finally:
+        for app, result in zip(made.values(), started):
+            if not isinstance(result, BaseException):
+                await app.lifecycle.shutdown(grace=0)
 
 
 def rpc(channel, method: str, response_type, streaming: bool = False):
@@ -38,7 +57,8 @@ def rpc(channel, method: str, response_type, streaming: bool = False):
                 response_deserializer=response_type.FromString)
 
 
-async def test_evicting_a_leased_model_names_its_leases(app):
+async def test_evicting_a_leased_model_names_its_leases(apps):
+    app = apps["evict"]
     cache = app.backends["node0"].cache
     leases = [await cache.acquire("addk_1"), await cache.acquire("addk_1")]
     async with grpc.aio.insecure_channel(f"127.0.0.1:{app.lifecycle.admin_port}") as channel:
@@ -56,7 +76,8 @@ async def test_evicting_a_leased_model_names_its_leases(app):
     assert cache.snapshot() == []
 
 
-async def test_a_process_drain_waits_for_requests_in_flight_then_unloads(app):
+async def test_a_process_drain_waits_for_requests_in_flight_then_unloads(apps):
+    app = apps["drain"]
     cache = app.backends["node0"].cache
     await cache.preload("addk_2")
     lease = await cache.acquire("addk_1")
@@ -82,18 +103,6 @@ async def test_a_process_drain_waits_for_requests_in_flight_then_unloads(app):
     assert cache.snapshot() == []
 
 
-@pytest.fixture
-async def two_node_app(admin_repo, tmp_path):
-    settings = settings_mod.load(env={}, overrides={
-        "model_repository": str(admin_repo), "node.local_nodes": 2, "ring.replicas_per_model": 2,
-        "server.bind_address": "127.0.0.1", "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1,
-        "server.admin_port": 0, "node.state_dir": str(tmp_path / "state")})
-    app = ServeApp(settings)
-    await app.start()
-    yield app
-    await app.lifecycle.shutdown(grace=0)
-
-
 async def until(predicate, timeout: float = 120.0) -> None:
     """Wait for a condition of another process (a node restarting); checked every 50 ms."""
     async with asyncio.timeout(timeout):
@@ -101,8 +110,8 @@ async def until(predicate, timeout: float = 120.0) -> None:
             await asyncio.sleep(0.05)
 
 
-async def test_a_node_drain_cut_short_by_the_node_dying_reports_it_and_can_be_retried(two_node_app):
-    app = two_node_app
+async def test_a_node_drain_cut_short_by_the_node_dying_reports_it_and_can_be_retried(apps):
+    app = apps["two nodes"]
     old = app.backends["node1"].cache
     await old.preload("addk_1")
     lease = await old.acquire("addk_1")

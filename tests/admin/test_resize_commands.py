@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 
@@ -9,6 +10,7 @@ import pytest
 
 from admin.serving import start_admin_serve
 from support.node import PYTHON, REPO
+from support.process import started_together
 from tfscache.admin.client import AdminClient
 
 
@@ -26,8 +28,8 @@ def names(address: str) -> list[str]:
 def processes(admin_repo, tmp_path_factory):
     """Two tfscache processes standing for sidecars "a" (now) and "b" (joining), shared by the module."""
     directory = tmp_path_factory.mktemp("resize")
-    with start_admin_serve(directory, admin_repo, "--local-nodes", "1") as a, \
-            start_admin_serve(directory, admin_repo, "--local-nodes", "1") as b:
+    start = functools.partial(start_admin_serve, directory, admin_repo, "--local-nodes", "1")
+    with started_together([start, start]) as (a, b):  # the two starts overlap
         yield {"a": a.admin_target, "b": b.admin_target}
 
 

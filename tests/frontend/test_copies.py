@@ -50,16 +50,14 @@ class Clock:
 
 
 @pytest.fixture(scope="module")
-def three_nodes(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("copies-nodes")
-    gates = {name: Gate(directory / f"gate-{name}") for name in NAMES}
-    for gate in gates.values():
-        gate.dir.mkdir()
-    with start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['a'].dir}"]) as a, \
-            start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['b'].dir}"]) as b, \
-            start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gates['c'].dir}"]) as c:
-        a.gate, b.gate, c.gate = gates["a"], gates["b"], gates["c"]
-        yield {"a": a, "b": b, "c": c}
+def three_nodes(nodes, tmp_path_factory):
+    """The package's two nodes (conftest's ``nodes``: a and b, emptied) and a third, c, of this module's."""
+    directory = tmp_path_factory.mktemp("copies-node-c")
+    gate = Gate(directory / "gate-c")
+    gate.dir.mkdir()
+    with start_node(directory, config=EMPTY, flags=[*NODE_FLAGS, f"--load_gate_dir={gate.dir}"]) as c:
+        c.gate = gate
+        yield {**nodes, "c": c}
 
 
 @pytest.fixture

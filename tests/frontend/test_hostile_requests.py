@@ -20,9 +20,13 @@ LONG = "m" * 16384
 LONG_NAME_ERROR = f"Invalid model name '{'m' * 200}...': a model name must be at most 255 bytes, got 16384"
 
 
+REFUSAL_LOG_PERIOD_S = 0.2  # server.refusal_log_period_s: each test's refusals are reported soon after
+
+
 @pytest.fixture(scope="module")
 def serve(frontend_repo, tmp_path_factory):
-    with start_serve(tmp_path_factory.mktemp("hostile-serve"), frontend_repo, "--local-nodes", "1") as serve:
+    with start_serve(tmp_path_factory.mktemp("hostile-serve"), frontend_repo, "--local-nodes", "1",
+                     "--set", f"server.refusal_log_period_s={REFUSAL_LOG_PERIOD_S}") as serve:
         yield serve
 
 

@@ -12,14 +12,17 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 
+import pytest
 import tritonclient.grpc as tritongrpc
 from tritonclient.utils import InferenceServerException
 
 from frontend.serving import start_serve
 from support.mlserver import mlserver_infer, serve_nodes, start_mlserver
+from support.process import started_together
 from support.traffic import ClientLoop
 from support.waiting import wait_until
 
@@ -48,22 +51,33 @@ def check(traffic: Traffic, serve) -> None:
     traffic.check()
 
 
-def test_an_embedded_node_killed_under_traffic_fails_no_request(tmp_path, mlserver_repository, mlserver_bin):
-    with start_serve(tmp_path, mlserver_repository, "--backend", "mlserver", "--local-nodes", "1",
-                     "--node-command", mlserver_bin) as serve:
-        first = serve_nodes(serve)["node0"]
-        with Traffic(serve.grpc_target) as traffic:
-            wait_until(lambda: traffic.ok() >= 20, 180, "warm traffic")
-            os.killpg(first["pid"], signal.SIGKILL)  # mlserver and its workers, as the OOM killer might
-            count = traffic.done()
-            wait_until(lambda: serve_nodes(serve)["node0"]["pid"] != first["pid"], 180, "the node restarted")
-            wait_until(lambda: traffic.done() >= count + 30, 240, "traffic after the restart")
-        check(traffic, serve)
-        assert "node0 (pid %d) exited" % first["pid"] in serve.log_text()
+@pytest.fixture(scope="module")
+def started(tmp_path_factory, mlserver_repository, mlserver_bin):
+    """Each test's first process, started at once: "embedded", a serve with its own MLServer node, and
+    "raw", the MLServer the sidecar test puts a serve in front of. Each test ends its own."""
+    directory = tmp_path_factory.mktemp("restart")
+    with started_together([
+            functools.partial(start_serve, directory, mlserver_repository, "--backend", "mlserver",
+                              "--local-nodes", "1", "--node-command", mlserver_bin),
+            functools.partial(start_mlserver, directory / "first", mlserver_repository)]) as (embedded, raw):
+        yield {"embedded": embedded, "raw": raw}
 
 
-def test_mlserver_restarting_behind_a_sidecar_fails_no_request(tmp_path, mlserver_repository, mlserver_bin):
-    node = start_mlserver(tmp_path / "first", mlserver_repository)
+def test_an_embedded_node_killed_under_traffic_fails_no_request(started):
+    serve = started["embedded"]
+    first = serve_nodes(serve)["node0"]
+    with Traffic(serve.grpc_target) as traffic:
+        wait_until(lambda: traffic.ok() >= 20, 180, "warm traffic")
+        os.killpg(first["pid"], signal.SIGKILL)  # mlserver and its workers, as the OOM killer might
+        count = traffic.done()
+        wait_until(lambda: serve_nodes(serve)["node0"]["pid"] != first["pid"], 180, "the node restarted")
+        wait_until(lambda: traffic.done() >= count + 30, 240, "traffic after the restart")
+    check(traffic, serve)
+    assert "node0 (pid %d) exited" % first["pid"] in serve.log_text()
+
+
+def test_mlserver_restarting_behind_a_sidecar_fails_no_request(started, tmp_path, mlserver_repository):
+    node = started["raw"]
     restarted = None
     try:
         with start_serve(tmp_path, mlserver_repository, "--backend", "mlserver",

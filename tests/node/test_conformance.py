@@ -11,6 +11,7 @@ half_plus_two (123, 124), half_plus_three and the tf.saved_model.save models.
 
 from __future__ import annotations
 
+import functools
 import shutil
 
 import grpc
@@ -19,6 +20,7 @@ import pytest
 import tensorflow as tf
 from support import fixtures
 from support.node import model_config, start_node, wait_for_states
+from support.process import started_together
 from support.requests import predict_request, reload_request
 from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (
@@ -38,17 +40,11 @@ REGRESS = "tensorflow/serving/regress"
 
 
 @pytest.fixture(scope="module")
-def default_node(tmp_path_factory, test_models):
+def two_nodes(tmp_path_factory, test_models):
+    """[default_node, config_node], started (and stopped) at once."""
     # The upstream harness serves saved_model_half_plus_two_cpu: only version 00000123.
     base = tmp_path_factory.mktemp("cpu") / "half_plus_two_cpu"
     shutil.copytree(test_models / "half_plus_two" / "00000123", base / "00000123")
-    with start_node(tmp_path_factory.mktemp("default"), model_name="default",
-                    model_base_path=str(base)) as node:
-        yield node
-
-
-@pytest.fixture(scope="module")
-def config_node(tmp_path_factory, test_models):
     config = model_config(
         {"half_plus_two": test_models / "half_plus_two",
          "half_plus_three": test_models / "half_plus_three",
@@ -56,8 +52,21 @@ def config_node(tmp_path_factory, test_models):
          "saved_model_save": test_models / "saved_model_save",
          "multiple_signatures": test_models / "saved_model_save_multiple_signatures"},
         half_plus_two="model_version_policy { all {} }")
-    with start_node(tmp_path_factory.mktemp("config"), config=config) as node:
-        yield node
+    with started_together([
+            functools.partial(start_node, tmp_path_factory.mktemp("default"), model_name="default",
+                              model_base_path=str(base)),
+            functools.partial(start_node, tmp_path_factory.mktemp("config"), config=config)]) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def default_node(two_nodes):
+    return two_nodes[0]
+
+
+@pytest.fixture(scope="module")
+def config_node(two_nodes):
+    return two_nodes[1]
 
 
 default = fixtures.stub_on("default_node")

@@ -17,15 +17,21 @@ raises ``NodeStartError`` with the node's log.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable
 from pathlib import Path
 
-from support.process import REPO, ServerProcess, launch, wait_for_ports
+from support.process import (
+    REPO,
+    ServerProcess,
+    launch,
+    started_together,
+    wait_for_ports,
+)
 
 _VENV_PYTHON = REPO / ".venv" / "bin" / "python"
 PYTHON = str(_VENV_PYTHON if _VENV_PYTHON.exists() else Path(sys.executable))
@@ -92,19 +98,13 @@ def start_node(tmp_path: Path, *, config: str | None = None, model_name: str | N
     return NodeProcess(process, directory, log_path, config_path, ports)
 
 
-@contextlib.contextmanager
 def started_nodes(tmp_path: Path, flag_lists: list[list[str]], *, config: str | None = None
-                  ) -> Iterator[list[NodeProcess]]:
-    """One node per entry of ``flag_lists`` (``start_node``'s ``flags``), started concurrently:
-    the starts overlap (each waits on its own process's TensorFlow import) instead of queueing.
-    Every node that started is stopped on exit, and also when another failed to start."""
-    with ThreadPoolExecutor(len(flag_lists)) as pool:
-        futures = [pool.submit(start_node, tmp_path, config=config, flags=flags) for flags in flag_lists]
-    with contextlib.ExitStack() as stack:
-        nodes = [stack.enter_context(f.result()) for f in futures if f.exception() is None]
-        for future in futures:
-            future.result()  # the first start that failed raises here; the stack stops the others
-        yield nodes
+                  ) -> contextlib.AbstractContextManager[list[NodeProcess]]:
+    """One node per entry of ``flag_lists`` (``start_node``'s ``flags``), started concurrently
+    (``support.process.started_together``): every node that started is stopped on exit, and also
+    when another failed to start."""
+    return started_together([functools.partial(start_node, tmp_path, config=config, flags=flags)
+                             for flags in flag_lists])
 
 
 def model_config(models: dict[str, str | Path], **per_model: str) -> str:

@@ -3,17 +3,26 @@ ports file it writes once serving (`tfscache node --ports_file`, `tfscache serve
 
     process = launch(command, directory, log_path)
     ports = wait_for_ports(process, ports_file, log_path, timeout, StartError)
+
+    with started_together([lambda: start_serve(...), lambda: start_serve(...)]) as (a, b):
+        ...   # the starts overlapped; both are stopped on exit
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
+
+S = TypeVar("S")
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -41,6 +50,27 @@ def wait_for_ports(process: subprocess.Popen, ports_file: Path, log_path: Path, 
                        log_path.read_text(errors="replace"))
         time.sleep(0.05)  # polling a condition with a deadline
     return json.loads(ports_file.read_text())
+
+
+@contextlib.contextmanager
+def started_together(starts: list[Callable[[], S]]) -> Iterator[list[S]]:
+    """Run each of ``starts`` (a call that starts a server and returns it, a context manager that
+    stops it, once serving) at once: the starts overlap (each waits on its own process's imports,
+    TensorFlow's above all) instead of queueing. The servers, in the order of ``starts``; every one
+    that started is stopped on exit, and also when another failed to start; the stops overlap too
+    (a tritonserver takes seconds to exit)."""
+    with ThreadPoolExecutor(len(starts)) as pool:
+        futures = [pool.submit(start) for start in starts]
+    started = [f.result().__enter__() for f in futures if f.exception() is None]
+    try:
+        for future in futures:
+            future.result()  # the first start that failed raises here; the others are stopped
+        yield started
+    finally:
+        with ThreadPoolExecutor(max(len(started), 1)) as pool:
+            stops = [pool.submit(server.__exit__, None, None, None) for server in started]
+        for stop in stops:
+            stop.result()
 
 
 class ServerProcess:

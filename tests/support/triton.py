@@ -16,6 +16,8 @@ raises ``TritonStartError`` with the log.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import re
 import subprocess
 import tempfile
@@ -23,10 +25,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from support.process import ServerProcess
+from support.process import ServerProcess, started_together
 from support.traffic import ClientLoop
 
 from tfscache.kinds.triton import launcher as tritonbin
@@ -72,6 +74,13 @@ class TritonProcess(ServerProcess):
     @property
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+
+def beside_raw_triton(start: Callable[[], ServerProcess], directory: Path, repository: Path
+                      ) -> contextlib.AbstractContextManager[list[ServerProcess]]:
+    """``start()`` (a module's ``tfscache serve``, say) and a raw ``start_triton(directory,
+    repository)`` to compare it with, started and stopped at once: ``[server, raw]``."""
+    return started_together([start, functools.partial(start_triton, directory, repository)])
 
 
 def start_triton(tmp_path: Path, repository: Path, *, extra: Iterable[str] = (),

@@ -9,15 +9,20 @@
   ``triton_markers`` when they see a request cancelled.
 * ``triton`` (module): a running ``tritonserver`` over that repository, explicit model
   control, nothing loaded at start (a TritonProcess; stopped after the module).
+* ``served`` (module): ``[serve, raw]`` for a module that sets ``SERVE_ARGS``: its
+  ``tfscache serve --backend triton SERVE_ARGS`` over the repository and its ``triton``, started
+  (and stopped) at once; such a module's ``triton`` is this one.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support.triton import TritonProcess, start_triton
+from frontend.serving import start_serve
+from support.triton import TritonProcess, beside_raw_triton, start_triton
 
 from tfscache.kinds.triton import testmodels as tritonmodels
 
@@ -46,7 +51,18 @@ def triton_repository(tmp_path_factory: pytest.TempPathFactory, triton_markers: 
 
 
 @pytest.fixture(scope="module")
-def triton(tmp_path_factory: pytest.TempPathFactory, triton_repository: Path
+def triton(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, triton_repository: Path
            ) -> Iterator[TritonProcess]:
+    if hasattr(request.module, "SERVE_ARGS"):
+        yield request.getfixturevalue("served")[1]
+        return
     with start_triton(tmp_path_factory.mktemp("triton"), triton_repository) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def served(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, triton_repository: Path):
+    start = functools.partial(start_serve, tmp_path_factory.mktemp("serve"), triton_repository, "--backend", "triton",
+                              *request.module.SERVE_ARGS)
+    with beside_raw_triton(start, tmp_path_factory.mktemp("triton"), triton_repository) as pair:
+        yield pair

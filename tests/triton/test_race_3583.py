@@ -13,14 +13,12 @@
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as tritongrpc
 from tritonclient.utils import InferenceServerException
 
-from frontend.serving import start_serve
 from support.traffic import addk_of
 from support.triton import IndexSampler, serve_triton_nodes
 
@@ -119,11 +117,12 @@ def test_raw_triton_fails_a_request_when_another_client_unloads_between_load_and
         [(exc.status(), exc.message()) for exc in failed]
 
 
+SERVE_ARGS = ("--local-nodes", "1", "--max-models-per-node", "1")  # conftest's ``served``
+
+
 @pytest.fixture(scope="module")
-def cap_one(tmp_path_factory, triton_repository: Path):
-    with start_serve(tmp_path_factory.mktemp("race-serve"), triton_repository, "--backend", "triton",
-                     "--local-nodes", "1", "--max-models-per-node", "1") as serve:
-        yield serve
+def cap_one(served):
+    return served[0]
 
 
 def test_through_tfscache_the_same_traffic_fails_nothing(cap_one):

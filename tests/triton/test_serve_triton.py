@@ -16,7 +16,6 @@ What loaded is read from the node's own RepositoryIndex, never from tfscache's w
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import grpc
 import numpy as np
@@ -27,7 +26,6 @@ import tritonclient.http as tritonhttp
 from google.protobuf.json_format import MessageToDict
 from tritonclient.utils import InferenceServerException
 
-from frontend.serving import start_serve
 from support.triton import index_states, resident_models, serve_triton_nodes
 
 LIMIT = 1 << 20  # --max-receive-message-size
@@ -37,11 +35,12 @@ IDENTITY = {"Accept-Encoding": "identity"}
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
 
 
+SERVE_ARGS = ("--local-nodes", "1", "--max-receive-message-size", str(LIMIT))  # conftest's ``served``
+
+
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory, triton_repository: Path):
-    with start_serve(tmp_path_factory.mktemp("oip-serve"), triton_repository, "--backend", "triton",
-                     "--local-nodes", "1", "--max-receive-message-size", str(LIMIT)) as process:
-        yield process
+def serve(served):
+    return served[0]
 
 
 @pytest.fixture(scope="module")

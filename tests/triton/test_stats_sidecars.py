@@ -10,6 +10,7 @@ cannot be reached is left out of the answer and named in a warning; the request 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import socket
 
@@ -17,6 +18,7 @@ import aiohttp
 import numpy as np
 import pytest
 import tritonclient.grpc as tritongrpc
+from support.process import started_together
 from support.sidecars import running_sidecars
 from support.triton import resident_models, start_triton
 
@@ -28,10 +30,23 @@ MODEL = "addk_1"
 
 
 @pytest.fixture(scope="module")
-def triton_b(tmp_path_factory, triton_repository):
-    """The second node (conftest's ``triton`` is the first)."""
-    with start_triton(tmp_path_factory.mktemp("triton_b"), triton_repository) as server:
-        yield server
+def nodes(tmp_path_factory, triton_repository):
+    """The two tritonservers, started at once."""
+    with started_together([functools.partial(start_triton, tmp_path_factory.mktemp(name), triton_repository)
+                           for name in ("triton", "triton_b")]) as pair:
+        yield pair
+
+
+@pytest.fixture(scope="module")
+def triton(nodes):
+    """The first node (conftest's ``triton``, started beside the second)."""
+    return nodes[0]
+
+
+@pytest.fixture(scope="module")
+def triton_b(nodes):
+    """The second node."""
+    return nodes[1]
 
 
 @pytest.fixture

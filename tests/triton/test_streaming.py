@@ -21,17 +21,17 @@ import pytest
 import requests
 import tritonclient.grpc as tritongrpc
 
-from frontend.serving import start_serve
 from support.triton import serve_triton_nodes
 
 TIMEOUT = 120.0
 
 
+SERVE_ARGS = ("--local-nodes", "1")  # conftest's ``served``
+
+
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory, triton_repository: Path):
-    with start_serve(tmp_path_factory.mktemp("stream-serve"), triton_repository, "--backend", "triton",
-                     "--local-nodes", "1") as process:
-        yield process
+def serve(served):
+    return served[0]
 
 
 @pytest.fixture(scope="module")

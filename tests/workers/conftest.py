@@ -1,6 +1,10 @@
 """Fixtures for `tfscache serve --workers N` (tfscache.workers).
 
 * ``workers_repo``: addk_1 .. addk_6 (y = x + k) for the session.
+* ``gate_repo``: the ``gate`` model (a request blocks until released) and addk_1, for the session.
+* ``gate_app`` (package): a control process in the test's own process (``ServeApp``: the test sees
+  what the workers report and reaches the pool), two real workers and one real node over
+  ``gate_repo``. A test using it leaves it serving with two workers.
 * ``worker_pids(pid)``: the pids of a serve's worker processes (its children running
   tfscache.workers.worker), read from /proc through psutil.
 * ``StatusSampler``: what a TF Serving node holds, sampled while traffic runs (caps at every instant).
@@ -12,13 +16,46 @@ import threading
 
 import psutil
 import pytest
+import pytest_asyncio
 from frontend.serving import link_repository
 from support.node import version_status
+
+from tfscache import settings as settings_mod
+from tfscache.app import ServeApp
+from tfscache.node.testmodels import build_gate
 
 
 @pytest.fixture(scope="session")
 def workers_repo(synthetic_models, tmp_path_factory):
     return link_repository(tmp_path_factory.mktemp("workers") / "models", synthetic_models(6))
+
+
+@pytest.fixture(scope="session")
+def gate_repo(tmp_path_factory, synthetic_models):
+    root = tmp_path_factory.mktemp("gate-repo")
+    build_gate(root / "built")
+    return link_repository(root / "models", [root / "built" / "gate", *synthetic_models(1)])
+
+
+def serve_settings(repo, state_dir):
+    """``tfscache serve --workers 2 --local-nodes 1`` over ``repo``, ports picked at start."""
+    return settings_mod.load(None, {}, {
+        "model_repository": str(repo), "server.workers": 2, "node.local_nodes": 1,
+        "server.grpc_port": 0, "server.rest_port": 0, "server.bind_address": "127.0.0.1",
+        "node.state_dir": str(state_dir)})
+
+
+@pytest_asyncio.fixture(scope="package", loop_scope="package")
+async def gate_app(gate_repo, tmp_path_factory):
+    """The started ServeApp; ``gate_app.target``: its public gRPC address. Its tests run on the
+    package's event loop (``pytest.mark.asyncio(loop_scope="package")``)."""
+    app = ServeApp(serve_settings(gate_repo, tmp_path_factory.mktemp("gate-app") / "state"))
+    grpc_port, _ = await app.start()
+    app.target = f"127.0.0.1:{grpc_port}"
+    try:
+        yield app
+    finally:
+        await app.stop(0)
 
 
 def worker_pids(pid: int) -> list[int]:

@@ -4,6 +4,7 @@ restart re-adopts what its node serves (sidecar mode: the node outlives it)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 from collections import Counter
@@ -103,33 +104,18 @@ def test_a_killed_control_process_leaves_no_worker_and_a_restart_readopts(worker
             assert log.count(f"loaded {name} version 1") == 1, log[-3000:]
 
 
-def test_a_worker_whose_channel_closes_exits_and_is_replaced(workers_repo, tmp_path):
+@pytest.mark.asyncio(loop_scope="package")
+async def test_a_worker_whose_channel_closes_exits_and_is_replaced(gate_app):
     """The second way a worker never outlives its control process: its channel closing (here closed
-    by the control side while the process runs in this test); the pool then starts a new one."""
-    import asyncio
-
-    from tfscache import settings as settings_mod
-    from tfscache.app import ServeApp
-
-    settings = settings_mod.load(None, {}, {
-        "model_repository": str(workers_repo), "server.workers": 2, "node.local_nodes": 1, "server.grpc_port": 0,
-        "server.rest_port": 0, "server.bind_address": "127.0.0.1", "node.state_dir": str(tmp_path / "state")})
-
-    async def scenario() -> None:
-        app = ServeApp(settings)
-        grpc_port, _ = await app.start()
-        try:
-            slot = app.workers.workers[0]
-            old = slot.process
-            await slot.channel.close()
-            assert await asyncio.wait_for(old.wait(), 30) == 0  # it exited on its own
-            deadline = asyncio.get_running_loop().time() + 60
-            while slot.process is old or not slot.ready.is_set():  # polling a condition with a deadline
-                assert asyncio.get_running_loop().time() < deadline, "no new worker"
-                await asyncio.sleep(0.05)
-            result = await asyncio.to_thread(predict, f"127.0.0.1:{grpc_port}", "addk_2", 1.0)
-            assert result == [3.0]
-        finally:
-            await app.stop(0)
-
-    asyncio.run(scenario())
+    by the control side while the process runs in this test: the package's ``gate_app``); the pool
+    then starts a new one."""
+    slot = gate_app.workers.workers[0]
+    old = slot.process
+    await slot.channel.close()
+    assert await asyncio.wait_for(old.wait(), 30) == 0  # it exited on its own
+    deadline = asyncio.get_running_loop().time() + 60
+    while slot.process is old or not slot.ready.is_set():  # polling a condition with a deadline
+        assert asyncio.get_running_loop().time() < deadline, "no new worker"
+        await asyncio.sleep(0.05)
+    result = await asyncio.to_thread(predict, gate_app.target, "addk_1", 1.0)
+    assert result == [2.0]

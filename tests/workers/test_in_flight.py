@@ -7,7 +7,8 @@
 
 The control process runs in this test's process (``ServeApp``), so that the test can see what the
 workers reported and evict through the cache as the admin API does; the node and the two workers are
-real processes, and requests go through the workers' public port with the official client.
+real processes, and requests go through the workers' public port with the official client. The
+eviction runs on the package's ``gate_app``; the drain stops its process, so it has one of its own.
 """
 
 from __future__ import annotations
@@ -17,25 +18,16 @@ import time
 
 import grpc
 import pytest
-from frontend.serving import link_repository
 from support.node import version_status_at
 from support.requests import float_tensor, predict_request
 from support.waiting import process_ended
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
-from tfscache.node.testmodels import build_gate
+from workers.conftest import serve_settings
 
 HELD = ("node0", "gate", 1)
 AVAILABLE = 30
-
-
-@pytest.fixture(scope="module")
-def gate_repo(tmp_path_factory, synthetic_models):
-    root = tmp_path_factory.mktemp("gate-repo")
-    build_gate(root / "built")
-    return link_repository(root / "models", [root / "built" / "gate", *synthetic_models(1)])
 
 
 def predict_gate(target: str) -> float:
@@ -63,52 +55,36 @@ async def until(condition, timeout: float, what: str):
     return value
 
 
-def serve_settings(repo, tmp_path):
-    return settings_mod.load(None, {}, {
-        "model_repository": str(repo), "server.workers": 2, "node.local_nodes": 1,
-        "server.grpc_port": 0, "server.rest_port": 0, "server.bind_address": "127.0.0.1",
-        "node.state_dir": str(tmp_path / "state")})
-
-
-def test_an_eviction_waits_for_a_request_in_flight_on_a_worker(gate_repo, tmp_path):
-    settings = serve_settings(gate_repo, tmp_path)
-
-    async def scenario() -> None:
-        app = ServeApp(settings)
-        grpc_port, _ = await app.start()
-        target = f"127.0.0.1:{grpc_port}"
-        try:
-            cache, pool = app.backends["node0"].cache, app.workers
-            node = app.backends["node0"].upstream.grpc_address
-            leases = lambda: sum(m.leases for m in cache.snapshot() if (m.name, m.version) == ("gate", 1))
-            for attempt in range(1, 31):  # until a held request is a delegated one (the first is cold)
-                held = asyncio.ensure_future(asyncio.to_thread(predict_gate, target))
-                await until(lambda: pool.usage.in_flight(HELD) or leases(), 60, "the gate request in flight")
-                if pool.usage.in_flight(HELD) == 1 and leases() == 0:
-                    break
-                await asyncio.to_thread(release, node, float(attempt))  # a cold one: let it go, try again
-                assert await held == float(attempt)
-            else:
-                raise AssertionError("no gate request was served under a delegation in 30 tries")
-            evict = asyncio.ensure_future(cache.evict("gate", 1))
-            done, _ = await asyncio.wait({evict}, timeout=0.5)
-            assert not done  # the unload waits for the request in flight on the worker ...
-            assert cache.state_of("gate", 1) == "unloading"
-            states = [s.state for s in await asyncio.to_thread(version_status_at, node, "gate")]
-            assert states == [AVAILABLE]  # ... and the node was not told to unload it
-            assert not held.done()
-            await asyncio.to_thread(release, node, 42.0)
-            assert await asyncio.wait_for(held, 60) == 42.0  # the held request succeeds
-            assert await asyncio.wait_for(evict, 60) == [("gate", 1)]  # then the unload goes ahead
-            assert pool.grants.holders(HELD) == set()
-        finally:
-            await app.stop(0)
-
-    asyncio.run(scenario())
+@pytest.mark.asyncio(loop_scope="package")
+async def test_an_eviction_waits_for_a_request_in_flight_on_a_worker(gate_app):
+    app, target = gate_app, gate_app.target
+    cache, pool = app.backends["node0"].cache, app.workers
+    node = app.backends["node0"].upstream.grpc_address
+    leases = lambda: sum(m.leases for m in cache.snapshot() if (m.name, m.version) == ("gate", 1))
+    for attempt in range(1, 31):  # until a held request is a delegated one (the first is cold)
+        held = asyncio.ensure_future(asyncio.to_thread(predict_gate, target))
+        await until(lambda: pool.usage.in_flight(HELD) or leases(), 60, "the gate request in flight")
+        if pool.usage.in_flight(HELD) == 1 and leases() == 0:
+            break
+        await asyncio.to_thread(release, node, float(attempt))  # a cold one: let it go, try again
+        assert await held == float(attempt)
+    else:
+        raise AssertionError("no gate request was served under a delegation in 30 tries")
+    evict = asyncio.ensure_future(cache.evict("gate", 1))
+    done, _ = await asyncio.wait({evict}, timeout=0.5)
+    assert not done  # the unload waits for the request in flight on the worker ...
+    assert cache.state_of("gate", 1) == "unloading"
+    states = [s.state for s in await asyncio.to_thread(version_status_at, node, "gate")]
+    assert states == [AVAILABLE]  # ... and the node was not told to unload it
+    assert not held.done()
+    await asyncio.to_thread(release, node, 42.0)
+    assert await asyncio.wait_for(held, 60) == 42.0  # the held request succeeds
+    assert await asyncio.wait_for(evict, 60) == [("gate", 1)]  # then the unload goes ahead
+    assert pool.grants.holders(HELD) == set()
 
 
 def test_stopping_drains_the_requests_in_flight_on_the_workers(gate_repo, tmp_path):
-    settings = serve_settings(gate_repo, tmp_path)
+    settings = serve_settings(gate_repo, tmp_path / "state")
 
     async def scenario() -> None:
         app = ServeApp(settings)

@@ -5,6 +5,9 @@ Not one request fails, every answer is right, and the cap holds at every instant
 RepositoryIndex says (support.triton.IndexSampler). A warm model, delegated to the workers first,
 is evicted by the churn from under them (revoked). N = 1, the single process, is
 tests/triton/test_triton_churn.py: that code path is unchanged.
+
+The N = 2 serve is the module's (``two_workers``): the streams test runs on it too, over a model
+(stream_3) the churn never asks for.
 """
 
 from __future__ import annotations
@@ -28,13 +31,26 @@ MODELS = [f"addk_{k}" for k in range(1, 7)]
 def triton_models(tmp_path_factory):
     root = tmp_path_factory.mktemp("workers-triton")
     tritonmodels.build_triton_models(root, synthetic=len(MODELS))
+    tritonmodels.build_stream(root, 3, 20, name="stream_3")
     return root
 
 
+def start_capped(directory, triton_models, workers: int):
+    return start_serve(directory, triton_models, "--backend", "triton", "--workers", str(workers),
+                       "--local-nodes", "1", "--max-models-per-node", str(CAP))
+
+
+@pytest.fixture(scope="module")
+def two_workers(triton_models, tmp_path_factory):
+    with start_capped(tmp_path_factory.mktemp("workers-triton-two"), triton_models, 2) as serve:
+        yield serve
+
+
 @pytest.mark.parametrize("workers", [2, 4])
-def test_triton_churn_loses_no_request_and_holds_the_cap(workers, triton_models, tmp_path):
-    with start_serve(tmp_path, triton_models, "--backend", "triton", "--workers", str(workers),
-                     "--local-nodes", "1", "--max-models-per-node", str(CAP)) as serve:
+def test_triton_churn_loses_no_request_and_holds_the_cap(workers, triton_models, tmp_path, request):
+    with contextlib.ExitStack() as stack:
+        serve = request.getfixturevalue("two_workers") if workers == 2 else \
+            stack.enter_context(start_capped(tmp_path, triton_models, workers))
         assert len(worker_pids(serve.pid)) == workers
         nodes = serve_triton_nodes(serve)
         for x in range(20):  # warm first: addk_1 delegated to workers (each call a connection of its own)
@@ -56,24 +72,17 @@ def test_triton_churn_loses_no_request_and_holds_the_cap(workers, triton_models,
         assert "revoking model addk_1" in serve.log_text()  # the churn evicted it from under the workers
 
 
-@pytest.fixture(scope="module")
-def stream_serve(triton_models, tmp_path_factory):
-    tritonmodels.build_stream(triton_models, 3, 20, name="stream_3")
-    with start_serve(tmp_path_factory.mktemp("workers-stream"), triton_models, "--backend", "triton",
-                     "--workers", "2", "--local-nodes", "1") as serve:
-        yield serve
-
-
-def test_streams_and_statistics_go_through_a_worker(stream_serve):
+def test_streams_and_statistics_go_through_a_worker(two_workers):
     """ModelStreamInfer (several models on one client stream) and the statistics through a worker,
-    served by the control process's whole path."""
+    served by the control process's whole path (two models: both fit under the cap)."""
+    serve = two_workers
     import queue
 
     import numpy as np
     import requests
     import tritonclient.grpc as tritongrpc
 
-    client = tritongrpc.InferenceServerClient(stream_serve.grpc_target)
+    client = tritongrpc.InferenceServerClient(serve.grpc_target)
     answers: queue.Queue = queue.Queue()
     client.start_stream(lambda result, error: answers.put(
         ("error", error.message()) if error is not None else
@@ -88,6 +97,6 @@ def test_streams_and_statistics_go_through_a_worker(stream_serve):
     assert not [a for a in got if a[0] == "error"], got
     assert sorted(a[0] for a in got) == ["a", "a", "a", "b", "c", "c", "c"]
     assert ("b", [3.0]) in got
-    reply = requests.get(f"http://127.0.0.1:{stream_serve.rest_port}/v2/models/addk_2/stats", timeout=60)
+    reply = requests.get(f"http://127.0.0.1:{serve.rest_port}/v2/models/addk_2/stats", timeout=60)
     assert reply.status_code == 200, reply.text
     assert reply.json()["model_stats"][0]["name"] == "addk_2"

@@ -200,6 +200,9 @@ class ServerSection:
                                            flag="--max-send-message-size")
     rest_timeout_s: float = setting(60.0, "deadline of a REST request forwarded to a node",
                                      check=_at_least(0.001))
+    refusal_log_period_s: float = setting(10.0, "the REST front end counts requests that do not parse as HTTP "
+                                           "(414/431/400) in one WARNING line per this period at most",
+                                           check=_at_least(0))
     ports_file: str = setting("", "write {\"grpc\": N, \"rest\": M, \"pid\": P} here once serving",
                                flag="--ports-file")
     grace_s: float = setting(5.0, "on SIGTERM, how long in-flight requests may finish",

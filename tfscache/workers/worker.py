@@ -124,7 +124,8 @@ class Worker:
             self._rest = RestFrontend(router, bind_address=server.bind_address, port=ports["rest"],
                                       max_receive_bytes=server.max_receive_message_bytes,
                                       timeout_s=server.rest_timeout_s, metrics=self.metrics, protocol=self.protocol,
-                                      ssl_context=self.tls.ssl_context if self.tls else None, reuse_port=True)
+                                      ssl_context=self.tls.ssl_context if self.tls else None, reuse_port=True,
+                                      refusal_log_period_s=server.refusal_log_period_s)
             await self._rest.start()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
