@@ -9,13 +9,17 @@ state (the nodes' ports files) lives in ``serve.state_dir``.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import subprocess
 from pathlib import Path
 
+import requests
+
 from support.node import PYTHON
 from support.process import ServerProcess, launch, wait_for_ports
+from support.waiting import wait_until
 
 _counter = itertools.count(1)
 
@@ -30,6 +34,13 @@ class ServeProcess(ServerProcess):
     def __init__(self, process: subprocess.Popen, directory: Path, ports: dict) -> None:
         super().__init__(process, directory, directory / "serve.log", ports)
         self.state_dir = directory / "state"
+        self.metrics_port: int | None = ports.get("metrics")  # with --metrics-port (0: the bound one)
+
+    def node_status(self, index: int = 0) -> dict:
+        """``/status``'s entry for local node ``index`` (on the metrics port)."""
+        reply = requests.get(f"http://127.0.0.1:{self.metrics_port}/status", timeout=10)
+        assert reply.status_code == 200
+        return reply.json()["nodes"][index]
 
     def node_ports(self, name: str) -> dict:
         """The ports file of local node ``name`` (node0, node1, ...): grpc, rest, pid.
@@ -43,6 +54,21 @@ class ServeProcess(ServerProcess):
 
     def stop(self, timeout: float = 60.0) -> int:
         return super().stop(timeout)
+
+
+def request_log_rows(path: Path) -> list[dict]:
+    """The rows of a ``--request-log`` CSV written so far ([] before its first row)."""
+    try:
+        with open(path, newline="") as f:
+            return list(csv.DictReader(f))
+    except FileNotFoundError:
+        return []
+
+
+def wait_for_log_rows(path: Path, count: int, timeout: float = 60.0) -> list[dict]:
+    """The request log's rows once it has ``count`` (rows are appended as requests end)."""
+    return wait_until(lambda: rows if len(rows := request_log_rows(path)) == count else None, timeout,
+                      f"{count} rows in the request log {path}")
 
 
 def serve_command(args) -> list[str]:

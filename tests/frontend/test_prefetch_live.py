@@ -4,17 +4,14 @@ the prefetch as used (metrics, /status, the request log)."""
 
 from __future__ import annotations
 
-import csv
-import json
-import time
-
 import grpc
 import pytest
 import requests
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import link_repository, start_serve
+from frontend.serving import link_repository, start_serve, wait_for_log_rows
 from support.requests import predict_request
+from support.waiting import wait_until
 
 A, B, C = "addk_1", "addk_2", "addk_3"
 
@@ -27,26 +24,12 @@ def serve(synthetic_models, tmp_path_factory):
                      "--request-log", str(directory / "requests.csv"), "--set", "cache.prefetch=true",
                      "--set", "cache.prefetch_min_support=1.5", "--set", "cache.prefetch_confidence=0.3",
                      "--set", "cache.prefetch_window_s=30", "--set", "cache.policy=lru") as process:
-        process.metrics_port = json.loads((process.directory / "ports.json").read_text())["metrics"]
         process.request_log = directory / "requests.csv"
         yield process
 
 
-def status(serve) -> dict:
-    reply = requests.get(f"http://127.0.0.1:{serve.metrics_port}/status", timeout=10)
-    assert reply.status_code == 200
-    return reply.json()["nodes"][0]
-
-
 def state_of(serve, name: str) -> str | None:
-    return next((m["state"] for m in status(serve)["models"] if m["name"] == name), None)
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+    return next((m["state"] for m in serve.node_status()["models"] if m["name"] == name), None)
 
 
 def test_a_learned_follower_is_loaded_before_it_is_requested(serve):
@@ -62,21 +45,16 @@ def test_a_learned_follower_is_loaded_before_it_is_requested(serve):
         predict(A, 1)
         predict(C, 3)  # two models fit: addk_2, the least recently used, makes room for addk_3
         assert state_of(serve, B) is None
-        assert status(serve)["prefetch"] == {"started": 0, "completed": 0, "failed": 0, "used": 0, "wasted": 0}
+        assert serve.node_status()["prefetch"] == {"started": 0, "completed": 0, "failed": 0, "used": 0, "wasted": 0}
         predict(A, 1)  # addk_2 follows: it is loaded in the background, addk_3 (idle, colder) making room
-        wait_for(lambda: state_of(serve, B) == "available", "addk_2 to be prefetched")
+        wait_until(lambda: state_of(serve, B) == "available", 60, "addk_2 to be prefetched")
         assert state_of(serve, C) is None
-        assert status(serve)["prefetch"]["completed"] == 1
+        assert serve.node_status()["prefetch"]["completed"] == 1
         predict(B, 2)  # served by the prefetched load
-    counts = status(serve)["prefetch"]
+    counts = serve.node_status()["prefetch"]
     assert counts == {"started": 1, "completed": 1, "failed": 0, "used": 1, "wasted": 0}
     scrape = requests.get(f"http://127.0.0.1:{serve.metrics_port}/metrics", timeout=10).text
     assert 'tfscache_prefetch_loads_total{node="node0",outcome="used"} 1.0' in scrape
 
-    def logged() -> list[dict]:
-        with open(serve.request_log, newline="") as f:
-            return list(csv.DictReader(f))
-
-    wait_for(lambda: len(logged()) == 8, "the request log's 8 rows")
-    rows = logged()
+    rows = wait_for_log_rows(serve.request_log, 8)
     assert [(r["model"], r["cold"], r["prefetched"]) for r in rows[-2:]] == [(A, "0", "0"), (B, "0", "1")]

@@ -53,7 +53,6 @@ def serve(repo, tmp_path_factory):
     with start_admin_serve(directory, repo, "--local-nodes", "1", "--max-models-per-node", "1",
                            "--metrics-port", "0", "--request-log", str(request_log),
                            "--set", "cache.failure_backoff_s=0", "--set", "cache.room_timeout_s=0.3") as process:
-        process.metrics_port = json.loads((process.directory / "ports.json").read_text())["metrics"]
         process.request_log = request_log
         yield process
 

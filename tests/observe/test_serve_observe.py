@@ -35,7 +35,6 @@ def serve(repo, tmp_path_factory):
     with start_serve(tmp_path_factory.mktemp("serve"), repo, "--local-nodes", "1", "--max-models-per-node",
                      str(CAP), "--metrics-port", "0", "--log-json",
                      "--set", "cache.failure_backoff_s=0") as process:
-        process.metrics_port = json.loads((process.directory / "ports.json").read_text())["metrics"]
         yield process
 
 

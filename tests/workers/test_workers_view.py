@@ -39,7 +39,6 @@ def serve(workers_repo, tmp_path_factory):
     directory = tmp_path_factory.mktemp("serve")
     with start_serve(directory, workers_repo, "--local-nodes", "1", "--workers", str(WORKERS), "--metrics-port", "0",
                      "--log-json", "--set", "server.metrics_per_model=true", "--request-log", str(directory / "requests.csv")) as process:
-        process.metrics_port = json.loads((process.directory / "ports.json").read_text())["metrics"]
         process.request_log = directory / "requests.csv"
         yield process
 

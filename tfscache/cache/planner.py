@@ -102,11 +102,9 @@ def plan_prefetch(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float
     if ledger.queue() or ledger.freeing():
         return None
     staying = [e for e in ledger.entries.values() if e.state != UNLOADING]
+    base = (len(staying), sum(e.bytes for e in staying), sum(e.gpu for e in staying))
     for pending in ledger.prefetches():
-        need = ledger.gpu_estimate(pending.key)
-        count = len(staying) + 1
-        used = sum(e.bytes for e in staying) + pending.estimate
-        gpu = sum(e.gpu for e in staying) + need
+        count, used, gpu = base[0] + 1, base[1] + pending.estimate, base[2] + ledger.gpu_estimate(pending.key)
         take = []
         colder = iter(policy.colder_than(ledger.idle(), pending.key, now) if victims else ())
         while not caps.fit(count, used, gpu):
