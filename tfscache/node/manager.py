@@ -278,6 +278,9 @@ class ServingCore:
         servable, error = load_with_retries(
             entry, self._load_once, self.options.max_num_load_retries + 1,
             self.options.load_retry_interval_micros / 1e6, self._stopped)
+        if error is None:  # logged before AVAILABLE is published: whoever waits for it (start-up) comes after
+            log.info("loaded %s version %s in %.3f s; rss=%d",
+                     entry.name, entry.version, time.monotonic() - started, rss_bytes())
         with self._lock:
             self._busy.discard(key)
             if error is None:
@@ -287,9 +290,6 @@ class ServingCore:
             else:
                 entry.harness = Harness.ERROR
                 self._publish(entry.name, entry.version, ServableState(State.END, error))
-        if error is None:
-            log.info("loaded %s version %s in %.3f s; rss=%d",
-                     entry.name, entry.version, time.monotonic() - started, rss_bytes())
 
     def _load_once(self, entry: ManagedVersion):
         return gated_load(entry, self._loader, self.options.load_gate_dir, self._stopped)
