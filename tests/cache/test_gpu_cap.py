@@ -36,6 +36,11 @@ async def test_a_model_s_gpu_size_is_learned_and_the_cap_evicts_for_it(node, rep
                          gpu=Growing(reader, lambda: node.pid), gpu_cap=7 * GiB)
     await cache.start()
     await cache.wait_synced(60)
+    # The node is shared: an earlier test's model this cache's first reload dropped may still be
+    # unloading (a reload does not wait for unloads). Measured before it ends, a load would see
+    # no growth and learn nothing.
+    await wait_for_condition(lambda: Growing(reader, lambda: node.pid).used() == 0, 30,
+                             "the node to hold none of the test's models")
     try:
         for name in ["addk_1", "addk_2", "addk_1", "addk_2"]:  # learn both sizes; both fit (6 of 7 GiB)
             async with await cache.acquire(name):
