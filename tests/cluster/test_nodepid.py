@@ -22,7 +22,8 @@ def node(tmp_path_factory):
     """A real ``tfscache node`` on a fixed free port, so its command line names the port too."""
     grpc_port, rest_port = free_ports(2)
     with start_node(tmp_path_factory.mktemp("nodepid"), config=EMPTY,
-                    flags=[*NODE_FLAGS, f"--port={grpc_port}", f"--rest_api_port={rest_port}"]) as n:
+                    flags=[*NODE_FLAGS, f"--port={grpc_port}", f"--rest_api_port={rest_port}"],
+                    forked=False) as n:
         yield n
 
 

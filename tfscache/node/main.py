@@ -162,10 +162,25 @@ def _manager_options(flags: dict[str, object]):
     )
 
 
+def no_plotting() -> None:
+    """Keras, which TensorFlow imports eagerly, imports matplotlib.pyplot when it is installed
+    (~0.7 s of every node's start); a node never plots."""
+
+    class Refuse:
+        def find_spec(self, name, path=None, target=None):
+            if name == "matplotlib" or name.startswith("matplotlib."):
+                raise ImportError("a tfscache node never plots")
+            return None
+
+    if "matplotlib" not in sys.modules and not any(type(f).__name__ == "Refuse" for f in sys.meta_path):
+        sys.meta_path.insert(0, Refuse())
+
+
 def main(argv: list[str]) -> int:
     if any(arg in ("-h", "--help", "-help") for arg in argv):
         print(usage())
         return 0
+    no_plotting()
     if os.environ.get("TFSCACHE_LOG_JSON") == "1":  # set by `tfscache serve --log-json`
         from tfscache import logs
 
