@@ -103,7 +103,8 @@ def stop(processes: list[subprocess.Popen], grace: float = 30.0) -> None:
 def kill_node_pid(pid: int) -> bool:
     """SIGKILL ``pid`` if it is still a ``tfscache node`` (guards against pid reuse)."""
     try:
-        if "node" not in psutil.Process(pid).cmdline():
+        process = psutil.Process(pid)
+        if process.name() != "tfscache-node" and "node" not in process.cmdline():  # forked, or exec'd
             return False
         os.kill(pid, signal.SIGKILL)
         return True

@@ -21,8 +21,10 @@ MODELS = [f"addk_{k}" for k in range(1, 7)]
 
 @pytest.fixture(scope="module")
 def serve(frontend_repo, tmp_path_factory):
+    # Nodes exec'd, not forked from the node template: the node's absence must last the seconds of a
+    # real model server's restart (TensorFlow's start), long enough to see the replica serve meanwhile.
     with start_serve(tmp_path_factory.mktemp("failover"), frontend_repo, "--local-nodes", "2",
-                     "--replicas-per-model", "2") as process:
+                     "--replicas-per-model", "2", "--set", "node.fork_nodes=false") as process:
         yield process
 
 

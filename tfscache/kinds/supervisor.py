@@ -12,6 +12,13 @@ Children die with this process and only then: they run in their own session, so 
 signal to the terminal's process group reaches only this process (which then stops
 them in order, without restarting them first); PR_SET_PDEATHSIG (set by
 setpriv) sends them SIGTERM if this process is killed; ``stop()`` sends SIGTERM, then SIGKILL after a grace period.
+
+A kind whose children are ``tfscache node`` (``Launch.forkable``) has them forked from one node
+template (tfscache.node.template, ``node.fork_nodes``): TensorFlow is imported once, when the
+first node starts, and every later start or restart serves in ~0.1 s plus its models' loads. The
+template is this process's child and dies with it; its nodes die with the template. A template
+that cannot fork (it died, it never listened) costs no node: that node is exec'd as before and
+the next start tries a fresh template.
 """
 
 from __future__ import annotations
@@ -24,11 +31,13 @@ import shlex
 import shutil
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
+from tfscache.node import template
 from tfscache.settings import NodeSection
 
 log = logging.getLogger("tfscache.kinds.supervisor")
@@ -46,7 +55,7 @@ class NodeProcess:
     pid: int = 0
     restarts: int = 0
     started_at: float = 0.0
-    process: asyncio.subprocess.Process | None = field(default=None, repr=False)
+    process: asyncio.subprocess.Process | template.AsyncChild | None = field(default=None, repr=False)
 
     @property
     def grpc_address(self) -> str:
@@ -66,6 +75,8 @@ class Launch:
     # A JSON file {"grpc": port, "rest": port} the child writes once it serves (ports 0 chosen by
     # it); None: the launcher set the node's ports, and the child serves once both accept.
     ports_file: Path | None = None
+    # ``tfscache <forkable>`` is ``argv``: the node template may fork it instead (module docstring)
+    forkable: list[str] | None = None
 
 
 Launcher = Callable[[NodeProcess], Launch]  # a kind's: the launch of one node child, each (re)start
@@ -108,6 +119,8 @@ class Supervisor:
         self._on_exit = on_exit
         self._watchers: list[asyncio.Task] = []
         self._stopping = False
+        self._template: asyncio.subprocess.Process | None = None
+        self._template_lock = asyncio.Lock()
 
     async def start(self) -> list[NodeProcess]:
         """Start every node and wait until all serve; then watch them."""
@@ -126,9 +139,11 @@ class Supervisor:
         argv, env = launch.argv, launch.env
         if launch.ports_file is not None:
             launch.ports_file.unlink(missing_ok=True)
-        log.info("starting %s: %s", node.name, shlex.join(argv))
-        node.process = await asyncio.create_subprocess_exec(
-            *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
+        node.process = await self._fork(node, launch) if launch.forkable and self.settings.fork_nodes else None
+        if node.process is None:
+            log.info("starting %s: %s", node.name, shlex.join(argv))
+            node.process = await asyncio.create_subprocess_exec(
+                *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
         node.pid = node.process.pid
         node.started_at = time.monotonic()
         try:
@@ -149,6 +164,36 @@ class Supervisor:
                 _signal(node.process, signal.SIGKILL)
                 await node.process.wait()
             raise
+
+    async def _fork(self, node: NodeProcess, launch: Launch) -> template.AsyncChild | None:
+        """``node`` forked from the node template (started first if none runs); None if it cannot be."""
+        path = str(self.state_dir / "node-template.sock")
+        try:
+            async with self._template_lock:
+                if self._template is None or self._template.returncode is not None:
+                    await self._start_template(path, launch.env)
+            child = await template.AsyncChild.fork(path, launch.forkable, env=launch.env, new_session=True)
+        except (template.TemplateError, OSError) as exc:
+            log.warning("forking %s from the node template failed (%s): starting it as a process of its own",
+                        node.name, exc)
+            return None
+        log.info("forked %s from the node template: tfscache %s", node.name, shlex.join(launch.forkable))
+        return child
+
+    async def _start_template(self, path: str, env: dict[str, str] | None) -> None:
+        argv = [sys.executable, "-m", "tfscache.node.template", path]
+        Path(path).unlink(missing_ok=True)  # a crashed run's: the new one's appears once it listens
+        log.info("starting the node template (TensorFlow imported once for every node): %s", shlex.join(argv))
+        self._template = process = await asyncio.create_subprocess_exec(
+            *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
+        deadline = time.monotonic() + self.settings.start_timeout_s
+        while not os.path.exists(path):
+            if process.returncode is not None:
+                raise template.TemplateError(f"the node template exited with {process.returncode}")
+            if time.monotonic() > deadline:
+                _signal(process, signal.SIGKILL)
+                raise template.TemplateError(f"it did not listen within {self.settings.start_timeout_s} s")
+            await asyncio.sleep(0.05)  # polling a condition with a deadline
 
     async def _watch(self, node: NodeProcess) -> None:
         backoff = 0.5
@@ -189,6 +234,13 @@ class Supervisor:
         for node in self.nodes:
             if node.pid:
                 _kill_group(node.pid)
+        if self._template is not None and self._template.returncode is None:
+            _signal(self._template, signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self._template.wait(), grace)
+            except asyncio.TimeoutError:
+                _signal(self._template, signal.SIGKILL)
+                await self._template.wait()
         log.info("stopped %d node(s)", len(running))
 
 

@@ -14,7 +14,8 @@ Forking is safe because the template never runs TensorFlow: importing it starts 
 thread pool and no CUDA context (tested: tests/node/test_template.py), and the template itself
 starts no thread. Variables read during TensorFlow's import (TF_CPP_MIN_LOG_LEVEL and the like)
 are the template's: every node it forks gets the template's environment at import, then its own
-``env``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and the template is
+``env``. A forked node's command line is the template's; its process name (``ps -o comm``)
+is ``tfscache-node``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and the template is
 started to die with its owner, so a killed owner leaves no node behind.
 
 ``Child`` (blocking) and ``AsyncChild`` (asyncio) are the owner's handles of a forked node with
@@ -36,6 +37,8 @@ import time
 from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+NAME = b"tfscache-node"  # a forked node's process name (ps -o comm, top, psutil's name())
 
 
 def preload() -> None:
@@ -53,9 +56,12 @@ def preload() -> None:
     import tfscache.webserver  # noqa: F401
 
 
-def _die_with_parent(sig: int = signal.SIGTERM) -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+def _prctl(option: int, value) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _die_with_parent() -> None:
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _run_child(request: dict, template_ppid: int) -> None:
@@ -68,6 +74,7 @@ def _run_child(request: dict, template_ppid: int) -> None:
         if request.get("new_session", True):
             os.setsid()
         _die_with_parent()
+        _prctl(PR_SET_NAME, ctypes.c_char_p(NAME))  # its command line stays the template's
         if os.getppid() != template_ppid:  # the template died between the fork and prctl
             os._exit(1)
         null = os.open(os.devnull, os.O_RDONLY)

@@ -178,6 +178,9 @@ class NodeSection:
                                      check=_at_least(2))
     max_num_load_retries: int = setting(0, "node's --max_num_load_retries", check=_at_least(0))
     extra_args: list = setting([], "more flags for each node process, as a list of strings")
+    fork_nodes: bool = setting(True, "embedded `tfscache node` children are forked from one process that "
+                               "imported TensorFlow once (a start or restart serves in ~0.1 s; the nodes share "
+                               "its memory pages); false: each child imports it in a fresh interpreter")
     start_timeout_s: float = setting(120.0, "longest wait for a node to start serving",
                                       check=_at_least(0.1))
     state_dir: str = setting("", "where node config and cache state files go (default: a persistent "

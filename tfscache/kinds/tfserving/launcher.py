@@ -35,10 +35,10 @@ def launcher(settings: NodeSection, repository: Path, state_dir: Path) -> Launch
                            f"--rest_api_port={node.rest_port}", f"--file_system_poll_wait_seconds={poll}",
                            *common, *settings.extra_args])
         ports_file = state_dir / f"{node.name}.ports.json"
-        return Launch([sys.executable, "-m", "tfscache", "node", "--port=0", "--rest_api_port=0",
-                       f"--ports_file={ports_file}", "--bind_address=127.0.0.1",
-                       f"--file_system_poll_wait_seconds={settings.file_system_poll_wait_seconds}", *common,
-                       *settings.extra_args], ports_file=ports_file)
+        command = ["node", "--port=0", "--rest_api_port=0", f"--ports_file={ports_file}", "--bind_address=127.0.0.1",
+                   f"--file_system_poll_wait_seconds={settings.file_system_poll_wait_seconds}", *common,
+                   *settings.extra_args]
+        return Launch([sys.executable, "-m", "tfscache", *command], ports_file=ports_file, forkable=command)
 
     return launch
 
