@@ -120,6 +120,7 @@ def serve(path: str) -> int:
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     Path(path).unlink(missing_ok=True)
     listener.bind(path + ".binding")
+    os.chmod(path + ".binding", 0o600)  # only its owner's user may ask for nodes
     listener.listen(64)
     os.rename(path + ".binding", path)  # the socket appears once it accepts
     selector = selectors.DefaultSelector()
@@ -161,6 +162,10 @@ def _fork_for(conn: socket.socket, selector, children: dict, listener: socket.so
         request = json.loads(conn.makefile("rb").readline())
     except (OSError, ValueError) as exc:
         _send(conn, {"error": f"unreadable request: {exc}"})
+        conn.close()
+        return
+    if not isinstance(request, dict) or request.get("argv", [None])[:1] != ["node"]:
+        _send(conn, {"error": "a template forks `tfscache node` only: argv must start with \"node\""})
         conn.close()
         return
     template = os.getpid()
