@@ -26,9 +26,11 @@ asserted, with ``ring.replicas_per_model = 2``:
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
+import urllib.request
 
 from support.node import PYTHON, REPO
 from tfscache.cluster.ring import Ring
@@ -38,6 +40,14 @@ from .conftest import MODELS, REPLICAS, Client, Traffic, wait_until
 
 def tfscache(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([PYTHON, "-m", "tfscache", *args], cwd=REPO, capture_output=True, text=True, timeout=180)
+
+
+def spills_to(sidecar, node: str) -> float:
+    """``tfscache_copy_spills_total{node=...}`` on ``sidecar``'s metrics page."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{sidecar.ports['metrics']}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    found = re.search(rf'^tfscache_copy_spills_total{{node="{node}"}} (\S+)$', text, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
 
 
 def replicas(names, model) -> list[str]:
@@ -175,21 +185,59 @@ def test_resize_with_the_tools_then_drain_one_sidecar(cluster, tmp_path):
 def test_a_killed_sidecar_leaves_the_ring_and_its_models_load_elsewhere(cluster):
     registry = cluster.registry
     a, c, d = (cluster.sidecars[n] for n in "acd")
+    # While c is still on a's ring, a request through a for a model whose first replica is c
+    # (a not among its replicas) does not fail: a tries the dead c, is refused and retries on d, or
+    # the copies rule (docs/copies.md) sends it past c to d at once (c's last reported load over its
+    # bound: counted as a spill to d). Until that probe is answered the traffic goes through d
+    # alone, so nothing else of a's marks c first.
+    probe = next(m for m in MODELS if replicas("acd", m)[0] == "c" and "a" not in replicas("acd", m))
     with Traffic([s.grpc_target for s in (a, c, d)]) as traffic:
         traffic.wait_sent(20)
         traffic.remove(c.grpc_target)
+        traffic.remove(a.grpc_target)
         c.process.send_signal(signal.SIGKILL)  # no deregistration: the TTL check must fail
         c.node.kill()
         c.process.wait(10)
-        # While c is still on a's ring, a request through a for a model whose first replica is c
-        # (a not among its replicas) is refused by the dead c and retried on the next replica.
-        probe = next(m for m in MODELS if replicas("acd", m)[0] == "c" and "a" not in replicas("acd", m))
+        retries, spills = a.log().count("c unavailable for"), spills_to(a, "d")
+        probe_client = Client()
+        try:
+            probe_client.check(a.grpc_target, probe, 7.0)
+        finally:
+            probe_client.close()
+        traffic.add(a.grpc_target)
+        if registry.name == "static" or "c" in a.ring():  # static: c stays until the file changes
+            assert a.log().count("c unavailable for") > retries or spills_to(a, "d") > spills, \
+                "the probe neither took the retry path nor spilled past c"
+        if registry.name == "static":  # no health check: b leaves the lists by hand
+            cluster.set_static_peers(["a", "c", "d"])
+        cluster.wait_rings(["a", "c", "d"])
+        traffic.wait_sent(40)
+    b.node.stop()
+    assert traffic.failures == []
+
+
+def test_a_killed_sidecar_leaves_the_ring_and_its_models_load_elsewhere(cluster):
+    registry = cluster.registry
+    a, c, d = (cluster.sidecars[n] for n in "acd")
+    # While c is still on a's ring, a request through a for a model whose first replica is c
+    # (a not among its replicas) is refused by the dead c and retried on the next replica. Until
+    # that probe is answered the traffic goes through d alone: a request through a that found c
+    # dead first would mark c unhealthy there, and a would send the probe to d without trying c.
+    probe = next(m for m in MODELS if replicas("acd", m)[0] == "c" and "a" not in replicas("acd", m))
+    with Traffic([s.grpc_target for s in (a, c, d)]) as traffic:
+        traffic.wait_sent(20)
+        traffic.remove(c.grpc_target)
+        traffic.remove(a.grpc_target)
+        c.process.send_signal(signal.SIGKILL)  # no deregistration: the TTL check must fail
+        c.node.kill()
+        c.process.wait(10)
         retries = a.log().count("c unavailable for")
         probe_client = Client()
         try:
             probe_client.check(a.grpc_target, probe, 7.0)
         finally:
             probe_client.close()
+        traffic.add(a.grpc_target)
         if registry.name == "static" or "c" in a.ring():  # static: c stays until the file changes
             assert a.log().count("c unavailable for") > retries, "the request did not take the retry path"
         if registry.name == "static":  # no health check: the file is edited and SIGHUP sent

@@ -99,6 +99,23 @@ def test_a_killed_template_takes_its_nodes_and_refuses_no_owner_silently(tmp_pat
         own.wait(30)
 
 
+def test_the_template_ends_with_its_owner(tmp_path):
+    path = str(tmp_path / "owned.sock")
+    owner = subprocess.Popen([PYTHON, "-c", "import subprocess, sys, time\n"
+                              f"subprocess.Popen([sys.executable, '-m', 'tfscache.node.template', {path!r}])\n"
+                              "time.sleep(600)"], cwd=REPO)
+    try:
+        template.wait_for_socket(path, lambda: owner.poll() is None, 120)
+        [held] = psutil.Process(owner.pid).children()
+        owner.kill()  # SIGKILL: nothing of the owner's runs; the template sees its parent gone
+        owner.wait(30)
+        wait_until(lambda: not held.is_running() or held.status() == psutil.STATUS_ZOMBIE, 30,
+                   "the template to end with its owner")
+    finally:
+        owner.kill()
+        owner.wait(30)
+
+
 def test_start_node_forks_unless_told_otherwise(tmp_path, test_models):
     with start_node(tmp_path, model_name="half_plus_two", model_base_path=str(test_models / "half_plus_two"),
                     forked=False) as execd:

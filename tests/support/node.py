@@ -24,6 +24,7 @@ import contextlib
 import functools
 import itertools
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -68,9 +69,10 @@ def node_template() -> str:
 
 
 def _stop_template() -> None:
-    for process, _ in _template:
+    for process, path in _template:
         process.terminate()
         process.wait(30)
+        shutil.rmtree(Path(path).parent, ignore_errors=True)
 
 
 class NodeStartError(RuntimeError):

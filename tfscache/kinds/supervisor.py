@@ -166,22 +166,33 @@ class Supervisor:
             raise
 
     async def _fork(self, node: NodeProcess, launch: Launch) -> template.AsyncChild | None:
-        """``node`` forked from the node template (started first if none runs); None if it cannot be."""
+        """``node`` forked from the node template; None if it cannot be. A template that does not
+        answer (killed: its exit may not be reaped yet) is replaced once, first killed if still there."""
         path = str(self.state_dir / "node-template.sock")
-        try:
-            async with self._template_lock:
-                if self._template is None or self._template.returncode is not None:
-                    await self._start_template(path, launch.env)
-            child = await template.AsyncChild.fork(path, launch.forkable, env=launch.env, new_session=True)
-        except (template.TemplateError, OSError) as exc:
-            log.warning("forking %s from the node template failed (%s): starting it as a process of its own",
-                        node.name, exc)
-            return None
-        log.info("forked %s from the node template: tfscache %s", node.name, shlex.join(launch.forkable))
-        return child
+        failed = None  # the template that did not answer
+        for _ in range(2):
+            try:
+                async with self._template_lock:
+                    current = self._template
+                    if current is None or current.returncode is not None or current is failed:
+                        await self._start_template(path, launch.env)  # (not one another start replaced)
+                    failed = self._template
+                child = await template.AsyncChild.fork(path, launch.forkable, env=launch.env, new_session=True)
+            except (template.TemplateError, OSError) as exc:
+                failure = exc
+                continue
+            log.info("forked %s from the node template: tfscache %s", node.name, shlex.join(launch.forkable))
+            return child
+        log.warning("forking %s from the node template failed (%s): starting it as a process of its own",
+                    node.name, failure)
+        return None
 
     async def _start_template(self, path: str, env: dict[str, str] | None) -> None:
         argv = [sys.executable, "-m", "tfscache.node.template", path]
+        old = self._template
+        if old is not None and old.returncode is None:
+            _signal(old, signal.SIGKILL)
+            await old.wait()
         Path(path).unlink(missing_ok=True)  # a crashed run's: the new one's appears once it listens
         log.info("starting the node template (TensorFlow imported once for every node): %s", shlex.join(argv))
         self._template = process = await asyncio.create_subprocess_exec(

@@ -15,8 +15,10 @@ thread pool and no CUDA context (tested: tests/node/test_template.py), and the t
 starts no thread. Variables read during TensorFlow's import (TF_CPP_MIN_LOG_LEVEL and the like)
 are the template's: every node it forks gets the template's environment at import, then its own
 ``env``. A forked node's command line is the template's; its process name (``ps -o comm``)
-is ``tfscache-node``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and the template is
-started to die with its owner, so a killed owner leaves no node behind.
+is ``tfscache-node``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and
+the template ends within 0.5 s of its owner (the process that started it), so a killed owner
+leaves no node behind. (Not PR_SET_PDEATHSIG for the template itself: that signal follows the
+owner's *thread* that started it, and a test's start in a pool thread would end with the thread.)
 
 ``Child`` (blocking) and ``AsyncChild`` (asyncio) are the owner's handles of a forked node with
 the subset of subprocess.Popen and asyncio.subprocess.Process the tests and the supervisor use.
@@ -90,9 +92,9 @@ def _run_child(request: dict, template_ppid: int) -> None:
         os.environ.update(request["env"])
         argv = list(request["argv"])
         sys.argv = [sys.executable, "-m", "tfscache", *argv]
-        from tfscache.cli import main
+        from tfscache.node.main import main
 
-        rc = int(main(argv) or 0)
+        rc = int(main(argv[1:]) or 0)  # argv[0] is "node" (checked by the template)
     except SystemExit as exc:
         rc = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001 - the child must not return into the template's loop
@@ -133,8 +135,9 @@ def serve(path: str) -> int:
     signal.signal(signal.SIGTERM, stopping)
     signal.signal(signal.SIGINT, stopping)
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (owner's connection, pidfd)
+    parent = os.getppid()
     try:
-        while not stop["now"]:
+        while not stop["now"] and os.getppid() == parent:  # the owner gone (killed): the template goes
             for key, _ in selector.select(timeout=0.5):
                 if key.data == "listen":
                     conn, _ = listener.accept()
@@ -330,5 +333,6 @@ if __name__ == "__main__":
     if len(sys.argv) != 2:
         print("usage: python -m tfscache.node.template SOCKET_PATH", file=sys.stderr)
         raise SystemExit(2)
-    _die_with_parent()  # the owner (tfscache serve, a test session) killed: the template goes too
-    raise SystemExit(serve(sys.argv[1]))
+    code = serve(sys.argv[1])
+    sys.stderr.flush()
+    os._exit(code)  # at once: an interpreter's shutdown with TensorFlow loaded can hang, its nodes alive
