@@ -11,8 +11,9 @@ subprocess reports it). The child is forked from the template (no exec): it star
 sibling nodes until one writes them.
 
 Forking is safe because the template never runs TensorFlow: importing it starts no session, no
-thread pool and no CUDA context (tested: tests/node/test_template.py), and the template itself
-starts no thread. Variables read during TensorFlow's import (TF_CPP_MIN_LOG_LEVEL and the like)
+op thread pool and no CUDA context, and the template starts no thread of its own (the import
+leaves one idle native thread, which a fork does not copy). tests/node/test_template.py runs
+forked nodes side by side, each computing its own answers. Variables read during TensorFlow's import (TF_CPP_MIN_LOG_LEVEL and the like)
 are the template's: every node it forks gets the template's environment at import, then its own
 ``env``. A forked node's command line is the template's; its process name (``ps -o comm``)
 is ``tfscache-node``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and
