@@ -12,8 +12,8 @@ Each node gets its own directory under ``tmp_path`` (config, ports file, log). I
 any of those by name. Nodes are forked from the session's node template
 (tfscache.node.template: TensorFlow imported once, a node serving in ~0.1 s instead of ~5 s);
 ``forked=False`` (or an ``env``) runs a fresh interpreter instead, for a test that needs the
-node's own command line or an environment TensorFlow reads at import. ``start_node`` returns once the node wrote its ports file, i.e.
-once its start-up config loaded and both servers serve; if the process exits first it
+node's own command line or an environment TensorFlow reads at import. ``start_node`` returns
+once the node wrote its ports file, i.e. once its start-up config loaded and both servers serve; if the process exits first it
 raises ``NodeStartError`` with the node's log.
 """
 

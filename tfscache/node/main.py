@@ -162,18 +162,20 @@ def _manager_options(flags: dict[str, object]):
     )
 
 
+class _RefusePlotting:
+    """An import finder refusing matplotlib (see ``no_plotting``)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("a tfscache node never plots")
+        return None
+
+
 def no_plotting() -> None:
     """Keras, which TensorFlow imports eagerly, imports matplotlib.pyplot when it is installed
     (~0.7 s of every node's start); a node never plots."""
-
-    class Refuse:
-        def find_spec(self, name, path=None, target=None):
-            if name == "matplotlib" or name.startswith("matplotlib."):
-                raise ImportError("a tfscache node never plots")
-            return None
-
-    if "matplotlib" not in sys.modules and not any(type(f).__name__ == "Refuse" for f in sys.meta_path):
-        sys.meta_path.insert(0, Refuse())
+    if "matplotlib" not in sys.modules and not any(isinstance(f, _RefusePlotting) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RefusePlotting())
 
 
 def main(argv: list[str]) -> int:

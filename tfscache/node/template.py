@@ -13,9 +13,9 @@ sibling nodes until one writes them.
 Forking is safe because the template never runs TensorFlow: importing it starts no session, no
 op thread pool and no CUDA context, and the template starts no thread of its own (the import
 leaves one idle native thread, which a fork does not copy). tests/node/test_template.py runs
-forked nodes side by side, each computing its own answers. Variables read during TensorFlow's import (TF_CPP_MIN_LOG_LEVEL and the like)
-are the template's: every node it forks gets the template's environment at import, then its own
-``env``. A forked node's command line is the template's; its process name (``ps -o comm``)
+forked nodes side by side, each computing its own answers. Variables read during TensorFlow's
+import (TF_CPP_MIN_LOG_LEVEL and the like) are the template's: every node it forks gets the
+template's environment at import, then its own ``env``. A forked node's command line is the template's; its process name (``ps -o comm``)
 is ``tfscache-node``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and
 the template ends within 0.5 s of its owner (the process that started it), so a killed owner
 leaves no node behind. (Not PR_SET_PDEATHSIG for the template itself: that signal follows the
@@ -67,7 +67,7 @@ def _die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _run_child(request: dict, template_ppid: int) -> None:
+def _run_child(request: dict, template_pid: int) -> None:
     """In the forked child: become the node ``request`` asks for, then exit with its status."""
     rc = 1
     try:
@@ -78,7 +78,7 @@ def _run_child(request: dict, template_ppid: int) -> None:
             os.setsid()
         _die_with_parent()
         _prctl(PR_SET_NAME, ctypes.c_char_p(NAME))  # its command line stays the template's
-        if os.getppid() != template_ppid:  # the template died between the fork and prctl
+        if os.getppid() != template_pid:  # the template died between the fork and prctl
             os._exit(1)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
@@ -206,6 +206,17 @@ class TemplateError(RuntimeError):
     """The template did not fork the node (it is not running, or refused the request)."""
 
 
+def _forked_pid(line: bytes | None) -> int:
+    """The pid in the template's first answer; TemplateError if it refused or said nothing."""
+    try:
+        answer = json.loads(line) if line else {}
+    except ValueError:
+        answer = {}
+    if "pid" not in answer:
+        raise TemplateError(f"the node template did not fork the node: {answer.get('error', 'no answer')}")
+    return int(answer["pid"])
+
+
 class Child:
     """A forked node, as subprocess.Popen's subset: pid, args, poll, wait, send_signal, kill, terminate."""
 
@@ -217,15 +228,13 @@ class Child:
         try:
             self._sock.connect(socket_path)
             self._sock.sendall(request(argv, **options))
-            line = self._line(timeout=30.0)
-            answer = json.loads(line) if line else {}
-        except (OSError, ValueError) as exc:
+            self.pid = _forked_pid(self._line(timeout=30.0))
+        except OSError as exc:
             self._sock.close()
             raise TemplateError(f"node template at {socket_path}: {exc}") from exc
-        if "pid" not in answer:
+        except TemplateError:
             self._sock.close()
-            raise TemplateError(f"the node template did not fork the node: {answer.get('error', 'no answer')}")
-        self.pid = int(answer["pid"])
+            raise
 
     def _line(self, timeout: float | None) -> bytes | None:
         """The template's next line; b"" if it closed the connection; None if ``timeout`` passed."""
@@ -289,15 +298,12 @@ class AsyncChild:
         except OSError as exc:
             raise TemplateError(f"node template at {socket_path}: {exc}") from exc
         writer.write(request(argv, **options))
-        line = await reader.readline()
         try:
-            answer = json.loads(line) if line else {}
-        except ValueError:
-            answer = {}
-        if "pid" not in answer:
+            pid = _forked_pid(await reader.readline())
+        except TemplateError:
             writer.close()
-            raise TemplateError(f"the node template did not fork the node: {answer.get('error', 'no answer')}")
-        return cls(int(answer["pid"]), reader, writer)
+            raise
+        return cls(pid, reader, writer)
 
     async def _wait_for_end(self) -> int:
         try:
