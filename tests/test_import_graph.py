@@ -22,7 +22,10 @@ KNOWN_CYCLES: list[frozenset[str]] = []
 KNOWN_LONG: set[str] = set()
 KNOWN_PRIVATE: set[tuple[str, str]] = set()
 
-MAX_LINES = 400
+# A module is split where a concept ends, never to fit a count (docs/DESIGN.md, rule 1). Past
+# WARN_LINES a module is worth a look (reported, not failed); past MAX_LINES it is plainly too big.
+WARN_LINES = 500
+MAX_LINES = 800
 PACKAGE = Path(__file__).resolve().parent.parent / "tfscache"
 
 
@@ -161,8 +164,13 @@ def test_no_import_cycles():
 
 
 def test_no_module_over_the_line_limit():
+    """Only MAX_LINES fails; a module past WARN_LINES is named in the output (pytest -rP shows it)."""
+    lines = {name: len(path.read_text().splitlines()) for name, path in modules().items()}
+    for name, n in sorted(lines.items()):
+        if WARN_LINES < n <= MAX_LINES:
+            print(f"{name}: {n} lines (over {WARN_LINES}: is it still one concept?)")
     new = {name: n for name, n in long_modules().items() if name not in KNOWN_LONG}
-    assert not new, f"modules over {MAX_LINES} lines (split them): {new}"
+    assert not new, f"modules over {MAX_LINES} lines (split them where a concept ends): {new}"
 
 
 def test_no_private_names_imported_across_modules():
