@@ -19,7 +19,7 @@ no mlserver, no tritonclient. What differs from Triton, as measured against MLSe
 from __future__ import annotations
 
 from tfscache import errors
-from tfscache.kinds.oiprepository import ModelIndex, OipRepositoryChannel
+from tfscache.kinds.oip.repository import ModelIndex, OipRepositoryChannel
 
 # MLServer's index states (mlserver.types.State); UNKNOWN: registered, not ready yet (loading).
 READY = "READY"

@@ -15,7 +15,8 @@ The stub embeds libpython (``libpython3.X.so.1.0``): this interpreter's own when
 else the system's (Debian: ``apt-get install libpython3.11``); it finds this environment's
 site-packages through ``python3`` first on PATH, as pytriton arranges.
 
-Flags (docs/triton.md; triton-behavior.md §10, §9): explicit model control, no start-up
+Flags (docs/triton.md; docs/upstream/triton.md, "Minimal adapter recipe (derived from the above)"
+and "Hazards a caching manager must defuse"): explicit model control, no start-up
 models, no auto-complete stub per load, non-strict readiness, an exit timeout for draining.
 Triton cannot bind port 0 and report the port, so callers choose ports
 (``tfscache.kinds.supervisor.free_port``: bind, read, close; the accepted race).
@@ -91,10 +92,10 @@ def command(binary: TritonBinary, repository: Path, *, http_port: int, grpc_port
     argv = [
         str(binary.executable),
         f"--model-repository={repository}",
-        "--model-control-mode=explicit",        # loads and unloads only through the API (§1)
-        "--disable-auto-complete-config",       # no extra stub process per load (§1)
-        "--strict-readiness=false",             # one failed model never poisons health (§9.5)
-        f"--exit-timeout-secs={exit_timeout_s}",  # SIGTERM drains in-flight inferences (§1)
+        "--model-control-mode=explicit",        # loads and unloads only through the API
+        "--disable-auto-complete-config",       # no extra stub process per load
+        "--strict-readiness=false",             # one failed model never poisons health
+        f"--exit-timeout-secs={exit_timeout_s}",  # SIGTERM drains in-flight inferences
         f"--backend-directory={binary.backends}",
         f"--cache-directory={binary.caches}",
         f"--http-address={address}", f"--http-port={http_port}",
