@@ -21,6 +21,7 @@ import tritonclient.grpc as tritongrpc
 from support.process import started_together
 from support.sidecars import running_sidecars
 from support.triton import resident_models, start_triton
+from support.waiting import wait_until
 
 from tfscache.cluster.ring import Ring
 from tfscache.discovery import Peer
@@ -91,6 +92,12 @@ async def rest_stats(port: int, name: str) -> dict:
         return stats
 
 
+def _totals_once(target: str, count: int) -> tuple | None:
+    """The node's own totals for MODEL once it counts ``count`` inferences, else None."""
+    got = totals(grpc_stats(target, MODEL))
+    return got if got[:3] == (count, count, count) else None
+
+
 def sum_of(*answers: tuple) -> tuple:
     return tuple(map(sum, zip(*answers)))
 
@@ -104,8 +111,11 @@ async def test_statistics_through_either_sidecar_cover_every_node_that_holds_the
             y = await asyncio.to_thread(infer, f"127.0.0.1:{app.grpc_port}", MODEL, float(i),
                                         {FORWARDED_KEY: "test"})
             assert y == [i + 1.0]
-    node_a = totals(await asyncio.to_thread(grpc_stats, triton.grpc_target, MODEL))
-    node_b = totals(await asyncio.to_thread(grpc_stats, triton_b.grpc_target, MODEL))
+    # Triton counts a request once its response is released: wait for each node's own count.
+    node_a, node_b = [
+        await asyncio.to_thread(wait_until, functools.partial(_totals_once, node.grpc_target, count), 60,
+                                f"node {node.grpc_target} to count {count} inferences")
+        for node, count in ((triton, 2), (triton_b, 3))]
     assert node_a[:3] == (2, 2, 2) and node_b[:3] == (3, 3, 3)
     expected = sum_of(node_a, node_b)
 

@@ -13,7 +13,6 @@ same repository (conftest's ``triton``), with the unmodified tritonclient and pl
 from __future__ import annotations
 
 import queue
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ import requests
 import tritonclient.grpc as tritongrpc
 
 from support.triton import serve_triton_nodes
+from support.waiting import wait_until
 
 TIMEOUT = 120.0
 
@@ -42,13 +42,6 @@ def raw(triton):
         client.load_model(model)
     client.close()
     return triton
-
-
-def wait_for(condition, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # polling a condition with a deadline
 
 
 def x_input(values):
@@ -140,7 +133,7 @@ def test_cancelling_a_stream_reaches_the_model(serve, triton_markers: Path):
     first = stream.next()
     assert first[:2] == ("cancel-grpc", "stream_b"), first
     stream.close(cancel=True)
-    wait_for(lambda: (triton_markers / "cancelled-cancel-grpc").exists(), what="the model to see the cancellation")
+    wait_until(lambda: (triton_markers / "cancelled-cancel-grpc").exists(), 60, "the model to see the cancellation")
     # The lease went back: the model is idle on the node, and another request is served.
     stream = Stream(serve.grpc_target)
     stream.send("stream_b", [1.0], request_id="after", empty_final=True)
@@ -161,8 +154,8 @@ def test_a_stream_deadline_reaches_the_model(serve, triton_markers: Path):
         while (got := stream.next())[0] != "error":
             assert got[:2] == ("deadline-grpc", "stream_e"), got
         assert "Deadline Exceeded" in got[1], got
-        wait_for(lambda: (triton_markers / "cancelled-deadline-grpc").exists(),
-                 what="the model to see the deadline")
+        wait_until(lambda: (triton_markers / "cancelled-deadline-grpc").exists(), 60,
+                   "the model to see the deadline")
     finally:
         stream.close()
     assert int((triton_markers / "cancelled-deadline-grpc").read_text()) < 399  # stopped early
@@ -205,7 +198,7 @@ def test_a_disconnected_generate_stream_stops_the_model(serve, triton_markers: P
                        stream=True, timeout=TIMEOUT, headers={"Accept-Encoding": "identity"}) as reply:
         assert reply.status_code == 200
         assert next(reply.iter_lines()).startswith(b"data: ")
-    wait_for(marker.exists, what="the model to see the client gone")
+    wait_until(marker.exists, 60, "the model to see the client gone")
 
 
 def test_statistics_are_the_nodes_own_with_one_node(serve):
@@ -213,13 +206,25 @@ def test_statistics_are_the_nodes_own_with_one_node(serve):
     node = tritongrpc.InferenceServerClient(f"127.0.0.1:{_node_grpc(serve)}")
     try:
         tfs.infer("addk_5", [x_input([1.0])], client_timeout=TIMEOUT)
-        assert tfs.get_inference_statistics("addk_5", as_json=True) == node.get_inference_statistics(
-            "addk_5", as_json=True)
+        # Triton counts a request once its response is released, which may be just after the
+        # client has it: wait for the node's own count, then the front end's answer is the node's.
+        own = wait_until(lambda: counted(node.get_inference_statistics("addk_5", as_json=True), 1),
+                         TIMEOUT, "the node to count the inference")
+        assert tfs.get_inference_statistics("addk_5", as_json=True) == own
         rest = requests.get(f"{serve.rest_url}/v2/models/addk_5/stats", timeout=TIMEOUT).json()
         assert rest["model_stats"][0]["inference_count"] == 1
     finally:
         tfs.close()
         node.close()
+
+
+def counted(answer: dict, count: int) -> dict | None:
+    """``answer`` (ModelStatistics as tritonclient's JSON) once its one entry counts ``count``
+    inferences, successes included (Triton updates both at once), else None."""
+    (stats,) = answer["model_stats"]
+    success = stats.get("inference_stats", {}).get("success", {})
+    done = int(stats.get("inference_count", 0)) == count and int(success.get("count", 0)) == count
+    return answer if done else None
 
 
 def _node_grpc(serve) -> int:

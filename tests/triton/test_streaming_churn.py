@@ -31,9 +31,10 @@ import tritonclient.grpc as tritongrpc
 from admin.serving import start_admin_serve
 from support.node import PYTHON
 from support.triton import IndexSampler, resident_models, serve_triton_nodes
+from support.waiting import wait_until
 
 from .conftest import STREAM_MODELS
-from .test_streaming import TIMEOUT, Stream, wait_for, x_input
+from .test_streaming import TIMEOUT, Stream, counted, x_input
 
 CAP = 2
 CLIENTS = 16
@@ -97,7 +98,10 @@ def test_statistics_sum_every_node_that_holds_the_model(capped):
         client = tritongrpc.InferenceServerClient(f"127.0.0.1:{ports['grpc']}")
         for _ in range(k + 1):
             client.infer(model, [x_input([1.0])], client_timeout=TIMEOUT)
-        counts[name] = client.get_inference_statistics(model, as_json=True)["model_stats"][0]
+        # Triton counts a request once its response is released: wait for the node's own count.
+        own = wait_until(lambda: counted(client.get_inference_statistics(model, as_json=True), k + 1),
+                         TIMEOUT, f"node {name} to count {k + 1} inferences")
+        counts[name] = own["model_stats"][0]
         client.close()
     tfs = tritongrpc.InferenceServerClient(capped.grpc_target)
     try:
@@ -131,7 +135,7 @@ def test_a_node_killed_mid_stream_ends_that_request_with_an_error(capped):
         assert [a[2] for a in answers] == [[1.0], [2.0], [3.0], None], answers
     finally:
         stream.close()
-    wait_for(lambda: all(n in serve_triton_nodes(capped) for n in nodes), what="both nodes serving")
+    wait_until(lambda: all(n in serve_triton_nodes(capped) for n in nodes), 60, "both nodes serving")
 
 
 def test_a_node_killed_mid_generate_stream_ends_it_with_an_error_event(capped):
@@ -151,8 +155,8 @@ def test_a_node_killed_mid_generate_stream_ends_it_with_an_error_event(capped):
     assert events[-1].startswith(b'data: {"error":"the node serving this request became unavailable after'), \
         events[-1]
     assert all(e.startswith(b'data: {"id":"doomed-rest","model_name":"stream_c"') for e in events[:-1]), events[-3:]
-    wait_for(lambda: all(n in serve_triton_nodes(capped) for n in nodes), what="both nodes serving")
-    wait_for(lambda: not _leases(capped), what="the lease to go back")
+    wait_until(lambda: all(n in serve_triton_nodes(capped) for n in nodes), 60, "both nodes serving")
+    wait_until(lambda: not _leases(capped), 60, "the lease to go back")
     # The model serves again (on the restarted node), and its lease goes back after.
     reply = requests.post(url, json={"x": [1.0]}, timeout=TIMEOUT, headers={"Accept-Encoding": "identity"})
     assert reply.status_code == 200 and [line for line in reply.iter_lines() if line] == [
@@ -171,7 +175,7 @@ def test_a_drain_waits_for_an_open_stream(capped):
                                   capped.admin_target], capture_output=True, text=True, timeout=120)
         assert drained.returncode == 0, drained.stderr
         # The drain unloaded every model of the node, yet the stream was not cut: all of it came.
-        wait_for(lambda: stream.answers.qsize() >= 41 - 1, what="the rest of the stream")
+        wait_until(lambda: stream.answers.qsize() >= 41 - 1, 60, "the rest of the stream")
         got = list(stream.answers.queue)
         assert [a[2] for a in got] == [[float(i)] for i in range(-39, 0)] + [None], got[-3:]
         assert got[-1][3] is True
