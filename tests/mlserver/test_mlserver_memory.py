@@ -11,13 +11,12 @@ the cap.
 
 from __future__ import annotations
 
-
-import psutil
 import pytest
 import tritonclient.grpc as tritongrpc
 
 from frontend.serving import start_serve
 from support.mlserver import PYTHON, IndexSampler, mlserver_infer, serve_nodes
+from support.oip import tree_rss
 from tfscache.kinds.mlserver.testmodels import build_mlserver_models
 
 MIB = 1 << 20
@@ -35,17 +34,6 @@ def padded_serve(tmp_path_factory, mlserver_bin):
     with start_serve(tmp_path_factory.mktemp("padded-serve"), repository, "--backend", "mlserver",
                      "--local-nodes", "1", "--node-command", mlserver_bin, "--memory-per-node", str(CAP)) as serve:
         yield serve
-
-
-def tree_rss(pid: int) -> int:
-    root = psutil.Process(pid)
-    total = 0
-    for process in (root, *root.children(recursive=True)):
-        try:
-            total += process.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def test_the_memory_cap_holds_from_the_first_loads_on(padded_serve):

@@ -29,6 +29,7 @@ from tritonclient.utils import InferenceServerException
 from frontend.serving import start_serve
 from support.mlserver import PATIENT, IndexSampler, index_states, mlserver_infer, resident_models, serve_nodes
 from support.traffic import ClientLoop
+from support.oip import client_pairs
 from support.waiting import wait_until
 
 LIMIT = 1 << 20  # --max-receive-message-size
@@ -51,14 +52,8 @@ def node_url(serve) -> str:
 @pytest.fixture(scope="module")
 def clients(serve, mlserver):
     """gRPC and HTTP clients of tfscache ("tfs") and of the raw MLServer ("raw")."""
-    made = {"tfs": (tritongrpc.InferenceServerClient(serve.grpc_target),
-                    tritonhttp.InferenceServerClient(f"127.0.0.1:{serve.rest_port}", network_timeout=120)),
-            "raw": (tritongrpc.InferenceServerClient(mlserver.grpc_target),
-                    tritonhttp.InferenceServerClient(mlserver.http_target, network_timeout=120))}
-    yield made
-    for grpc_client, http_client in made.values():
-        grpc_client.close()
-        http_client.close()
+    with client_pairs(serve, mlserver) as made:
+        yield made
 
 
 def body(x: float, shape=(1, 1)) -> dict:

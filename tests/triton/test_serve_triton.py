@@ -15,7 +15,6 @@ What loaded is read from the node's own RepositoryIndex, never from tfscache's w
 
 from __future__ import annotations
 
-import time
 
 import grpc
 import numpy as np
@@ -26,7 +25,9 @@ import tritonclient.http as tritonhttp
 from google.protobuf.json_format import MessageToDict
 from tritonclient.utils import InferenceServerException
 
+from support.oip import client_pairs
 from support.triton import index_states, resident_models, serve_triton_nodes
+from support.waiting import wait_until
 
 LIMIT = 1 << 20  # --max-receive-message-size
 # REST infers below ask for an uncompressed reply (requests asks for gzip by default): what a
@@ -51,21 +52,8 @@ def node_target(serve) -> str:
 @pytest.fixture(scope="module")
 def clients(serve, triton):
     """gRPC and HTTP clients of tfscache ("tfs") and of the raw Triton ("raw")."""
-    made = {"tfs": (tritongrpc.InferenceServerClient(serve.grpc_target),
-                    tritonhttp.InferenceServerClient(f"127.0.0.1:{serve.rest_port}", network_timeout=120)),
-            "raw": (tritongrpc.InferenceServerClient(triton.grpc_target),
-                    tritonhttp.InferenceServerClient(triton.http_target, network_timeout=120))}
-    yield made
-    for grpc_client, http_client in made.values():
-        grpc_client.close()
-        http_client.close()
-
-
-def wait_for(condition, timeout: float = 30.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # polling a condition with a deadline
+    with client_pairs(serve, triton) as made:
+        yield made
 
 
 def x_input(module, values, binary: bool | None = None):
@@ -142,8 +130,8 @@ def test_grpc_metadata_config_infer_and_statistics(node_target, clients):
     assert [(s["name"], s["version"]) for s in stats] == [("addk_4", "1")]
     # Triton counts a request once its response is released, which may be just after the
     # client has it: poll until both infers are counted.
-    wait_for(lambda: int(as_dict(tfs.get_inference_statistics("addk_4"))["model_stats"][0]
-                         ["inference_stats"]["success"].get("count", 0)) >= 2, what="both infers counted")
+    wait_until(lambda: int(as_dict(tfs.get_inference_statistics("addk_4"))["model_stats"][0]
+                           ["inference_stats"]["success"].get("count", 0)) >= 2, 30, "both infers counted")
     assert as_dict(tfs.get_inference_statistics("addk_4", "1"))["model_stats"][0]["name"] == "addk_4"
 
 
@@ -176,8 +164,8 @@ def test_rest_surfaces(serve, triton, clients):
     assert stats.status_code == 200
     [model] = stats.json()["model_stats"]
     assert (model["name"], model["version"]) == ("addk_6", "1")
-    wait_for(lambda: requests.get(f"{base}/stats", timeout=30).json()["model_stats"][0]
-             ["inference_stats"]["success"]["count"] >= 3, what="the three infers counted")
+    wait_until(lambda: requests.get(f"{base}/stats", timeout=30).json()["model_stats"][0]
+               ["inference_stats"]["success"]["count"] >= 3, 30, "the three infers counted")
     assert tfs_http.is_model_ready("addk_6") and tfs_http.is_server_live()
 
 

@@ -15,11 +15,11 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 import tritonclient.grpc as tritongrpc
 
 from frontend.serving import start_serve
+from support.oip import tree_rss
 from support.triton import IndexSampler, index_states, oip_infer, resident_models, serve_triton_nodes
 from tfscache.kinds.triton.testmodels import build_addk, build_late_free
 
@@ -45,17 +45,6 @@ def padded_serve(tmp_path, padded_repository):
     with start_serve(tmp_path, padded_repository, "--backend", "triton", "--local-nodes", "1",
                      "--memory-per-node", str(CAP)) as serve:
         yield serve
-
-
-def tree_rss(pid: int) -> int:
-    root = psutil.Process(pid)
-    total = 0
-    for process in (root, *root.children(recursive=True)):
-        try:
-            total += process.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
 
 
 def run_rounds(serve, client, rounds: range, pid: int) -> tuple[list, list[int]]:
