@@ -23,12 +23,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable
 from pathlib import Path
 
+from support.oip import NodeSampler, wait_live
 from support.process import REPO, ServerProcess
 
 from tfscache.kinds.mlserver import launcher
@@ -111,29 +109,12 @@ def start_mlserver(tmp_path: Path, repository: Path, *, extra: Iterable[str] = (
     ports["pid"] = process.pid
     node = MLServerProcess(process, directory, log_path, ports)
     try:
-        _wait_live(node, timeout)
+        wait_live(node, timeout, "mlserver", lambda message, _: MLServerStartError(message, node.log_text()),
+                  interval=0.1)
     except BaseException:
         node.kill()
         raise
     return node
-
-
-def _wait_live(node: MLServerProcess, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    url = f"{node.http_url}/v2/health/live"
-    while True:
-        if node.process.poll() is not None:
-            raise MLServerStartError(f"mlserver exited with {node.process.returncode} before it was live",
-                                     node.log_text())
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass  # not listening yet
-        if time.monotonic() > deadline:
-            raise MLServerStartError(f"mlserver was not live within {timeout} s", node.log_text())
-        time.sleep(0.1)  # polling a condition with a deadline
 
 
 # --- tfscache serve --backend mlserver: its children, their indexes ---
@@ -165,7 +146,7 @@ def resident_models(http_url: str, timeout: float = 10.0) -> set[str]:
     return {name for name, state in index_states(http_url, timeout).items() if state in RESIDENT_STATES}
 
 
-class IndexSampler:
+class IndexSampler(NodeSampler):
     """Samples nodes' own repository index (REST) in a background thread until stopped.
 
     One index answer is one snapshot of what the node holds, so the number of resident models
@@ -173,37 +154,14 @@ class IndexSampler:
     returning it; a node that does not answer is counted in ``errors``.
     """
 
-    def __init__(self, urls) -> None:
-        import threading
-
-        self._urls = urls if callable(urls) else (lambda: urls)
-        self.samples: dict[str, list[set[str]]] = {}
-        self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> IndexSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
     def _run(self) -> None:
         while not self._stop.is_set():
-            for name, url in self._urls().items():
+            for name, url in self._nodes().items():
                 try:
                     self.samples.setdefault(name, []).append(resident_models(url, 5.0))
                 except Exception:  # noqa: BLE001 - a node restarting: no sample
                     self.errors += 1
             self._stop.wait(0.005)  # pacing: leave the cores to the traffic under test
-
-    def peak(self, node: str) -> int:
-        return max(map(len, self.samples.get(node, [])), default=0)
-
-    def count(self) -> int:
-        return sum(map(len, self.samples.values()))
 
 
 def mlserver_infer(module, client, name: str, x: float, timeout: float = 120.0, version: str = "") -> list[float]:

@@ -21,13 +21,10 @@ import functools
 import re
 import subprocess
 import tempfile
-import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from support.oip import NodeSampler, wait_live
 from support.process import ServerProcess, started_together
 from support.traffic import ClientLoop
 
@@ -105,30 +102,12 @@ def start_triton(tmp_path: Path, repository: Path, *, extra: Iterable[str] = (),
     ports["pid"] = process.pid
     triton = TritonProcess(process, directory, log_path, Path(repository), ports, argv)
     try:
-        _wait_live(triton, timeout)
+        wait_live(triton, timeout, "tritonserver",
+                  lambda message, code: TritonStartError(message, code, triton.log_text()))
     except BaseException:
         triton.kill()
         raise
     return triton
-
-
-def _wait_live(triton: TritonProcess, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    url = f"{triton.http_url}/v2/health/live"
-    while True:
-        if triton.process.poll() is not None:
-            raise TritonStartError(f"tritonserver exited with {triton.process.returncode} "
-                                   "before it was live", triton.process.returncode, triton.log_text())
-        try:
-            with urllib.request.urlopen(url, timeout=1.0) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass  # not listening yet
-        if time.monotonic() > deadline:
-            raise TritonStartError(f"tritonserver was not live within {timeout} s", None,
-                                   triton.log_text())
-        time.sleep(0.05)  # polling a condition with a deadline
 
 
 # --- tfscache serve --backend triton: its children, their indexes, client traffic ---
@@ -170,7 +149,7 @@ def resident_models(grpc_target: str, timeout: float = 10.0) -> set[str]:
     return {name for name, states in index_states(grpc_target, timeout).items() if states & RESIDENT_STATES}
 
 
-class IndexSampler:
+class IndexSampler(NodeSampler):
     """Samples each node's own RepositoryIndex in a background thread until stopped.
 
     One RepositoryIndex answer is one snapshot of the node's model states, so the number of
@@ -179,28 +158,13 @@ class IndexSampler:
     ports); a sample of a node that does not answer is skipped and counted in ``errors``.
     """
 
-    def __init__(self, targets) -> None:
-        self._targets = targets if callable(targets) else (lambda: targets)
-        self.samples: dict[str, list[set[str]]] = {}
-        self.errors = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> IndexSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
     def _run(self) -> None:
         import tritonclient.grpc as tritongrpc
 
         clients: dict[str, object] = {}
         try:
             while not self._stop.is_set():
-                for name, target in self._targets().items():
+                for name, target in self._nodes().items():
                     client = clients.get(target)
                     if client is None:
                         client = clients[target] = tritongrpc.InferenceServerClient(target)
@@ -215,12 +179,6 @@ class IndexSampler:
         finally:
             for client in clients.values():
                 client.close()
-
-    def peak(self, node: str) -> int:
-        return max(map(len, self.samples.get(node, [])), default=0)
-
-    def count(self) -> int:
-        return sum(map(len, self.samples.values()))
 
 
 class OipTraffic(ClientLoop):
