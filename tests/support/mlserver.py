@@ -26,8 +26,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
-from support.oip import NodeSampler, wait_live
-from support.process import REPO, ServerProcess
+from support.oip import NodeSampler, OipServerProcess, wait_live
+from support.process import REPO
 
 from tfscache.kinds.mlserver import launcher
 from tfscache.kinds.supervisor import free_port
@@ -47,7 +47,7 @@ class MLServerStartError(RuntimeError):
         super().__init__(f"{message}\n--- mlserver log ---\n{log[-8000:]}")
 
 
-class MLServerProcess(ServerProcess):
+class MLServerProcess(OipServerProcess):
     """A running ``mlserver start``; stopping it ends its process group (its inference workers too).
 
     ``grpc_target``, ``rest_url``/``http_url`` and ``http_target`` ("127.0.0.1:M") as for Triton.
@@ -56,14 +56,6 @@ class MLServerProcess(ServerProcess):
     def __init__(self, process: subprocess.Popen, directory: Path, log_path: Path, ports: dict) -> None:
         super().__init__(process, directory, log_path, ports)
         self.ports = ports
-
-    @property
-    def http_url(self) -> str:
-        return self.rest_url
-
-    @property
-    def http_target(self) -> str:
-        return f"127.0.0.1:{self.rest_port}"
 
     def kill(self) -> None:
         """SIGKILL the server and everything in its process group."""

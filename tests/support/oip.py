@@ -17,6 +17,8 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from support.process import ServerProcess
+
 
 @contextmanager
 def client_pairs(serve, raw) -> Iterator[dict[str, tuple]]:
@@ -48,6 +50,19 @@ def tree_rss(pid: int) -> int:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+class OipServerProcess(ServerProcess):
+    """A running OIP server: ``http_url`` (its REST URL) and ``http_target`` ("127.0.0.1:M",
+    what tritonclient.http takes) besides ServerProcess's ``grpc_target`` and ``rest_url``."""
+
+    @property
+    def http_url(self) -> str:
+        return self.rest_url
+
+    @property
+    def http_target(self) -> str:
+        return f"127.0.0.1:{self.rest_port}"
 
 
 def wait_live(server, timeout: float, program: str, failed: Callable[[str, int | None], Exception],

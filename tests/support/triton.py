@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from support.oip import NodeSampler, wait_live
+from support.oip import NodeSampler, OipServerProcess, wait_live
 from support.process import ServerProcess, started_together
 from support.traffic import ClientLoop
 
@@ -41,7 +41,7 @@ class TritonStartError(RuntimeError):
         self.log = log
 
 
-class TritonProcess(ServerProcess):
+class TritonProcess(OipServerProcess):
     """A running ``tritonserver``; a context manager that stops it (SIGTERM, then SIGKILL).
 
     ``grpc_target`` ("127.0.0.1:N") and ``rest_url``/``http_url`` ("http://127.0.0.1:M")
@@ -59,14 +59,6 @@ class TritonProcess(ServerProcess):
     @property
     def http_port(self) -> int:
         return self.rest_port
-
-    @property
-    def http_url(self) -> str:
-        return self.rest_url
-
-    @property
-    def http_target(self) -> str:
-        return f"127.0.0.1:{self.rest_port}"
 
     @property
     def metrics_url(self) -> str:
