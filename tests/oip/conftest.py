@@ -41,7 +41,8 @@ def cap_one(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     if kind == "triton":
         yield request.getfixturevalue("served")[0]
         return
-    repository, program = request.getfixturevalue("mlserver_repository"), request.getfixturevalue("mlserver_bin")
+    repository = request.getfixturevalue("mlserver_repository")
+    program = request.getfixturevalue("mlserver_bin")
     with start_serve(tmp_path_factory.mktemp("race-serve"), repository, "--backend", "mlserver",
                      "--local-nodes", "1", "--node-command", program, "--max-models-per-node", "1",
                      *PATIENT) as serve:

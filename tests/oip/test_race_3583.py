@@ -44,7 +44,8 @@ def mlserver_infer(client: tritongrpc.InferenceServerClient, name: str, x: float
 
 def triton_failures_met(failed: list[tuple[str, str]]) -> None:
     texts = {f"Request for unknown model: '{MODEL}' has no available versions": "StatusCode.NOT_FOUND",
-             f"Request for unknown model: '{MODEL}' version 1 is not at ready state": "StatusCode.UNAVAILABLE",
+             f"Request for unknown model: '{MODEL}' version 1 is not at ready state":
+                 "StatusCode.UNAVAILABLE",
              f"Request for unknown model: '{MODEL}' is not found": "StatusCode.NOT_FOUND"}
     for status, message in failed:
         assert texts.get(message) == status, (status, message)

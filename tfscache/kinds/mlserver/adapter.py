@@ -107,8 +107,9 @@ class MLServerAdapter(OipAdapter):
             except errors.Unavailable:
                 raise
             except (errors.Cancelled, errors.DeadlineExceeded) as e:  # the channel closed, the node went away
-                raise errors.NodeUnavailable(f"node {self.target}: the load of model {name} version "
-                                             f"{version} ended {e.grpc_code.name} (the node went away?)") from e
+                raise errors.NodeUnavailable(
+                    f"node {self.target}: the load of model {name} version {version} ended "
+                    f"{e.grpc_code.name} (the node went away?)") from e
             except errors.TfscacheError as e:
                 raise type(e)(f"load failed for model '{name}' version {version} on node "
                               f"{self.target}: {e.message}") from e

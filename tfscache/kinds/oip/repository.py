@@ -28,7 +28,8 @@ class OipRepositoryChannel(NodeChannel):
         self._live = self._oip("ServerLive", pb.ServerLiveRequest, pb.ServerLiveResponse)
         self._ready = self._oip("ModelReady", pb.ModelReadyRequest, pb.ModelReadyResponse)
         self._index = self._oip("RepositoryIndex", pb.RepositoryIndexRequest, pb.RepositoryIndexResponse)
-        self._load = self._oip("RepositoryModelLoad", pb.RepositoryModelLoadRequest, pb.RepositoryModelLoadResponse)
+        self._load = self._oip("RepositoryModelLoad", pb.RepositoryModelLoadRequest,
+                               pb.RepositoryModelLoadResponse)
         self._unload = self._oip("RepositoryModelUnload", pb.RepositoryModelUnloadRequest,
                                  pb.RepositoryModelUnloadResponse)
 
@@ -54,4 +55,5 @@ class OipRepositoryChannel(NodeChannel):
 
     async def ready(self, name: str, version: str = "", deadline_s: float | None = None) -> bool:
         """ModelReady as the server answers it (errors raised as they come)."""
-        return (await self.rpc(self._ready, pb.ModelReadyRequest(name=name, version=version), deadline_s)).ready
+        request = pb.ModelReadyRequest(name=name, version=version)
+        return (await self.rpc(self._ready, request, deadline_s)).ready

@@ -34,7 +34,8 @@ class OipClient(OipRepositoryChannel):
     """Health, readiness and repository calls to the Triton node at ``target`` ("host:port")."""
 
     async def model_ready(self, name: str, version: str = "", deadline_s: float | None = None) -> bool:
-        """ModelReady; False for an unknown name (Triton's HEAD answers NOT_FOUND for those, 2.51 ready=false)."""
+        """ModelReady; False for an unknown name (Triton's HEAD answers NOT_FOUND for those, 2.51
+        ready=false)."""
         try:
             return await self.ready(name, version, deadline_s)
         except errors.NotFound:
