@@ -15,7 +15,7 @@ from tfscache.sim.engine import BELADY, Config, replay, replay_belady, simulate,
 from tfscache.sim.trace import Trace, TraceError, read_trace
 from tfscache.cli.simulate import main, parse_bytes
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HEADER = "time,model,version,load_seconds,bytes\n"
 SIZES = {"A": 100, "B": 200, "C": 300, "D": 500}
 LOADS = {"A": 1.0, "B": 2.0, "C": 4.0, "D": 8.0}

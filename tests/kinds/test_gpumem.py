@@ -141,7 +141,7 @@ def test_share_growth(weights, before, after, shared):
 def test_the_check_script_says_when_this_machine_has_no_gpu():
     if NvmlReader().available():
         pytest.skip("a GPU is here: run scripts/check_gpu_memory.py itself")
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "check_gpu_memory.py")
+    script = os.path.join(os.path.dirname(__file__), "..", "..", "scripts", "check_gpu_memory.py")
     done = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.startswith("check_gpu_memory: cannot check here: no GPU to check: ")

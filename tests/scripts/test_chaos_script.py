@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "chaos.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "chaos.py"
 spec = importlib.util.spec_from_file_location("chaos", SCRIPT)
 chaos = importlib.util.module_from_spec(spec)
 sys.modules["chaos"] = chaos  # dataclasses look their module up there
