@@ -2,7 +2,7 @@
 
 Every ``import`` and ``from ... import`` in tfscache/ counts, including those inside
 functions (lazy imports) and under ``if TYPE_CHECKING:``: a cycle hidden behind a lazy
-import is still a boundary in the wrong place (STYLE.md). ``from pkg import name``
+import is still a boundary in the wrong place. ``from pkg import name``
 where ``pkg.name`` is a module is an import of that module; otherwise of ``pkg``.
 A private name is ``_x`` taken from another tfscache module, by ``from m import _x`` or
 as ``m._x`` on an imported module.
