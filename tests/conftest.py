@@ -1,6 +1,7 @@
 """Fixtures shared by every test suite.
 
-* ``test_models``: TF Serving's test SavedModels (tfserving-behavior.md §7.3), built
+* ``test_models``: TF Serving's test SavedModels (docs/upstream/tfserving.md,
+  "Test SavedModels"), built
   once per session with tfscache.node.testmodels: half_plus_two (versions 123, 124),
   half_plus_three, half_plus_two_tf2, saved_model_save,
   saved_model_save_multiple_signatures, each ``test_models / NAME``.

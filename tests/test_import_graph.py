@@ -2,7 +2,7 @@
 
 Every ``import`` and ``from ... import`` in tfscache/ counts, including those inside
 functions (lazy imports) and under ``if TYPE_CHECKING:``: a cycle hidden behind a lazy
-import is still a boundary in the wrong place (STYLE.md). ``from pkg import name``
+import is still a boundary in the wrong place. ``from pkg import name``
 where ``pkg.name`` is a module is an import of that module; otherwise of ``pkg``.
 A private name is ``_x`` taken from another tfscache module, by ``from m import _x`` or
 as ``m._x`` on an imported module.
@@ -355,3 +355,42 @@ def test_dependencies_point_down():
     upward = sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
                     if unit_of(a) != unit_of(b) and rank[unit_of(b)] > rank[unit_of(a)])
     assert upward == []
+
+
+# -- docs and comments stand alone (issue 30, item 6) ---------------------------------------------
+# The patterns are built from pieces so that this file does not match itself.
+_OUTSIDE = "|".join([r"\.\./" + "shared", "shared/" + "reference", "\u00a7" + "[0-9]"])
+_STANDALONE_ROOTS = ("tfscache/", "docs/", "tests/", "scripts/", "deploy/", "README.md")
+
+
+def outside_references(root: Path, paths) -> list[str]:
+    """``path:line`` for each line of ``paths`` (relative to root) that cites notes outside the
+    repository (the parent folder's shared notes) or a numbered section sign."""
+    import re
+
+    outside = re.compile(_OUTSIDE)
+    found = []
+    for rel in paths:
+        try:
+            text = (root / rel).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue
+        found += [f"{rel}:{n}" for n, line in enumerate(text.splitlines(), 1) if outside.search(line)]
+    return found
+
+
+def test_docs_and_comments_stand_alone():
+    import subprocess
+
+    root = PACKAGE.parent
+    tracked = subprocess.run(["git", "ls-files", *_STANDALONE_ROOTS], cwd=root, check=True,
+                             capture_output=True, text=True).stdout.splitlines()
+    assert tracked
+    assert outside_references(root, tracked) == []
+
+
+def test_outside_references_sees_an_offender(tmp_path):
+    (tmp_path / "a.md").write_text("see ../" + "shared/x.md\nfine\n")
+    (tmp_path / "b.py").write_text("# " + "\u00a7" + "1.9 says so\n")
+    (tmp_path / "c.md").write_text("docs/upstream/tfserving.md, \"Concurrency\"\n")
+    assert outside_references(tmp_path, ["a.md", "b.py", "c.md"]) == ["a.md:1", "b.py:1"]

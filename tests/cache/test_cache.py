@@ -359,7 +359,8 @@ async def test_stop_fails_waiters_with_unavailable(make_cache, gate):
 
 async def test_reload_error_is_not_trusted_over_get_model_status(make_cache, anode):
     """Real TF Serving can answer a re-add with UNKNOWN "did not become available" and load
-    the model moments later (tfserving-behavior.md §1.9); `tfscache node` does not
+    the model moments later (docs/upstream/tfserving.md, "Hazards that follow from the
+    ordering"); `tfscache node` does not
     reproduce that timing, so the client reports the real server's error after the reload."""
     cache = await make_cache()
     real_reload = cache.node.reload

@@ -157,7 +157,8 @@ def check_empty_config(path: Path) -> list[str]:
 
     config = parse_model_server_config(path.read_text())
     if config.WhichOneof("config") != "model_config_list" or len(config.model_config_list.config):
-        return [f"{path.name} must hold exactly `model_config_list {{}}` (tfserving-behavior.md §1.9)"]
+        return [f"{path.name} must hold exactly `model_config_list {{}}` (docs/upstream/"
+                'tfserving.md, "Hazards that follow from the ordering")']
     return []
 
 

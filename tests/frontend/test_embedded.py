@@ -1,6 +1,7 @@
 """`tfscache serve --local-nodes 2` end to end, with unmodified tensorflow_serving clients.
 
-TF Serving's own end-to-end cases (tfserving-behavior.md §7.2) run through the front
+TF Serving's own end-to-end cases (docs/upstream/tfserving.md,
+"Tests in `ms/tensorflow_model_server_test.py`") run through the front
 end on both protocols; every model is loaded lazily by the first request for it.
 """
 

@@ -34,7 +34,7 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def unused_port() -> int:
     """A port nothing listens on right now.
 
-    STYLE.md forbids bind-close-reuse for our own servers (they bind port 0 and report it).
+    Our own servers never bind-close-reuse a port (they bind port 0 and report it).
     Here the sidecar must be told its node's address before the node exists, and the node
     must then listen on exactly that address, as TF Serving does in a pod; so the port is
     chosen up front. The race (another process taking it meanwhile) is the price.

@@ -13,7 +13,7 @@ from tensorflow_serving.apis import model_service_pb2_grpc
 
 from tfscache.node.main import FLAGS, FlagError, check_flags, parse_flags
 
-# tensorflow_model_server's defaults (tfserving-behavior.md §5)
+# tensorflow_model_server's defaults (docs/upstream/tfserving.md, "Flags")
 TF_SERVING_DEFAULTS = {
     "port": 8500, "rest_api_port": 0, "rest_api_timeout_in_ms": 30000, "model_config_file": "",
     "model_name": "default", "model_base_path": "", "model_config_file_poll_wait_seconds": 0,

@@ -1,7 +1,7 @@
-"""TF Serving's own end-to-end tests (model_servers/tensorflow_model_server_test.py,
-tfserving-behavior.md §7.2), run over the network against a real ``tfscache node`` with
-the official tensorflow_serving stubs, plus the PredictionService error texts that
-clients match on.
+"""TF Serving's own end-to-end tests (model_servers/tensorflow_model_server_test.py;
+docs/upstream/tfserving.md, "Tests in `ms/tensorflow_model_server_test.py`"), run over the
+network against a real ``tfscache node`` with the official tensorflow_serving stubs, plus
+the PredictionService error texts that clients match on.
 
 Two nodes serve the whole module: ``default`` started the way the upstream harness
 starts it (``--model_name=default --model_base_path=.../half_plus_two_cpu``, one

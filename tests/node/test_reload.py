@@ -1,4 +1,5 @@
-"""HandleReloadConfigRequest semantics against real nodes (tfserving-behavior.md §1).
+"""HandleReloadConfigRequest semantics against real nodes (docs/upstream/tfserving.md,
+"ModelService.HandleReloadConfigRequest").
 
 One node serves the module; every test installs the full config it needs (a reload
 is a full replacement) and uses its own model names, since END entries persist.

@@ -1,4 +1,5 @@
-"""The REST API of a real ``tfscache node`` over the network (tfserving-behavior.md §6).
+"""The REST API of a real ``tfscache node`` over the network (docs/upstream/tfserving.md,
+"REST API").
 
 Cases from TF Serving's tensorflow_model_server_test.py (the *REST tests) and
 http_rest_api_handler_test.cc, plus every error the adapter maps. Requests go

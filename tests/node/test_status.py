@@ -1,4 +1,5 @@
-"""ModelService.GetModelStatus against a real node (tfserving-behavior.md §2)."""
+"""ModelService.GetModelStatus against a real node (docs/upstream/tfserving.md,
+"ModelService.GetModelStatus")."""
 
 from __future__ import annotations
 

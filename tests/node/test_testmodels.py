@@ -1,5 +1,6 @@
 """The generated test models have the names, tensors and signatures of TF Serving's
-own test models (tfserving-behavior.md §7.3), and the synthetic ones what the cache
+own test models (docs/upstream/tfserving.md,
+"Test SavedModels"), and the synthetic ones what the cache
 tests rely on."""
 
 from __future__ import annotations

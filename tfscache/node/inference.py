@@ -3,11 +3,12 @@
 Each function takes the parsed tensorflow_serving request, resolves the servable
 with ``core.servable(model_spec)`` (held for the whole request, so an unload waits
 for it) and returns the response or raises a ``TfscacheError`` with TF Serving's
-code and text (tfserving-behavior.md §3.2-§3.5; sv/predict_util.cc,
-sv/classifier.cc, sv/regressor.cc, sv/multi_inference.cc, sv/util.cc,
-sv/get_model_metadata_impl.cc). Signatures are validated structurally, as with
-the default ``--enable_signature_method_name_check=false``. Session runs are timed in
-TF Serving's runtime_latency and MultiInference's examples counted (monitoring.py).
+code and text (docs/upstream/tfserving.md, "Predict" to "GetModelMetadata"; upstream
+tensorflow_serving/servables/tensorflow/: predict_util.cc, classifier.cc, regressor.cc,
+multi_inference.cc, util.cc, get_model_metadata_impl.cc). Signatures are validated
+structurally, as with the default ``--enable_signature_method_name_check=false``. Session
+runs are timed in TF Serving's runtime_latency and MultiInference's examples counted
+(monitoring.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``tfscache node``: a drop-in for tensorflow_model_server.
 
-Flags are tensorflow_model_server's, with its defaults (tfserving-behavior.md §5), plus
+Flags are tensorflow_model_server's, with its defaults (docs/upstream/tfserving.md, "Flags"), plus
 the tfscache extensions of docs/DESIGN.md (--bind_address, --ports_file,
 --load_gate_dir, --max_request_tensor_bytes; --file_system_poll_wait_seconds takes a
 float). Start-up follows

@@ -4,8 +4,9 @@
   (latest{N}, all, specific); numeric directory names are versions.
 * ``FileSystemSource`` is the poll thread: every --file_system_poll_wait_seconds it
   lists each base path and sends the aspired versions of every model to the manager;
-  one missing base path aborts the whole poll (the reload hang of tfserving-behavior.md
-  §1.5). It shares the manager's lock, so a poll applies all models or none.
+  one missing base path aborts the whole poll (the reload hang of docs/upstream/tfserving.md,
+  "Requested error cases"). It shares the manager's lock, so a poll applies all models or
+  none.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from tensorflow_serving.config import model_server_config_pb2
 from tfscache.errors import InvalidArgument
 
 # The manager's logger name, kept from before this code left manager.py, so the node's
-# log lines read as they did (STYLE.md's "tfscache.<module>" loses to unchanged output).
+# log lines read as they did (a logger per module, "tfscache.<module>", loses to unchanged
+# output).
 log = logging.getLogger("tfscache.node.manager")
 
 ModelConfig = model_server_config_pb2.ModelConfig

@@ -1,7 +1,7 @@
 """Builds the SavedModels the tests and benchmarks serve (imports tensorflow).
 
-* TF Serving's own test models (tfserving-behavior.md §7.3), rebuilt the way the
-  upstream generator builds them: ``half_plus_two`` (versions 00000123 and
+* TF Serving's own test models (docs/upstream/tfserving.md, "Test SavedModels"), rebuilt
+  the way the upstream generator builds them: ``half_plus_two`` (versions 00000123 and
   00000124; graph mode, tensor names ``x:0``, ``y:0``, ``tf_example:0``),
   ``half_plus_three``, ``half_plus_two_tf2`` (``tf.saved_model.save``) and the two
   small ``tf.saved_model.save`` models of the end-to-end tests.
@@ -231,7 +231,7 @@ def _build_half_plus_three(base: Path) -> Path:
 
 
 class _HalfPlusTwo(tf.Module):
-    """m4 of §7.3: the half_plus_two model saved with tf.saved_model.save."""
+    """Upstream's saved_model_half_plus_two_tf2_cpu, saved with tf.saved_model.save."""
 
     def __init__(self):
         super().__init__()
@@ -284,7 +284,7 @@ def _build_half_plus_two_tf2(base: Path) -> Path:
 
 
 def _build_saved_model_save(base: Path) -> Path:
-    """m5 of §7.3: Checkpoint(v1=3, v2=2), f(x) = {'y': v1*v2*x}."""
+    """test_tf_saved_model_save's model: Checkpoint(v1=3, v2=2), f(x) = {'y': v1*v2*x}."""
     root = tf.train.Checkpoint()
     root.v1 = tf.Variable(3.0)
     root.v2 = tf.Variable(2.0)
@@ -295,7 +295,8 @@ def _build_saved_model_save(base: Path) -> Path:
 
 
 def _build_multiple_signatures(base: Path) -> Path:
-    """m6 of §7.3: serving_default -> {'y': 1.0}, custom_signature_key -> {'y': 2.0}."""
+    """test_tf_saved_model_save_multiple_signatures's model: serving_default -> {'y': 1.0},
+    custom_signature_key -> {'y': 2.0}."""
     root = tf.Module()
     root.f = tf.function(lambda x: {"y": tf.constant(1.0)},
                          input_signature=[tf.TensorSpec(None, tf.float32)])

@@ -2,7 +2,8 @@
 
 TF Serving is told what to serve by HandleReloadConfigRequest with the whole
 ``model_config_list`` (every model, each with ``specific`` versions). Its hazards
-(tfserving-behavior.md §1.4-§1.9) are defused here, so the reloader need not know them:
+(docs/upstream/tfserving.md, "Blocking semantics" to "Hazards that follow from the ordering")
+are defused here, so the reloader need not know them:
 
 * a base path that vanished is never sent (it would wedge the node): a version whose
   directory is gone is reported NOT_FOUND instead of being loaded;

@@ -98,7 +98,7 @@ METHODS: dict[str, Method] = {
         _method(PREDICTION_SERVICE, "Regress", "RegressionRequest", _head, _head_with_versions),
         _method(PREDICTION_SERVICE, "MultiInference", "MultiInferenceRequest", _multi, _multi_with_versions),
         _method(PREDICTION_SERVICE, "GetModelMetadata", "GetModelMetadataRequest", _head, _head_with_versions),
-        _method(MODEL_SERVICE, "GetModelStatus", "GetModelStatusRequest", _head,  # labels ignored (§2)
+        _method(MODEL_SERVICE, "GetModelStatus", "GetModelStatusRequest", _head,  # labels ignored
                 probe=grpc_status, not_found=status_not_found),
     )
 }
