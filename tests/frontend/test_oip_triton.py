@@ -9,6 +9,7 @@ triton`` wires the same pieces).
 
 from __future__ import annotations
 
+import asyncio
 import aiohttp
 import numpy as np
 import pytest
@@ -108,8 +109,16 @@ async def test_grpc_probes_load_nothing_and_infer_loads(world):
     assert await client.is_model_ready("addk_1", "1") is True  # resident: Triton's own answer
     assert (await client.get_model_metadata("addk_1")).name == "addk_1"
     assert (await client.get_model_config("addk_1")).config.backend == "python"
-    stats = await client.get_inference_statistics("addk_1")
-    assert stats.model_stats[0].inference_stats.success.count >= 1
+    # Triton counts a request once its response is released, which may be just after the client
+    # has it: poll the count itself (a deadline, no fixed sleep) before asserting it.
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        stats = await client.get_inference_statistics("addk_1")
+        success = stats.model_stats[0].inference_stats.success.count
+        if success >= 1 or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.02)
+    assert success >= 1
     assert await client.is_model_ready("addk_2") is True
     assert await resident(oip) == {"addk_1"}  # the probe evicted nothing
 

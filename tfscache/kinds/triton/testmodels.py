@@ -6,7 +6,7 @@
 
 Every model is ``DEST/NAME/config.pbtxt`` plus ``DEST/NAME/1/model.py`` (version 1), with
 ``backend: "python"``, ``max_batch_size: 0`` and ``instance_group [{count: 1, kind:
-KIND_CPU}]``, so each loaded model is one stub process (triton-behavior.md §7). The config is
+KIND_CPU}]``, so each loaded model is one stub process (docs/upstream/triton.md, "Memory"). The config is
 complete: Triton runs with ``--disable-auto-complete-config``.
 
 * ``addk_K``: input ``x`` (TYPE_FP32, dims [-1]) -> output ``y`` = x + K (TYPE_FP32, dims
