@@ -117,7 +117,7 @@ class ServeApp:
         if remote_url(s.model_repository):  # a bucket: a disk tier nodes load from (tfscache.storage)
             tier_metrics = TierMetrics(self.metrics.registry)
             self.repository = open_repository(s, self.state_dir, events=tier_metrics)
-            self.repository.set_in_use(lambda key: {b.cache.ledger.use_of(key) for b in self.topology.nodes()
+            self.repository.set_in_use(lambda key: {b.cache.state_of(*key) for b in self.topology.nodes()
                                                     if b.cache is not None} - {None})
             tier_metrics.watch(self.repository.tier)
         await self.repository.start()

@@ -94,14 +94,6 @@ class Ledger:
 
     # -- reads -----------------------------------------------------------------------------
 
-    def use_of(self, key: Key) -> str | None:
-        """What the node does with that version's files: ``LOADING`` (admitted: being downloaded or
-        loaded), ``READY`` or ``UNLOADING``; None otherwise (they may go). A version only queued
-        (pending) does not count: it is fetched again when admitted, and holding the files of every
-        queued version would fill a disk tier sized for what the nodes hold."""
-        entry = self.entries.get(key)
-        return entry.state if entry is not None else None
-
     def used(self) -> int:
         """Bytes of every entry, leaving ones included (they count until gone)."""
         return sum(e.bytes for e in self.entries.values())
@@ -129,6 +121,11 @@ class Ledger:
         return sizes[len(sizes) // 2] if sizes else 0
 
     def state_of(self, key: Key) -> str | None:
+        """What the node does with that version: ``LOADING`` (admitted: being downloaded or
+        loaded), ``READY`` or ``UNLOADING``; None otherwise. The disk tier keeps a version's files
+        while this is not None (a version only queued does not count: it is fetched again when
+        admitted, and holding the files of every queued version would fill a tier sized for what
+        the nodes hold)."""
         entry = self.entries.get(key)
         return entry.state if entry is not None else None
 

@@ -210,7 +210,8 @@ class CacheManager:
         return self._reloader.wanted()
 
     def state_of(self, name: str, version: int) -> str | None:
-        """``LOADING``, ``READY`` or ``UNLOADING`` for a version in the node's wanted set, else None."""
+        """``LOADING``, ``READY`` or ``UNLOADING`` for a version in the node's wanted set, else None
+        (what the disk tier asks before it drops a version's files)."""
         return self.ledger.state_of((name, version))
 
     def failure(self, name: str, version: int) -> errors.TfscacheError | None:
