@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_copies.py [--seconds 20] [--warmup 8] [--concurrency 24]
         [--sleep-ms 10] [--tail 12] [--json F]
 
-1. Builds a Triton repository of python-backend models (tfscache/kinds/triton/testmodels.py, no
+1. Builds a Triton repository of python-backend models (tests/support/models/triton.py, no
    tensorflow): ``hot`` and ``tail_1`` .. ``tail_N``, each sleeping --sleep-ms per request.
    A Python-backend model has one instance per node, so each request holds that model's one
    slot on its node for --sleep-ms: node time matters, and the CPU (a shared 2-core VM) does
@@ -48,9 +48,9 @@ import tritonclient.grpc as tgrpc
 from tritonclient.grpc import service_pb2
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-from tfscache.kinds.triton import testmodels as tritonmodels  # noqa: E402
+from support.models import triton as tritonmodels  # noqa: E402
 
 PYTHON = sys.executable
 INFER = "/inference.GRPCInferenceService/ModelInfer"

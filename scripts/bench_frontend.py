@@ -49,7 +49,7 @@ import grpc
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 PYTHON = sys.executable
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 import numpy as np
 import tensorflow as tf
-from tfscache.node import testmodels
+from support.models import tfserving as testmodels
 tf1 = tf.compat.v1
 root = Path({str(root)!r})
 testmodels._build_half_plus_two(root / "half_plus_two")

@@ -3,7 +3,7 @@
 
     .venv/bin/python scripts/bench_mlserver.py [--requests 600] [--seconds 10] [--rounds 7] [--json F]
 
-1. Builds an MLServer repository (tfscache/kinds/mlserver/testmodels.py, trained by
+1. Builds an MLServer repository (tests/support/models/mlserver.py, trained by
    .mlserver/bin/python): addk_1 .. addk_N, scikit-learn LinearRegression, predict = x + k.
 2. Starts ``tfscache serve --backend mlserver --local-nodes 1 --node-command
    .mlserver/bin/mlserver`` and reads its node's ports from the serve log ("node0 serving: pid
@@ -44,10 +44,10 @@ import tritonclient.grpc as tgrpc
 from tritonclient.grpc import service_pb2
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from tfscache.admin.client import AdminClient  # noqa: E402
-from tfscache.kinds.mlserver.testmodels import build_mlserver_models  # noqa: E402
+from support.models.mlserver import build_mlserver_models  # noqa: E402
 
 MLSERVER = REPO / ".mlserver" / "bin" / "mlserver"
 INFER = "/inference.GRPCInferenceService/ModelInfer"

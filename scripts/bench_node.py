@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 
 def start_node(workdir: Path, config: Path) -> tuple[subprocess.Popen, dict, Path]:
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
 
-    from tfscache.node import testmodels
+    from support.models import tfserving as testmodels
 
     with tempfile.TemporaryDirectory(prefix="bench-node-") as tmp:
         tmp = Path(tmp)

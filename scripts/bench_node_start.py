@@ -37,8 +37,8 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 import psutil  # noqa: E402
 from frontend.serving import link_repository, start_serve  # noqa: E402
 from support.node import PYTHON  # noqa: E402
-from tfscache.node import template  # noqa: E402
-from tfscache.node.testmodels import build_test_models  # noqa: E402
+from tfscache.modelserver import template  # noqa: E402
+from support.models.tfserving import build_test_models  # noqa: E402
 
 
 def node_argv(model: Path, ports: Path) -> list[str]:
@@ -107,7 +107,7 @@ def main() -> None:
         model = work / "models" / "half_plus_two"
         socket_path = str(work / "template.sock")
         began = time.perf_counter()
-        owner = subprocess.Popen([PYTHON, "-m", "tfscache.node.template", socket_path], cwd=REPO,
+        owner = subprocess.Popen([PYTHON, "-m", "tfscache.modelserver.template", socket_path], cwd=REPO,
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             template.wait_for_socket(socket_path, lambda: owner.poll() is None, 300)

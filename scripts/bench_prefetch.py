@@ -45,11 +45,11 @@ _RUNS = itertools.count(1)
 
 def build(root: Path, count: int, size_bytes: int, backend: str) -> Path:
     if backend == "triton":
-        from tfscache.kinds.triton.testmodels import build_triton_models  # noqa: PLC0415
+        from support.models.triton import build_triton_models  # noqa: PLC0415
 
         build_triton_models(root / "models", synthetic=count, padding_bytes=size_bytes)
         return root / "models"
-    from tfscache.node import testmodels  # noqa: PLC0415 (tensorflow: only here)
+    from support.models import tfserving as testmodels  # noqa: PLC0415 (tensorflow: only here)
 
     bases = [testmodels.build_addk(root / f"built{k}", k, size_bytes, (1,)) for k in range(1, count + 1)]
     return link_repository(root / "models", bases)

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_storage.py [--sizes 50,200] [--rounds 7] [--json F]
 
 One moto S3 server (its own process) holds addk models of about 50 MB and 200 MB (a padding
-variable; ``tfscache.node.testmodels``). Every figure is the wall time of one REST predict
+variable; ``support.models.tfserving``). Every figure is the wall time of one REST predict
 of a model that is not on the node (plain HTTP, a fresh request each time):
 
 * s3 cold: ``tfscache serve --model-repository s3://...`` with an empty disk tier on disk:
@@ -55,7 +55,7 @@ JITTER = random.Random(7)
 
 
 def build_models(root: Path, sizes_mb: list[int]) -> dict[str, Path]:
-    from tfscache.node import testmodels  # noqa: PLC0415 (tensorflow: only here)
+    from support.models import tfserving as testmodels  # noqa: PLC0415 (tensorflow: only here)
 
     return {f"addk_{mb}": testmodels.build_addk(root, mb, size_bytes=mb * 1_000_000) for mb in sizes_mb}
 

@@ -4,7 +4,7 @@ straight to the node, same run (issue 24).
 
     .venv/bin/python scripts/bench_streaming.py [--rounds 200] [--responses 20] [--delay-ms 0]
 
-Builds one decoupled python-backend model (tfscache/kinds/triton/testmodels.py ``build_stream``:
+Builds one decoupled python-backend model (tests/support/models/triton.py ``build_stream``:
 K responses per request, ``--delay-ms`` apart), starts ``tfscache serve --backend triton
 --local-nodes 1`` (scripts/bench_triton.py's ``start_serve``) and reads its node's ports, so both
 paths reach the same tritonserver and the same loaded model. Then, in alternating rounds:
@@ -35,8 +35,8 @@ from tritonclient.grpc import InferInput, service_pb2
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_triton import REPO, machine, pct, start_serve, stop  # noqa: E402
 
-sys.path.insert(0, str(REPO))
-from tfscache.kinds.triton import testmodels  # noqa: E402
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+from support.models import triton as testmodels  # noqa: E402
 
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 

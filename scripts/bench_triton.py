@@ -4,7 +4,7 @@
     .venv/bin/python scripts/bench_triton.py [--requests 1000] [--seconds 10] [--rounds 11]
         [--client-processes 4] [--workers 1,2,4] [--concurrency 16,64] [--quick] [--json F]
 
-1. Builds a Triton repository of python-backend models (tfscache/kinds/triton/testmodels.py, no
+1. Builds a Triton repository of python-backend models (tests/support/models/triton.py, no
    tensorflow): addk_1 .. addk_N (y = x + k, tiny) and ``sleep_ms`` sleeping --sleep-ms
    (5) ms per request, the counterparts of half_plus_two and slow_5ms in
    scripts/bench_frontend.py.
@@ -62,10 +62,10 @@ import tritonclient.http as thttp
 from tritonclient.grpc import service_pb2
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from bench_frontend import start_hop, throughput  # noqa: E402  (scripts/ is the script's own directory)
-from tfscache.kinds.triton import testmodels as tritonmodels  # noqa: E402
+from support.models import triton as tritonmodels  # noqa: E402
 from tfscache.admin.client import AdminClient  # noqa: E402
 
 PYTHON = sys.executable

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The first request after a load, with and without warm-up (issue 25; tfscache/node/warmup.py).
+"""The first request after a load, with and without warm-up (issue 25; tfscache/modelserver/warmup.py).
 
     .venv/bin/python scripts/bench_warmup.py [--models 12]
 
@@ -38,7 +38,7 @@ PAGE = "/monitoring/prometheus/metrics"
 
 
 def build(root: Path, count: int) -> dict[str, Path]:
-    from tfscache.node import testmodels  # noqa: PLC0415 (tensorflow: only here)
+    from support.models import tfserving as testmodels  # noqa: PLC0415 (tensorflow: only here)
 
     source = testmodels.build_test_models(root / "built")["half_plus_two"] / "00000123"
     bases = {}

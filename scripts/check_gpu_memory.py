@@ -34,7 +34,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "tests")]
 
 from tfscache.kinds.gpumem import NvmlReader, process_tree  # noqa: E402
 from tfscache.units import parse_bytes  # noqa: E402
@@ -128,7 +128,7 @@ def check(size: int) -> dict:
     if not reader.available():
         raise CannotCheck(f"no GPU to check: {reader.reason}")
     library = gpu_library()
-    from tfscache.kinds.triton.testmodels import write_model
+    from support.models.triton import write_model
 
     with tempfile.TemporaryDirectory(prefix="tfscache-gpu-") as tmp:
         write_model(Path(tmp), MODEL, _MODEL_PY, {"gpu_bytes": str(size), "library": library})

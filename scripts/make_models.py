@@ -7,16 +7,16 @@
 
 DEST/half_plus_two/{00000123,00000124}, DEST/half_plus_three/00000123,
 DEST/half_plus_two_tf2/00000123, ...; with --synthetic N also DEST/addk_1 ..
-DEST/addk_N (version 1, y = x + k, about S MB each). See tfscache/node/testmodels.py.
+DEST/addk_N (version 1, y = x + k, about S MB each). See tests/support/models/tfserving.py.
 
 With --triton, DEST is a Triton model repository of python-backend models instead (no
 tensorflow): addk_1 .. addk_N (input x, output y = x + k, FP32; each holding S MB while
-loaded) and, with --sleep-ms T, sleep_ms (y = x after T ms). See tfscache/kinds/triton/testmodels.py.
+loaded) and, with --sleep-ms T, sleep_ms (y = x after T ms). See tests/support/models/triton.py.
 
 With --mlserver, DEST is an MLServer model repository instead, trained by MLServer's own
 interpreter (--mlserver-python, default .mlserver/bin/python): addk_1 .. addk_N (scikit-learn,
 predict = x + k), sk_clf, xgb_reg and, with --padding-mb S, addk_pad holding S MB while loaded.
-See tfscache/kinds/mlserver/testmodels.py.
+See tests/support/models/mlserver.py.
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+# the test models live with the tests (tests/support/models/), not in the wheel
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     if sum(x is not None for x in (args.dest, args.triton, args.mlserver)) != 1:
         parser.error("give one of DEST (TF Serving models), --triton DEST or --mlserver DEST")
     if args.mlserver is not None:
-        from tfscache.kinds.mlserver.testmodels import build_mlserver_models
+        from support.models.mlserver import build_mlserver_models
 
         for name in build_mlserver_models(args.mlserver, args.mlserver_python, synthetic=args.synthetic,
                                           padding_bytes=int(args.padding_mb * 1_000_000)):
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.triton is not None:
         return _triton(args)
 
-    from tfscache.node import testmodels  # imports tensorflow: seconds
+    from support.models import tfserving as testmodels  # imports tensorflow: seconds
 
     args.dest.mkdir(parents=True, exist_ok=True)
     built = {} if args.no_test_models else testmodels.build_test_models(args.dest)
@@ -75,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _triton(args: argparse.Namespace) -> int:
-    from tfscache.kinds.triton import testmodels as tritonmodels
+    from support.models import triton as tritonmodels
 
     built = tritonmodels.build_triton_models(args.triton, synthetic=args.synthetic,
                                              padding_bytes=int(args.padding_mb * 1_000_000),

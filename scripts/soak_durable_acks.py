@@ -39,7 +39,7 @@ def main() -> int:
 
     from admin.sigkill_rounds import sigkill_rounds
     from support.node import start_node
-    from tfscache.node import testmodels
+    from support.models import tfserving as testmodels
 
     with tempfile.TemporaryDirectory(prefix="soak-durable-") as tmp:
         work = Path(tmp)

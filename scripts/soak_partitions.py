@@ -41,7 +41,7 @@ from support.netns import unavailable
 
 
 def build_models(directory: Path, count: int) -> list[str]:
-    from tfscache.node import testmodels
+    from support.models import tfserving as testmodels
 
     for k in range(1, count + 1):
         if not (directory / f"addk_{k}").exists():

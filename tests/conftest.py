@@ -2,7 +2,7 @@
 
 * ``test_models``: TF Serving's test SavedModels (docs/upstream/tfserving.md,
   "Test SavedModels"), built
-  once per session with tfscache.node.testmodels: half_plus_two (versions 123, 124),
+  once per session with support.models.tfserving: half_plus_two (versions 123, 124),
   half_plus_three, half_plus_two_tf2, saved_model_save,
   saved_model_save_multiple_signatures, each ``test_models / NAME``.
 * ``synthetic_models``: a factory building ``addk_<k>`` models (y = x + k) of a chosen
@@ -40,7 +40,7 @@ def _private_state_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
 
 @pytest.fixture(scope="session")
 def test_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tfscache.node import testmodels
+    from support.models import tfserving as testmodels
 
     root = tmp_path_factory.mktemp("test_models")
     testmodels.build_test_models(root)
@@ -50,7 +50,7 @@ def test_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def synthetic_models(tmp_path_factory: pytest.TempPathFactory
                      ) -> Callable[..., list[Path]]:
-    from tfscache.node import testmodels
+    from support.models import tfserving as testmodels
 
     built: dict[tuple[int, int, tuple[int, ...]], Path] = {}
 

@@ -294,7 +294,7 @@ def test_generic_classes_take_their_kinds_parts_without_a_default():
     offenders = []
     for name, path in modules().items():
         relative = path.relative_to(PACKAGE.parent).as_posix()
-        if relative.startswith(("tfscache/kinds/", "tfscache/frontend/protocols/", "tfscache/node/")):
+        if relative.startswith(("tfscache/kinds/", "tfscache/frontend/protocols/", "tfscache/modelserver/")):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -327,7 +327,7 @@ LAYERS = [
     {"", "errors", "units", "logs", "importer", "extras", "wire", "webserver"},
     {"discovery.peer", "cache.policy", "kinds.table"},
     {"settings", "tls"},
-    {"storage", "repository", "discovery", "node", "sim.trace"},
+    {"storage", "repository", "discovery", "modelserver", "sim.trace"},
     {"cache", "cluster.ring"},
     {"kinds"},
     {"frontend"},

@@ -3,7 +3,7 @@
 Returning problems instead of asserting lets the tests show that every check fails on a
 broken copy of a manifest (the ``*_can_fail`` tests). What each check holds the
 manifests to comes from the code: ``manifests.sidecar_ports()`` (the settings' default
-ports), docs/real-tfserving.md's flag table, ``tfscache.node.main.FLAGS`` and
+ports), docs/real-tfserving.md's flag table, ``tfscache.modelserver.main.FLAGS`` and
 ``tfscache.settings``.
 """
 
@@ -153,7 +153,7 @@ def check_node_matches(flags: Mapping[str, str], sidecar: settings_mod.Settings)
 
 def check_empty_config(path: Path) -> list[str]:
     """TF Serving's --model_config_file holds an empty model_config_list, not nothing."""
-    from tfscache.node.config import parse_model_server_config
+    from tfscache.modelserver.config import parse_model_server_config
 
     config = parse_model_server_config(path.read_text())
     if config.WhichOneof("config") != "model_config_list" or len(config.model_config_list.config):

@@ -5,7 +5,7 @@ holds the checks. Expected values come from the code, never from a literal here:
 
 * ports: the defaults of ``tfscache.settings`` (every ``*port`` setting with a default > 0);
 * TF Serving flags: the table in docs/real-tfserving.md and the flag table ``FLAGS`` of
-  ``tfscache.node.main`` (tensorflow_model_server's names and types);
+  ``tfscache.modelserver.main`` (tensorflow_model_server's names and types);
 * sidecar configs: loaded with ``tfscache.settings.load``.
 """
 
@@ -41,7 +41,7 @@ K8S_VARIANTS = ("consul", "pvc")
 PLANNED_DISCOVERY = {"backend", "consul_address", "service_name", "advertise_host"}
 # Consul's own default HTTP API port (the agent listens there in the hashicorp/consul image).
 CONSUL_HTTP_PORT = 8500
-# Flags `tfscache node` accepts that tensorflow_model_server does not (tfscache/node/main.py
+# Flags `tfscache node` accepts that tensorflow_model_server does not (tfscache/modelserver/main.py
 # docstring and docs/DESIGN.md); the real binary would refuse them.
 TFSCACHE_NODE_EXTENSIONS = {"bind_address", "ports_file", "load_gate_dir"}
 # tensorflow_model_server flags that `tfscache node` does not take (so they are not in its
@@ -108,7 +108,7 @@ def required_tfserving_flags() -> list[str]:
 
 
 def node_flags():
-    from tfscache.node import main as node_main  # no tensorflow at import time
+    from tfscache.modelserver import main as node_main  # no tensorflow at import time
 
     return node_main
 

@@ -27,7 +27,7 @@ def predict(serve, name: str, x: float) -> list[float]:
 
 def templates(serve_pid: int) -> list[psutil.Process]:
     return [c for c in psutil.Process(serve_pid).children()
-            if "tfscache.node.template" in c.cmdline()]
+            if "tfscache.modelserver.template" in c.cmdline()]
 
 
 def restarted(serve, old_pid: int) -> int:

@@ -32,7 +32,7 @@ from tfscache.kinds.triton.client import READY, OipClient
 from tfscache.repository.local import ModelRepository
 from tfscache.cluster.ring import Ring
 from tfscache.settings import CacheSection
-from tfscache.kinds.triton.testmodels import build_triton_models
+from support.models.triton import build_triton_models
 
 LIMIT = 1 << 26
 

@@ -1,7 +1,7 @@
 """Fixtures for tests against a real MLServer (tests/support/mlserver.py).
 
 * ``mlserver_repository`` (session): an MLServer model repository built once by
-  tfscache.kinds.mlserver.testmodels with MLServer's own interpreter: ``addk_1`` ..
+  support.models.mlserver with MLServer's own interpreter: ``addk_1`` ..
   ``addk_6`` (scikit-learn LinearRegression, predict = x + k), ``sk_clf`` (a scikit-learn
   classifier), ``xgb_reg`` (an XGBoost regressor), and ``broken`` (a model.joblib that does not
   unpickle: every load of it fails).
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from support.mlserver import MLSERVER, PYTHON, SKIP_REASON, MLServerProcess, start_mlserver
 
-from tfscache.kinds.mlserver.testmodels import SKLEARN, build_mlserver_models, model_settings
+from support.models.mlserver import SKLEARN, build_mlserver_models, model_settings
 
 ADDK_COUNT = 6
 

@@ -1,6 +1,6 @@
 """The memory cap (``--memory-per-node``) on an MLServer node, with padded scikit-learn models.
 
-Three models each pickle ``PADDING`` bytes with them (tfscache.kinds.mlserver.testmodels:
+Three models each pickle ``PADDING`` bytes with them (support.models.mlserver:
 ``padded``), so the inference worker that loads one really holds them; the cap lets two fit,
 not three. A first request for ``addk_1`` imports scikit-learn into the worker (what the
 process tree holds after it is the base). Requests for the three in turn succeed, the node's
@@ -17,7 +17,7 @@ import tritonclient.grpc as tritongrpc
 from frontend.serving import start_serve
 from support.mlserver import PYTHON, IndexSampler, mlserver_infer, serve_nodes
 from support.oip import tree_rss
-from tfscache.kinds.mlserver.testmodels import build_mlserver_models
+from support.models.mlserver import build_mlserver_models
 
 MIB = 1 << 20
 PADDING = 80 * MIB

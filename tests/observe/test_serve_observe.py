@@ -187,7 +187,7 @@ def serve_json_lines(serve) -> list[dict]:
 
 def test_the_log_has_one_json_line_per_load_unload_and_eviction(serve):
     docs = serve_json_lines(serve)
-    ours = [d for d in docs if d["logger"].startswith("tfscache.") and not d["logger"].startswith("tfscache.node")]
+    ours = [d for d in docs if d["logger"].startswith("tfscache.") and not d["logger"].startswith("tfscache.modelserver")]
     assert ours and all(set(d) >= {"time", "level", "logger", "message"} for d in ours)
     loaded = [d for d in ours if " loaded " in d["message"]]
     unloaded = [d for d in ours if " unloaded " in d["message"]]

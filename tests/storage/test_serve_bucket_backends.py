@@ -22,8 +22,8 @@ from support.mlserver import MLSERVER, PYTHON, SKIP_REASON, mlserver_infer, serv
 from support.mlserver import resident_models as mlserver_resident
 from support.triton import oip_infer, resident_models, serve_triton_nodes
 
-from tfscache.kinds.mlserver.testmodels import build_mlserver_models
-from tfscache.kinds.triton.testmodels import build_triton_models
+from support.models.mlserver import build_mlserver_models
+from support.models.triton import build_triton_models
 
 azurite = azure.azurite
 

@@ -10,7 +10,7 @@ Each node gets its own directory under ``tmp_path`` (config, ports file, log). I
 ``.venv/bin/python -m tfscache node --port=0 --rest_api_port=0 --bind_address=127.0.0.1
 --ports_file=... --file_system_poll_wait_seconds=0.1``; the caller's ``flags`` replace
 any of those by name. Nodes are forked from the session's node template
-(tfscache.node.template: TensorFlow imported once, a node serving in ~0.1 s instead of ~5 s);
+(tfscache.modelserver.template: TensorFlow imported once, a node serving in ~0.1 s instead of ~5 s);
 ``forked=False`` (or an ``env``) runs a fresh interpreter instead, for a test that needs the
 node's own command line or an environment TensorFlow reads at import. ``start_node`` returns
 once the node wrote its ports file, i.e. once its start-up config loaded and both servers serve; if the process exits first it
@@ -50,7 +50,7 @@ _template: list = []  # [(process, socket path)] once started
 
 def node_template() -> str:
     """The socket of this session's node template, started on first use (it dies with this process)."""
-    from tfscache.node import template
+    from tfscache.modelserver import template
 
     with _template_lock:
         if _template and _template[0][0].poll() is None:
@@ -58,7 +58,7 @@ def node_template() -> str:
         directory = Path(tempfile.mkdtemp(prefix="tfscache-template-"))
         path = str(directory / "template.sock")
         with open(directory / "template.log", "wb") as log:
-            process = subprocess.Popen([PYTHON, "-m", "tfscache.node.template", path], stdout=log,
+            process = subprocess.Popen([PYTHON, "-m", "tfscache.modelserver.template", path], stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
         template.wait_for_socket(path, lambda: process.poll() is None, 120)
@@ -131,7 +131,7 @@ def start_node(tmp_path: Path, *, config: str | None = None, model_name: str | N
     overridden = {_flag_name(flag) for flag in flags}
     command = node_command([f for f in defaults if _flag_name(f) not in overridden] + flags)
     if forked and not env:
-        from tfscache.node.template import Child
+        from tfscache.modelserver.template import Child
 
         log_path.write_bytes(b"")
         process = Child(node_template(), command[3:], env={**os.environ, "PYTHONUNBUFFERED": "1"},

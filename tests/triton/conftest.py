@@ -1,7 +1,7 @@
 """Fixtures for tests against a real NVIDIA Triton (tests/support/triton.py).
 
 * ``triton_repository`` (session): a Triton model repository of python-backend models built
-  once by tfscache.kinds.triton.testmodels: ``addk_1`` .. ``addk_12`` (y = x + k, no padding),
+  once by support.models.triton: ``addk_1`` .. ``addk_12`` (y = x + k, no padding),
   ``addk_pad`` (y = x + 7, holding ``PADDING_BYTES`` while loaded), ``sleep_ms``
   (y = x after ``SLEEP_MS`` ms per request) and the decoupled ones: ``stream_3`` (3 responses
   ``STREAM_DELAY_MS`` apart; x[0] < 0: -x[0] of them), ``stream_a`` .. ``stream_e`` (the same,
@@ -24,7 +24,7 @@ import pytest
 from frontend.serving import start_serve
 from support.triton import TritonProcess, beside_raw_triton, start_triton
 
-from tfscache.kinds.triton import testmodels as tritonmodels
+from support.models import triton as tritonmodels
 
 ADDK_COUNT = 12
 PADDING_BYTES = 64 * 1024 * 1024

@@ -24,7 +24,7 @@ from tfscache.kinds.nodepid import NodeMemory
 from tfscache.kinds.triton.client import LOADING, READY, UNLOADING, OipClient
 from tfscache.repository.local import ModelRepository
 from tfscache.settings import CacheSection
-from tfscache.kinds.triton.testmodels import build_addk, write_model
+from support.models.triton import build_addk, write_model
 
 from .conftest import PADDING_BYTES
 

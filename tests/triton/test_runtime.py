@@ -1,6 +1,6 @@
 """The Triton runtime the Triton node kind stands on, driven by the official, unmodified
 tritonclient: the binary is found, the repository API loads and unloads, the test models
-behave as tfscache.kinds.triton.testmodels says (docs/triton.md)."""
+behave as support.models.triton says (docs/triton.md)."""
 
 from __future__ import annotations
 

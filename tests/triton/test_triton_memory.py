@@ -1,6 +1,6 @@
 """The memory cap (``--memory-per-node``) on a Triton node, with padded python models.
 
-Three models each hold ``PADDING`` bytes while loaded (tfscache.kinds.triton.testmodels.build_addk with
+Three models each hold ``PADDING`` bytes while loaded (support.models.triton.build_addk with
 padding_bytes: the stub's RSS really grows by them); the cap lets two of them fit, not
 three. Requests for all three in turn succeed, and the node's own RepositoryIndex (sampled
 throughout: READY + LOADING + UNLOADING, so a model counts until Triton says it is gone)
@@ -21,7 +21,7 @@ import tritonclient.grpc as tritongrpc
 from frontend.serving import start_serve
 from support.oip import tree_rss
 from support.triton import IndexSampler, index_states, oip_infer, resident_models, serve_triton_nodes
-from tfscache.kinds.triton.testmodels import build_addk, build_late_free
+from support.models.triton import build_addk, build_late_free
 
 MIB = 1 << 20
 PADDING = 96 * MIB

@@ -23,7 +23,7 @@ import tritonclient.grpc as tritongrpc
 
 from frontend.serving import start_serve
 from support.triton import OipTraffic, resident_models, serve_triton_nodes
-from tfscache.kinds.triton.testmodels import build_addk, write_model
+from support.models.triton import build_addk, write_model
 
 MODELS = ["addk_1", "addk_2", "addk_3", "addk_4"]
 

@@ -22,7 +22,7 @@ from support.node import version_status
 
 from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
-from tfscache.node.testmodels import build_gate
+from support.models.tfserving import build_gate
 
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,7 @@ import pytest
 from frontend.serving import start_serve
 from support.triton import IndexSampler, OipTraffic, oip_infer, serve_triton_nodes
 
-from tfscache.kinds.triton import testmodels as tritonmodels
+from support.models import triton as tritonmodels
 from workers.conftest import worker_pids
 
 CAP = 2

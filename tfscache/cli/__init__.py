@@ -20,7 +20,7 @@ from tfscache.importer import import_from_string
 
 # subcommand -> (module with a ``main(argv) -> int``, or "module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "node": ("tfscache.node.main", "run the TF-Serving-compatible model server (takes tensorflow_model_server's flags)"),
+    "node": ("tfscache.modelserver.main", "run the TF-Serving-compatible model server (takes tensorflow_model_server's flags)"),
     "serve": ("tfscache.cli.serve", "run the caching front end over model-server nodes (embedded nodes by default; --backend)"),
     "simulate": ("tfscache.cli.simulate", "replay a request log against eviction policies, node counts and caps"),
     "status": ("tfscache.cli.status", "show nodes, resident models, leases and hit ratio of a running tfscache serve"),

@@ -14,7 +14,7 @@ them in order, without restarting them first); PR_SET_PDEATHSIG (set by
 setpriv) sends them SIGTERM if this process is killed; ``stop()`` sends SIGTERM, then SIGKILL after a grace period.
 
 A kind whose children are ``tfscache node`` (``Launch.forkable``) has them forked from one node
-template (tfscache.node.template, ``node.fork_nodes``): TensorFlow is imported once, when the
+template (tfscache.modelserver.template, ``node.fork_nodes``): TensorFlow is imported once, when the
 first node starts, and every later start or restart serves in ~0.1 s plus its models' loads. The
 template is this process's child and dies with it; its nodes die with the template. A template
 that cannot fork (it died, it never listened) costs no node: that node is exec'd as before and
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Awaitable, Callable
 
-from tfscache.node import template
+from tfscache.modelserver import template
 from tfscache.settings import NodeSection
 
 log = logging.getLogger("tfscache.kinds.supervisor")
@@ -188,7 +188,7 @@ class Supervisor:
         return None
 
     async def _start_template(self, path: str, env: dict[str, str] | None) -> None:
-        argv = [sys.executable, "-m", "tfscache.node.template", path]
+        argv = [sys.executable, "-m", "tfscache.modelserver.template", path]
         old = self._template
         if old is not None and old.returncode is None:
             _signal(old, signal.SIGKILL)

@@ -1,2 +1,2 @@
 """NVIDIA Triton as a node kind: its repository client, its node adapter (on tfscache.kinds.oip's
-base), its launcher, test models."""
+base), its launcher."""

@@ -1,0 +1,345 @@
+"""A node template: one process that imported TensorFlow and the node once, forking each node.
+
+A ``tfscache node`` spends ~4-5 s of CPU importing TensorFlow before it serves (and ~600 MB
+of memory it never writes). The template pays that once: ``python -m tfscache.modelserver.template
+SOCKET`` imports everything a node imports, then listens on the UNIX socket ``SOCKET``; each
+connection asks for one node (a JSON line: argv, env, cwd, an optional output file, whether the
+child leads a session of its own) and gets ``{"pid": N}`` back at once, then
+``{"returncode": RC}`` when that node exits (a negative RC: the signal that ended it, as
+subprocess reports it). The child is forked from the template (no exec): it starts serving in
+~0.1 s plus its models' loads, and shares the imported modules' pages with the template and its
+sibling nodes until one writes them.
+
+Forking is safe because the template never runs TensorFlow: importing it starts no session, no
+op thread pool and no CUDA context, and the template starts no thread of its own (the import
+leaves one idle native thread, which a fork does not copy). tests/modelserver/test_template.py runs
+forked nodes side by side, each computing its own answers. Variables read during TensorFlow's
+import (TF_CPP_MIN_LOG_LEVEL and the like) are the template's: every node it forks gets the
+template's environment at import, then its own ``env``. A forked node's command line is the template's; its process name (``ps -o comm``)
+is ``tfscache-node``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and
+the template ends within 0.5 s of its owner (the process that started it), so a killed owner
+leaves no node behind. (Not PR_SET_PDEATHSIG for the template itself: that signal follows the
+owner's *thread* that started it, and a test's start in a pool thread would end with the thread.)
+
+``Child`` (blocking) and ``AsyncChild`` (asyncio) are the owner's handles of a forked node with
+the subset of subprocess.Popen and asyncio.subprocess.Process the tests and the supervisor use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import os
+import select
+import selectors
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+NAME = b"tfscache-node"  # a forked node's process name (ps -o comm, top, psutil's name())
+
+
+def preload() -> None:
+    """Import what a node imports before it serves (tfscache.modelserver.main's lazy imports)."""
+    from tfscache.modelserver.main import no_plotting
+
+    no_plotting()
+    import tensorflow  # noqa: F401
+    from aiohttp import web  # noqa: F401
+
+    import tfscache.modelserver.grpc_api  # noqa: F401
+    import tfscache.modelserver.server_core  # noqa: F401
+    import tfscache.modelserver.rest_api  # noqa: F401
+    import tfscache.modelserver.server_configs  # noqa: F401
+    import tfscache.webserver  # noqa: F401
+
+
+def _prctl(option: int, value) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+
+
+def _die_with_parent() -> None:
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _run_child(request: dict, template_pid: int) -> None:
+    """In the forked child: become the node ``request`` asks for, then exit with its status."""
+    rc = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if request.get("new_session", True):
+            os.setsid()
+        _die_with_parent()
+        _prctl(PR_SET_NAME, ctypes.c_char_p(NAME))  # its command line stays the template's
+        if os.getppid() != template_pid:  # the template died between the fork and prctl
+            os._exit(1)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        if request.get("output"):
+            out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.dup2(out, 1)
+            os.dup2(out, 2)
+            os.close(out)
+        os.chdir(request.get("cwd") or os.getcwd())
+        os.environ.clear()
+        os.environ.update(request["env"])
+        argv = list(request["argv"])
+        sys.argv = [sys.executable, "-m", "tfscache", *argv]
+        from tfscache.modelserver.main import main
+
+        rc = int(main(argv[1:]) or 0)  # argv[0] is "node" (checked by the template)
+    except SystemExit as exc:
+        rc = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the child must not return into the template's loop
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(rc)
+
+
+def _send(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.sendall(json.dumps(message).encode() + b"\n")
+    except OSError:
+        pass  # the owner went away: the node lives on, the owner's handle is gone
+
+
+def serve(path: str) -> int:
+    """The template's loop: fork a node per request, report each one's exit. Single-threaded."""
+    preload()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    Path(path).unlink(missing_ok=True)
+    listener.bind(path + ".binding")
+    os.chmod(path + ".binding", 0o600)  # only its owner's user may ask for nodes
+    listener.listen(64)
+    os.rename(path + ".binding", path)  # the socket appears once it accepts
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "listen")
+    stop = {"now": False}
+
+    def stopping(*_):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, stopping)
+    signal.signal(signal.SIGINT, stopping)
+    children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (owner's connection, pidfd)
+    parent = os.getppid()
+    try:
+        while not stop["now"] and os.getppid() == parent:  # the owner gone (killed): the template goes
+            for key, _ in selector.select(timeout=0.5):
+                if key.data == "listen":
+                    conn, _ = listener.accept()
+                    selector.register(conn, selectors.EVENT_READ, "request")
+                elif key.data == "request":
+                    conn = key.fileobj
+                    selector.unregister(conn)
+                    _fork_for(conn, selector, children, listener)
+                else:  # a child's pidfd: it exited
+                    pid = key.data
+                    owner, pidfd = children.pop(pid)
+                    selector.unregister(pidfd)
+                    os.close(pidfd)
+                    _, status = os.waitpid(pid, 0)
+                    _send(owner, {"returncode": os.waitstatus_to_exitcode(status)})
+                    owner.close()
+    finally:
+        Path(path).unlink(missing_ok=True)
+    return 0
+
+
+def _fork_for(conn: socket.socket, selector, children: dict, listener: socket.socket) -> None:
+    conn.settimeout(10.0)
+    try:
+        request = json.loads(conn.makefile("rb").readline())
+    except (OSError, ValueError) as exc:
+        _send(conn, {"error": f"unreadable request: {exc}"})
+        conn.close()
+        return
+    if not isinstance(request, dict) or request.get("argv", [None])[:1] != ["node"]:
+        _send(conn, {"error": "a template forks `tfscache node` only: argv must start with \"node\""})
+        conn.close()
+        return
+    template = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        conn.close()
+        selector.close()
+        for owner, pidfd in children.values():
+            owner.close()
+            os.close(pidfd)
+        _run_child(request, template)
+    pidfd = os.pidfd_open(pid)
+    children[pid] = (conn, pidfd)
+    selector.register(pidfd, selectors.EVENT_READ, pid)
+    _send(conn, {"pid": pid})
+
+
+def request(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
+            output: str | None = None, new_session: bool = True) -> bytes:
+    """The JSON line asking a template for the node ``tfscache <argv>``."""
+    return json.dumps({"argv": argv, "env": dict(os.environ if env is None else env), "cwd": cwd,
+                       "output": output, "new_session": new_session}).encode() + b"\n"
+
+
+def _returncode(line: bytes) -> int:
+    """The exit status in the template's last line; -SIGKILL when the template died first."""
+    if not line:
+        return -signal.SIGKILL
+    return int(json.loads(line)["returncode"])
+
+
+class TemplateError(RuntimeError):
+    """The template did not fork the node (it is not running, or refused the request)."""
+
+
+def _forked_pid(line: bytes | None) -> int:
+    """The pid in the template's first answer; TemplateError if it refused or said nothing."""
+    try:
+        answer = json.loads(line) if line else {}
+    except ValueError:
+        answer = {}
+    if "pid" not in answer:
+        raise TemplateError(f"the node template did not fork the node: {answer.get('error', 'no answer')}")
+    return int(answer["pid"])
+
+
+class Child:
+    """A forked node, as subprocess.Popen's subset: pid, args, poll, wait, send_signal, kill, terminate."""
+
+    def __init__(self, socket_path: str, argv: list[str], **options) -> None:
+        self.args = [sys.executable, "-m", "tfscache", *argv]
+        self.returncode: int | None = None
+        self._buffer = b""
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.connect(socket_path)
+            self._sock.sendall(request(argv, **options))
+            self.pid = _forked_pid(self._line(timeout=30.0))
+        except OSError as exc:
+            self._sock.close()
+            raise TemplateError(f"node template at {socket_path}: {exc}") from exc
+        except TemplateError:
+            self._sock.close()
+            raise
+
+    def _line(self, timeout: float | None) -> bytes | None:
+        """The template's next line; b"" if it closed the connection; None if ``timeout`` passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while b"\n" not in self._buffer:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not select.select([self._sock], [], [], left)[0]:
+                return None
+            chunk = self._sock.recv(4096)
+            if not chunk:
+                return b""
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            line = self._line(timeout=0)
+            if line is not None:
+                self._ended(line)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is None:
+                import subprocess
+
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self._ended(line)
+        return self.returncode
+
+    def _ended(self, line: bytes) -> None:
+        self.returncode = _returncode(line)
+        self._sock.close()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class AsyncChild:
+    """A forked node, as asyncio.subprocess.Process's subset the supervisor uses."""
+
+    def __init__(self, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._reader, self._writer = reader, writer
+        self._ended = asyncio.ensure_future(self._wait_for_end())
+
+    @classmethod
+    async def fork(cls, socket_path: str, argv: list[str], **options) -> AsyncChild:
+        try:
+            reader, writer = await asyncio.open_unix_connection(socket_path)
+        except OSError as exc:
+            raise TemplateError(f"node template at {socket_path}: {exc}") from exc
+        writer.write(request(argv, **options))
+        try:
+            pid = _forked_pid(await reader.readline())
+        except TemplateError:
+            writer.close()
+            raise
+        return cls(pid, reader, writer)
+
+    async def _wait_for_end(self) -> int:
+        try:
+            line = await self._reader.readline()
+        except OSError:
+            line = b""
+        self.returncode = _returncode(line)
+        self._writer.close()
+        return self.returncode
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._ended)
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def wait_for_socket(path: str, alive, timeout: float) -> None:
+    """Block until the template at ``path`` accepts; ``alive()`` False (it exited): TemplateError."""
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if not alive():
+            raise TemplateError("the node template exited before it listened")
+        if time.monotonic() > deadline:
+            raise TemplateError(f"the node template did not listen within {timeout} s")
+        time.sleep(0.02)  # polling a condition with a deadline
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        print("usage: python -m tfscache.modelserver.template SOCKET_PATH", file=sys.stderr)
+        raise SystemExit(2)
+    code = serve(sys.argv[1])
+    sys.stderr.flush()
+    os._exit(code)  # at once: an interpreter's shutdown with TensorFlow loaded can hang, its nodes alive
