@@ -151,7 +151,7 @@ def test_node_serves_logs_rss_follows_its_config_file_and_exits_0_on_sigterm(tmp
         node.wait_for_log(r"^INFO tfscache\.node\.manager: unloaded half_plus_two version 124 in \d+\.\d{3} s; "
                           r"rss=\d+$")
         node.config_path.write_text("garbage")  # errors of the poller are only logged
-        node.wait_for_log(r"^ERROR tfscache\.node\.main: Failed to reload the model config file .*"
+        node.wait_for_log(r"^ERROR tfscache\.modelserver\.main: Failed to reload the model config file .*"
                           r"Error parsing text-format")
         assert node.returncode is None
     finally:

@@ -136,15 +136,15 @@ def test_other_paths_keep_their_answers(node):
 
 
 def test_page_format_is_tf_servings():
-    counter = monitoring.Counter("/a/b-c", "help", ("model name", "status"))
-    sampler = monitoring.Sampler("/a/h", "help", ("m",), monitoring.exponential_buckets(1, 2, 3))
-    empty = monitoring.Counter("/a/empty", "help", ("x",))
+    counter = serving_metrics.Counter("/a/b-c", "help", ("model name", "status"))
+    sampler = serving_metrics.Sampler("/a/h", "help", ("m",), serving_metrics.exponential_buckets(1, 2, 3))
+    empty = serving_metrics.Counter("/a/empty", "help", ("x",))
     counter.increment(('say "hi" \\', "OK"), 3)
     for value in (0.5, 1, 3.9, 4, 1e9):
         sampler.add(("x",), value)
-    assert counter.lines(monitoring.page_name(counter.name)) == [
+    assert counter.lines(serving_metrics.page_name(counter.name)) == [
         "# TYPE :a:b:c counter", ':a:b:c{model_name="say \\"hi\\" \\\\",status="OK"} 3']
-    assert sampler.lines(monitoring.page_name(sampler.name)) == [
+    assert sampler.lines(serving_metrics.page_name(sampler.name)) == [
         "# TYPE :a:h histogram",
         ':a:h_bucket{m="x",le="1"} 1',     # a value lands below the first limit above it
         ':a:h_bucket{m="x",le="2"} 2',
@@ -152,8 +152,8 @@ def test_page_format_is_tf_servings():
         ':a:h_bucket{m="x",le="+Inf"} 5',
         ':a:h_sum{m="x"} 1e+09',           # %.6g, as absl::StrCat(double)
         ':a:h_count{m="x"} 5']
-    assert empty.lines(monitoring.page_name(empty.name)) == ["# TYPE :a:empty counter"]
-    assert monitoring.page_name("9x/y") == "_9x:y"
+    assert empty.lines(serving_metrics.page_name(empty.name)) == ["# TYPE :a:empty counter"]
+    assert serving_metrics.page_name("9x/y") == "_9x:y"
 
 
 def test_the_page_lists_every_metric_sorted_by_name():

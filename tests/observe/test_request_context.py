@@ -75,7 +75,8 @@ def test_cache_lines_name_the_node_by_its_backend_name(serve):
 
 
 def test_the_embedded_nodes_lines_are_json(serve):
-    node_lines = [d for d in json_lines(serve) if d["logger"].startswith("tfscache.modelserver.")]
+    node_lines = [d for d in json_lines(serve)  # its loads log as tfscache.node.manager
+                  if d["logger"].startswith(("tfscache.node.", "tfscache.modelserver."))]
     messages = [d["message"] for d in node_lines if d["logger"] == "tfscache.node.manager"]
     assert [m.split(" in ")[0] for m in messages if m.startswith("loaded ")] == [
         "loaded addk_1 version 1", "loaded addk_2 version 1"]

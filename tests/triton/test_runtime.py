@@ -5,6 +5,7 @@ behave as support.models.triton says (docs/triton.md)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from pathlib import Path
 
@@ -59,6 +60,28 @@ def test_binary_found_and_flags():
             "--metrics-port=3"} <= set(argv)
     assert not any(arg.startswith("--load-model") for arg in argv)
     assert env["LD_LIBRARY_PATH"].split(":")[0] == str(binary.libs)
+
+
+def test_backend_links_survive_the_symlink_the_install_was_reached_through(tmp_path, monkeypatch):
+    """A worktree's .venv is often a symlink to another checkout's: the prepared backend
+    directory links to the wheel's real files, so removing that symlink breaks nothing, and a
+    directory whose links broke anyway (its install moved) is built again."""
+    real = tritonbin._pytriton_root()
+    link = tmp_path / "venv-link"
+    link.symlink_to(real.parent)
+    monkeypatch.setattr(tritonbin, "_pytriton_root", lambda: link / real.name)
+    cache = tmp_path / "cache"
+    first = tritonbin.find_tritonserver(cache).backends
+    link.unlink()
+    stub = first / "python" / "triton_python_backend_stub"
+    assert stub.is_file() and Path(os.readlink(stub)).is_relative_to(real.resolve())
+    for entry in (first / "python").iterdir():  # as a directory built from a moved install
+        entry.unlink()
+        entry.symlink_to(tmp_path / "gone" / entry.name)
+    monkeypatch.setattr(tritonbin, "_pytriton_root", lambda: real)
+    again = tritonbin.find_tritonserver(cache).backends
+    assert again == first and stub.is_file()
+    assert [p.name for p in cache.iterdir()] == [first.name]
 
 
 def test_missing_wheel_names_the_install(monkeypatch):

@@ -166,13 +166,40 @@ def _default_cache_dir() -> Path:
 def _prepare_backends(base: Path, dist: Path, stub: Path) -> Path:
     """A backend directory whose python/ holds the wheel's backend and this Python's stub.
 
-    Named by the install's path and the Python version, built once, atomically (a temporary
-    directory renamed into place), as symbolic links into the wheel's files.
+    Named by the install's real path and the Python version, built once, atomically (a
+    temporary directory renamed into place), as symbolic links to the wheel's files by their
+    real paths: a link through a symlinked virtual environment would break when that link goes.
+    A directory whose links no longer resolve (its install moved) is replaced.
     """
-    key = hashlib.sha256(f"{dist.resolve()}|{sys.version_info[:2]}".encode()).hexdigest()[:16]
+    dist, stub = dist.resolve(), stub.resolve()
+    key = hashlib.sha256(f"{dist}|{sys.version_info[:2]}".encode()).hexdigest()[:16]
     backends = base / f"backends-{key}"
-    if (backends / "python" / "triton_python_backend_stub").exists():
+    if _links_resolve(backends):
         return backends
+    base.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".backends-", dir=base))
+    python = scratch / "python"
+    python.mkdir()
+    for name in _BACKEND_FILES:
+        (python / name).symlink_to(dist / "backends" / "python" / name)
+    (python / "triton_python_backend_stub").symlink_to(stub)
+    if backends.exists() and not _links_resolve(backends):
+        stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=base))
+        try:
+            backends.rename(stale / "backends")
+        except OSError:  # another process replaced it first
+            pass
+        shutil.rmtree(stale, ignore_errors=True)
+    try:
+        scratch.rename(backends)
+    except OSError:  # another process prepared it first
+        shutil.rmtree(scratch, ignore_errors=True)
+    return backends
+
+
+def _links_resolve(backends: Path) -> bool:
+    python = backends / "python"
+    return all((python / name).exists() for name in (*_BACKEND_FILES, "triton_python_backend_stub"))
     base.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".backends-", dir=base))
     python = scratch / "python"
