@@ -57,7 +57,6 @@ class CacheManager:
         self.caps = Caps(settings.max_models_per_node, settings.memory_per_node, gpu_bytes=gpu_cap if gpu else 0)
         self.policy = policy or make_policy(settings.policy, settings)
         self.policy.set_caps(settings.max_models_per_node, settings.memory_per_node)
-        self.state_file = state_file
         self.ledger = Ledger(self.policy)  # the policy hears of each transition from the ledger
         self._signals = Signals()
         self.adapter = adapter
@@ -67,7 +66,7 @@ class CacheManager:
         self._leases = Leases(self.ledger, self._signals, self.prefetch_counts)
         self._lost_pins = LostPins()  # pinned versions the node lost, until pinned again
         # Coalesced writes, each in a worker thread; the reloader saves through it too.
-        self._state_file = StateFile(self.state_file, self.target, self.ledger, self._lost_pins)
+        self._state_file = StateFile(state_file, self.target, self.ledger, self._lost_pins)
         self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository,
                                   self._signals, settings, self.events, leases=self._leases,
                                   state_file=self._state_file, lost_pins=self._lost_pins, gpu=gpu,
@@ -90,7 +89,7 @@ class CacheManager:
         (this process restarted under it) delays nothing else. The wanted set that clears
         what the node serves beyond the adopted models is sent by the reloader's first step.
         """
-        state = await asyncio.to_thread(load_state, self.state_file)
+        state = await asyncio.to_thread(load_state, self._state_file.path)
         self._signals.starting_because(f"starting: waiting for node {self.target} to answer")
         self._task = asyncio.create_task(self._run(state), name=f"tfscache-cache-{self.target}")
 

@@ -46,15 +46,9 @@ class Recovery:
         """``settings``: the cache section (``health_retry_s``, ``rpc_deadline_s``,
         ``reload_deadline_s``); ``evictions``: where a lost model's ``node_lost`` eviction is
         reported."""
-        self.adapter = adapter
-        self.node = adapter.target
-        self.ledger = ledger
-        self.signals = signals
-        self.lost_pins = lost_pins
-        self.state_file = state_file
-        self.repository = repository
-        self.settings = settings
-        self.evictions = evictions
+        self._adapter, self._node, self._repository = adapter, adapter.target, repository
+        self._ledger, self._signals, self._settings = ledger, signals, settings
+        self._lost_pins, self._state_file, self._evictions = lost_pins, state_file, evictions
         self._failures = 0  # recoveries in a row that found the node answering but failing
         self._restore = False  # the node has its wanted set again: the lost pins can be restored
 
@@ -65,35 +59,35 @@ class Recovery:
         if not self._restore:
             return []
         self._restore = False
-        return list(self.lost_pins.saved().values())
+        return list(self._lost_pins.saved().values())
 
     async def startup(self, state: CacheState) -> None:
         """Wait for the node to answer, then re-adopt the saved models it still serves; healthy
         then."""
         failures = 0
-        retry_s = self.settings.health_retry_s
+        retry_s = self._settings.health_retry_s
         while True:
             try:
-                if not await self.adapter.wait_ready(retry_s):  # not listening yet (a pod starting)
-                    raise errors.NodeUnavailable(f"node {self.node} is not accepting connections")
+                if not await self._adapter.wait_ready(retry_s):  # not listening yet (a pod starting)
+                    raise errors.NodeUnavailable(f"node {self._node} is not accepting connections")
                 lost_pins = await self.adopt(state)
                 break
             except errors.TfscacheError as e:
                 if failures % 10 == 0:
-                    log.warning("node %s not answering yet (%s: %s); waiting for it", self.node,
+                    log.warning("node %s not answering yet (%s: %s); waiting for it", self._node,
                                 e.grpc_code.name, e.message)
                 failures += 1
-                if await self.adapter.wait_ready(retry_s):  # it answers, but fails: back off
+                if await self._adapter.wait_ready(retry_s):  # it answers, but fails: back off
                     await asyncio.sleep(min(retry_s, 0.05 * 2**failures))
-        self.signals.started()
+        self._signals.started()
         for saved in lost_pins:  # kept in the state file until pinned again
-            self.lost_pins.add(saved)
+            self._lost_pins.add(saved)
         self._restore = True
 
     async def adopt(self, state: CacheState) -> list[SavedVersion]:
         """Keep the saved models the node still serves; the pinned ones it lost, to load and pin
         again (their pins survive: ``Ledger.lost``)."""
-        ledger, s = self.ledger, self.settings
+        ledger, s = self._ledger, self._settings
         for text, size in state.learned.items():
             ledger.learn(parse_learned_key(text), size)
         now = time.monotonic()
@@ -102,30 +96,30 @@ class Recovery:
         for saved in sorted(state.models, key=lambda m: m.last_use):
             key = (saved.name, saved.version)
             try:
-                on_disk = await asyncio.to_thread(self.repository.version_path, *key)
+                on_disk = await asyncio.to_thread(self._repository.version_path, *key)
             except errors.TfscacheError:  # an unsafe name in a hand-edited file
                 continue
             if on_disk is None:
                 continue
-            if await self.adapter.available(key, s.rpc_deadline_s):
+            if await self._adapter.available(key, s.rpc_deadline_s):
                 ledger.adopted(key, saved.bytes, saved.measured, saved.last_use, now, saved.pinned)
             elif saved.pinned:
                 ledger.pin(key)
                 lost_pins.append(saved)
-        log.info("node %s: adopted %d models (%d pinned)", self.node, len(ledger.entries),
+        log.info("node %s: adopted %d models (%d pinned)", self._node, len(ledger.entries),
                  sum(key in ledger.pinned for key in ledger.entries))
-        self.signals.mark_config_stale()
-        self.signals.wake()  # the first step sends the wanted set (and evicts down to shrunk caps)
-        self.state_file.save()
+        self._signals.mark_config_stale()
+        self._signals.wake()  # the first step sends the wanted set (and evicts down to shrunk caps)
+        self._state_file.save()
         return lost_pins
 
     def mark_unhealthy(self, reason: str) -> None:
         """The node failed (unreachable, a deadline passed, an internal error): every waiter gets
         UNAVAILABLE, and the reloader recovers it next."""
-        log.error("node %s is unhealthy: %s", self.node, reason)
-        self.signals.set_health(False, reason)
-        self.signals.fail_all(self.ledger,
-                              errors.NodeUnavailable(f"node {self.node} is unhealthy: {reason}"))
+        log.error("node %s is unhealthy: %s", self._node, reason)
+        self._signals.set_health(False, reason)
+        self._signals.fail_all(self._ledger,
+                              errors.NodeUnavailable(f"node {self._node} is unhealthy: {reason}"))
 
     async def recover(self) -> bool:
         """Retry the node; keep what it still serves; what it lost goes (``lost``: pins survive and
@@ -135,30 +129,30 @@ class Recovery:
         return healthy
 
     async def _recover(self, failures: int) -> bool:
-        s, ledger, sig = self.settings, self.ledger, self.signals
+        s, ledger, sig = self._settings, self._ledger, self._signals
         if failures:  # it answered but failed: back off, up to health_retry_s
             await asyncio.sleep(min(s.health_retry_s, 0.05 * 2**failures))
-        if not await self.adapter.wait_ready(s.health_retry_s):
+        if not await self._adapter.wait_ready(s.health_retry_s):
             return False
         for key, entry in list(ledger.entries.items()):
             if entry.state == LOADING:  # its outcome is unknown: leave it out
                 ledger.lost(key)
         try:
-            await self.adapter.sync(ledger.wanted(), s.rpc_deadline_s)
+            await self._adapter.sync(ledger.wanted(), s.rpc_deadline_s)
             sig.config_sent()  # (``lost`` marks it stale again: the lost ones are to go)
             for key, entry in list(ledger.entries.items()):
                 if entry.state == UNLOADING:
-                    if await self.adapter.available(key, s.rpc_deadline_s):
+                    if await self._adapter.available(key, s.rpc_deadline_s):
                         continue
                     ledger.unloaded(key)
-                elif not await self.adapter.available(key, s.rpc_deadline_s):
+                elif not await self._adapter.available(key, s.rpc_deadline_s):
                     self.lost(key)
         except errors.TfscacheError as e:
-            log.warning("node %s still unhealthy: %s: %s", self.node, e.grpc_code.name, e.message)
+            log.warning("node %s still unhealthy: %s: %s", self._node, e.grpc_code.name, e.message)
             return False
-        log.info("node %s is healthy again; %d models resident", self.node, len(ledger.entries))
+        log.info("node %s is healthy again; %d models resident", self._node, len(ledger.entries))
         sig.set_health(True)
-        self.state_file.save()
+        self._state_file.save()
         sig.wake()
         sig.rechecked()  # the node has its wanted set again
         self._restore = True
@@ -171,22 +165,22 @@ class Recovery:
         lost, so callers that arrive after the restore cost no second reload. False (and the
         node unhealthy) when the node cannot be reached.
         """
-        sig, s, ledger = self.signals, self.settings, self.ledger
+        sig, s, ledger = self._signals, self._settings, self._ledger
         waiters = sig.take_rechecks()
         try:
             lost = [key for key, entry in list(ledger.entries.items()) if entry.state == READY
-                    and not await self.adapter.available(key, s.rpc_deadline_s)]
+                    and not await self._adapter.available(key, s.rpc_deadline_s)]
             if lost:
-                log.warning("node %s lost %s (it restarted?); sending its config again", self.node,
+                log.warning("node %s lost %s (it restarted?); sending its config again", self._node,
                             names(lost))
-                results = await self.adapter.load(lost, ledger.wanted(), s.reload_deadline_s)
+                results = await self._adapter.load(lost, ledger.wanted(), s.reload_deadline_s)
                 for key, result in results.items():
                     if result is not None and key in ledger.entries:
                         self.lost(key)
-                self.state_file.save()
+                self._state_file.save()
         except errors.TfscacheError as e:
             self.mark_unhealthy(f"restoring its config: {e.grpc_code.name}: {e.message}")
-            fail(waiters, errors.NodeUnavailable(f"node {self.node} is unhealthy: {e.message}"))
+            fail(waiters, errors.NodeUnavailable(f"node {self._node} is unhealthy: {e.message}"))
             return False
         done(waiters)
         self._restore = True
@@ -198,11 +192,11 @@ class Recovery:
         loaded and pinned again once the node is healthy (``LostPins``). The node may still hold
         the version in some state (TF Serving keeps a failed one sticky), so the next step sends
         it the wanted set without it first, and a load of it starts afresh."""
-        self.evictions.evicted(key, "node_lost")
-        self.signals.mark_config_stale()
-        entry = self.ledger.lost(key)
-        if key in self.ledger.pinned and entry is not None:
-            self.lost_pins.add(SavedVersion(key[0], key[1], entry.bytes, entry.measured,
+        self._evictions.evicted(key, "node_lost")
+        self._signals.mark_config_stale()
+        entry = self._ledger.lost(key)
+        if key in self._ledger.pinned and entry is not None:
+            self._lost_pins.add(SavedVersion(key[0], key[1], entry.bytes, entry.measured,
                                             entry.last_use, True))
 
 

@@ -271,6 +271,7 @@ class StateFile:
     After ``close``, ``save`` does nothing (nothing is saved after the last write)."""
 
     def __init__(self, path: Path | None, node: str, ledger: Ledger, lost_pins: LostPins) -> None:
+        self.path = path
         self._writer: StateWriter | None = StateWriter(path)
         self._node, self._ledger, self._lost_pins = node, ledger, lost_pins
 
