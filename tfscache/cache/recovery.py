@@ -49,7 +49,7 @@ class Recovery:
         self._adapter, self._node, self._repository = adapter, adapter.target, repository
         self._ledger, self._signals, self._settings = ledger, signals, settings
         self._lost_pins, self._state_file, self._evictions = lost_pins, state_file, evictions
-        self._failures = 0  # recoveries in a row that found the node answering but failing
+        self._failures = 0  # failed recoveries in a row: each backs off longer
         self._restore = False  # the node has its wanted set again: the lost pins can be restored
 
     def pins_to_restore(self) -> list[SavedVersion]:
@@ -68,7 +68,7 @@ class Recovery:
         retry_s = self._settings.health_retry_s
         while True:
             try:
-                if not await self._adapter.wait_ready(retry_s):  # not listening yet (a pod starting)
+                if not await self._adapter.wait_ready(retry_s):  # not listening yet (starting)
                     raise errors.NodeUnavailable(f"node {self._node} is not accepting connections")
                 lost_pins = await self.adopt(state)
                 break
