@@ -1,7 +1,7 @@
 """A pinned model the node lost keeps its pin and is loaded again, whichever path finds the loss
 (issue 19): ``recover`` (the cache had turned unhealthy: the node was down) and ``resync`` (the
-cache was healthy; a request's NOT_FOUND made it ``recheck``). Both come to ``Reloader.lost`` and
-``Ledger.lost`` (docs/state.md, "Pins").
+cache was healthy; a request's NOT_FOUND made it ``recheck``). Both come to ``Recovery.lost`` and
+``Ledger.lost`` (docs/state.md, "Pins"), and the cache manager loads and pins it again.
 
 Each test runs its own ``tfscache node``, pins a model through a CacheManager, SIGKILLs the
 node and starts it again on the same ports with an empty config. The gate (``--load_gate_dir``)

@@ -28,7 +28,9 @@ reloader then marks it unhealthy and recovers it):
   or failed (its error, as a request would get it). A failed key must not stay wanted on
   the node (TF Serving keeps a failed version sticky; its adapter removes it).
 * ``await unload(keys, wanted, deadline_s)``: the node serves ``wanted`` (without ``keys``);
-  returns once the node reports each of ``keys`` gone: the caps hold at every instant.
+  returns once the node reports each of ``keys`` gone: the caps hold at every instant. Every
+  unload the reloader carries out is this one call (``Reloader.unload``), after the cache's
+  ``before_unload`` hook, if any, was awaited (tfscache.workers revokes its delegations there).
 * ``await available(key, deadline_s) -> bool``: whether the node serves ``key`` now.
 * ``memory() -> int | None``: bytes resident in the node's process tree now (blocking:
   the reloader calls it in a worker thread); None when it cannot be measured.
@@ -38,7 +40,7 @@ reloader then marks it unhealthy and recovers it):
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from tfscache.cache.ledger import Key
@@ -60,7 +62,8 @@ class NodeAdapter(Protocol):
     async def load(self, keys: Sequence[Key], wanted: Sequence[Key],
                    deadline_s: float) -> dict[Key, Exception | None]: ...
 
-    async def unload(self, keys: Sequence[Key], wanted: Sequence[Key], deadline_s: float) -> None: ...
+    async def unload(self, keys: Sequence[Key], wanted: Sequence[Key],
+                     deadline_s: float) -> None: ...
 
     async def available(self, key: Key, deadline_s: float) -> bool: ...
 
@@ -68,21 +71,3 @@ class NodeAdapter(Protocol):
 
     def restarted(self) -> bool: ...
 
-
-
-class BeforeUnload:
-    """A node's adapter that awaits ``before_unload(keys)`` before each unload, and is the adapter
-    otherwise. Every unload the reloader carries out (capacity, admin, drain, vanished) goes through
-    ``unload``, so a hook here sees each one before the node is told (tfscache.workers revokes its
-    delegations there)."""
-
-    def __init__(self, adapter: NodeAdapter, before_unload: Callable[[Sequence[Key]], Awaitable[None]]) -> None:
-        self._adapter = adapter
-        self._before_unload = before_unload
-
-    def __getattr__(self, name: str):
-        return getattr(self._adapter, name)
-
-    async def unload(self, keys: Sequence[Key], wanted: Sequence[Key], deadline_s: float) -> None:
-        await self._before_unload(keys)
-        await self._adapter.unload(keys, wanted, deadline_s)

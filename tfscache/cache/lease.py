@@ -1,10 +1,18 @@
-"""A lease: a request's hold on a resident model version; a leased version is never unloaded."""
+"""A lease: a request's hold on a resident model version; a leased version is never unloaded.
+
+``Leases`` grants them and takes them back for one node's cache: the manager's hits and the
+reloader's answers to the requests that waited for a load both take theirs from it, so neither
+calls the other for one.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
-from tfscache.cache.ledger import Key
+from tfscache.cache.ledger import Entry, Key, Ledger
+from tfscache.cache.prefetch import PrefetchCounts
+from tfscache.cache.signals import Signals
 
 
 class Lease:
@@ -16,7 +24,8 @@ class Lease:
         self.name, self.version = key
         self._release = release
         self._released = False
-        self.prefetched = prefetched  # the first request of a version a prefetch loaded (docs/prefetch.md)
+        # the first request of a version a prefetch loaded (docs/prefetch.md)
+        self.prefetched = prefetched
 
     def release(self) -> None:
         if not self._released:
@@ -31,3 +40,30 @@ class Lease:
 
     def __repr__(self) -> str:
         return f"Lease({self.name!r}, {self.version})"
+
+
+class Leases:
+    """The leases of one node's cache: each is recorded in the ledger when granted and when
+    released; a release that frees what a load or the caps wait for wakes the reloader."""
+
+    def __init__(self, ledger: Ledger, signals: Signals,
+                 prefetched: PrefetchCounts | None = None) -> None:
+        """``prefetched``: the prefetch counts (prefetch on), told when a prefetched version is
+        first used."""
+        self._ledger, self._signals, self._prefetched = ledger, signals, prefetched
+
+    def grant(self, entry: Entry) -> Lease:
+        """A lease on READY ``entry``, taken now (no await between the READY check and this)."""
+        self._ledger.leased(entry.key, time.time(), time.monotonic())
+        first = self._ledger.first_use(entry.key)
+        if first:
+            self._prefetched.count("used")
+        return Lease(self.release, entry.key, prefetched=first)
+
+    def release(self, key: Key) -> None:
+        entry = self._ledger.released(key)
+        if entry is None:
+            return
+        sig = self._signals
+        if entry.leases == 0 and (self._ledger.pending or sig.draining or sig.over_cap):
+            sig.wake()  # a load may be waiting for room, or the caps for a victim

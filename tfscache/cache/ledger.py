@@ -129,6 +129,12 @@ class Ledger:
         entry = self.entries.get(key)
         return entry.state if entry is not None else None
 
+    def wanted(self, *, loading: bool = True) -> list[Key]:
+        """What the node should serve: every entry not leaving (nor LOADING ones if ``loading`` is
+        False)."""
+        return [k for k, e in self.entries.items()
+                if e.state == READY or (loading and e.state == LOADING)]
+
     def ready(self, key: Key) -> Entry | None:
         """The entry if it is AVAILABLE (leases may be taken), else None."""
         entry = self.entries.get(key)
@@ -337,8 +343,8 @@ class Ledger:
     def lost(self, key: Key) -> Entry | None:
         """The node no longer serves ``key`` (it restarted, or a load's outcome is unknown after it
         failed): the entry leaves, but its pin SURVIVES, so the cache loads and pins it again
-        (the reloader's ``lost``; docs/state.md). Both recovery paths, ``recover`` and
-        ``resync``, come here."""
+        (``Recovery.lost``; docs/state.md). Both recovery paths, ``recover`` and ``resync``,
+        come here."""
         entry = self.entries.pop(key, None)
         if entry is not None:
             self._forget(entry)

@@ -8,7 +8,9 @@ node's adapter (``tfscache.cache.adapter``). The pieces:
 
 * ``ledger``: resident entries, pending loads, leases, pins, failures, learned sizes;
 * ``planner``: the pure ``plan(ledger, caps, policy, now)`` the simulator shares;
-* ``reloader`` and ``recovery``: the only code that talks to the node;
+* ``reloader`` and ``recovery``: the only code that talks to the node; the reloader returns the
+  pinned versions the node lost, and the manager loads and pins them again;
+* ``lease``: the leases, granted to hits here and to loaded waiters by the reloader;
 * ``state``: the state file, written coalesced off the event loop;
 * ``policy``: the eviction policies, by name.
 """
@@ -16,22 +18,25 @@ node's adapter (``tfscache.cache.adapter``). The pieces:
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from pathlib import Path
 
-from tfscache import errors
-from tfscache.cache.adapter import BeforeUnload, NodeAdapter
+from tfscache import errors, logs
+from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.events import CacheEvents
-from tfscache.cache.lease import Lease
+from tfscache.cache.lease import Lease, Leases
 from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger, QueuedLoad, ResidentModel
 from tfscache.cache.planner import Caps
 from tfscache.cache.prefetcher import Prefetcher
 from tfscache.cache.policy import EvictionPolicy, make_policy
 from tfscache.cache.reloader import Reloader
-from tfscache.cache.signals import Services, Signals, copy_error
-from tfscache.cache.state import CacheState, StateWriter, ledger_state, load_state
+from tfscache.cache.signals import Signals, copy_error
+from tfscache.cache.state import CacheState, LostPins, SavedVersion, StateFile, load_state
 from tfscache.repository.local import ModelRepository, check_name
 from tfscache.settings import CacheSection
+
+log = logging.getLogger("tfscache.cache")
 
 
 class CacheManager:
@@ -52,18 +57,22 @@ class CacheManager:
         self.caps = Caps(settings.max_models_per_node, settings.memory_per_node, gpu_bytes=gpu_cap if gpu else 0)
         self.policy = policy or make_policy(settings.policy, settings)
         self.policy.set_caps(settings.max_models_per_node, settings.memory_per_node)
-        self.state_file = state_file
         self.ledger = Ledger(self.policy)  # the policy hears of each transition from the ledger
-        self._writer: StateWriter | None = StateWriter(self.state_file)  # coalesced, in a worker thread
-        self._signals = Signals(Services(self._lease, self._save, self.pin))
+        self._signals = Signals()
         self.adapter = adapter
         self._prefetcher = (Prefetcher(self.ledger, self._signals, self._estimate, settings)
                             if settings.prefetch else None)  # co-access prefetch, docs/prefetch.md
         self.prefetch_counts = self._prefetcher.counts if self._prefetcher is not None else None
-        self._reloader = Reloader(adapter if before_unload is None else BeforeUnload(adapter, before_unload),
-                                  self.ledger, self.policy, self.caps, repository, self._signals,
-                                  settings, self.events, gpu, self.prefetch_counts)
+        self._leases = Leases(self.ledger, self._signals, self.prefetch_counts)
+        self._lost_pins = LostPins()  # pinned versions the node lost, until pinned again
+        # Coalesced writes, each in a worker thread; the reloader saves through it too.
+        self._state_file = StateFile(state_file, self.target, self.ledger, self._lost_pins)
+        self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository,
+                                  self._signals, settings, self.events, leases=self._leases,
+                                  state_file=self._state_file, lost_pins=self._lost_pins, gpu=gpu,
+                                  prefetch=self.prefetch_counts, before_unload=before_unload)
         self._task: asyncio.Task | None = None
+        self._repins: dict[Key, asyncio.Task] = {}  # lost pins being loaded and pinned again
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -80,9 +89,9 @@ class CacheManager:
         (this process restarted under it) delays nothing else. The wanted set that clears
         what the node serves beyond the adopted models is sent by the reloader's first step.
         """
-        state = await asyncio.to_thread(load_state, self.state_file)
+        state = await asyncio.to_thread(load_state, self._state_file.path)
         self._signals.starting_because(f"starting: waiting for node {self.target} to answer")
-        self._task = asyncio.create_task(self._reloader.run(state), name=f"tfscache-cache-{self.target}")
+        self._task = asyncio.create_task(self._run(state), name=f"tfscache-cache-{self.target}")
 
     async def wait_ready(self, timeout: float | None) -> bool:
         """Wait up to ``timeout`` s (None: no limit) until the cache is healthy; whether it is."""
@@ -105,7 +114,8 @@ class CacheManager:
         """Stop loading; waiters get UNAVAILABLE. The node keeps serving; the NodeClient stays open."""
         sig = self._signals
         sig.close("its cache manager stopped")  # ``wait_ready`` callers wake and see it closed
-        self._reloader.lost_pins.cancel()
+        for task in self._repins.values():
+            task.cancel()
         if self._prefetcher is not None:
             self._prefetcher.stop()
         if self._task is not None:
@@ -117,20 +127,17 @@ class CacheManager:
             self._task = None
         sig.fail_all(self.ledger, errors.NodeUnavailable(f"cache manager for node {self.target} stopped"))
         self._save()
-        writer, self._writer = self._writer, None  # nothing is saved after the last write
-        if writer is not None:
-            await writer.close()
+        await self._state_file.close()  # nothing is saved after the last write
 
     async def flush_state(self) -> None:
         """Wait until the state file holds every change made so far (fsynced); ``errors.Internal``
         if the write failed."""
-        if self._writer is not None:
-            await self._writer.flush()
+        await self._state_file.flush()
 
     @property
     def state_writes(self) -> int:
         """How many times the state file was written since start (coalesced writes count once)."""
-        return self._writer.writes if self._writer is not None else 0
+        return self._state_file.writes
 
     async def _durable(self, done: str) -> None:
         """Before an admin operation's reply: the state file holds its change (``done``), so a crash
@@ -156,7 +163,7 @@ class CacheManager:
             self.events.hit(entry.key)
             if self._prefetcher is not None:
                 self._prefetcher.after(entry.key)
-            return self._prefetch_used(self._lease(entry))
+            return self._prefetch_used(self._leases.grant(entry))
         prefetcher, guess = self._prefetcher, (name, latest)  # its followers load beside it: docs/prefetch.md
         follow = prefetcher.wanted(guess) if prefetcher is not None and latest is not None else []
         found, sizes, follow_sizes = await asyncio.to_thread(self._resolve, name, version, follow)  # one trip
@@ -207,7 +214,7 @@ class CacheManager:
 
     def wanted(self) -> list[Key]:
         """The versions the node should serve now (loading ones included)."""
-        return self._reloader.wanted()
+        return self.ledger.wanted()
 
     def state_of(self, name: str, version: int) -> str | None:
         """``LOADING``, ``READY`` or ``UNLOADING`` for a version in the node's wanted set, else None
@@ -255,7 +262,7 @@ class CacheManager:
         if not keys:
             raise errors.NotFound(f"model {name}{_version(version)} is not pinned on node {self.target}")
         self.ledger.unpin(keys)
-        self._reloader.lost_pins.unpinned(keys)
+        self._lost_pins.unpinned(keys)
         self._save()
         self._signals.wake()  # a load may have been waiting for the room the pin held
         await self._durable(f"unpinned model {name}{_version(version)}")
@@ -292,6 +299,48 @@ class CacheManager:
 
     # -- internals -----------------------------------------------------------------------
 
+    async def _run(self, state: CacheState) -> None:
+        """The node's task: the reloader's start-up, then its turns, one after another. What each
+        hands back (pinned versions the node lost) is loaded and pinned again here."""
+        logs.bind(node=self.target)  # this task's log lines name the node
+        self._restore_pins(await self._reloader.startup(state))
+        while True:
+            self._restore_pins(await self._reloader.work())
+
+    def _restore_pins(self, lost: list[SavedVersion]) -> None:
+        """Start loading and pinning again each of ``lost`` not already being loaded."""
+        for saved in lost:
+            key = (saved.name, saved.version)
+            if key not in self._repins:
+                self._repins[key] = asyncio.create_task(self._repin(saved),
+                                                        name=f"repin {key[0]}:{key[1]}")
+
+    async def _repin(self, saved: SavedVersion) -> None:
+        """Load and pin again a version that was pinned but the node lost (at start-up: since the
+        state was saved; later: a recovery or a resync found it gone).
+
+        Until it is pinned again it stays in the state file as pinned (``LostPins``), so a crash
+        meanwhile loses no pin; a load that fails drops the pin (the log says so).
+        """
+        key = (saved.name, saved.version)
+        try:
+            await self.pin(*key)
+        except errors.TfscacheError as e:
+            self._repins.pop(key, None)
+            self._lost_pins.finish(key)
+            self.ledger.unpin([key])
+            self._save()
+            log.warning("node %s: model %s version %s was pinned but the node lost it; loading it "
+                        "again failed (%s: %s): pin it again", self.target, key[0], key[1],
+                        e.grpc_code.name, e.message)
+        else:
+            self._repins.pop(key, None)
+            if not self._lost_pins.finish(key):  # unpinned while it was being loaded again
+                self.ledger.unpin([key])
+            self._save()
+            log.info("node %s: model %s version %s loaded and pinned again (the node had lost it)",
+                     self.target, key[0], key[1])
+
     def _resident(self, key: Key) -> ResidentModel:
         if key not in self.ledger.entries:  # evicted between the lease and now: only under extreme churn
             raise errors.Aborted(f"model {key[0]} version {key[1]} was unloaded again before it could be reported")
@@ -305,21 +354,6 @@ class CacheManager:
         if lease.prefetched:  # told in the request's task: the request log marks it
             self.events.prefetch_used((lease.name, lease.version))
         return lease
-
-    def _lease(self, entry: Entry) -> Lease:
-        self.ledger.leased(entry.key, time.time(), time.monotonic())
-        first = self.ledger.first_use(entry.key)
-        if first:
-            self.prefetch_counts.count("used")
-        return Lease(self._release, entry.key, prefetched=first)
-
-    def _release(self, key: Key) -> None:
-        entry = self.ledger.released(key)
-        if entry is None:
-            return
-        sig = self._signals
-        if entry.leases == 0 and (self.ledger.pending or sig.draining or sig.over_cap):
-            sig.wake()  # a load may be waiting for room, or the caps for a victim
 
     def _resolve(self, name: str, version: int | None,
                  follow: list[Key]) -> tuple[object, tuple[int, int] | Exception | None, dict]:
@@ -352,7 +386,7 @@ class CacheManager:
         entry = self.ledger.entries.get(key)
         fut = asyncio.get_running_loop().create_future()
         if entry is not None and entry.state == READY:
-            fut.set_result(self._lease(entry))
+            fut.set_result(self._leases.grant(entry))
         elif self.ledger.requested(key, fut, estimate, disk, time.monotonic()):
             self._signals.wake()
         return fut
@@ -390,11 +424,7 @@ class CacheManager:
 
     def _save(self) -> None:
         """Have the state file written soon (many changes in a row make one write, off the loop)."""
-        if self._writer is not None:
-            self._writer.schedule(self._state)
-
-    def _state(self) -> CacheState:
-        return ledger_state(self.target, self.ledger, self._reloader.lost_pins.saved())
+        self._state_file.save()
 
 
 def _version(version: int | None) -> str:

@@ -10,37 +10,30 @@ The manager (``tfscache.cache.manager``) asks (``request_evict``, ``request_drai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from tfscache import errors
-from tfscache.cache.ledger import Entry, Key, Ledger
-
-
-@dataclass(frozen=True)
-class Services:
-    """What the manager lends its reloader."""
-
-    lease: Callable[[Entry], object]  # a new Lease on a READY entry
-    save: Callable[[], None]  # have the state file written soon
-    pin: Callable[..., Awaitable[object]]  # load and pin (again) what the node lost
+from tfscache.cache.ledger import Key, Ledger
 
 
 class Signals:
-    """The shared control state of one node's cache; read through properties, changed through methods."""
+    """The shared control state of one node's cache; read through properties, changed through
+    methods."""
 
-    def __init__(self, services: Services) -> None:
-        self.services = services
+    def __init__(self) -> None:
         self._wake = asyncio.Event()  # the reloader has work
         self._healthy = False
         self._reason = "not started"  # why it is not healthy
-        self._ready = asyncio.Event()  # set while healthy: requests that found the node down wait on it
+        # set while healthy: requests that found the node down wait on it
+        self._ready = asyncio.Event()
         self._starting = True  # until the saved models are re-adopted (acquire waits for that)
-        self._synced = asyncio.Event()  # set once the node got this cache's wanted set after start-up
-        self._config_stale = False  # the node may serve other than the ledger says: send it next step
+        # set once the node got this cache's wanted set after start-up
+        self._synced = asyncio.Event()
+        # the node may serve other than the ledger says: send it the next step
+        self._config_stale = False
         self._closed = False
         self._draining = False
-        self._over_cap = False  # over a cap with nothing idle to unload: a release must wake the reloader
+        # over a cap with nothing idle to unload: a release must wake the reloader
+        self._over_cap = False
         self._evictions: list[Key] = []  # retired by ``evict``, for the next step
         self._unload_waiters: dict[Key, list[asyncio.Future]] = {}
         self._drained: list[asyncio.Future] = []
@@ -80,7 +73,8 @@ class Signals:
         await self._ready.wait()
 
     def close(self, reason: str) -> None:
-        """The manager stopped: unhealthy for good; ``wait_ready`` callers wake and see it closed."""
+        """The manager stopped: unhealthy for good; ``wait_ready`` callers wake and see it
+        closed."""
         self._closed = True
         self.set_health(False, reason)
         self._ready.set()
@@ -119,7 +113,8 @@ class Signals:
     # -- requests and their answers --------------------------------------------------------
 
     def request_evict(self, key: Key) -> asyncio.Future:
-        """``evict`` retired ``key``: the reloader unloads it; the future is done once it is gone."""
+        """``evict`` retired ``key``: the reloader unloads it; the future is done once it is
+        gone."""
         future = asyncio.get_running_loop().create_future()
         self._evictions.append(key)
         self._unload_waiters.setdefault(key, []).append(future)
@@ -164,7 +159,8 @@ class Signals:
         done(self.take_rechecks())
 
     def fail_all(self, ledger: Ledger, error: errors.TfscacheError) -> None:
-        """Every caller waiting on anything gets ``error`` (the node is down or the cache stopped)."""
+        """Every caller waiting on anything gets ``error`` (the node is down or the cache
+        stopped)."""
         fail(ledger.take_waiters(), error)
         for waiters in self._unload_waiters.values():
             fail(waiters, error)

@@ -13,6 +13,10 @@ returns once a write that started after everything scheduled so far is on disk. 
 admin API acknowledges (pin, unpin, preload, evict, drain) is flushed before the reply, so
 it survives a SIGKILL right after it (docs/state.md); a burst of them shares one write.
 
+A node's cache writes its file through one ``StateFile``: what its ledger holds and the
+``LostPins`` (pinned versions the node lost, kept pinned in the file while they are loaded
+again). The manager and the reloader both ``save`` through it as they change that state.
+
 A missing or unreadable file reads as empty (logged): the manager then clears the node.
 """
 
@@ -58,11 +62,13 @@ class CacheState:
 def ledger_state(node: str, ledger: Ledger, lost_pins: dict[Key, SavedVersion]) -> CacheState:
     """What the state file should hold now: the AVAILABLE versions, pins the node lost (still
     pinned while loaded again) and the learned sizes."""
-    saved = {e.key: SavedVersion(e.key[0], e.key[1], e.bytes, e.measured, e.last_use, e.key in ledger.pinned)
+    saved = {e.key: SavedVersion(e.key[0], e.key[1], e.bytes, e.measured, e.last_use,
+                                 e.key in ledger.pinned)
              for e in ledger.entries.values() if e.state == READY}
     for key, lost in lost_pins.items():
         saved[key] = replace(saved.get(key, lost), pinned=True)
-    return CacheState(node, list(saved.values()), {learned_key(*k): v for k, v in ledger.learned.items()})
+    learned = {learned_key(*k): v for k, v in ledger.learned.items()}
+    return CacheState(node, list(saved.values()), learned)
 
 
 def learned_key(name: str, version: int) -> str:
@@ -85,7 +91,8 @@ def load_state(path: Path | None) -> CacheState:
         return CacheState(
             node=str(data.get("node", "")),
             models=[SavedVersion(str(m["name"]), int(m["version"]), int(m["bytes"]),
-                               bool(m["measured"]), float(m["last_use"]), bool(m.get("pinned", False)))
+                               bool(m["measured"]), float(m["last_use"]),
+                               bool(m.get("pinned", False)))
                     for m in data["models"]],
             learned={str(k): int(v) for k, v in data.get("learned", {}).items()},
         )
@@ -171,7 +178,8 @@ class StateWriter:
         self._state_fn = state_fn
         self._scheduled += 1
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name=f"state writer {self.path}")
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"state writer {self.path}")
 
     @property
     def pending(self) -> bool:
@@ -224,3 +232,71 @@ class StateWriter:
                 future.set_result(None)
             else:
                 future.set_exception(errors.Internal(failure))
+
+
+class LostPins:
+    """Pinned versions the node lost, until they are loaded and pinned again.
+
+    A pin survives a lost model (``Ledger.lost``): the version stays in ``Ledger.pinned`` and
+    here, so the state file keeps it pinned (a crash meanwhile loses no pin), until it has been
+    loaded and pinned again, or its load failed (the pin then goes; the log says so). The
+    recovery adds them (tfscache.cache.recovery); the manager loads and pins them again.
+    """
+
+    def __init__(self) -> None:
+        self._saved: dict[Key, SavedVersion] = {}
+
+    def saved(self) -> dict[Key, SavedVersion]:
+        """Key -> what the state file keeps of each (pinned)."""
+        return dict(self._saved)
+
+    def add(self, saved: SavedVersion) -> None:
+        """``saved`` is to be loaded and pinned again once the node is healthy."""
+        self._saved[(saved.name, saved.version)] = replace(saved, pinned=True)
+
+    def unpinned(self, keys) -> None:
+        """An admin unpinned ``keys``: not to be pinned again once loaded."""
+        for key in keys:
+            self._saved.pop(key, None)
+
+    def finish(self, key: Key) -> bool:
+        """Loading ``key`` again ended; whether it is still wanted pinned (no unpin came
+        meanwhile)."""
+        return self._saved.pop(key, None) is not None
+
+
+class StateFile:
+    """The state file of one node's cache: ``save`` has what ``ledger`` and ``lost_pins`` hold
+    written soon (``StateWriter``: coalesced, off the loop, the state read as the write starts).
+    After ``close``, ``save`` does nothing (nothing is saved after the last write)."""
+
+    def __init__(self, path: Path | None, node: str, ledger: Ledger, lost_pins: LostPins) -> None:
+        self.path = path
+        self._writer: StateWriter | None = StateWriter(path)
+        self._node, self._ledger, self._lost_pins = node, ledger, lost_pins
+
+    def save(self) -> None:
+        """Have the state file written soon (many changes in a row make one write)."""
+        if self._writer is not None:
+            self._writer.schedule(self.state)
+
+    def state(self) -> CacheState:
+        """What the file should hold now."""
+        return ledger_state(self._node, self._ledger, self._lost_pins.saved())
+
+    async def flush(self) -> None:
+        """Wait until the file holds every change saved so far (fsynced); ``errors.Internal`` if
+        the write failed."""
+        if self._writer is not None:
+            await self._writer.flush()
+
+    @property
+    def writes(self) -> int:
+        """Writes started so far (coalesced writes count once); 0 once closed."""
+        return self._writer.writes if self._writer is not None else 0
+
+    async def close(self) -> None:
+        """Flush and refuse further writes (a failed last write is logged)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.close()
