@@ -1,8 +1,9 @@
 """Per-node cache manager: the façade the front end and admin use; one TF Serving (or other) node each.
 
 ``acquire(name, version)`` returns a ``Lease`` once that version is AVAILABLE on the
-node; a model with a lease is never unloaded. A hit takes no lock, awaits nothing and
-touches no file. A cold model joins the ledger's pending set and wakes the reloader,
+node; a model with a lease is never unloaded. A hit takes no lock and awaits nothing; for
+``Latest(NAME)`` it reads the repository's remembered newest version, so it lists the model's
+directory (off the loop) only once per ``rescan_s``. A cold model joins the ledger's pending set and wakes the reloader,
 which plans (``tfscache.cache.planner``), unloads victims and loads batches through the
 node's adapter (``tfscache.cache.adapter``). The pieces:
 
@@ -154,7 +155,7 @@ class CacheManager:
         """A lease on ``name`` at ``version`` (None: the highest on disk), loading it if needed."""
         if self._signals.starting:  # re-adopting what the node serves: its first answer comes within seconds
             await self.wait_ready(timeout)
-        # A hit: the remembered latest version, no file-system access, no await.
+        # A hit: the remembered latest version (listed at most once per rescan_s), no await.
         latest = version if version is not None else self.repository.remembered_latest(name)
         if latest is None and version is None:  # not listed within rescan_s: list it, off the loop
             latest = await asyncio.to_thread(self.repository.latest_version, name)
