@@ -325,7 +325,7 @@ def test_one_loader_imports_by_name():
 # named here with a dot is a unit of its own (a kind, a protocol, the policies).
 LAYERS = [
     {"", "errors", "units", "logs", "importer", "extras", "wire", "webserver"},
-    {"discovery.peer", "cache.policy", "kinds.table"},
+    {"discovery.peer", "discovery.table", "cache.policy", "kinds.table"},
     {"settings", "tls"},
     {"storage", "repository", "discovery", "modelserver", "sim.trace"},
     {"cache", "cluster.ring"},

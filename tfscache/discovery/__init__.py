@@ -10,7 +10,8 @@ One ``Discovery`` object per sidecar. Its life:
     await discovery.deregister()                # on shutdown / drain: leave the ring
     await discovery.stop()
 
-Implementations are picked by name from ``BACKENDS`` (imported only when chosen):
+Implementations are picked by name from ``BACKENDS`` (tfscache.discovery.table: one row each,
+the module imported only when chosen):
 
 * ``static``: the peer list of the config file; ``reload()`` re-reads it (SIGHUP).
 * ``consul``: an agent's HTTP API: service registration with a TTL check kept alive,
@@ -48,8 +49,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tfscache.importer import load
 from tfscache.discovery.peer import Peer, parse_peers
+from tfscache.discovery.table import BACKENDS, COMMON_OPTIONS
+from tfscache.importer import load
 
 if TYPE_CHECKING:
     import aiohttp
@@ -270,15 +272,6 @@ class Discovery(ABC):
         return Backoff(self.retry_initial_s, self.retry_max_s)
 
 
-# name -> "module:Class"; imported only when chosen.
-BACKENDS: dict[str, str] = {
-    "static": "tfscache.discovery.static:StaticDiscovery",
-    "consul": "tfscache.discovery.consul:ConsulDiscovery",
-    "etcd": "tfscache.discovery.etcd:EtcdDiscovery",
-    "dns": "tfscache.discovery.dns:DnsDiscovery",
-}
-
-
 class WatchingDiscovery(Discovery):
     """A backend that follows a remote registry: one HTTP session, a watch task, a keep-alive task.
 
@@ -313,32 +306,23 @@ class WatchingDiscovery(Discovery):
 
 def make_discovery(name: str, **options) -> Discovery:
     """A new Discovery by its name in ``BACKENDS``; ValueError names the known ones."""
-    return load(BACKENDS, name, "discovery backend")(**options)
+    factories = {known: row.factory for known, row in BACKENDS.items()}
+    return load(factories, name, "discovery backend")(**options)
 
 
 def from_settings(settings: Any, config_file: str | Path | None = None) -> Discovery:
-    """The Discovery that ``settings.discovery`` describes (static from ``ring.peers`` without one).
+    """The Discovery that ``settings.discovery`` describes, its options named by its row.
 
     ``config_file`` is the TOML file the static backend re-reads on ``reload()``.
     """
-    section = getattr(settings, "discovery", None)
-    backend = getattr(section, "backend", "static")
-    common = {"start_timeout_s": getattr(section, "start_timeout_s", 30.0),
-              "retry_max_s": getattr(section, "retry_max_s", 5.0)}
-    if backend == "static":
-        return make_discovery("static", peers=list(settings.ring.peers), config_file=config_file or None,
-                              **common)
-    if backend == "dns":
-        return make_discovery("dns", dns_name=section.dns_name, record=section.dns_record,
-                              grpc_port=section.dns_port_grpc, rest_port=section.dns_port_rest,
-                              interval_s=section.dns_interval_s, server=section.dns_server,
-                              request_timeout_s=section.request_timeout_s, **common)
-    common.update(service=section.service_name, ttl_s=section.ttl_s, request_timeout_s=section.request_timeout_s)
-    if backend == "consul":
-        return make_discovery("consul", address=section.consul_address, token=section.consul_token,
-                              wait_s=section.consul_wait_s,
-                              deregister_critical_after_s=section.consul_deregister_critical_after_s, **common)
-    return make_discovery(backend, endpoints=section.etcd_endpoints, prefix=section.etcd_prefix, **common)
+    section = settings.discovery
+    row, options = BACKENDS.get(section.backend), {}
+    if row is not None:  # else make_discovery's ValueError names the known backends
+        options = {keyword: getattr(section, name)
+                   for keyword, name in {**COMMON_OPTIONS, **row.options}.items()}
+        if row.peers_from_ring:
+            options.update(peers=list(settings.ring.peers), config_file=config_file or None)
+    return make_discovery(section.backend, **options)
 
 
 def advertise_peer(settings: Any, grpc_port: int, rest_port: int | None) -> Peer:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tfscache import tls
+from tfscache.discovery.table import BACKENDS as DISCOVERY_BACKENDS
 from tfscache.settings.sections import (CacheSection, CopiesSection, DiscoverySection, NodeSection, RingSection,
                                         ScaleSection, ServerSection, StorageSection, TlsSection, setting)
 from tfscache.units import parse_bytes
@@ -162,13 +163,15 @@ def _check_whole(s: Settings) -> None:
             raise SettingsError(f"bad value for setting node.node_address: {s.node.node_address!r} "
                                 "(must be HOST:GRPC_PORT[,REST_PORT])")
         names = [p.name for p in s.ring.peers]
-        if s.discovery.backend != "static" and not s.ring.self_name:
+        backend = DISCOVERY_BACKENDS[s.discovery.backend]
+        if not backend.peers_from_ring and not s.ring.self_name:
             raise SettingsError(f"bad value for setting ring.self_name: '' (required with "
                                 f"discovery.backend = {s.discovery.backend})")
-        if s.discovery.backend == "dns" and not s.discovery.dns_name:
-            raise SettingsError("bad value for setting discovery.dns_name: '' (required with "
-                                "discovery.backend = dns)")
-        if s.discovery.backend == "static" and s.ring.peers and s.ring.self_name not in names:
+        for name in backend.required:
+            if not getattr(s.discovery, name):
+                raise SettingsError(f"bad value for setting discovery.{name}: '' (required with "
+                                    f"discovery.backend = {s.discovery.backend})")
+        if backend.peers_from_ring and s.ring.peers and s.ring.self_name not in names:
             raise SettingsError(f"bad value for setting ring.self_name: {s.ring.self_name!r} "
                                 f"(must be one of the peers: {', '.join(names)})")
     elif s.node.local_nodes < 1:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from tfscache.cache.policy import AUTO, POLICIES
 from tfscache.discovery.peer import parse_dns_server, parse_peers
+from tfscache.discovery.table import BACKENDS, DEFAULT_BACKEND, one_of
 from tfscache.kinds.table import DEFAULT_KIND, KINDS
 from tfscache.units import parse_bytes
 
@@ -234,9 +235,9 @@ class ServerSection:
 class DiscoverySection:
     """Sidecar mode: how sidecars find each other (tfscache.discovery, docs/discovery.md)."""
 
-    backend: str = setting("static", "static (ring.peers, re-read on SIGHUP), consul, etcd or dns",
-                            check=lambda v: None if v in ("static", "consul", "etcd", "dns")
-                            else "must be static, consul, etcd or dns", flag="--discovery")
+    backend: str = setting(DEFAULT_BACKEND, one_of(row.summary for row in BACKENDS.values()),
+                            check=lambda v: None if v in BACKENDS else f"must be {one_of(BACKENDS)}",
+                            flag="--discovery")
     service_name: str = setting("tfscache", "Consul service name / middle segment of etcd keys",
                                  check=lambda v: None if re.fullmatch(r"[A-Za-z0-9_-]+", v)
                                  else "letters, digits, - and _ only")
