@@ -19,7 +19,7 @@ from support.tfs_traffic import Traffic
 from workers.conftest import StatusSampler, worker_pids
 
 CAP = 2
-DURATION_S = 8.0
+DURATION_S = 5.0
 MODELS = [f"addk_{k}" for k in range(1, 7)]
 
 

@@ -23,7 +23,7 @@ from support.models import triton as tritonmodels
 from workers.conftest import worker_pids
 
 CAP = 2
-DURATION_S = 8.0
+DURATION_S = 5.0
 MODELS = [f"addk_{k}" for k in range(1, 7)]
 
 
