@@ -38,14 +38,21 @@ def missing(extra: str, modules: tuple[str, ...] | None = None) -> list[str]:
 def _found(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a parent package that fails, or sys.modules[name] set to None
+    except (
+        ImportError,
+        ValueError,
+    ):  # a parent package that fails, or sys.modules[name] set to None
         return False
 
 
-def require(extra: str, what: str, *, modules: tuple[str, ...] | None = None, install: str = "") -> None:
+def require(
+    extra: str, what: str, *, modules: tuple[str, ...] | None = None, install: str = ""
+) -> None:
     """Raise ``MissingExtra`` unless every module of ``extra`` is there; ``what`` needs it.
     ``modules`` and ``install``: a node kind's extra and the command that installs it."""
     absent = missing(extra, modules)
     if absent:
         install = install or f"pip install 'tfscache[{extra}]'"
-        raise MissingExtra(f"{what} needs the [{extra}] extra ({', '.join(absent)} not installed): {install}")
+        raise MissingExtra(
+            f"{what} needs the [{extra}] extra ({', '.join(absent)} not installed): {install}"
+        )

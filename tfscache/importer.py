@@ -21,13 +21,19 @@ def import_from_string(target: str) -> Any:
     """The attribute ``target`` names (``"package.module:name"``, dots allowed after the colon)."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
-        raise ImportFromStringError(f'import target {target!r} must be of the form "module:attribute"')
-    found: Any = importlib.import_module(module_name)  # ModuleNotFoundError propagates: a missing extra
+        raise ImportFromStringError(
+            f'import target {target!r} must be of the form "module:attribute"'
+        )
+    found: Any = importlib.import_module(
+        module_name
+    )  # ModuleNotFoundError propagates: a missing extra
     for part in attribute.split("."):
         try:
             found = getattr(found, part)
         except AttributeError:
-            raise ImportFromStringError(f"module {module_name!r} has no attribute {attribute!r}") from None
+            raise ImportFromStringError(
+                f"module {module_name!r} has no attribute {attribute!r}"
+            ) from None
     return found
 
 

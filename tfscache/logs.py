@@ -30,13 +30,25 @@ from typing import Any
 
 model: contextvars.ContextVar[str | None] = contextvars.ContextVar("tfscache_model", default=None)
 node: contextvars.ContextVar[str | None] = contextvars.ContextVar("tfscache_node", default=None)
-request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("tfscache_request_id", default=None)
+request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tfscache_request_id", default=None
+)
 
 _CONTEXT = {"model": model, "node": node, "request_id": request_id}
 # Fields of the whole process, on every line from any task or thread: ``worker`` with --workers N.
 _PROCESS: dict[str, Any] = {}
 # Structured fields a log call may pass in ``extra`` (in this order in JSON).
-FIELDS = ("model", "version", "node", "request_id", "reason", "duration_s", "bytes", "measured", "idle_s")
+FIELDS = (
+    "model",
+    "version",
+    "node",
+    "request_id",
+    "reason",
+    "duration_s",
+    "bytes",
+    "measured",
+    "idle_s",
+)
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 

@@ -44,7 +44,9 @@ class _Pem:
 def check(section: TlsSection) -> tuple[str, str, str] | None:
     """(field, value, problem) for the first thing wrong with ``section``; None when it is usable."""
     if bool(section.cert_file) != bool(section.key_file):
-        missing, given = ("key_file", "cert_file") if section.cert_file else ("cert_file", "key_file")
+        missing, given = (
+            ("key_file", "cert_file") if section.cert_file else ("cert_file", "key_file")
+        )
         return missing, "", f"required with tls.{given}"
     for name in ("client_ca_file", "peer_ca_file", "peer_server_name"):
         if getattr(section, name) and not section.cert_file:
@@ -57,12 +59,22 @@ def check(section: TlsSection) -> tuple[str, str, str] | None:
             try:
                 context.load_verify_locations(cafile=getattr(section, name))
             except ssl.SSLError as exc:
-                return name, getattr(section, name), f"no PEM certificate in it: {exc.reason or exc}"
+                return (
+                    name,
+                    getattr(section, name),
+                    f"no PEM certificate in it: {exc.reason or exc}",
+                )
     try:
         context.load_cert_chain(section.cert_file, section.key_file)
     except ssl.SSLError as exc:
-        reason = exc.reason or "not a PEM private key"  # OpenSSL's "PEM lib" error carries no reason
-        return "key_file", section.key_file, f"does not load as the private key of tls.cert_file: {reason}"
+        reason = (
+            exc.reason or "not a PEM private key"
+        )  # OpenSSL's "PEM lib" error carries no reason
+        return (
+            "key_file",
+            section.key_file,
+            f"does not load as the private key of tls.cert_file: {reason}",
+        )
     return None
 
 
@@ -70,7 +82,9 @@ def _read(cert_file: str, key_file: str, ca_file: str) -> _Pem:
     """The files' bytes, checked to load together (blocking: run in a thread); ``ssl.SSLError``/``OSError``."""
     pem = _Pem(Path(cert_file).read_bytes(), Path(key_file).read_bytes(),
                Path(ca_file).read_bytes() if ca_file else None)
-    scratch = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)  # what the live context will load, tried first
+    scratch = ssl.SSLContext(
+        ssl.PROTOCOL_TLS_SERVER
+    )  # what the live context will load, tried first
     scratch.load_cert_chain(cert_file, key_file)
     if pem.ca is not None:
         scratch.load_verify_locations(cadata=pem.ca.decode("ascii", "replace"))
@@ -101,7 +115,9 @@ class ServerTls:
 
     @staticmethod
     def _grpc_config(pem: _Pem) -> grpc.ServerCertificateConfiguration:
-        return grpc.ssl_server_certificate_configuration([(pem.key, pem.cert)], root_certificates=pem.ca)
+        return grpc.ssl_server_certificate_configuration(
+            [(pem.key, pem.cert)], root_certificates=pem.ca
+        )
 
     def _load_into_context(self, pem: _Pem) -> None:
         # load_cert_chain reads files itself (it takes no bytes); _read has just loaded the same two
@@ -161,7 +177,9 @@ class PeerTls:
             log.error("TLS reload of the peer credentials failed, keeping those in use: %s", exc)
             return False
         self._credentials = self._make_credentials(pem)
-        self.ssl_context.load_cert_chain(s.cert_file, s.key_file)  # on the loop: see ServerTls.reload
+        self.ssl_context.load_cert_chain(
+            s.cert_file, s.key_file
+        )  # on the loop: see ServerTls.reload
         if pem.ca is not None:
             self.ssl_context.load_verify_locations(cadata=pem.ca.decode("ascii", "replace"))
         return True

@@ -34,7 +34,10 @@ def parse_bytes(value: Any) -> int:
     match = _SIZE.fullmatch(str(value))
     if not match or (match.group(3) and not match.group(2)):
         raise ValueError(f"expected bytes, {EXAMPLES}")
-    number, factor = match.group(1), (1024 if match.group(3) else 1000) ** _POWERS[match.group(2).lower()]
+    number, factor = (
+        match.group(1),
+        (1024 if match.group(3) else 1000) ** _POWERS[match.group(2).lower()],
+    )
     return int(number) * factor if number.isdigit() else int(float(number) * factor)
 
 

@@ -24,7 +24,9 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 log = logging.getLogger("tfscache.webserver")
 
 MAX_REQUEST_LINE = 8190    # aiohttp's default max_line_size
-MAX_HEADER_FIELD = 16384   # distinct from MAX_REQUEST_LINE: LineTooLong tells them apart by its limit
+MAX_HEADER_FIELD = (
+    16384  # distinct from MAX_REQUEST_LINE: LineTooLong tells them apart by its limit
+)
 REFUSAL_LOG_PERIOD_S = 10.0
 _REASONS = {400: "Bad Request", 414: "URI Too Long", 431: "Request Header Fields Too Large"}
 
@@ -95,7 +97,10 @@ class _Server(web_server.Server):
 
 
 class _AppRunner(web.AppRunner):
-    def __init__(self, app: web.Application, what: str, refusal_log_period_s: float, **kwargs) -> None:
+
+    def __init__(
+        self, app: web.Application, what: str, refusal_log_period_s: float, **kwargs
+    ) -> None:
         super().__init__(app, max_line_size=MAX_REQUEST_LINE, max_field_size=MAX_HEADER_FIELD,
                          **kwargs)
         self._what = what
@@ -108,7 +113,9 @@ class _AppRunner(web.AppRunner):
         return server
 
 
-def app_runner(app: web.Application, what: str, refusal_log_period_s: float = REFUSAL_LOG_PERIOD_S) -> web.AppRunner:
+def app_runner(
+    app: web.Application, what: str, refusal_log_period_s: float = REFUSAL_LOG_PERIOD_S
+) -> web.AppRunner:
     """An AppRunner for ``app`` that refuses unparsable requests quietly, counting them in one
     WARNING line per ``refusal_log_period_s`` at most (see above)."""
     return _AppRunner(app, what, refusal_log_period_s, access_log=None, handle_signals=False)
@@ -119,11 +126,20 @@ class WebServer:
 
     what = "HTTP server"  # for the log line
 
-    def __init__(self, bind_address: str, port: int, ssl_context: ssl.SSLContext | None = None, *,
-                 reuse_port: bool = False, refusal_log_period_s: float = REFUSAL_LOG_PERIOD_S) -> None:
+    def __init__(
+        self,
+        bind_address: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None = None,
+        *,
+        reuse_port: bool = False,
+        refusal_log_period_s: float = REFUSAL_LOG_PERIOD_S,
+    ) -> None:
         self._bind = (bind_address, port)
         self._refusal_log_period_s = refusal_log_period_s
-        self._reuse_port = reuse_port  # SO_REUSEPORT: worker processes share the port (tfscache.workers)
+        self._reuse_port = (
+            reuse_port  # SO_REUSEPORT: worker processes share the port (tfscache.workers)
+        )
         self._ssl_context = ssl_context  # HTTPS (tfscache.tls.ServerTls); None: plain HTTP
         self._runner: web.AppRunner | None = None
         self.port: int | None = None

@@ -30,7 +30,10 @@ class AdminError(Exception):
 
 
 class AdminClient:
-    def __init__(self, address: str = DEFAULT_ADDRESS, *, token: str = "", timeout_s: float = 60.0) -> None:
+
+    def __init__(
+        self, address: str = DEFAULT_ADDRESS, *, token: str = "", timeout_s: float = 60.0
+    ) -> None:
         self.address = address
         self.timeout_s = timeout_s
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
@@ -46,31 +49,46 @@ class AdminClient:
         self.close()
 
     def _call(self, method: str, request, response_type, timeout: float | None = None):
-        call = self._channel.unary_unary(f"/{SERVICE}/{method}", request_serializer=lambda m: m.SerializeToString(),
-                                         response_deserializer=response_type.FromString)
+        call = self._channel.unary_unary(
+            f"/{SERVICE}/{method}",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=response_type.FromString,
+        )
         try:
             return call(request, timeout=timeout or self.timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise AdminError(exc.code(), exc.details() or "") from None
 
     def list_models(self, node: str = "") -> admin_pb2.ListModelsResponse:
-        return self._call("ListModels", admin_pb2.ListModelsRequest(node=node), admin_pb2.ListModelsResponse)
+        return self._call(
+            "ListModels", admin_pb2.ListModelsRequest(node=node), admin_pb2.ListModelsResponse
+        )
 
     def _model(self, method: str, name: str, version: int | None, node: str, timeout_s: float | None
                ) -> admin_pb2.ModelResponse:
-        request = admin_pb2.ModelRequest(name=name, version=version or 0, node=node, timeout_s=timeout_s or 0)
+        request = admin_pb2.ModelRequest(
+            name=name, version=version or 0, node=node, timeout_s=timeout_s or 0
+        )
         # A load may take the server's whole load timeout: wait a little longer than it does.
         timeout = (timeout_s + 10.0) if timeout_s else max(self.timeout_s, 660.0)
-        return self._call(method, request, admin_pb2.ModelResponse, timeout if method in ("Pin", "Preload")
-                          else None)
+        return self._call(
+            method,
+            request,
+            admin_pb2.ModelResponse,
+            timeout if method in ("Pin", "Preload") else None,
+        )
 
-    def pin(self, name: str, version: int | None = None, node: str = "", timeout_s: float | None = None):
+    def pin(
+        self, name: str, version: int | None = None, node: str = "", timeout_s: float | None = None
+    ):
         return self._model("Pin", name, version, node, timeout_s)
 
     def unpin(self, name: str, version: int | None = None, node: str = ""):
         return self._model("Unpin", name, version, node, None)
 
-    def preload(self, name: str, version: int | None = None, node: str = "", timeout_s: float | None = None):
+    def preload(
+        self, name: str, version: int | None = None, node: str = "", timeout_s: float | None = None
+    ):
         return self._model("Preload", name, version, node, timeout_s)
 
     def evict(self, name: str, version: int | None = None, node: str = ""):
@@ -86,11 +104,16 @@ class AdminClient:
         A process drain ends with the server exiting: the stream may then end with
         UNAVAILABLE right after the last message (done = true), which is success.
         """
-        call = self._channel.unary_stream(f"/{SERVICE}/Drain", request_serializer=lambda m: m.SerializeToString(),
-                                          response_deserializer=admin_pb2.DrainProgress.FromString)
+        call = self._channel.unary_stream(
+            f"/{SERVICE}/Drain",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=admin_pb2.DrainProgress.FromString,
+        )
         done = False
         try:
-            for progress in call(admin_pb2.DrainRequest(node=node, grace_s=grace_s), metadata=self._metadata):
+            for progress in call(
+                admin_pb2.DrainRequest(node=node, grace_s=grace_s), metadata=self._metadata
+            ):
                 done = done or progress.done
                 yield progress
         except grpc.RpcError as exc:

@@ -98,7 +98,9 @@ class Drainer:
         if node != PROCESS:
             self.admin.cache(node)  # NOT_FOUND / UNAVAILABLE before anything changes
             self.topology.drain(node)  # off the ring now; FAILED_PRECONDITION if it is the last
-            log.info("draining node %s: off the ring (%s)", node, ", ".join(self.topology.ring.nodes))
+            log.info(
+                "draining node %s: off the ring (%s)", node, ", ".join(self.topology.ring.nodes)
+            )
         nodes = self.admin.node_names() if node == PROCESS else [node]
         drain = self._drains[node] = _Drain(nodes, self._count(nodes)[0])
         grace = self.grace_s if grace_s is None else grace_s
@@ -158,10 +160,15 @@ class Drainer:
         else:  # embedded: nowhere to send requests; finish those in flight, then unload
             drain.phase = "finishing requests"
             await self.stop_frontends(grace)
-            with contextlib.suppress(_Failed):  # the front ends are gone: exit anyway; the nodes stop with us
+            with contextlib.suppress(
+                _Failed
+            ):  # the front ends are gone: exit anyway; the nodes stop with us
                 await self._drain_caches(drain, drain.nodes)
         drain.phase = "done"
-        log.info("drained: %s; exiting", "every model unloaded" if drain.error is None else "unloading failed")
+        log.info(
+            "drained: %s; exiting",
+            "every model unloaded" if drain.error is None else "unloading failed",
+        )
         self.finished.set()
 
     async def _drain_caches(self, drain: _Drain, nodes: list[str]) -> None:
@@ -175,7 +182,11 @@ class Drainer:
             log.exception("drain of %s failed", ", ".join(nodes))
             drain.error = errors.Internal(f"drain failed: {exc!r}")
         if drain.error is not None:
-            log.error("drain of %s failed: %s; Drain again to retry", ", ".join(nodes), drain.error.message)
+            log.error(
+                "drain of %s failed: %s; Drain again to retry",
+                ", ".join(nodes),
+                drain.error.message,
+            )
             raise _Failed()
         drain.phase = "done"
 

@@ -52,11 +52,19 @@ class Lifecycle:
         health = Health(topology.serving, services=health_services, poll_s=health_poll_s)
         add_grpc_handlers([health.handler()])
         await health.start()
-        drainer = Drainer(topology, operations, grace_s=grace_s, health=health, leave_discovery=leave_discovery,
-                          stop_frontends=stop_frontends)
+        drainer = Drainer(
+            topology,
+            operations,
+            grace_s=grace_s,
+            health=health,
+            leave_discovery=leave_discovery,
+            stop_frontends=stop_frontends,
+        )
         admin = None
         if port is not None:
-            admin = AdminServer(operations, drainer, bind_address=bind_address, port=port, token=token)
+            admin = AdminServer(
+                operations, drainer, bind_address=bind_address, port=port, token=token
+            )
             try:
                 await admin.start()
             except BaseException:

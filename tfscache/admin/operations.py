@@ -61,7 +61,9 @@ class AdminOperations:
         """The cache of local node ``node``: NOT_FOUND if there is none, UNAVAILABLE while it restarts."""
         backend = self.topology.node(node)
         if backend is None:
-            raise errors.NotFound(f"no node {node!r} in this tfscache; its nodes: {', '.join(self.node_names())}")
+            raise errors.NotFound(
+                f"no node {node!r} in this tfscache; its nodes: {', '.join(self.node_names())}"
+            )
         if backend.cache is None:
             raise errors.NodeUnavailable(f"node {node} is not running")
         return backend.cache
@@ -90,7 +92,9 @@ class AdminOperations:
                 states.append(NodeState(name, False, False, [], 0))
                 continue
             models = sorted(cache.snapshot(), key=lambda m: (m.name, m.version))
-            states.append(NodeState(name, cache.healthy, cache.draining, models, len(cache.queue())))
+            states.append(
+                NodeState(name, cache.healthy, cache.draining, models, len(cache.queue()))
+            )
         return states
 
     async def preload(self, name: str, version: int | None, node: str = "",
@@ -108,10 +112,14 @@ class AdminOperations:
         """Run the cache's ``operation`` (preload or pin) on every target node at once."""
         timeout = timeout_s or self.default_timeout_s
         targets = self._load_targets(name, node)
-        results = await asyncio.gather(*(getattr(self.cache(t), operation)(name, version, timeout) for t in targets))
+        results = await asyncio.gather(
+            *(getattr(self.cache(t), operation)(name, version, timeout) for t in targets)
+        )
         return {t: [r] for t, r in zip(targets, results)}
 
-    async def unpin(self, name: str, version: int | None, node: str = "") -> dict[str, list[ResidentModel]]:
+    async def unpin(
+        self, name: str, version: int | None, node: str = ""
+    ) -> dict[str, list[ResidentModel]]:
         """Unpin where pinned (on disk before it returns); NOT_FOUND when pinned nowhere."""
         done: dict[str, list[ResidentModel]] = {}
         caches = {}
@@ -127,7 +135,9 @@ class AdminOperations:
             raise errors.NotFound(f"model {name}{_version(version)} is not pinned on {where}")
         return done
 
-    async def evict(self, name: str, version: int | None, node: str = "") -> dict[str, list[ResidentModel]]:
+    async def evict(
+        self, name: str, version: int | None, node: str = ""
+    ) -> dict[str, list[ResidentModel]]:
         """Unload now where resident; every target is checked before any is evicted."""
         caches = {}
         for target in self._all_targets(node):
@@ -139,8 +149,14 @@ class AdminOperations:
             await asyncio.to_thread(self.repository.resolve, name, version)
             where = f"node {node}" if node else "any node of this tfscache"
             raise errors.NotFound(f"model {name}{_version(version)} is not resident on {where}")
-        before = {t: [dataclasses.replace(m, state="unloaded", leases=0) for m in c.snapshot()
-                      if m.name == name and version in (None, m.version)] for t, c in caches.items()}
+        before = {
+            t: [
+                dataclasses.replace(m, state="unloaded", leases=0)
+                for m in c.snapshot()
+                if m.name == name and version in (None, m.version)
+            ]
+            for t, c in caches.items()
+        }
         _check_evictable(caches, name, version)
         await asyncio.gather(*(c.evict(name, version) for c in caches.values()))
         return before
@@ -149,8 +165,10 @@ class AdminOperations:
         """Sidecar mode: register with discovery now (``ServeApp.join``); FailedPrecondition otherwise."""
         join = self._join
         if join is None or self.topology.own is None:
-            raise errors.FailedPrecondition("join: this tfscache is not in sidecar mode (no node.node_address); "
-                                            "it has no discovery to join")
+            raise errors.FailedPrecondition(
+                "join: this tfscache is not in sidecar mode (no node.node_address); "
+                "it has no discovery to join"
+            )
         from tfscache.discovery import DiscoveryError
 
         try:
@@ -177,12 +195,16 @@ def _check_evictable(caches: dict[str, CacheManager], name: str, version: int | 
             if m.name != name or version not in (None, m.version) or m.state == "unloading":
                 continue
             if m.leases:
-                problems.append(f"model {m.name} version {m.version} is held by {m.leases} "
-                                f"lease{'s' if m.leases != 1 else ''} (requests in flight) on node {target}")
+                problems.append(
+                    f"model {m.name} version {m.version} is held by {m.leases} "
+                    f"lease{'s' if m.leases != 1 else ''} (requests in flight) on node {target}"
+                )
             elif m.state == "loading":
                 problems.append(f"model {m.name} version {m.version} is loading on node {target}")
             elif m.pinned:
-                problems.append(f"model {m.name} version {m.version} is pinned on node {target} (unpin it first)")
+                problems.append(
+                    f"model {m.name} version {m.version} is pinned on node {target} (unpin it first)"
+                )
     if problems:
         raise errors.FailedPrecondition("not evicted: " + "; ".join(problems))
 

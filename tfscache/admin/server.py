@@ -37,8 +37,16 @@ _PROGRESS_POLL_S = 0.1
 
 
 def resident_pb(m: ResidentModel) -> admin_pb2.ResidentModel:
-    return admin_pb2.ResidentModel(name=m.name, version=m.version, bytes=m.bytes, measured=m.measured,
-                                   leases=m.leases, last_use=m.last_use, state=m.state, pinned=m.pinned)
+    return admin_pb2.ResidentModel(
+        name=m.name,
+        version=m.version,
+        bytes=m.bytes,
+        measured=m.measured,
+        leases=m.leases,
+        last_use=m.last_use,
+        state=m.state,
+        pinned=m.pinned,
+    )
 
 
 def _node_pb(state: NodeState) -> admin_pb2.NodeModels:
@@ -58,9 +66,13 @@ class AdminService:
     def __init__(self, admin: AdminOperations, drainer: Drainer) -> None:
         self.admin, self.drainer = admin, drainer
 
-    async def ListModels(self, request: admin_pb2.ListModelsRequest) -> admin_pb2.ListModelsResponse:
-        return admin_pb2.ListModelsResponse(nodes=[_node_pb(s) for s in self.admin.list_models(request.node)],
-                                            draining=self.drainer.draining)
+    async def ListModels(
+        self, request: admin_pb2.ListModelsRequest
+    ) -> admin_pb2.ListModelsResponse:
+        return admin_pb2.ListModelsResponse(
+            nodes=[_node_pb(s) for s in self.admin.list_models(request.node)],
+            draining=self.drainer.draining,
+        )
 
     async def Pin(self, request: admin_pb2.ModelRequest) -> admin_pb2.ModelResponse:
         return _results(await self.admin.pin(request.name, _version(request), request.node,
@@ -82,14 +94,21 @@ class AdminService:
         last = None
         while True:
             p = self.drainer.progress(request.node)
-            message = admin_pb2.DrainProgress(phase=p.phase, models_left=p.models_left,
-                                              models_total=p.models_total, leases=p.leases, done=p.done)
+            message = admin_pb2.DrainProgress(
+                phase=p.phase,
+                models_left=p.models_left,
+                models_total=p.models_total,
+                leases=p.leases,
+                done=p.done,
+            )
             if message != last:
                 yield message
                 last = message
             if p.done:
                 return
-            await asyncio.sleep(_PROGRESS_POLL_S)  # a progress display's refresh, not a wait for a state
+            await asyncio.sleep(
+                _PROGRESS_POLL_S
+            )  # a progress display's refresh, not a wait for a state
 
 
     async def Join(self, request: admin_pb2.JoinRequest) -> admin_pb2.JoinResponse:
@@ -125,10 +144,17 @@ class _Handlers(grpc.GenericRpcHandler):
         self._expected = f"Bearer {token}".encode() if token else None
         self._handlers = {}
         for name, (request_type, streaming) in _METHODS.items():
-            make = grpc.unary_stream_rpc_method_handler if streaming else grpc.unary_unary_rpc_method_handler
+            make = (
+                grpc.unary_stream_rpc_method_handler
+                if streaming
+                else grpc.unary_unary_rpc_method_handler
+            )
             behavior = (self._stream if streaming else self._unary)(name, getattr(service, name))
-            self._handlers[f"/{SERVICE}/{name}"] = make(behavior, request_deserializer=request_type.FromString,
-                                                        response_serializer=lambda m: m.SerializeToString())
+            self._handlers[f"/{SERVICE}/{name}"] = make(
+                behavior,
+                request_deserializer=request_type.FromString,
+                response_serializer=lambda m: m.SerializeToString(),
+            )
 
     def service(self, handler_call_details):
         return self._handlers.get(handler_call_details.method)
@@ -138,7 +164,9 @@ class _Handlers(grpc.GenericRpcHandler):
             return
         values = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
         if not values:
-            raise errors.Unauthenticated("admin token required: send metadata 'authorization: Bearer <token>'")
+            raise errors.Unauthenticated(
+                "admin token required: send metadata 'authorization: Bearer <token>'"
+            )
         given = values[0].encode() if isinstance(values[0], str) else values[0]
         if not hmac.compare_digest(given, self._expected):
             raise errors.Unauthenticated("invalid admin token")
@@ -176,8 +204,15 @@ def _status(name: str, exc: Exception) -> tuple[grpc.StatusCode, str]:
 class AdminServer:
     """The admin gRPC server over ``operations`` and ``drainer``; ``start()`` returns the bound port."""
 
-    def __init__(self, operations: AdminOperations, drainer: Drainer, *, bind_address: str = "127.0.0.1",
-                 port: int = DEFAULT_PORT, token: str = "") -> None:
+    def __init__(
+        self,
+        operations: AdminOperations,
+        drainer: Drainer,
+        *,
+        bind_address: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        token: str = "",
+    ) -> None:
         check_bind(bind_address, token)
         self.operations = operations
         self.drainer = drainer

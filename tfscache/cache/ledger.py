@@ -27,7 +27,18 @@ LOADING, READY, UNLOADING = "loading", "available", "unloading"
 class Entry:
     """A model version in the node's config (or leaving it)."""
 
-    __slots__ = ("key", "state", "bytes", "disk", "measured", "leases", "last_use", "waiters", "gpu", "prefetched")
+    __slots__ = (
+        "key",
+        "state",
+        "bytes",
+        "disk",
+        "measured",
+        "leases",
+        "last_use",
+        "waiters",
+        "gpu",
+        "prefetched",
+    )
 
     def __init__(self, key: Key, state: str, size: int, measured: bool, last_use: float,
                  disk: int = 0) -> None:
@@ -40,13 +51,24 @@ class Entry:
         self.last_use = last_use  # wall-clock seconds
         self.waiters: list[asyncio.Future] = []
         self.gpu = 0  # GPU bytes: learned from the growth across a load (tfscache.kinds.gpumem); 0 = none known
-        self.prefetched = False  # loaded by a prefetch and not requested since (tfscache.cache.prefetch)
+        self.prefetched = (
+            False  # loaded by a prefetch and not requested since (tfscache.cache.prefetch)
+        )
 
 
 class Pending:
     """A cold model version waiting for its turn to load."""
 
-    __slots__ = ("key", "estimate", "disk", "first_seen", "waiters", "blocked_since", "prefetch", "after")
+    __slots__ = (
+        "key",
+        "estimate",
+        "disk",
+        "first_seen",
+        "waiters",
+        "blocked_since",
+        "prefetch",
+        "after",
+    )
 
     def __init__(self, key: Key, estimate: int, disk: int, now: float) -> None:
         self.key = key
@@ -55,7 +77,10 @@ class Pending:
         self.first_seen = now
         self.waiters: list[asyncio.Future] = []
         self.blocked_since: float | None = None  # monotonic; set while it waits for room
-        self.prefetch, self.after = False, None  # a prefetch (loads with idle room) and its predecessor
+        self.prefetch, self.after = (
+            False,
+            None,
+        )  # a prefetch (loads with idle room) and its predecessor
 
     def live(self) -> list[asyncio.Future]:
         """The waiters whose callers still wait."""
@@ -81,12 +106,18 @@ class Ledger:
     def __init__(self, policy: EvictionPolicy | None = None) -> None:
         self.entries: dict[Key, Entry] = {}
         self.pending: dict[Key, Pending] = {}
-        self.pinned: set[Key] = set()  # may name a version not in ``entries``: lost, being loaded again
-        self.learned: dict[Key, int] = {}  # bytes measured on an earlier load, kept across evictions
+        self.pinned: set[Key] = (
+            set()
+        )  # may name a version not in ``entries``: lost, being loaded again
+        self.learned: dict[Key, int] = (
+            {}
+        )  # bytes measured on an earlier load, kept across evictions
         self.learned_gpu: dict[Key, int] = {}  # GPU bytes measured on an earlier load, likewise
         self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
         self._freeing: list[Freeing] = []  # gone from the node, memory not measured free yet
-        self.elsewhere: dict[Key, int] = {}  # READY keys' requests in flight in workers, as last reported
+        self.elsewhere: dict[Key, int] = (
+            {}
+        )  # READY keys' requests in flight in workers, as last reported
         self._policy = policy
 
     def __len__(self) -> int:
@@ -142,19 +173,37 @@ class Ledger:
 
     def idle(self) -> list[Key]:
         """READY entries with no lease, no pin, none in flight in a worker: the policy's victims to choose from."""
-        return [k for k, e in self.entries.items()
-                if e.state == READY and e.leases == 0 and k not in self.pinned and k not in self.elsewhere]
+        return [
+            k
+            for k, e in self.entries.items()
+            if e.state == READY
+            and e.leases == 0
+            and k not in self.pinned
+            and k not in self.elsewhere
+        ]
 
     def queue(self) -> list[Pending]:
         """Pending loads not already in the config, most waiting requests first, then oldest
         (a prefetch no request has joined is not among them: ``prefetches``)."""
-        return sorted((p for p in self.pending.values() if p.key not in self.entries
-                       and not (p.prefetch and not p.live())), key=lambda p: (-len(p.live()), p.first_seen))
+        return sorted(
+            (
+                p
+                for p in self.pending.values()
+                if p.key not in self.entries and not (p.prefetch and not p.live())
+            ),
+            key=lambda p: (-len(p.live()), p.first_seen),
+        )
 
     def prefetches(self) -> list[Pending]:
         """Prefetches no request has joined yet, oldest first."""
-        return sorted((p for p in self.pending.values() if p.prefetch and not p.live() and p.key not in self.entries),
-                      key=lambda p: p.first_seen)
+        return sorted(
+            (
+                p
+                for p in self.pending.values()
+                if p.prefetch and not p.live() and p.key not in self.entries
+            ),
+            key=lambda p: p.first_seen,
+        )
 
     def failure(self, key: Key, now: float) -> errors.TfscacheError | None:
         """The recorded failure of ``key`` while it lasts (an expired one is forgotten)."""
@@ -168,7 +217,9 @@ class Ledger:
 
     # -- requests and leases ---------------------------------------------------------------
 
-    def requested(self, key: Key, waiter, estimate: int = 0, disk: int = 0, now: float = 0.0) -> bool:
+    def requested(
+        self, key: Key, waiter, estimate: int = 0, disk: int = 0, now: float = 0.0
+    ) -> bool:
         """A request waits for cold ``key``: it joins the load in flight (a LOADING entry), or the
         pending load of ``key``, made with ``estimate``/``disk`` bytes at monotonic ``now`` if none.
         True when it joined a pending load (the reloader has work)."""
@@ -195,7 +246,9 @@ class Ledger:
         """Forget prefetches still queued that were asked for before monotonic ``before`` (stale),
         unless their predecessor still waits for its own load or is loading: they go beside it."""
         for p in self.prefetches():
-            if p.first_seen < before and not (p.after in self.pending or self.state_of(p.after) == LOADING):
+            if p.first_seen < before and not (
+                p.after in self.pending or self.state_of(p.after) == LOADING
+            ):
                 del self.pending[p.key]
 
     def first_use(self, key: Key) -> bool:
@@ -261,7 +314,9 @@ class Ledger:
     def admitted(self, key: Key, now_wall: float) -> Entry:
         """Turn pending ``key`` into a LOADING entry that takes over its waiters."""
         pending = self.pending.pop(key)
-        entry = Entry(key, LOADING, pending.estimate, key in self.learned, now_wall, disk=pending.disk)
+        entry = Entry(
+            key, LOADING, pending.estimate, key in self.learned, now_wall, disk=pending.disk
+        )
         entry.waiters = pending.live()
         entry.gpu = self.gpu_estimate(key)
         entry.prefetched = pending.prefetch and not entry.waiters
@@ -295,7 +350,9 @@ class Ledger:
         waiters, entry.waiters = entry.waiters, []
         return waiters
 
-    def failed(self, key: Key, error: errors.TfscacheError, until: float | None) -> list[asyncio.Future]:
+    def failed(
+        self, key: Key, error: errors.TfscacheError, until: float | None
+    ) -> list[asyncio.Future]:
         """Loading ``key`` failed: it leaves, and requests get ``error`` until monotonic ``until``
         (None: no backoff). Its waiters, taken from it (to be failed)."""
         entry = self.entries.pop(key, None)
@@ -303,7 +360,9 @@ class Ledger:
             self._failed[key] = (until, error)
         return _take_waiters(entry)
 
-    def adopted(self, key: Key, size: int, measured: bool, last_use: float, now: float, pinned: bool) -> None:
+    def adopted(
+        self, key: Key, size: int, measured: bool, last_use: float, now: float, pinned: bool
+    ) -> None:
         """The node still serves ``key`` from before a restart (the state file): READY again."""
         self.entries[key] = Entry(key, READY, size, measured, last_use)
         if self._policy is not None:
@@ -332,7 +391,9 @@ class Ledger:
         if record.bytes or record.gpu:
             self._freeing.append(record)
 
-    def freed(self, host_now: int | None, gpu_now: int | None, now: float) -> tuple[list[Freeing], list[Freeing]]:
+    def freed(
+        self, host_now: int | None, gpu_now: int | None, now: float
+    ) -> tuple[list[Freeing], list[Freeing]]:
         """Release the records whose memory the node's measure shows given back, and those whose
         bounded wait passed: (measured free, counted free by the wait)."""
         measured = [f for f in self._freeing if f.dropped(host_now, gpu_now)]
@@ -367,7 +428,9 @@ class Ledger:
         return waiters
 
     def _forget(self, entry: Entry) -> None:
-        if self._policy is not None and entry.state != UNLOADING:  # a retired one was forgotten then
+        if (
+            self._policy is not None and entry.state != UNLOADING
+        ):  # a retired one was forgotten then
             self._policy.forget(entry.key)
 
 

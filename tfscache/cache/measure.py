@@ -6,7 +6,9 @@ from tfscache.cache.ledger import Entry, Ledger
 from tfscache.cache.planner import Caps
 
 
-def measure(loaded: list[Entry], before: int | None, after: int | None, caps: Caps, ledger: Ledger) -> None:
+def measure(
+    loaded: list[Entry], before: int | None, after: int | None, caps: Caps, ledger: Ledger
+) -> None:
     """Share the node's memory growth across the batch by estimate, never below the size on disk.
 
     Memory can grow by less than a model takes when the allocator reuses memory an

@@ -41,8 +41,11 @@ class Caps:
     gpu_bytes: int = 0
 
     def fit(self, count: int, used: int, gpu: int = 0) -> bool:
-        return ((not self.max_models or count <= self.max_models) and (not self.memory_bytes or used <= self.memory_bytes)
-                and (not self.gpu_bytes or gpu <= self.gpu_bytes))
+        return (
+            (not self.max_models or count <= self.max_models)
+            and (not self.memory_bytes or used <= self.memory_bytes)
+            and (not self.gpu_bytes or gpu <= self.gpu_bytes)
+        )
 
 
 @dataclass
@@ -104,7 +107,11 @@ def plan_prefetch(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float
     staying = [e for e in ledger.entries.values() if e.state != UNLOADING]
     base = (len(staying), sum(e.bytes for e in staying), sum(e.gpu for e in staying))
     for pending in ledger.prefetches():
-        count, used, gpu = base[0] + 1, base[1] + pending.estimate, base[2] + ledger.gpu_estimate(pending.key)
+        count, used, gpu = (
+            base[0] + 1,
+            base[1] + pending.estimate,
+            base[2] + ledger.gpu_estimate(pending.key),
+        )
         take = []
         colder = iter(policy.colder_than(ledger.idle(), pending.key, now) if victims else ())
         while not caps.fit(count, used, gpu):
@@ -127,7 +134,9 @@ def waits_for_freed_memory(ledger: Ledger, caps: Caps) -> bool:
     victims for them would evict models for nothing; the reloader holds the batch back
     instead until they are measured free (tfscache/cache/freeing.py)."""
     host, gpu = ledger.freeing_bytes()
-    return bool(host or gpu) and not caps.fit(len(ledger.entries), ledger.used() + host, ledger.gpu_used() + gpu)
+    return bool(host or gpu) and not caps.fit(
+        len(ledger.entries), ledger.used() + host, ledger.gpu_used() + gpu
+    )
 
 
 def room_message(ledger: Ledger, caps: Caps, pending: Pending, node: str, timeout_s: float) -> str:
@@ -144,11 +153,17 @@ def room_message(ledger: Ledger, caps: Caps, pending: Pending, node: str, timeou
     if caps.gpu_bytes and ledger.gpu_used() + need > caps.gpu_bytes:
         reached.append(f"gpu_bytes={caps.gpu_bytes} reached ({ledger.gpu_used()} GPU bytes in use, "
                        f"{need} more needed)")
-    holders = [f"{n} version {v} ({_holding(e)})" for (n, v), e in list(entries.items())[:_MAX_HOLDERS_NAMED]]
+    holders = [
+        f"{n} version {v} ({_holding(e)})"
+        for (n, v), e in list(entries.items())[:_MAX_HOLDERS_NAMED]
+    ]
     if len(entries) > _MAX_HOLDERS_NAMED:
         holders.append(f"and {len(entries) - _MAX_HOLDERS_NAMED} more")
-    holders += [f"{', '.join(f'{n} version {v}' for n, v in f.keys)} (unloaded, {f.bytes} bytes not yet "
-                f"measured free)" for f in ledger.freeing()]
+    holders += [
+        f"{', '.join(f'{n} version {v}' for n, v in f.keys)} (unloaded, {f.bytes} bytes not yet "
+        f"measured free)"
+        for f in ledger.freeing()
+    ]
     name, version = pending.key
     return (f"No room on node {node} to load model {name} version {version} "
             f"within {timeout_s} s: {' and '.join(reached) or 'a cap was reached'}; "
@@ -161,7 +176,9 @@ def _holding(entry) -> str:
     return f"{entry.state}, {entry.bytes} bytes"
 
 
-def share_growth(weights: Mapping[Key, int], before: int | None, after: int | None) -> dict[Key, int]:
+def share_growth(
+    weights: Mapping[Key, int], before: int | None, after: int | None
+) -> dict[Key, int]:
     """The GPU growth across one load batch, shared by ``weights`` (their host bytes); {} when unknown.
 
     A model whose load freed more than it took (an allocator returning a cache) is 0, not

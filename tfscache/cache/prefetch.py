@@ -51,12 +51,24 @@ class CoAccessSettings:
     @classmethod
     def from_section(cls, section) -> CoAccessSettings:
         """The knobs of a ``CacheSection`` (its ``prefetch_*`` fields)."""
-        return cls(section.prefetch_window_s, section.prefetch_confidence, section.prefetch_min_support,
-                   section.prefetch_halflife_requests, section.prefetch_max_models)
+        return cls(
+            section.prefetch_window_s,
+            section.prefetch_confidence,
+            section.prefetch_min_support,
+            section.prefetch_halflife_requests,
+            section.prefetch_max_models,
+        )
 
     def __post_init__(self) -> None:
-        if not (self.window_s > 0 and 0 < self.confidence <= 1 and self.min_support > 0 and self.halflife > 0
-                and self.max_models >= 1 and self.max_candidates >= 1 and self.max_window >= 1):
+        if not (
+            self.window_s > 0
+            and 0 < self.confidence <= 1
+            and self.min_support > 0
+            and self.halflife > 0
+            and self.max_models >= 1
+            and self.max_candidates >= 1
+            and self.max_window >= 1
+        ):
             raise ValueError(f"bad co-access settings: {self}")
 
 
@@ -68,7 +80,9 @@ class _Stats:
 
     def __init__(self) -> None:
         self.seen, self.clock = 0.0, 0
-        self.pairs: dict[Key, tuple[float, int]] = {}  # follower -> (count, the predecessor's clock when set)
+        self.pairs: dict[Key, tuple[float, int]] = (
+            {}
+        )  # follower -> (count, the predecessor's clock when set)
 
 
 class CoAccess:
@@ -78,7 +92,9 @@ class CoAccess:
         self.settings = s = settings or CoAccessSettings()
         self._decay = math.exp2(-1.0 / s.halflife)
         self._stats: OrderedDict[Key, _Stats] = OrderedDict()  # least recently requested first
-        self._recent: deque[tuple[float, Key]] = deque()  # (time, key) answered within window_s, oldest first
+        self._recent: deque[tuple[float, Key]] = (
+            deque()
+        )  # (time, key) answered within window_s, oldest first
 
     def __len__(self) -> int:
         """Predecessors tracked now (bounded by ``max_models``)."""
@@ -127,7 +143,9 @@ class CoAccess:
         if stats is None or not stats.pairs:
             return []
         s = self.settings
-        aged = [(self._aged(stats, *counted), follower) for follower, counted in stats.pairs.items()]
+        aged = [
+            (self._aged(stats, *counted), follower) for follower, counted in stats.pairs.items()
+        ]
         scored = [(count, follower) for count, follower in aged
                   if count >= s.min_support and count >= s.confidence * stats.seen]
         return [follower for _, follower in sorted(scored, key=lambda pair: -pair[0])]

@@ -80,7 +80,9 @@ class Prefetcher:
         for key in keys:
             try:
                 sizes[key] = self._estimate(key)
-            except errors.TfscacheError:  # gone from the repository, or larger than the cap: no prefetch
+            except (
+                errors.TfscacheError
+            ):  # gone from the repository, or larger than the cap: no prefetch
                 pass
         return sizes
 

@@ -20,21 +20,51 @@ from tfscache.importer import import_from_string
 
 # subcommand -> (module with a ``main(argv) -> int``, or "module:function", one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "node": ("tfscache.modelserver.main", "run the TF-Serving-compatible model server (takes tensorflow_model_server's flags)"),
-    "serve": ("tfscache.cli.serve", "run the caching front end over model-server nodes (embedded nodes by default; --backend)"),
-    "simulate": ("tfscache.cli.simulate", "replay a request log against eviction policies, node counts and caps"),
-    "status": ("tfscache.cli.status", "show nodes, resident models, leases and hit ratio of a running tfscache serve"),
+    "node": (
+        "tfscache.modelserver.main",
+        "run the TF-Serving-compatible model server (takes tensorflow_model_server's flags)",
+    ),
+    "serve": (
+        "tfscache.cli.serve",
+        "run the caching front end over model-server nodes (embedded nodes by default; --backend)",
+    ),
+    "simulate": (
+        "tfscache.cli.simulate",
+        "replay a request log against eviction policies, node counts and caps",
+    ),
+    "status": (
+        "tfscache.cli.status",
+        "show nodes, resident models, leases and hit ratio of a running tfscache serve",
+    ),
     # Resizing a sidecar cluster (docs/deploy.md): plan, prewarm the new owners, drain a leaving one.
-    "plan-resize": ("tfscache.cli.plan_resize", "which models change nodes when the membership changes, and their bytes"),
-    "prewarm": ("tfscache.cli.prewarm", "preload a resize's hot moving models on their new owners (then --join them)"),
+    "plan-resize": (
+        "tfscache.cli.plan_resize",
+        "which models change nodes when the membership changes, and their bytes",
+    ),
+    "prewarm": (
+        "tfscache.cli.prewarm",
+        "preload a resize's hot moving models on their new owners (then --join them)",
+    ),
     # The admin API's client (tfscache.cli.admin); each takes --address and --token.
-    "models": ("tfscache.cli.admin:models_main", "list the models resident on each node (size, leases, last use, pins)"),
+    "models": (
+        "tfscache.cli.admin:models_main",
+        "list the models resident on each node (size, leases, last use, pins)",
+    ),
     "pin": ("tfscache.cli.admin:pin_main", "load a model if needed and never evict it"),
-    "unpin": ("tfscache.cli.admin:unpin_main", "let the eviction policy evict a pinned model again"),
+    "unpin": (
+        "tfscache.cli.admin:unpin_main",
+        "let the eviction policy evict a pinned model again",
+    ),
     "preload": ("tfscache.cli.admin:preload_main", "load a model and wait until it is AVAILABLE"),
     "evict": ("tfscache.cli.admin:evict_main", "unload an idle model now"),
-    "drain": ("tfscache.cli.drain", "drain one node, or a whole tfscache and wait until it has exited"),
-    "join": ("tfscache.cli.admin:join_main", "put a sidecar started with --no-join on the ring (registers it)"),
+    "drain": (
+        "tfscache.cli.drain",
+        "drain one node, or a whole tfscache and wait until it has exited",
+    ),
+    "join": (
+        "tfscache.cli.admin:join_main",
+        "put a sidecar started with --no-join on the ring (registers it)",
+    ),
 }
 
 

@@ -27,16 +27,26 @@ def _parser(command: str) -> argparse.ArgumentParser:
     add_admin_flags(parser, DEFAULT_ADDRESS)
     if command == "join":
         return parser
-    parser.add_argument("--node", default="", help="one node of that tfscache (default: see the command)")
+    parser.add_argument(
+        "--node", default="", help="one node of that tfscache (default: see the command)"
+    )
     if command == "models":
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     else:
         parser.add_argument("model", help="model name")
-        parser.add_argument("--version", type=non_negative(int), default=0,
-                            help="model version (default: the highest on disk, or every resident one)")
+        parser.add_argument(
+            "--version",
+            type=non_negative(int),
+            default=0,
+            help="model version (default: the highest on disk, or every resident one)",
+        )
         if command in ("pin", "preload"):
-            parser.add_argument("--timeout", type=non_negative(float), default=0.0,
-                                help="longest wait for the load, s (default: the server's cache.load_timeout_s)")
+            parser.add_argument(
+                "--timeout",
+                type=non_negative(float),
+                default=0.0,
+                help="longest wait for the load, s (default: the server's cache.load_timeout_s)",
+            )
     return parser
 
 
@@ -58,23 +68,31 @@ def _print_models(response, as_json: bool) -> None:
     if as_json:
         from google.protobuf.json_format import MessageToDict
 
-        print(json.dumps(MessageToDict(response, always_print_fields_with_no_presence=True), indent=2))
+        print(
+            json.dumps(MessageToDict(response, always_print_fields_with_no_presence=True), indent=2)
+        )
         return
     for node in response.nodes:
         flags = [w for w, on in (("healthy", node.healthy), ("unhealthy", not node.healthy),
                                  ("draining", node.draining)) if on]
-        print(f"node {node.node} ({', '.join(flags)}; {len(node.models)} resident, {node.queued} queued)")
+        print(
+            f"node {node.node} ({', '.join(flags)}; {len(node.models)} resident, {node.queued} queued)"
+        )
         for m in node.models:
             size = f"{m.bytes}{'' if m.measured else ' (est.)'}"
-            print(f"  {m.name:<30} v{m.version:<6} {m.state:<10} {size:>20} B  leases {m.leases:<3} "
-                  f"last use {_age(m.last_use)}{'  pinned' if m.pinned else ''}")
+            print(
+                f"  {m.name:<30} v{m.version:<6} {m.state:<10} {size:>20} B  leases {m.leases:<3} "
+                f"last use {_age(m.last_use)}{'  pinned' if m.pinned else ''}"
+            )
 
 
 def _print_results(verb: str, response) -> None:
     for result in response.results:
         for m in result.models:
-            print(f"{verb} {m.name} version {m.version} on node {result.node} ({m.bytes} bytes, {m.state}"
-                  f"{', pinned' if m.pinned else ''})")
+            print(
+                f"{verb} {m.name} version {m.version} on node {result.node} ({m.bytes} bytes, {m.state}"
+                f"{', pinned' if m.pinned else ''})"
+            )
 
 
 def main_for(command: str, argv: list[str]) -> int:
@@ -87,9 +105,15 @@ def main_for(command: str, argv: list[str]) -> int:
                 print(client.join().message)
             else:
                 method = getattr(client, command)
-                kwargs = {"timeout_s": args.timeout or None} if command in ("pin", "preload") else {}
-                _print_results({"pin": "pinned", "unpin": "unpinned", "preload": "loaded", "evict": "evicted"}[command],
-                               method(args.model, args.version or None, args.node, **kwargs))
+                kwargs = (
+                    {"timeout_s": args.timeout or None} if command in ("pin", "preload") else {}
+                )
+                _print_results(
+                    {"pin": "pinned", "unpin": "unpinned", "preload": "loaded", "evict": "evicted"}[
+                        command
+                    ],
+                    method(args.model, args.version or None, args.node, **kwargs),
+                )
     except AdminError as exc:
         print(f"tfscache {command}: {exc.code.name}: {exc.message}", file=sys.stderr)
         return 1

@@ -24,9 +24,15 @@ import grpc
 from tqdm import tqdm
 
 from tfscache.admin.client import DEFAULT_ADDRESS, AdminClient, AdminError
-from tfscache.cli.options import (Parser, add_admin_flags, add_output_flags, bar_disable, host_port, non_negative,
-                                  positive)
-
+from tfscache.cli.options import (
+    Parser,
+    add_admin_flags,
+    add_output_flags,
+    bar_disable,
+    host_port,
+    non_negative,
+    positive,
+)
 
 def follow(client: AdminClient, node: str, grace_s: float, disable: bool | None) -> None:
     """Start the drain and move a bar along with its progress until it is done."""
@@ -56,11 +62,21 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tfscache drain", description=__doc__.split("\n\n")[0],
                     formatter_class=argparse.RawDescriptionHelpFormatter)
     add_admin_flags(parser, DEFAULT_ADDRESS, ring_names=True)
-    parser.add_argument("--node", default="", help="embedded mode: drain only this local node (node0, ...)")
-    parser.add_argument("--grace", type=non_negative(float), default=0.0,
-                        help="longest wait for requests in flight, s (default: the server's server.grace_s)")
-    parser.add_argument("--exit-timeout", type=positive(float), default=60.0,
-                        help="after a process drain, how long to wait for the process to go, s (default %(default)s)")
+    parser.add_argument(
+        "--node", default="", help="embedded mode: drain only this local node (node0, ...)"
+    )
+    parser.add_argument(
+        "--grace",
+        type=non_negative(float),
+        default=0.0,
+        help="longest wait for requests in flight, s (default: the server's server.grace_s)",
+    )
+    parser.add_argument(
+        "--exit-timeout",
+        type=positive(float),
+        default=60.0,
+        help="after a process drain, how long to wait for the process to go, s (default %(default)s)",
+    )
     add_output_flags(parser, summary=False)
     return parser
 
@@ -89,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"drained node {args.node} of {address}")
         return 0
     if not wait_gone(address, args.token, args.exit_timeout):
-        print(f"tfscache drain: {address} drained but still answers after {args.exit_timeout:g} s", file=sys.stderr)
+        print(
+            f"tfscache drain: {address} drained but still answers after {args.exit_timeout:g} s",
+            file=sys.stderr,
+        )
         return 1
     print(f"drained {address}; the process exited")
     return 0

@@ -32,9 +32,15 @@ def add_output_flags(parser: argparse.ArgumentParser, *, summary: bool = True) -
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--progress", dest="progress", action="store_true", default=None,
                        help="always show the progress bar on stderr (default: only on a terminal)")
-    group.add_argument("--no-progress", dest="progress", action="store_false", help="never show the progress bar")
-    group.add_argument("-q", "--quiet", action="store_true",
-                       help="only results and errors: no progress bar" + (", no summary lines" if summary else ""))
+    group.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="never show the progress bar"
+    )
+    group.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="only results and errors: no progress bar" + (", no summary lines" if summary else ""),
+    )
 
 
 def bar_disable(args: argparse.Namespace) -> bool | None:
@@ -92,7 +98,9 @@ def log_level(text: str) -> int:
     raise argparse.ArgumentTypeError(f"{text!r} is not a log level ({', '.join(LOG_LEVELS)})")
 
 
-def add_admin_flags(parser: argparse.ArgumentParser, default_address: str, *, ring_names: bool = False) -> None:
+def add_admin_flags(
+    parser: argparse.ArgumentParser, default_address: str, *, ring_names: bool = False
+) -> None:
     """``--address`` and ``--token`` of a command that calls the admin API (``$TFSCACHE_ADMIN_ADDRESS``
     and ``$TFSCACHE_ADMIN_TOKEN`` by default). ``ring_names``: the address may instead be a ring
     name, turned into HOST:PORT by ``--address-template``."""
@@ -104,8 +112,12 @@ def add_admin_flags(parser: argparse.ArgumentParser, default_address: str, *, ri
         parser.add_argument("--address-template", default="", metavar="TEMPLATE",
                             help="turns a ring name into HOST:PORT, e.g. '{node}.tfscache:8502'")
     else:
-        parser.add_argument("--address", type=host_port, default=default,
-                            help="the admin API, HOST:PORT (default %(default)s, or $TFSCACHE_ADMIN_ADDRESS)")
+        parser.add_argument(
+            "--address",
+            type=host_port,
+            default=default,
+            help="the admin API, HOST:PORT (default %(default)s, or $TFSCACHE_ADMIN_ADDRESS)",
+        )
     add_token_flag(parser)
 
 

@@ -113,12 +113,20 @@ class Plan:
     def to_json(self) -> dict:
         copies = self.copies
         return {
-            "current": self.current, "new": self.new, "replicas": self.replicas, "vnodes": self.vnodes,
-            "models": self.models, "bytes": self.bytes,
-            "moving_models": self.moving_models, "moving_bytes": self.moving_bytes,
-            "moving_copies": copies.models, "moving_copy_bytes": copies.bytes,
-            "flows": [{"from": src, "to": dst, "models": f.models, "bytes": f.bytes}
-                      for (src, dst), f in sorted(self.flows.items())],
+            "current": self.current,
+            "new": self.new,
+            "replicas": self.replicas,
+            "vnodes": self.vnodes,
+            "models": self.models,
+            "bytes": self.bytes,
+            "moving_models": self.moving_models,
+            "moving_bytes": self.moving_bytes,
+            "moving_copies": copies.models,
+            "moving_copy_bytes": copies.bytes,
+            "flows": [
+                {"from": src, "to": dst, "models": f.models, "bytes": f.bytes}
+                for (src, dst), f in sorted(self.flows.items())
+            ],
             "nodes": self.per_node(),
             "moved": self.moved,
         }
@@ -166,7 +174,9 @@ def scan_repository(root: str | os.PathLike[str], *, progress: bool | None = Non
     except OSError as exc:
         raise PlanError(f"cannot list model repository {str(root)!r}: {exc}") from exc
     models = []
-    for name in tqdm(entries, desc="scanning", unit="model", disable=_quiet(progress), file=sys.stderr):
+    for name in tqdm(
+        entries, desc="scanning", unit="model", disable=_quiet(progress), file=sys.stderr
+    ):
         latest = repository.latest_version(name)
         if latest is not None:
             models.append(Model(name, repository.disk_bytes(name, latest)))
@@ -185,7 +195,9 @@ def plan(models: Iterable[Model], current: Sequence[str], new: Sequence[str], *,
     after = Ring(new, replicas=replicas, vnodes=vnodes)
     result = Plan(list(current), list(new), replicas, vnodes)
     models = list(models)
-    for model in tqdm(models, desc="hashing", unit="model", disable=_quiet(progress), file=sys.stderr):
+    for model in tqdm(
+        models, desc="hashing", unit="model", disable=_quiet(progress), file=sys.stderr
+    ):
         result.models += 1
         result.bytes += model.bytes
         old, now = before.replicas_for(model.name), after.replicas_for(model.name)
@@ -193,7 +205,9 @@ def plan(models: Iterable[Model], current: Sequence[str], new: Sequence[str], *,
         gained = [n for n in now if n not in old]
         if not lost and not gained:
             continue
-        result.moved.append({"name": model.name, "bytes": model.bytes, "from": list(old), "to": list(now)})
+        result.moved.append(
+            {"name": model.name, "bytes": model.bytes, "from": list(old), "to": list(now)}
+        )
         for src, dst in zip_longest(lost, gained, fillvalue=NONE):
             result.flows.setdefault((src, dst), Flow()).add(model.bytes)
     return result
@@ -211,28 +225,46 @@ def render(p: Plan, *, list_models: bool = False) -> str:
     for (src, dst), flow in sorted(p.flows.items()):
         rows.append((src, dst, f"{flow.models:,}", f"{flow.bytes:,}", format_bytes(flow.bytes)))
     copies = p.copies
-    rows.append(("total", "", f"{copies.models:,}", f"{copies.bytes:,}", format_bytes(copies.bytes)))
+    rows.append(
+        ("total", "", f"{copies.models:,}", f"{copies.bytes:,}", format_bytes(copies.bytes))
+    )
     lines += _table(rows, left=2)
     lines.append("")
     rows = [("node", "models out", "bytes out", "models in", "bytes in")]
     for node, n in p.per_node().items():
-        rows.append((node, f"{n['models_out']:,}", format_bytes(n["bytes_out"]), f"{n['models_in']:,}",
-                     format_bytes(n["bytes_in"])))
+        rows.append(
+            (
+                node,
+                f"{n['models_out']:,}",
+                format_bytes(n["bytes_out"]),
+                f"{n['models_in']:,}",
+                format_bytes(n["bytes_in"]),
+            )
+        )
     lines += _table(rows, left=1)
-    lines += ["", f"models moving: {p.moving_models:,} of {p.models:,} ({_share(p.moving_models, p.models)}), "
-                  f"{format_bytes(p.moving_bytes)} of {format_bytes(p.bytes)} ({_share(p.moving_bytes, p.bytes)})"]
+    lines += [
+        "",
+        f"models moving: {p.moving_models:,} of {p.models:,} ({_share(p.moving_models, p.models)}), "
+        f"{format_bytes(p.moving_bytes)} of {format_bytes(p.bytes)} ({_share(p.moving_bytes, p.bytes)})",
+    ]
     if list_models:
         lines.append("")
-        lines += [f"{m['name']}\t{m['bytes']}\t{','.join(m['from']) or NONE} -> {','.join(m['to']) or NONE}"
-                  for m in p.moved]
+        lines += [
+            f"{m['name']}\t{m['bytes']}\t{','.join(m['from']) or NONE} -> {','.join(m['to']) or NONE}"
+            for m in p.moved
+        ]
     return "\n".join(lines)
 
 
 def _table(rows: list[tuple[str, ...]], left: int) -> list[str]:
     """Columns padded to their widest cell; the first ``left`` left-aligned, the rest right-aligned."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip()
-            for row in rows]
+    return [
+        "  ".join(
+            c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))
+        ).rstrip()
+        for row in rows
+    ]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -246,10 +278,16 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--vnodes", type=positive(int), default=defaults.vnodes,
                         help="ring.vnodes of the cluster (default %(default)s)")
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--model-repository", metavar="DIR", help="scan NAME/VERSION/ for models and sizes")
-    source.add_argument("--models-file", metavar="FILE", help="lines of NAME SIZE instead of a repository")
+    source.add_argument(
+        "--model-repository", metavar="DIR", help="scan NAME/VERSION/ for models and sizes"
+    )
+    source.add_argument(
+        "--models-file", metavar="FILE", help="lines of NAME SIZE instead of a repository"
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
-    parser.add_argument("--list", action="store_true", help="also list every moving model (text output)")
+    parser.add_argument(
+        "--list", action="store_true", help="also list every moving model (text output)"
+    )
     add_output_flags(parser, summary=False)
     return parser
 
@@ -263,11 +301,17 @@ def main(argv: list[str] | None = None) -> int:
             models = read_models_file(args.models_file)
         else:
             models = scan_repository(args.model_repository, progress=progress)
-        result = plan(models, current, new, replicas=args.replicas, vnodes=args.vnodes, progress=progress)
+        result = plan(
+            models, current, new, replicas=args.replicas, vnodes=args.vnodes, progress=progress
+        )
     except PlanError as exc:
         print(f"tfscache plan-resize: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(result.to_json(), indent=2) if args.json else render(result, list_models=args.list))
+    print(
+        json.dumps(result.to_json(), indent=2)
+        if args.json
+        else render(result, list_models=args.list)
+    )
     return 0
 
 

@@ -38,9 +38,15 @@ from pathlib import Path
 from tqdm import tqdm
 
 from tfscache.admin.client import AdminClient, AdminError
-from tfscache.cli.options import (Parser, add_output_flags, add_token_flag, bar_disable, host_port, non_negative,
-                                  positive)
-
+from tfscache.cli.options import (
+    Parser,
+    add_output_flags,
+    add_token_flag,
+    bar_disable,
+    host_port,
+    non_negative,
+    positive,
+)
 
 class PrewarmError(ValueError):
     """Bad arguments or input; the message says which."""
@@ -75,9 +81,13 @@ def read_plan(path: str) -> list[tuple[str, list[str], list[str]]]:
     try:
         plan = json.loads(Path(path).read_text())
         moved = plan["moved"]
-        return [(m["name"], list(m["from"]), [n for n in m["to"] if n not in m["from"]]) for m in moved]
+        return [
+            (m["name"], list(m["from"]), [n for n in m["to"] if n not in m["from"]]) for m in moved
+        ]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PrewarmError(f"cannot read plan {path!r} (tfscache plan-resize --json): {exc}") from exc
+        raise PrewarmError(
+            f"cannot read plan {path!r} (tfscache plan-resize --json): {exc}"
+        ) from exc
 
 
 def added_nodes(path: str) -> list[str]:
@@ -86,7 +96,9 @@ def added_nodes(path: str) -> list[str]:
         plan = json.loads(Path(path).read_text())
         return [n for n in plan["new"] if n not in plan["current"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PrewarmError(f"cannot read plan {path!r} (tfscache plan-resize --json): {exc}") from exc
+        raise PrewarmError(
+            f"cannot read plan {path!r} (tfscache plan-resize --json): {exc}"
+        ) from exc
 
 
 def join(nodes: list[str], address_of, token: str) -> list[str]:
@@ -122,11 +134,17 @@ def choose(moving, hot: str, address_of, token: str) -> list[tuple[str, list[str
         return [(name, gained) for name, _, gained in moving if gained]
     if hot.startswith("file:"):
         try:
-            wanted = [line.split("#", 1)[0].strip() for line in Path(hot[5:]).read_text().splitlines()]
+            wanted = [
+                line.split("#", 1)[0].strip() for line in Path(hot[5:]).read_text().splitlines()
+            ]
         except OSError as exc:
             raise PrewarmError(f"cannot read {hot[5:]!r}: {exc}") from exc
         by_name = {name: gained for name, _, gained in moving}
-        return [(name, by_name[name]) for name in dict.fromkeys(w for w in wanted if w) if by_name.get(name)]
+        return [
+            (name, by_name[name])
+            for name in dict.fromkeys(w for w in wanted if w)
+            if by_name.get(name)
+        ]
     if hot != "resident":
         raise PrewarmError(f"--hot must be resident, all or file:PATH, got {hot!r}")
     last = resident_last_use({n for _, old, _ in moving for n in old}, address_of, token)
@@ -134,8 +152,14 @@ def choose(moving, hot: str, address_of, token: str) -> list[tuple[str, list[str
     return sorted(chosen, key=lambda item: -last[item[0]])
 
 
-def prewarm(jobs: list[tuple[str, str]], address_of, token: str, parallel: int, timeout_s: float | None,
-            disable: bool | None) -> list[str]:
+def prewarm(
+    jobs: list[tuple[str, str]],
+    address_of,
+    token: str,
+    parallel: int,
+    timeout_s: float | None,
+    disable: bool | None,
+) -> list[str]:
     """Preload each (model, node); the failures as text. ``disable``: tqdm's (None: bar only on a terminal)."""
     failures = []
 
@@ -143,8 +167,12 @@ def prewarm(jobs: list[tuple[str, str]], address_of, token: str, parallel: int, 
         with AdminClient(address_of(node), token=token) as client:
             client.preload(name, timeout_s=timeout_s)
 
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool, \
-            tqdm(total=len(jobs), desc="prewarming", unit="model", disable=disable, file=sys.stderr) as bar:
+    with (
+        ThreadPoolExecutor(max_workers=max(1, parallel)) as pool,
+        tqdm(
+            total=len(jobs), desc="prewarming", unit="model", disable=disable, file=sys.stderr
+        ) as bar,
+    ):
         futures = {pool.submit(one, name, node): (name, node) for name, node in jobs}
         for future in as_completed(futures):
             name, node = futures[future]
@@ -173,11 +201,20 @@ def _parser() -> argparse.ArgumentParser:
                         help="admin API of any other node, e.g. '{node}.tfscache:8502'")
     add_token_flag(parser)
     parser.add_argument("--hot", default="resident", help="resident (default), all, or file:PATH")
-    parser.add_argument("--limit", type=non_negative(int), default=0, help="at most this many models (0: no limit)")
-    parser.add_argument("--parallel", type=positive(int), default=2, help="preloads at once (default %(default)s)")
-    parser.add_argument("--timeout", type=non_negative(float), default=0.0, help="longest wait for one load, s")
-    parser.add_argument("--join", action="store_true",
-                        help="then call Join on the new sidecars (started with --no-join): they go on the ring")
+    parser.add_argument(
+        "--limit", type=non_negative(int), default=0, help="at most this many models (0: no limit)"
+    )
+    parser.add_argument(
+        "--parallel", type=positive(int), default=2, help="preloads at once (default %(default)s)"
+    )
+    parser.add_argument(
+        "--timeout", type=non_negative(float), default=0.0, help="longest wait for one load, s"
+    )
+    parser.add_argument(
+        "--join",
+        action="store_true",
+        help="then call Join on the new sidecars (started with --no-join): they go on the ring",
+    )
     add_output_flags(parser)
     return parser
 
@@ -200,7 +237,9 @@ def main(argv: list[str] | None = None) -> int:
             chosen = choose(read_plan(args.plan), args.hot, address_of, args.token)
             joining = added_nodes(args.plan) if args.join else []
             if args.join and not joining:
-                raise PrewarmError("--join: the plan adds no node (every node of \"new\" is in \"current\")")
+                raise PrewarmError(
+                    '--join: the plan adds no node (every node of "new" is in "current")'
+                )
         if args.limit > 0:
             chosen = chosen[:args.limit]
         jobs = [(name, node) for name, nodes in chosen for node in nodes]
@@ -209,16 +248,19 @@ def main(argv: list[str] | None = None) -> int:
     except PrewarmError as exc:
         print(f"tfscache prewarm: {exc}", file=sys.stderr)
         return 2
-    failures = prewarm(jobs, address_of, args.token, args.parallel, args.timeout or None, bar_disable(args))
+    failures = prewarm(
+        jobs, address_of, args.token, args.parallel, args.timeout or None, bar_disable(args)
+    )
     for failure in failures:
         print(f"tfscache prewarm: failed: {failure}", file=sys.stderr)
     print(f"prewarmed {len(jobs) - len(failures)} of {len(jobs)} model copies "
           f"({len({n for n, _ in jobs})} models)")  # the result: printed with --quiet too
     if joining and failures:
-        print(f"tfscache prewarm: not joining {', '.join(joining)}: a preload failed", file=sys.stderr)
+        print(
+            f"tfscache prewarm: not joining {', '.join(joining)}: a preload failed", file=sys.stderr
+        )
     elif joining:
         failures = join(joining, address_of, args.token)
         for failure in failures:
             print(f"tfscache prewarm: failed: {failure}", file=sys.stderr)
     return 1 if failures else 0
-

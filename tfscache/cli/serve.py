@@ -32,13 +32,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="tfscache serve",
         description="gRPC and REST front ends speaking the nodes' own API (--backend: the kind of node) "
-                    "that load models on demand onto a ring of nodes.",
+        "that load models on demand onto a ring of nodes.",
         epilog="Every setting (see --help-settings) can also come from the --config TOML file or a "
-               "TFSCACHE_<SECTION>_<FIELD> environment variable; flags win.")
+        "TFSCACHE_<SECTION>_<FIELD> environment variable; flags win.",
+    )
     settings_mod.add_arguments(parser)
     parser.add_argument("--help-settings", action="store_true", help="list every setting and exit")
-    parser.add_argument("--log-level", type=log_level, default=os.environ.get("TFSCACHE_LOG_LEVEL", "INFO"),
-                        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default $TFSCACHE_LOG_LEVEL or INFO)")
+    parser.add_argument(
+        "--log-level",
+        type=log_level,
+        default=os.environ.get("TFSCACHE_LOG_LEVEL", "INFO"),
+        help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default $TFSCACHE_LOG_LEVEL or INFO)",
+    )
     parser.add_argument("--log-json", dest="log_json", action="store_true", default=None,
                         help="log JSON objects, one per line (setting log_json)")
     return parser
@@ -53,7 +58,10 @@ async def _run(settings: Settings, config_file: str | None = None) -> int:
     reloads: set[asyncio.Task] = set()
 
     def reload_peers() -> None:  # SIGHUP: the static backend re-reads the config file's peers
-        for coroutine in (app.discovery.reload() if app.discovery is not None else None, app.reload_tls()):
+        for coroutine in (
+            app.discovery.reload() if app.discovery is not None else None,
+            app.reload_tls(),
+        ):
             if coroutine is not None:  # ... and the TLS files are read again (tfscache.tls)
                 task = loop.create_task(coroutine)
                 reloads.add(task)

@@ -48,9 +48,13 @@ def _list(convert, what: str):
             try:
                 value = convert(item.strip())
             except ValueError:
-                raise argparse.ArgumentTypeError(f"bad {what} {item.strip()!r} in {text!r}") from None
+                raise argparse.ArgumentTypeError(
+                    f"bad {what} {item.strip()!r} in {text!r}"
+                ) from None
             if value < 0:
-                raise argparse.ArgumentTypeError(f"{what} must not be negative, got {item.strip()!r}")
+                raise argparse.ArgumentTypeError(
+                    f"{what} must not be negative, got {item.strip()!r}"
+                )
             values.append(value)
         return list(dict.fromkeys(values))
     return parse
@@ -77,40 +81,96 @@ def _policies(text: str) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="tfscache simulate", description="Replay a request log (CSV or JSONL: time, model, [version], "
-        "load_seconds, bytes) against eviction policies, node counts and per-node caps; Belady's MIN is the bound.")
-    parser.add_argument("log", type=Path, help="request log, .csv (with a header row) or .jsonl; .gz is read too")
-    parser.add_argument("--policies", type=_policies, default=["lru", "fifo", "lfu", "cost", "gdsf"],
-                        help=f"comma-separated policies (default lru,fifo,lfu,cost,gdsf; known: "
-                        f"{', '.join(policy_names())})")
-    parser.add_argument("--nodes", type=_list(int, "node count"), default=[1],
-                        help="comma-separated node counts (default 1); requests are routed by tfscache's ring")
+        prog="tfscache simulate",
+        description="Replay a request log (CSV or JSONL: time, model, [version], "
+        "load_seconds, bytes) against eviction policies, node counts and per-node caps; Belady's MIN is the bound.",
+    )
+    parser.add_argument(
+        "log", type=Path, help="request log, .csv (with a header row) or .jsonl; .gz is read too"
+    )
+    parser.add_argument(
+        "--policies",
+        type=_policies,
+        default=["lru", "fifo", "lfu", "cost", "gdsf"],
+        help=f"comma-separated policies (default lru,fifo,lfu,cost,gdsf; known: "
+        f"{', '.join(policy_names())})",
+    )
+    parser.add_argument(
+        "--nodes",
+        type=_list(int, "node count"),
+        default=[1],
+        help="comma-separated node counts (default 1); requests are routed by tfscache's ring",
+    )
     parser.add_argument("--max-models", type=_list(int, "model count"), default=[0],
                         help="comma-separated caps on models per node (default 0: no cap)")
-    parser.add_argument("--memory", type=_list(parse_bytes, "size"), default=[0],
-                        help="comma-separated caps on bytes per node, e.g. 4GiB,16GiB (default 0: no cap)")
-    parser.add_argument("--bound-max-requests", type=_count, default=MAX_REQUESTS,
-                        metavar="N", help=f"solve the offline bound on load seconds only for logs of at most N "
-                        f"requests (default {MAX_REQUESTS}; 0: never)")
-    parser.add_argument("--plot", type=Path, metavar="PNG", help="write a plot of hit ratio against capacity")
-    load = parser.add_argument_group("load", "--load: requests take node time and copies follow load "
-                                     "(tfscache/sim/load.py); copies off (fixed replicas) is always run")
-    load.add_argument("--load", action="store_true", help="simulate node time, queues and copies (docs/copies.md)")
-    load.add_argument("--service-ms", type=float, default=30.0,
-                      help="node milliseconds per request where the log has no service_seconds (default 30)")
-    load.add_argument("--concurrency", type=int, default=1, help="requests a node runs at once (default 1)")
-    load.add_argument("--copies", default="on", metavar="on[:NAME=VALUE...],...",
-                      help="copies settings to run against copies off (default on: the [copies] defaults), "
-                      "e.g. on,on:balance=0.25:hot_share=0.3")
-    parser.add_argument("--prefetch", action="store_true", help="replay with co-access prefetch off and on, with the "
-                        "cache's default prefetch_* settings (docs/prefetch.md)")
-    parser.add_argument("--prefetch-window-s", type=float, help="--prefetch: cache.prefetch_window_s (default: "
-                        "the setting's)")
-    parser.add_argument("--prefetch-confidence", type=float, help="--prefetch: cache.prefetch_confidence")
-    parser.add_argument("--prefetch-min-support", type=float, help="--prefetch: cache.prefetch_min_support")
-    parser.add_argument("--follow-ms", type=float, default=50.0, help="--prefetch: a request this many ms or less "
-                        "after its node's previous one, for another model, counts as a follower (default 50)")
-    parser.add_argument("--json", action="store_true", help="print a JSON report instead of the table")
+    parser.add_argument(
+        "--memory",
+        type=_list(parse_bytes, "size"),
+        default=[0],
+        help="comma-separated caps on bytes per node, e.g. 4GiB,16GiB (default 0: no cap)",
+    )
+    parser.add_argument(
+        "--bound-max-requests",
+        type=_count,
+        default=MAX_REQUESTS,
+        metavar="N",
+        help=f"solve the offline bound on load seconds only for logs of at most N "
+        f"requests (default {MAX_REQUESTS}; 0: never)",
+    )
+    parser.add_argument(
+        "--plot", type=Path, metavar="PNG", help="write a plot of hit ratio against capacity"
+    )
+    load = parser.add_argument_group(
+        "load",
+        "--load: requests take node time and copies follow load "
+        "(tfscache/sim/load.py); copies off (fixed replicas) is always run",
+    )
+    load.add_argument(
+        "--load", action="store_true", help="simulate node time, queues and copies (docs/copies.md)"
+    )
+    load.add_argument(
+        "--service-ms",
+        type=float,
+        default=30.0,
+        help="node milliseconds per request where the log has no service_seconds (default 30)",
+    )
+    load.add_argument(
+        "--concurrency", type=int, default=1, help="requests a node runs at once (default 1)"
+    )
+    load.add_argument(
+        "--copies",
+        default="on",
+        metavar="on[:NAME=VALUE...],...",
+        help="copies settings to run against copies off (default on: the [copies] defaults), "
+        "e.g. on,on:balance=0.25:hot_share=0.3",
+    )
+    parser.add_argument(
+        "--prefetch",
+        action="store_true",
+        help="replay with co-access prefetch off and on, with the "
+        "cache's default prefetch_* settings (docs/prefetch.md)",
+    )
+    parser.add_argument(
+        "--prefetch-window-s",
+        type=float,
+        help="--prefetch: cache.prefetch_window_s (default: " "the setting's)",
+    )
+    parser.add_argument(
+        "--prefetch-confidence", type=float, help="--prefetch: cache.prefetch_confidence"
+    )
+    parser.add_argument(
+        "--prefetch-min-support", type=float, help="--prefetch: cache.prefetch_min_support"
+    )
+    parser.add_argument(
+        "--follow-ms",
+        type=float,
+        default=50.0,
+        help="--prefetch: a request this many ms or less "
+        "after its node's previous one, for another model, counts as a follower (default 50)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print a JSON report instead of the table"
+    )
     add_output_flags(parser)
     return parser
 
@@ -148,13 +208,21 @@ def main(argv: list[str] | None = None) -> int:
         return _load(args, trace, rules, started)
     if args.prefetch:
         return _prefetch(args, trace, started)
-    configs = [Config(policy, nodes, max_models, memory)
-               for nodes, max_models, memory in itertools.product(args.nodes, args.max_models, args.memory)
-               for policy in [*args.policies, BELADY]]
+    configs = [
+        Config(policy, nodes, max_models, memory)
+        for nodes, max_models, memory in itertools.product(args.nodes, args.max_models, args.memory)
+        for policy in [*args.policies, BELADY]
+    ]
     from tqdm import tqdm
 
-    with tqdm(total=len(trace) * len(configs), unit="req", unit_scale=True, file=sys.stderr, leave=False,
-              disable=bar_disable(args)) as bar:
+    with tqdm(
+        total=len(trace) * len(configs),
+        unit="req",
+        unit_scale=True,
+        file=sys.stderr,
+        leave=False,
+        disable=bar_disable(args),
+    ) as bar:
         results = simulate(trace, configs, build_policy, progress=bar.update)
     bounds = _bounds(trace, configs, args.bound_max_requests, args.quiet)
     wall = time.perf_counter() - started
@@ -169,33 +237,57 @@ def main(argv: list[str] | None = None) -> int:
     from tfscache.sim import report
 
     if args.json:
-        json.dump(report.document(results, str(args.log), len(trace), len(trace.models), wall, bounds),
-                  sys.stdout, indent=1)
+        json.dump(
+            report.document(results, str(args.log), len(trace), len(trace.models), wall, bounds),
+            sys.stdout,
+            indent=1,
+        )
         print()
     else:
         print(report.table(results, bounds))
     if not args.quiet:
-        print(f"{len(configs)} configurations of {len(trace)} requests for {len(trace.models)} models "
-              f"simulated in {wall:.1f} s", file=sys.stderr)
+        print(
+            f"{len(configs)} configurations of {len(trace)} requests for {len(trace.models)} models "
+            f"simulated in {wall:.1f} s",
+            file=sys.stderr,
+        )
     log.debug("simulated %s configurations in %.3f s", len(configs), wall)
     return 0
 
 
 def _load(args, trace, rules, started: float) -> int:
     """``--load``: every configuration with copies off and on, one table (or JSON)."""
-    configs = loadreport.configs(args.policies, args.nodes, args.max_models, concurrency=args.concurrency,
-                                 service_s=args.service_ms / 1000, rules=rules)
+    configs = loadreport.configs(
+        args.policies,
+        args.nodes,
+        args.max_models,
+        concurrency=args.concurrency,
+        service_s=args.service_ms / 1000,
+        rules=rules,
+    )
     results = [run_load(trace, config, build_policy) for config in configs]
     wall = time.perf_counter() - started
     if args.json:
-        json.dump({"log": str(args.log), "requests": len(trace), "models": len(trace.models),
-                   "wall_seconds": round(wall, 3), "results": [r.as_dict() for r in results]}, sys.stdout, indent=1)
+        json.dump(
+            {
+                "log": str(args.log),
+                "requests": len(trace),
+                "models": len(trace.models),
+                "wall_seconds": round(wall, 3),
+                "results": [r.as_dict() for r in results],
+            },
+            sys.stdout,
+            indent=1,
+        )
         print()
     else:
         print(loadreport.table(results))
     if not args.quiet:
-        print(f"{len(configs)} configurations of {len(trace)} requests for {len(trace.models)} models "
-              f"simulated under load in {wall:.1f} s", file=sys.stderr)
+        print(
+            f"{len(configs)} configurations of {len(trace)} requests for {len(trace.models)} models "
+            f"simulated under load in {wall:.1f} s",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -206,32 +298,52 @@ def _prefetch(args, trace, started: float) -> int:
     from tfscache.sim.prefetch import PrefetchConfig, simulate_prefetch, table
 
     defaults = CacheSection()
-    given = {"prefetch_window_s": args.prefetch_window_s, "prefetch_confidence": args.prefetch_confidence,
-             "prefetch_min_support": args.prefetch_min_support}
+    given = {
+        "prefetch_window_s": args.prefetch_window_s,
+        "prefetch_confidence": args.prefetch_confidence,
+        "prefetch_min_support": args.prefetch_min_support,
+    }
     try:
         learner = CoAccessSettings.from_section(dataclasses.replace(
             defaults, **{k: v for k, v in given.items() if v is not None}))
     except ValueError as e:
         print(f"tfscache simulate: --prefetch: {e}", file=sys.stderr)
         return 2
-    configs = [PrefetchConfig(policy, nodes, max_models, memory, on)
-               for nodes, max_models, memory in itertools.product(args.nodes, args.max_models, args.memory)
-               for policy in args.policies for on in (None, learner)]
+    configs = [
+        PrefetchConfig(policy, nodes, max_models, memory, on)
+        for nodes, max_models, memory in itertools.product(args.nodes, args.max_models, args.memory)
+        for policy in args.policies
+        for on in (None, learner)
+    ]
     results = simulate_prefetch(trace, configs, build_policy, args.follow_ms / 1000)
     wall = time.perf_counter() - started
     if args.json:
-        json.dump({"log": str(args.log), "requests": len(trace), "models": len(trace.models),
-                   "wall_seconds": round(wall, 3), "results": [r.as_dict() for r in results]}, sys.stdout, indent=1)
+        json.dump(
+            {
+                "log": str(args.log),
+                "requests": len(trace),
+                "models": len(trace.models),
+                "wall_seconds": round(wall, 3),
+                "results": [r.as_dict() for r in results],
+            },
+            sys.stdout,
+            indent=1,
+        )
         print()
     else:
         print(table(results))
     if not args.quiet:
-        print(f"{len(configs)} configurations of {len(trace)} requests replayed with prefetch off and on "
-              f"in {wall:.1f} s", file=sys.stderr)
+        print(
+            f"{len(configs)} configurations of {len(trace)} requests replayed with prefetch off and on "
+            f"in {wall:.1f} s",
+            file=sys.stderr,
+        )
     return 0
 
 
-def _bounds(trace, configs: list[Config], limit: int, quiet: bool) -> dict[tuple[int, int, int], Bound]:
+def _bounds(
+    trace, configs: list[Config], limit: int, quiet: bool
+) -> dict[tuple[int, int, int], Bound]:
     """The offline bound of each (nodes, max_models, memory_bytes), or none past ``limit`` requests."""
     if not limit:
         return {}
@@ -243,11 +355,17 @@ def _bounds(trace, configs: list[Config], limit: int, quiet: bool) -> dict[tuple
     try:
         import scipy  # noqa: F401  (the solver: the [sim] extra)
     except ImportError:
-        print("tfscache simulate: no offline bound: it needs SciPy (pip install 'tfscache[sim]')", file=sys.stderr)
+        print(
+            "tfscache simulate: no offline bound: it needs SciPy (pip install 'tfscache[sim]')",
+            file=sys.stderr,
+        )
         return {}
     groups = list(dict.fromkeys((c.nodes, c.max_models, c.memory_bytes) for c in configs))
     if not quiet:
-        print(f"solving the offline bound for {len(groups)} combination{'s' if len(groups) != 1 else ''} "
-              f"of node count and caps", file=sys.stderr)
+        print(
+            f"solving the offline bound for {len(groups)} combination{'s' if len(groups) != 1 else ''} "
+            f"of node count and caps",
+            file=sys.stderr,
+        )
     splits = {nodes: split(trace, nodes) for nodes in {g[0] for g in groups}}
     return {g: cluster_bound(splits[g[0]], g[1], g[2]) for g in groups}

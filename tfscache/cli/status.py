@@ -52,7 +52,10 @@ def ago(seconds: float) -> str:
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows)]
-    return ["  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    return [
+        "  " + "  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip()
+        for row in [header, *rows]
+    ]
 
 
 def _state_counts(node: dict[str, Any]) -> list[str]:
@@ -92,18 +95,44 @@ def _rate(node: dict[str, Any]) -> str:
 def render(doc: dict[str, Any]) -> str:
     """The document as the tables `tfscache status` prints."""
     ring = doc.get("ring", {})
-    lines = [f"nodes (ring: {len(ring.get('nodes', []))} node(s), {ring.get('replicas', 0)} replica(s) per model)"]
+    lines = [
+        f"nodes (ring: {len(ring.get('nodes', []))} node(s), {ring.get('replicas', 0)} replica(s) per model)"
+    ]
     rows = []
     for node in doc["nodes"]:
         local = node["kind"] == "node"
         counts = _state_counts(node) if local else ["-", "-", "-"]
-        rows.append([node["name"], node["kind"], node.get("address") or "-",
-                     "yes" if node["healthy"] else "NO", *counts, cap_text(node) if local else "-",
-                     format_bytes(node["resident_bytes"]) if local else "-",
-                     str(node["leases"]) if local else "-", str(len(node["queue"])) if local else "-",
-                     _rate(node) if local else "-"])
-    lines += _table(["NODE", "KIND", "ADDRESS", "HEALTHY", "AVAILABLE", "LOADING", "UNLOADING", "CAP", "BYTES",
-                     "LEASES", "QUEUED", "UNLOADS/MIN"], rows)
+        rows.append(
+            [
+                node["name"],
+                node["kind"],
+                node.get("address") or "-",
+                "yes" if node["healthy"] else "NO",
+                *counts,
+                cap_text(node) if local else "-",
+                format_bytes(node["resident_bytes"]) if local else "-",
+                str(node["leases"]) if local else "-",
+                str(len(node["queue"])) if local else "-",
+                _rate(node) if local else "-",
+            ]
+        )
+    lines += _table(
+        [
+            "NODE",
+            "KIND",
+            "ADDRESS",
+            "HEALTHY",
+            "AVAILABLE",
+            "LOADING",
+            "UNLOADING",
+            "CAP",
+            "BYTES",
+            "LEASES",
+            "QUEUED",
+            "UNLOADS/MIN",
+        ],
+        rows,
+    )
     lines += _workers(doc)
     rows = []
     for node in doc["nodes"]:
@@ -112,20 +141,34 @@ def render(doc: dict[str, Any]) -> str:
             rows.append([node["name"], m["name"], str(m["version"]), m["state"], size,
                          ago(doc["time"] - m["last_use"]), str(m["leases"])])
     lines += ["", f"model versions ({len(rows)})"]
-    lines += _table(["NODE", "MODEL", "VERSION", "STATE", "SIZE", "LAST USE", "LEASES"], rows) if rows else ["  none"]
+    lines += (
+        _table(["NODE", "MODEL", "VERSION", "STATE", "SIZE", "LAST USE", "LEASES"], rows)
+        if rows
+        else ["  none"]
+    )
     lines += _copies(doc)
     scale = doc.get("scale")
     if scale is not None:  # absent from a serve older than the scaling signal
-        lines += ["", f"scale advice: {_ADVICE.get(scale['advice'], scale['advice'])}: {scale['reason']} "
-                      f"(capacity unloads per minute over {scale['window_s']:g} s)"]
+        lines += [
+            "",
+            f"scale advice: {_ADVICE.get(scale['advice'], scale['advice'])}: {scale['reason']} "
+            f"(capacity unloads per minute over {scale['window_s']:g} s)",
+        ]
     tier = doc.get("disk_tier")
     if tier is not None:  # a model repository in a bucket (docs/storage.md)
-        lines += ["", f"disk tier {tier['directory']} for {tier['url']}: {format_bytes(tier['bytes'])} of "
-                      f"{format_bytes(tier['cap_bytes'])}, {tier['versions']} version{'s' if tier['versions'] != 1 else ''}"
-                      f" ({tier['in_use']} in use by nodes), {tier['downloads_in_flight']} downloading"]
+        lines += [
+            "",
+            f"disk tier {tier['directory']} for {tier['url']}: {format_bytes(tier['bytes'])} of "
+            f"{format_bytes(tier['cap_bytes'])}, {tier['versions']} version{'s' if tier['versions'] != 1 else ''}"
+            f" ({tier['in_use']} in use by nodes), {tier['downloads_in_flight']} downloading",
+        ]
     for node in doc["nodes"]:
         if node.get("prefetch"):  # co-access prefetch on (docs/prefetch.md)
-            lines += ["", f"prefetch on {node['name']}: " + ", ".join(f"{v} {k}" for k, v in node["prefetch"].items())]
+            lines += [
+                "",
+                f"prefetch on {node['name']}: "
+                + ", ".join(f"{v} {k}" for k, v in node["prefetch"].items()),
+            ]
     hits, misses, ratio = doc["hits"], doc["misses"], doc["hit_ratio"]
     shown = "n/a (no requests yet)" if ratio is None else f"{100 * ratio:.1f}%"
     lines += ["", f"hit ratio: {shown} ({hits} hit{'s' if hits != 1 else ''}, "
@@ -138,11 +181,23 @@ def _workers(doc: dict[str, Any]) -> list[str]:
     workers = doc.get("workers")
     if not workers:
         return []
-    rows = [[str(w["id"]), str(w.get("pid") or "-"), str(w.get("in_flight", 0)), str(w.get("restarts", 0)),
-             str(w.get("delegations", 0)), str(w.get("requests", "-"))] for w in workers]
+    rows = [
+        [
+            str(w["id"]),
+            str(w.get("pid") or "-"),
+            str(w.get("in_flight", 0)),
+            str(w.get("restarts", 0)),
+            str(w.get("delegations", 0)),
+            str(w.get("requests", "-")),
+        ]
+        for w in workers
+    ]
     in_flight = sum(int(w.get("in_flight", 0)) for w in workers)
-    return ["", f"workers ({len(workers)}, {in_flight} request{'s' if in_flight != 1 else ''} in flight)",
-            *_table(["WORKER", "PID", "IN FLIGHT", "RESTARTS", "DELEGATIONS", "REQUESTS"], rows)]
+    return [
+        "",
+        f"workers ({len(workers)}, {in_flight} request{'s' if in_flight != 1 else ''} in flight)",
+        *_table(["WORKER", "PID", "IN FLIGHT", "RESTARTS", "DELEGATIONS", "REQUESTS"], rows),
+    ]
 
 
 def _copies(doc: dict[str, Any]) -> list[str]:
@@ -157,10 +212,20 @@ def _copies(doc: dict[str, Any]) -> list[str]:
     names = sorted({*resident, *extra})
     if not names:
         return []
-    title = (f"model copies (copies follow load: {copies['min']} to {copies['max'] or 'every node'} per model)"
-             if copies is not None else "model copies (fixed replicas)")
-    rows = [[name, str(len(extra.get(name, ())) or _ring_copies(doc)), ", ".join(extra.get(name, ())) or "-",
-             ", ".join(resident.get(name, ())) or "-"] for name in names]
+    title = (
+        f"model copies (copies follow load: {copies['min']} to {copies['max'] or 'every node'} per model)"
+        if copies is not None
+        else "model copies (fixed replicas)"
+    )
+    rows = [
+        [
+            name,
+            str(len(extra.get(name, ())) or _ring_copies(doc)),
+            ", ".join(extra.get(name, ())) or "-",
+            ", ".join(resident.get(name, ())) or "-",
+        ]
+        for name in names
+    ]
     return ["", title, *_table(["MODEL", "COPIES", "COPIES ON", "RESIDENT ON"], rows)]
 
 
@@ -173,11 +238,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(prog="tfscache status",
                     description="Show nodes, resident models, leases and the hit ratio "
                                 "of a running tfscache serve (read from its metrics port).")
-    parser.add_argument("--address", type=host_port, default=DEFAULT_ADDRESS, metavar="HOST:PORT",
-                        help=f"the serve's metrics port (server.metrics_port; default {DEFAULT_ADDRESS}, "
-                             "or $TFSCACHE_STATUS_ADDRESS)")
+    parser.add_argument(
+        "--address",
+        type=host_port,
+        default=DEFAULT_ADDRESS,
+        metavar="HOST:PORT",
+        help=f"the serve's metrics port (server.metrics_port; default {DEFAULT_ADDRESS}, "
+        "or $TFSCACHE_STATUS_ADDRESS)",
+    )
     parser.add_argument("--json", action="store_true", help="print the raw /status document")
-    parser.add_argument("--timeout", type=positive(float), default=10.0, help="seconds to wait for the answer")
+    parser.add_argument(
+        "--timeout", type=positive(float), default=10.0, help="seconds to wait for the answer"
+    )
     return parser
 
 

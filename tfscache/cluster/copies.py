@@ -54,11 +54,15 @@ class CopyRule:
     max_copies: int = 4  # 0: every node on the ring
     balance: float = 0.1
     min_load: float = 10.0
-    hot_inflight: float = 2.0  # inflight signal: a model is hot with this many requests in flight per copy
+    hot_inflight: float = (
+        2.0  # inflight signal: a model is hot with this many requests in flight per copy
+    )
     cool_s: float = 600.0
     signal: str = "rate"  # or "inflight"
     rate_window_s: float = 10.0
-    hot_share: float = 0.5  # rate signal: a model is hot at this share of a mean node's rate per copy
+    hot_share: float = (
+        0.5  # rate signal: a model is hot at this share of a mean node's rate per copy
+    )
 
 
 @dataclass(frozen=True)
@@ -78,11 +82,17 @@ class Copies:
         self.rule = rule
         self.clock = clock
         self._extra: dict[str, list[str]] = {}  # model -> extra copies, in ring order
-        self._used: dict[tuple[str, str], float] = {}  # (model, extra node) -> last request sent there
+        self._used: dict[tuple[str, str], float] = (
+            {}
+        )  # (model, extra node) -> last request sent there
         self._inflight: dict[tuple[str, str], int] = {}  # (model, node) -> requests in flight
         self._node_load: dict[str, int] = {}  # node -> requests in flight (all models)
-        self._reported: dict[str, tuple[float, float]] = {}  # node -> (load its front end reported, when)
-        self._rates: dict[object, tuple[float, float]] = {}  # node or (model, node) -> (decayed count, when)
+        self._reported: dict[str, tuple[float, float]] = (
+            {}
+        )  # node -> (load its front end reported, when)
+        self._rates: dict[object, tuple[float, float]] = (
+            {}
+        )  # node or (model, node) -> (decayed count, when)
         self.added = 0  # copies added and removed since start (metrics read these)
         self.removed = 0
         self.spills = 0
@@ -148,7 +158,9 @@ class Copies:
         nodes = list(nodes)
         total = sum(self.load(n) for n in nodes)
         bound = (1 + self.rule.balance) * (total + 1) / max(1, len(nodes))
-        return max(self.rule.min_load, math.ceil(bound) if self.rule.signal == "inflight" else bound)
+        return max(
+            self.rule.min_load, math.ceil(bound) if self.rule.signal == "inflight" else bound
+        )
 
     def pick(self, model: str, order: Sequence[str], ring: Sequence[str] | None = None,
              usable: Callable[[str], bool] = lambda node: True,
@@ -186,7 +198,9 @@ class Copies:
     def _hot(self, model: str, copies: Sequence[str], nodes: Sequence[str]) -> bool:
         if self.rule.signal == "rate":
             mean = sum(self.rate(n) for n in nodes) / max(1, len(nodes))
-            return sum(self.rate((model, n)) for n in copies) >= self.rule.hot_share * mean * len(copies)
+            return sum(self.rate((model, n)) for n in copies) >= self.rule.hot_share * mean * len(
+                copies
+            )
         own = sum(self.inflight(model, n) for n in copies)
         return own >= self.rule.hot_inflight * len(copies)
 

@@ -18,12 +18,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from tfscache.cluster.spread import Spread
 
 _COUNTERS = (
-    ("tfscache_copy_spills", "Requests sent past their model's first copy because the copies before it were "
-     "over their load bound, by the node they went to.", "spills"),
+    (
+        "tfscache_copy_spills",
+        "Requests sent past their model's first copy because the copies before it were "
+        "over their load bound, by the node they went to.",
+        "spills",
+    ),
     ("tfscache_copies_added", "Extra copies of busy models added, by node.", "added"),
     ("tfscache_copies_removed", "Extra copies dropped after they cooled down, by node.", "removed"),
-    ("tfscache_copies_unloaded", "Models a local node unloaded as none of its copies, idle for copies.cool_s.",
-     "unloaded"),
+    (
+        "tfscache_copies_unloaded",
+        "Models a local node unloaded as none of its copies, idle for copies.cool_s.",
+        "unloaded",
+    ),
 )
 
 
@@ -45,11 +52,15 @@ class CopiesCollector:
                 family.add_metric([node], count)
             yield family
         copies = spread.counts()
-        yield GaugeMetricFamily("tfscache_extra_copies", "Extra copies of busy models in use now.",
-                                value=sum(len(nodes) - spread.rule.min_copies for nodes in copies.values()))
+        yield GaugeMetricFamily(
+            "tfscache_extra_copies",
+            "Extra copies of busy models in use now.",
+            value=sum(len(nodes) - spread.rule.min_copies for nodes in copies.values()),
+        )
         if self._per_model:
-            family = GaugeMetricFamily("tfscache_model_copies", "Copies of a model that has extra ones.",
-                                       labels=["model"])
+            family = GaugeMetricFamily(
+                "tfscache_model_copies", "Copies of a model that has extra ones.", labels=["model"]
+            )
             for model, nodes in sorted(copies.items()):
                 family.add_metric([model], len(nodes))
             yield family

@@ -78,5 +78,7 @@ class Ring:
         if cached is None:
             if len(self._orders) > 100_000:
                 self._orders.clear()
-            cached = self._orders[(name, size)] = tuple(conf["nodename"] for conf in self._ring.range(name, size=size))
+            cached = self._orders[(name, size)] = tuple(
+                conf["nodename"] for conf in self._ring.range(name, size=size)
+            )
         return cached

@@ -38,15 +38,21 @@ log = logging.getLogger("tfscache.cluster.spread")
 class Spread:
     """Extra copies of busy models for one front end, and their cool-down on its local nodes."""
 
-    def __init__(self, rule: CopyRule, *, sweep_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, rule: CopyRule, *, sweep_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.copies = Copies(rule, clock)
         self.clock = clock
         self.sweep_s = sweep_s
         self.spills: dict[str, int] = {}  # node -> requests spilled to it
         self.added: dict[str, int] = {}  # node -> extra copies added on it
         self.removed: dict[str, int] = {}  # node -> extra copies dropped from it
-        self.unloaded: dict[str, int] = {}  # local node -> copies its cache unloaded after cooling down
-        self._served: dict[tuple[str, str], float] = {}  # (model, local node) -> last request there ended
+        self.unloaded: dict[str, int] = (
+            {}
+        )  # local node -> copies its cache unloaded after cooling down
+        self._served: dict[tuple[str, str], float] = (
+            {}
+        )  # (model, local node) -> last request there ended
         self._ring = None
         self._local: Callable[[], Mapping[str, object]] = dict
 
@@ -58,7 +64,9 @@ class Spread:
     def rule(self) -> CopyRule:
         return self.copies.rule
 
-    def candidates(self, key, ring, backends: Mapping[str, object], local: str | None = None) -> list:
+    def candidates(
+        self, key, ring, backends: Mapping[str, object], local: str | None = None
+    ) -> list:
         """Backends for ``key`` (a RouteKey), best first; the rule's pick leads."""
         self._ring = ring
         limit = self.rule.max_copies or None
@@ -66,13 +74,20 @@ class Spread:
         if not order:
             raise errors.NodeUnavailable("no nodes in the ring")
         nodes = ring.nodes
-        choice = self.copies.pick(key.name, order, nodes, usable=lambda n: bool(backends[n].healthy),
-                                  rank=lambda n: n != local and not backends[n].holds(key))
+        choice = self.copies.pick(
+            key.name,
+            order,
+            nodes,
+            usable=lambda n: bool(backends[n].healthy),
+            rank=lambda n: n != local and not backends[n].holds(key),
+        )
         if choice.spilled:
             self.spills[choice.node] = self.spills.get(choice.node, 0) + 1
         if choice.added:
             self.added[choice.node] = self.added.get(choice.node, 0) + 1
-            log.info("model %s: extra copy on %s (every copy over its bound)", key.name, choice.node)
+            log.info(
+                "model %s: extra copy on %s (every copy over its bound)", key.name, choice.node
+            )
         copies = self.copies.copies(key.name, order)
         rest = sorted((backends[n] for n in copies if n != choice.node),
                       key=lambda b: (not b.healthy, b.name != local and not b.holds(key)))
@@ -115,20 +130,32 @@ class Spread:
             if cache is None or not backend.healthy or name not in on_ring:
                 continue  # a node off the ring (drained, not joined yet, prewarmed) keeps what it holds
             for model in cache.snapshot():
-                if (model.state != "available" or model.leases or model.pinned
-                        or name in ring.replicas_for(model.name) or self.copies.is_extra(model.name, name)):
+                if (
+                    model.state != "available"
+                    or model.leases
+                    or model.pinned
+                    or name in ring.replicas_for(model.name)
+                    or self.copies.is_extra(model.name, name)
+                ):
                     continue
                 key = (model.name, name)
                 since = self._served.setdefault(key, now)
                 if now - since < self.rule.cool_s:
                     continue
-                with contextlib.suppress(errors.FailedPrecondition, errors.NotFound):  # a lease came: later
+                with contextlib.suppress(
+                    errors.FailedPrecondition, errors.NotFound
+                ):  # a lease came: later
                     await cache.evict(model.name, model.version)
                     unloaded.append(key)
                     self.unloaded[name] = self.unloaded.get(name, 0) + 1
                     self._served.pop(key, None)
-                    log.info("model %s version %s unloaded from %s: not one of its copies, idle %.0f s",
-                             model.name, model.version, name, now - since)
+                    log.info(
+                        "model %s version %s unloaded from %s: not one of its copies, idle %.0f s",
+                        model.name,
+                        model.version,
+                        name,
+                        now - since,
+                    )
         return unloaded
 
     async def run(self) -> None:
@@ -143,7 +170,15 @@ class Spread:
 
 def rule_from(copies, ring) -> CopyRule:
     """The rule from settings sections ``[copies]`` (CopiesSection) and ``[ring]`` (its minimum)."""
-    return CopyRule(enabled=copies.enabled, min_copies=ring.replicas_per_model, max_copies=copies.max_copies,
-                    balance=copies.balance, min_load=copies.min_load, hot_inflight=copies.hot_inflight,
-                    cool_s=copies.cool_s, signal=copies.signal, rate_window_s=copies.rate_window_s,
-                    hot_share=copies.hot_share)
+    return CopyRule(
+        enabled=copies.enabled,
+        min_copies=ring.replicas_per_model,
+        max_copies=copies.max_copies,
+        balance=copies.balance,
+        min_load=copies.min_load,
+        hot_inflight=copies.hot_inflight,
+        cool_s=copies.cool_s,
+        signal=copies.signal,
+        rate_window_s=copies.rate_window_s,
+        hot_share=copies.hot_share,
+    )

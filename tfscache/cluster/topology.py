@@ -46,7 +46,9 @@ class Routes(Protocol):
     def update(self, ring: Ring, backends: Mapping[str, Backend]) -> None: ...
 
 
-def ring_nodes(names: Iterable[str], *, own: str | None, in_ring: bool, drained: Iterable[str]) -> list[str]:
+def ring_nodes(
+    names: Iterable[str], *, own: str | None, in_ring: bool, drained: Iterable[str]
+) -> list[str]:
     """The names that go on the ring (sorted): see the module docstring's ring rules."""
     drained = set(drained)
     names = list(names)
@@ -61,20 +63,34 @@ def ring_nodes(names: Iterable[str], *, own: str | None, in_ring: bool, drained:
 class Topology:
     """The backends (name -> Backend), the ring over them, joined and drained nodes."""
 
-    def __init__(self, *, replicas: int = 1, vnodes: int = 160, own: str | None = None, in_ring: bool = True,
-                 make_peer: Callable[[Peer], PeerBackend] | None = None, retire_grace_s: float = 600.0) -> None:
-        self.own = own  # sidecar mode: the name of its one node (and of this sidecar); None: embedded
+    def __init__(
+        self,
+        *,
+        replicas: int = 1,
+        vnodes: int = 160,
+        own: str | None = None,
+        in_ring: bool = True,
+        make_peer: Callable[[Peer], PeerBackend] | None = None,
+        retire_grace_s: float = 600.0,
+    ) -> None:
+        self.own = (
+            own  # sidecar mode: the name of its one node (and of this sidecar); None: embedded
+        )
         self._replicas, self._vnodes = replicas, vnodes
         self._in_ring = in_ring or own is None
         self._make_peer = make_peer
         self._retire_grace_s = retire_grace_s
         self._nodes: dict[str, NodeBackend] = {}  # local nodes, fixed at start-up
-        self._peers: dict[str, tuple[Peer, PeerBackend]] = {}  # the peer each PeerBackend was made for
+        self._peers: dict[str, tuple[Peer, PeerBackend]] = (
+            {}
+        )  # the peer each PeerBackend was made for
         self._drained: set[str] = set()
         self._backends: Mapping[str, Backend] = MappingProxyType({})
         self._ring = Ring(replicas=replicas, vnodes=vnodes)
         self._router: Routes | None = None
-        self._retiring: dict[asyncio.Task, PeerBackend] = {}  # peers off the ring, closing once idle
+        self._retiring: dict[asyncio.Task, PeerBackend] = (
+            {}
+        )  # peers off the ring, closing once idle
 
     # -- reading -------------------------------------------------------------------------
 
@@ -143,7 +159,10 @@ class Topology:
             if peer.name == self.own or peer.name in self._nodes:
                 continue
             known = previous.get(peer.name)
-            if known is not None and (known[0].grpc, known[0].rest or None) == (peer.grpc, peer.rest or None):
+            if known is not None and (known[0].grpc, known[0].rest or None) == (
+                peer.grpc,
+                peer.rest or None,
+            ):
                 current[peer.name] = known
             else:
                 current[peer.name] = (peer, self._make_peer(peer))
@@ -192,8 +211,11 @@ class Topology:
     def _publish(self) -> None:
         backends: dict[str, Backend] = dict(self._nodes)
         backends.update((name, backend) for name, (_, backend) in self._peers.items())
-        ring = Ring(ring_nodes(backends, own=self.own, in_ring=self._in_ring, drained=self._drained),
-                    replicas=self._replicas, vnodes=self._vnodes)
+        ring = Ring(
+            ring_nodes(backends, own=self.own, in_ring=self._in_ring, drained=self._drained),
+            replicas=self._replicas,
+            vnodes=self._vnodes,
+        )
         # Swapped together, with no await in between: a request sees the old pair or the new one.
         self._ring, self._backends = ring, MappingProxyType(backends)
         if self._router is not None:
@@ -202,6 +224,8 @@ class Topology:
                  f" (drained: {', '.join(sorted(self._drained))})" if self._drained else "")
 
     def _retire(self, name: str, backend: PeerBackend) -> None:
-        task = asyncio.create_task(backend.retire(self._retire_grace_s), name=f"tfscache-retire-{name}")
+        task = asyncio.create_task(
+            backend.retire(self._retire_grace_s), name=f"tfscache-retire-{name}"
+        )
         self._retiring[task] = backend
         task.add_done_callback(lambda t: self._retiring.pop(t, None))

@@ -56,8 +56,18 @@ from tfscache.importer import load
 if TYPE_CHECKING:
     import aiohttp
 
-__all__ = ["BACKENDS", "Backoff", "Discovery", "DiscoveryError", "Peer", "advertise_peer", "describe_error",
-           "from_settings", "make_discovery", "parse_peers"]
+__all__ = [
+    "BACKENDS",
+    "Backoff",
+    "Discovery",
+    "DiscoveryError",
+    "Peer",
+    "advertise_peer",
+    "describe_error",
+    "from_settings",
+    "make_discovery",
+    "parse_peers",
+]
 
 log = logging.getLogger("tfscache.discovery")
 
@@ -108,8 +118,11 @@ class StateLog:
         self.attempts += 1
         if self.failing_since is None:
             self.failing_since = time.monotonic()
-            self.logger.warning("%s failing: %s; keeping the last known membership, retrying with back-off",
-                                self.what, error)
+            self.logger.warning(
+                "%s failing: %s; keeping the last known membership, retrying with back-off",
+                self.what,
+                error,
+            )
 
     def ok(self) -> None:
         if self.failing_since is not None:
@@ -195,7 +208,9 @@ class Discovery(ABC):
     async def wait_for(self, predicate: Callable[[list[Peer]], bool], timeout: float) -> list[Peer]:
         """Wait until ``predicate(members)`` holds; asyncio.TimeoutError after ``timeout`` seconds."""
         async with self._changed:
-            await asyncio.wait_for(self._changed.wait_for(lambda: predicate(self.members())), timeout)
+            await asyncio.wait_for(
+                self._changed.wait_for(lambda: predicate(self.members())), timeout
+            )
         return self.members()
 
     # -- for subclasses ------------------------------------------------------------------
@@ -210,20 +225,34 @@ class Discovery(ABC):
         self._known.set()
         self._latest = peers
         names = {p.name for p in peers}
-        held = [p for p in self._members if p.name not in names] if time.monotonic() < self._hold_until else []
+        held = (
+            [p for p in self._members if p.name not in names]
+            if time.monotonic() < self._hold_until
+            else []
+        )
         if held:
-            log.info("%s discovery%s: holding %s on the ring until %.1f s after this sidecar's registration "
-                     "works again (their registrations may have lapsed in the same outage)", self.name,
-                     f" ({self.label})" if self.label else "", ", ".join(p.name for p in held),
-                     self.hold_removals_s)
+            log.info(
+                "%s discovery%s: holding %s on the ring until %.1f s after this sidecar's registration "
+                "works again (their registrations may have lapsed in the same outage)",
+                self.name,
+                f" ({self.label})" if self.label else "",
+                ", ".join(p.name for p in held),
+                self.hold_removals_s,
+            )
             peers = sorted([*peers, *held], key=lambda p: p.name)
             if self._release_task is None or self._release_task.done():
-                self._release_task = asyncio.create_task(self._release_held(), name=f"{self.name}-release")
+                self._release_task = asyncio.create_task(
+                    self._release_held(), name=f"{self.name}-release"
+                )
         if _key(peers) == _key(self._members):
             return
         self._members = peers
-        log.info("%s discovery%s: membership %s", self.name, f" ({self.label})" if self.label else "",
-                 ", ".join(p.name for p in peers) or "(none)")
+        log.info(
+            "%s discovery%s: membership %s",
+            self.name,
+            f" ({self.label})" if self.label else "",
+            ", ".join(p.name for p in peers) or "(none)",
+        )
         async with self._changed:
             self._changed.notify_all()
         async with self._notify_lock:  # listeners see changes in order, one at a time
@@ -263,8 +292,11 @@ class Discovery(ABC):
                                  f"{self.start_timeout_s} s") from None
 
     def _state_log(self, activity: str, logger: logging.Logger = log) -> StateLog:
-        state = StateLog(logger, lambda: f"{self.name} discovery{' (' + self.label + ')' if self.label else ''}: "
-                                         f"{activity}")
+        state = StateLog(
+            logger,
+            lambda: f"{self.name} discovery{' (' + self.label + ')' if self.label else ''}: "
+            f"{activity}",
+        )
         self._states.append(state)
         return state
 
@@ -327,7 +359,10 @@ def from_settings(settings: Any, config_file: str | Path | None = None) -> Disco
 
 def advertise_peer(settings: Any, grpc_port: int, rest_port: int | None) -> Peer:
     """This sidecar as others reach it: ``discovery.advertise_host``, else the bind address, else the FQDN."""
-    host = getattr(getattr(settings, "discovery", None), "advertise_host", "") or settings.server.bind_address
+    host = (
+        getattr(getattr(settings, "discovery", None), "advertise_host", "")
+        or settings.server.bind_address
+    )
     if host in ("", "0.0.0.0", "::", "[::]"):
         host = socket.getfqdn()
     host = f"[{host}]" if ":" in host and not host.startswith("[") else host

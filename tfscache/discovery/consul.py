@@ -77,7 +77,9 @@ class _AclCheckedHttp(std.HTTPClient):
 
 class _Client(std.Consul):
     def http_connect(self, host, port, scheme, verify=True, cert=None):
-        return _AclCheckedHttp(host, port, scheme, verify, cert, connections_timeout=self.connections_timeout)
+        return _AclCheckedHttp(
+            host, port, scheme, verify, cert, connections_timeout=self.connections_timeout
+        )
 
 
 async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -99,7 +101,9 @@ async def in_thread(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         except RuntimeError:  # the loop closed while this call ran: nobody is waiting
             pass
 
-    threading.Thread(target=work, name=f"consul-{getattr(fn, '__name__', 'call')}", daemon=True).start()
+    threading.Thread(
+        target=work, name=f"consul-{getattr(fn, '__name__', 'call')}", daemon=True
+    ).start()
     return await future
 
 
@@ -130,9 +134,17 @@ class ConsulDiscovery(WatchingDiscovery):
 
     name = "consul"
 
-    def __init__(self, address: str = "http://127.0.0.1:8500", service: str = "tfscache", token: str = "",
-                 ttl_s: float = 10.0, wait_s: float = 30.0, deregister_critical_after_s: float = 600.0,
-                 request_timeout_s: float = 5.0, **options) -> None:
+    def __init__(
+        self,
+        address: str = "http://127.0.0.1:8500",
+        service: str = "tfscache",
+        token: str = "",
+        ttl_s: float = 10.0,
+        wait_s: float = 30.0,
+        deregister_critical_after_s: float = 600.0,
+        request_timeout_s: float = 5.0,
+        **options,
+    ) -> None:
         super().__init__(**options)
         self.address = (address if "://" in address else f"http://{address}").rstrip("/")
         self.service, self.token = service, token
@@ -162,7 +174,11 @@ class ConsulDiscovery(WatchingDiscovery):
                               f"node:read on {self.service!r}", 403) from exc
         except consul.ConsulException as exc:
             status = _status(exc)
-            body = str(exc).split(" ", 1)[1] if status and str(exc).startswith(f"{status} ") else str(exc)
+            body = (
+                str(exc).split(" ", 1)[1]
+                if status and str(exc).startswith(f"{status} ")
+                else str(exc)
+            )
             raise ConsulError(f"{what}: HTTP {status} {body.strip()!r}", status) from exc
         except (requests.RequestException, ValueError) as exc:
             raise ConsulError(f"{what}: {describe_error(exc)}") from exc
@@ -182,8 +198,12 @@ class ConsulDiscovery(WatchingDiscovery):
         host, port = _split(peer.grpc)
         service_id = self._service_id(peer)
         check = consul.Check.ttl(_duration(self.ttl_s))
-        check.update(CheckID=f"service:{service_id}", Name=f"tfscache sidecar {peer.name} alive",
-                     Status="passing", DeregisterCriticalServiceAfter=_duration(self.deregister_critical_after_s))
+        check.update(
+            CheckID=f"service:{service_id}",
+            Name=f"tfscache sidecar {peer.name} alive",
+            Status="passing",
+            DeregisterCriticalServiceAfter=_duration(self.deregister_critical_after_s),
+        )
         return {"name": self.service, "service_id": service_id, "address": host, "port": port,
                 "tags": ["grpc", "rest"] if peer.rest else ["grpc"],
                 "meta": {"peer": peer.name, "grpc": peer.grpc, "rest": peer.rest},
@@ -204,11 +224,19 @@ class ConsulDiscovery(WatchingDiscovery):
             except ConsulError as exc:
                 delay = backoff.next_delay()
                 if exc.status in (400, 403) or time.monotonic() + delay > give_up:
-                    raise DiscoveryError(f"consul discovery: cannot register {peer.name}: {exc}") from exc
+                    raise DiscoveryError(
+                        f"consul discovery: cannot register {peer.name}: {exc}"
+                    ) from exc
                 await asyncio.sleep(delay)
-        log.info("consul: registered %s as %s (TTL %s s)", peer.name, self._registration["service_id"],
-                 self.ttl_s)
-        self._keepalive_task = asyncio.create_task(self._keepalive(), name=f"consul-ttl-{peer.name}")
+        log.info(
+            "consul: registered %s as %s (TTL %s s)",
+            peer.name,
+            self._registration["service_id"],
+            self.ttl_s,
+        )
+        self._keepalive_task = asyncio.create_task(
+            self._keepalive(), name=f"consul-ttl-{peer.name}"
+        )
 
     async def _keepalive(self) -> None:
         check_id = self._registration["check"]["CheckID"]
@@ -216,14 +244,17 @@ class ConsulDiscovery(WatchingDiscovery):
         while True:
             try:
                 try:  # False: 404, the agent does not know the check
-                    lost = not await self._call(f"TTL pass of {check_id}", self._agent.agent.check.ttl_pass,
-                                                check_id)
+                    lost = not await self._call(
+                        f"TTL pass of {check_id}", self._agent.agent.check.ttl_pass, check_id
+                    )
                 except ConsulError as exc:
                     lost = exc.status == 500 and "TTL" in str(exc)
                     if not lost:
                         raise
                 if lost:
-                    log.warning("consul: the agent lost %s's registration; registering again", self.label)
+                    log.warning(
+                        "consul: the agent lost %s's registration; registering again", self.label
+                    )
                     self._hold_removals(self.ttl_s)
                     await self._register_once()
             except ConsulError as exc:
@@ -246,7 +277,9 @@ class ConsulDiscovery(WatchingDiscovery):
                 raise ConsulError(f"deregister: {service_id} unknown to the agent (HTTP 404)", 404)
             log.info("consul: deregistered %s", service_id)
         except ConsulError as exc:  # the TTL check expires on its own
-            log.warning("consul: could not deregister %s (%s); its TTL check will expire", service_id, exc)
+            log.warning(
+                "consul: could not deregister %s (%s); its TTL check will expire", service_id, exc
+            )
 
     # -- watch ----------------------------------------------------------------------------------
 
@@ -254,13 +287,21 @@ class ConsulDiscovery(WatchingDiscovery):
         service = entry["Service"]
         meta = service.get("Meta") or {}
         host = service.get("Address") or entry["Node"]["Address"]
-        return Peer(meta.get("peer") or service["ID"], meta.get("grpc") or _join(host, int(service["Port"])),
-                    meta.get("rest", ""))
+        return Peer(
+            meta.get("peer") or service["ID"],
+            meta.get("grpc") or _join(host, int(service["Port"])),
+            meta.get("rest", ""),
+        )
 
     async def _query(self) -> tuple[int, list[Peer]]:
         blocking = {"index": self.index, "wait": _duration(self.wait_s)} if self.index else {}
-        index, entries = await self._call(f"health of {self.service!r}", self._watcher.health.service,
-                                          self.service, passing=True, **blocking)
+        index, entries = await self._call(
+            f"health of {self.service!r}",
+            self._watcher.health.service,
+            self.service,
+            passing=True,
+            **blocking,
+        )
         try:
             return int(index), [self._peer(entry) for entry in entries or ()]
         except (KeyError, TypeError, ValueError) as exc:

@@ -56,16 +56,29 @@ class DnsDiscovery(Discovery):
     """Membership = the peers a DNS name's records list, re-read every ``interval_s`` seconds."""
 
     name = "dns"
-    registration_note = ("dns discovery: nothing to register; this sidecar is on the others' rings while "
-                         "its DNS records list it (in Kubernetes: while its pod is ready)")
+    registration_note = (
+        "dns discovery: nothing to register; this sidecar is on the others' rings while "
+        "its DNS records list it (in Kubernetes: while its pod is ready)"
+    )
 
-    def __init__(self, dns_name: str, record: str = "srv", grpc_port: int = 8500, rest_port: int = 8501,
-                 interval_s: float = 5.0, server: str = "", request_timeout_s: float = 5.0, **options) -> None:
+    def __init__(
+        self,
+        dns_name: str,
+        record: str = "srv",
+        grpc_port: int = 8500,
+        rest_port: int = 8501,
+        interval_s: float = 5.0,
+        server: str = "",
+        request_timeout_s: float = 5.0,
+        **options,
+    ) -> None:
         super().__init__(**options)
         if not dns_name:
             raise ValueError("dns discovery needs a name (discovery.dns_name)")
         if record not in RECORDS:
-            raise ValueError(f"dns discovery: record must be one of {', '.join(RECORDS)}, not {record!r}")
+            raise ValueError(
+                f"dns discovery: record must be one of {', '.join(RECORDS)}, not {record!r}"
+            )
         self.dns_name, self.record = dns_name, record
         self.grpc_port, self.rest_port = grpc_port, rest_port
         self.interval_s, self.request_timeout_s = interval_s, request_timeout_s
@@ -87,8 +100,11 @@ class DnsDiscovery(Discovery):
     async def register(self, peer: Peer) -> None:
         self.label = peer.name
         if self._members and peer.name not in {p.name for p in self._members}:
-            log.info("dns discovery: %s is not in %s's records yet (it is added when its pod is ready)",
-                     peer.name, self.dns_name)
+            log.info(
+                "dns discovery: %s is not in %s's records yet (it is added when its pod is ready)",
+                peer.name,
+                self.dns_name,
+            )
 
     async def deregister(self) -> None:
         return None  # the records follow the pod's readiness: a draining sidecar turns NOT_SERVING
@@ -117,13 +133,17 @@ class DnsDiscovery(Discovery):
     async def _query(self, name: str | dns.name.Name, rdtype: str) -> dns.resolver.Answer | None:
         """The answer, or None for NXDOMAIN / no records; DnsError for a failed read."""
         try:
-            return await self._resolver.resolve(name, rdtype, search=True, lifetime=self.request_timeout_s)
+            return await self._resolver.resolve(
+                name, rdtype, search=True, lifetime=self.request_timeout_s
+            )
         except EMPTY:
             return None
         except dns.exception.DNSException as exc:
             raise DnsError(f"{rdtype} {name}: {describe_error(exc)}") from exc
 
-    async def _addresses(self, name: str | dns.name.Name, known: dict[dns.name.Name, list[str]]) -> list[str]:
+    async def _addresses(
+        self, name: str | dns.name.Name, known: dict[dns.name.Name, list[str]]
+    ) -> list[str]:
         """The A records of ``name``, else its AAAA records (from ``known`` first), sorted."""
         if isinstance(name, dns.name.Name) and name in known:
             return known[name]
@@ -133,7 +153,9 @@ class DnsDiscovery(Discovery):
                 return sorted(r.address for r in answer)
         return []
 
-    async def _srv(self, service: str) -> tuple[dict[dns.name.Name, int], dict[dns.name.Name, list[str]]]:
+    async def _srv(
+        self, service: str
+    ) -> tuple[dict[dns.name.Name, int], dict[dns.name.Name, list[str]]]:
         """``_SERVICE._tcp.NAME``: target -> port (lowest priority first), and the answer's additional A/AAAA."""
         answer = await self._query(f"_{service}._tcp.{self.dns_name}", "SRV")
         if answer is None:
@@ -159,7 +181,9 @@ class DnsDiscovery(Discovery):
                 log.debug("dns discovery: SRV target %s has no address; skipped", target)
                 continue
             if name in peers:
-                log.debug("dns discovery: two SRV targets named %s; keeping %s", name, peers[name].grpc)
+                log.debug(
+                    "dns discovery: two SRV targets named %s; keeping %s", name, peers[name].grpc
+                )
                 continue
             rest_port = rest.get(target)
             peers[name] = Peer(name, host_port(addresses[0], port),

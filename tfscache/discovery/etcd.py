@@ -67,9 +67,15 @@ class EtcdDiscovery(WatchingDiscovery):
 
     name = "etcd"
 
-    def __init__(self, endpoints: Sequence[str] | str = ("http://127.0.0.1:2379",), prefix: str = "/tfscache",
-                 service: str = "tfscache", ttl_s: float = 10.0, request_timeout_s: float = 5.0,
-                 **options) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str] | str = ("http://127.0.0.1:2379",),
+        prefix: str = "/tfscache",
+        service: str = "tfscache",
+        ttl_s: float = 10.0,
+        request_timeout_s: float = 5.0,
+        **options,
+    ) -> None:
         super().__init__(**options)
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e]
@@ -112,7 +118,9 @@ class EtcdDiscovery(WatchingDiscovery):
         except ValueError as exc:
             raise _Unreachable(f"{endpoint}{path}: not JSON: {text[:200]!r}") from exc
         if resp.status >= 300 or "error" in reply:
-            raise EtcdError(f"{endpoint}{path}: HTTP {resp.status} {reply.get('message') or reply.get('error')}")
+            raise EtcdError(
+                f"{endpoint}{path}: HTTP {resp.status} {reply.get('message') or reply.get('error')}"
+            )
         return reply.get("result", reply)  # streaming endpoints wrap each message in "result"
 
     async def _post(self, path: str, body: dict) -> dict:
@@ -139,10 +147,14 @@ class EtcdDiscovery(WatchingDiscovery):
             self._written = False
             reply = await self._post("/v3/lease/grant", {"TTL": self.ttl_s})
             self._lease = str(reply["ID"])
-        value = json.dumps({"name": self._self.name, "grpc": self._self.grpc, "rest": self._self.rest})
+        value = json.dumps(
+            {"name": self._self.name, "grpc": self._self.grpc, "rest": self._self.rest}
+        )
         try:
-            await self._post("/v3/kv/put", {"key": _b64(self._key(self._self)), "value": _b64(value),
-                                            "lease": self._lease})
+            await self._post(
+                "/v3/kv/put",
+                {"key": _b64(self._key(self._self)), "value": _b64(value), "lease": self._lease},
+            )
         except EtcdError:
             # The lease may be gone by the next try (a put that timed out, tried again after the TTL:
             # "requested lease not found" for ever). Grant a new one then; an unused lease expires by itself.
@@ -162,10 +174,16 @@ class EtcdDiscovery(WatchingDiscovery):
             except (EtcdError, KeyError) as exc:
                 delay = backoff.next_delay()
                 if time.monotonic() + delay > give_up:
-                    raise DiscoveryError(f"etcd discovery: cannot register {peer.name}: {exc}") from exc
+                    raise DiscoveryError(
+                        f"etcd discovery: cannot register {peer.name}: {exc}"
+                    ) from exc
                 await asyncio.sleep(delay)
-        log.info("etcd: registered %s under lease %s (TTL %s s)", peer.name, self._lease, self.ttl_s)
-        self._keepalive_task = asyncio.create_task(self._keepalive(), name=f"etcd-lease-{peer.name}")
+        log.info(
+            "etcd: registered %s under lease %s (TTL %s s)", peer.name, self._lease, self.ttl_s
+        )
+        self._keepalive_task = asyncio.create_task(
+            self._keepalive(), name=f"etcd-lease-{peer.name}"
+        )
 
     async def _keepalive(self) -> None:
         interval, backoff = self.ttl_s / 3, self._backoff()
@@ -176,7 +194,11 @@ class EtcdDiscovery(WatchingDiscovery):
                 else:
                     reply = await self._post("/v3/lease/keepalive", {"ID": self._lease})
                     if int(reply.get("TTL", 0)) <= 0:
-                        log.warning("etcd: lease %s of %s expired; registering again", self._lease, self.label)
+                        log.warning(
+                            "etcd: lease %s of %s expired; registering again",
+                            self._lease,
+                            self.label,
+                        )
                         self._hold_removals(self.ttl_s)  # the others' leases may have expired too
                         self._lease = None
                         await self._put_self()
@@ -199,7 +221,9 @@ class EtcdDiscovery(WatchingDiscovery):
             await self._post("/v3/lease/revoke", {"ID": lease})
             log.info("etcd: deregistered %s (revoked lease %s)", self.label, lease)
         except EtcdError as exc:  # the lease expires on its own
-            log.warning("etcd: could not revoke lease %s of %s (%s); it will expire", lease, self.label, exc)
+            log.warning(
+                "etcd: could not revoke lease %s of %s (%s); it will expire", lease, self.label, exc
+            )
 
     # -- watch ----------------------------------------------------------------------------------
 
@@ -220,14 +244,23 @@ class EtcdDiscovery(WatchingDiscovery):
 
     async def _follow(self, revision: int, peers: dict[str, Peer]) -> None:
         """Stream watch events into ``peers`` until the watch breaks (EtcdError)."""
-        request = {"create_request": {"key": _b64(self.key_prefix), "range_end": _b64(prefix_end(self.key_prefix)),
-                                      "start_revision": str(revision + 1)}}
+        request = {
+            "create_request": {
+                "key": _b64(self.key_prefix),
+                "range_end": _b64(prefix_end(self.key_prefix)),
+                "start_revision": str(revision + 1),
+            }
+        }
         endpoint = self.endpoints[self._current]
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=self.request_timeout_s)
         try:
-            async with self._http().post(endpoint + "/v3/watch", json=request, timeout=timeout) as resp:
+            async with self._http().post(
+                endpoint + "/v3/watch", json=request, timeout=timeout
+            ) as resp:
                 if resp.status != 200:
-                    raise _Unreachable(f"{endpoint}/v3/watch: HTTP {resp.status} {(await resp.text())[:200]!r}")
+                    raise _Unreachable(
+                        f"{endpoint}/v3/watch: HTTP {resp.status} {(await resp.text())[:200]!r}"
+                    )
                 async for line in resp.content:
                     if line.strip():
                         await self._on_watch_message(json.loads(line), peers)

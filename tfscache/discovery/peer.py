@@ -38,7 +38,11 @@ def parse_peers(value: Any) -> list[Peer]:
                  for item in value.split(",") if item]
     peers = []
     for item in value:
-        if not isinstance(item, Mapping) or set(item) - {"name", "grpc", "rest"} or not item.get("name"):
+        if (
+            not isinstance(item, Mapping)
+            or set(item) - {"name", "grpc", "rest"}
+            or not item.get("name")
+        ):
             raise ValueError("each peer is {name, grpc, rest}")
         for key in ("grpc", "rest"):
             if not is_address(str(item.get(key, ""))):

@@ -34,8 +34,10 @@ class StaticDiscovery(Discovery):
     """Membership = a fixed list of peers, or the list in ``config_file`` (re-read by ``reload``)."""
 
     name = "static"
-    registration_note = ("static discovery: nothing to register; this sidecar is on the others' rings once "
-                         "their peers files list it (edit them, then SIGHUP)")
+    registration_note = (
+        "static discovery: nothing to register; this sidecar is on the others' rings once "
+        "their peers files list it (edit them, then SIGHUP)"
+    )
 
     def __init__(self, peers: list[Peer] | None = None, config_file: str | Path | None = None,
                  loader: Callable[[], list[Peer]] | None = None, **options) -> None:

@@ -16,8 +16,11 @@ MAX_MESSAGE_BYTES = 2**31 - 1  # TF Serving's own limit, both ways
 
 # A node or peer that restarts is back within seconds: reconnect within a second of it
 # listening again, not after gRPC's default backoff (up to 120 s).
-RECONNECT_OPTIONS = (("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100),
-                     ("grpc.max_reconnect_backoff_ms", 1000))
+RECONNECT_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
 
 
 async def channel_ready(channel: grpc.aio.Channel, timeout: float) -> bool:
@@ -57,7 +60,9 @@ class NodeChannel:
             return await method(request, timeout=timeout, wait_for_ready=False)
         except grpc.aio.AioRpcError as e:
             if e.code() == grpc.StatusCode.UNAVAILABLE:
-                raise errors.NodeUnavailable(f"node {self.target} is unavailable: {e.details()}") from e
+                raise errors.NodeUnavailable(
+                    f"node {self.target} is unavailable: {e.details()}"
+                ) from e
             raise errors.error_for_code(e.code(), e.details() or "") from e
 
     async def wait_ready(self, timeout: float) -> bool:

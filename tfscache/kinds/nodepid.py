@@ -178,7 +178,11 @@ class NodeMemory:
         if self._process is None:
             self._next_find = time.monotonic() + self._retry_s
         elif old is not None and self._process.pid != old:
-            log.info("node process %s is gone; measuring its replacement, process %s", old, self._process.pid)
+            log.info(
+                "node process %s is gone; measuring its replacement, process %s",
+                old,
+                self._process.pid,
+            )
         return self._process
 
 

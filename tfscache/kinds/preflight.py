@@ -29,13 +29,19 @@ def check(settings: Settings) -> None:
     if settings.server.admin_port >= 0:
         _check_host("server.admin_bind_address", settings.server.admin_bind_address)
     if settings.server.ports_file:
-        _check_writable("server.ports_file", settings.server.ports_file, Path(settings.server.ports_file).parent,
-                        create=False)
+        _check_writable(
+            "server.ports_file",
+            settings.server.ports_file,
+            Path(settings.server.ports_file).parent,
+            create=False,
+        )
     for dotted, value in (("node.state_dir", settings.node.state_dir),
                           ("storage.cache_dir", settings.storage.cache_dir)):
         if value:
             _check_writable(dotted, value, Path(value))
-    if settings.cache.gpu_memory_per_node:  # without a GPU the cap is off (a log line); without pynvml, a mistake
+    if (
+        settings.cache.gpu_memory_per_node
+    ):  # without a GPU the cap is off (a log line); without pynvml, a mistake
         require("gpu", f"cache.gpu_memory_per_node = {settings.cache.gpu_memory_per_node}")
     node = settings.node
     if settings.sidecar:
@@ -50,7 +56,9 @@ def _check_program(command: str) -> None:
     try:
         argv = shlex.split(command)
     except ValueError as exc:
-        raise SettingsError(f"bad value for setting node.node_command: {command!r} ({exc})") from None
+        raise SettingsError(
+            f"bad value for setting node.node_command: {command!r} ({exc})"
+        ) from None
     if not argv or shutil.which(argv[0]) is None:
         raise SettingsError(f"bad value for setting node.node_command: {command!r} "
                             f"(no such program: {argv[0] if argv else command!r})")
@@ -60,8 +68,10 @@ def _check_host(dotted: str, host: str) -> None:
     try:
         socket.getaddrinfo(host.strip("[]"), None, proto=socket.IPPROTO_TCP)
     except (OSError, UnicodeError) as exc:
-        raise SettingsError(f"bad value for setting {dotted}: {host!r} (not an address of this host's "
-                            f"families, nor a name that resolves: {exc})") from None
+        raise SettingsError(
+            f"bad value for setting {dotted}: {host!r} (not an address of this host's "
+            f"families, nor a name that resolves: {exc})"
+        ) from None
 
 
 def _check_writable(dotted: str, value: str, directory: Path, *, create: bool = True) -> None:

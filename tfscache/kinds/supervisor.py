@@ -55,7 +55,9 @@ class NodeProcess:
     pid: int = 0
     restarts: int = 0
     started_at: float = 0.0
-    process: asyncio.subprocess.Process | template.AsyncChild | None = field(default=None, repr=False)
+    process: asyncio.subprocess.Process | template.AsyncChild | None = field(
+        default=None, repr=False
+    )
 
     @property
     def grpc_address(self) -> str:
@@ -107,9 +109,15 @@ def free_port() -> int:
 class Supervisor:
     """K node children; ``start()`` returns once all serve, ``stop()`` ends them all."""
 
-    def __init__(self, settings: NodeSection, state_dir: Path, *,
-                 on_start: Callable[[NodeProcess], Awaitable[None]] | None = None,
-                 on_exit: Callable[[NodeProcess], Awaitable[None]] | None = None, launcher: Launcher) -> None:
+    def __init__(
+        self,
+        settings: NodeSection,
+        state_dir: Path,
+        *,
+        on_start: Callable[[NodeProcess], Awaitable[None]] | None = None,
+        on_exit: Callable[[NodeProcess], Awaitable[None]] | None = None,
+        launcher: Launcher,
+    ) -> None:
         """``launcher(node)``: how the node kind starts a child (tfscache.kinds.table's ``launcher``)."""
         self.settings = settings
         self._launcher = launcher
@@ -139,21 +147,31 @@ class Supervisor:
         argv, env = launch.argv, launch.env
         if launch.ports_file is not None:
             launch.ports_file.unlink(missing_ok=True)
-        node.process = await self._fork(node, launch) if launch.forkable and self.settings.fork_nodes else None
+        node.process = (
+            await self._fork(node, launch) if launch.forkable and self.settings.fork_nodes else None
+        )
         if node.process is None:
             log.info("starting %s: %s", node.name, shlex.join(argv))
             node.process = await asyncio.create_subprocess_exec(
-                *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
+                *_die_with_parent(argv),
+                stdin=asyncio.subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
         node.pid = node.process.pid
         node.started_at = time.monotonic()
         try:
             deadline = time.monotonic() + self.settings.start_timeout_s
             while not await _serving(node, launch.ports_file):
                 if node.process.returncode is not None:
-                    raise RuntimeError(f"{node.name} exited with {node.process.returncode} before serving "
-                                       f"(command: {shlex.join(argv)})")
+                    raise RuntimeError(
+                        f"{node.name} exited with {node.process.returncode} before serving "
+                        f"(command: {shlex.join(argv)})"
+                    )
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{node.name} did not serve within {self.settings.start_timeout_s} s")
+                    raise TimeoutError(
+                        f"{node.name} did not serve within {self.settings.start_timeout_s} s"
+                    )
                 await asyncio.sleep(0.05)  # polling a condition with a deadline
             log.info("%s serving: pid %s, gRPC %s, REST %s", node.name, node.pid, node.grpc_port,
                      node.rest_port)
@@ -167,7 +185,8 @@ class Supervisor:
 
     async def _fork(self, node: NodeProcess, launch: Launch) -> template.AsyncChild | None:
         """``node`` forked from the node template; None if it cannot be. A template that does not
-        answer (killed: its exit may not be reaped yet) is replaced once, first killed if still there."""
+        answer (killed: its exit may not be reaped yet) is replaced once, first killed if still there.
+        """
         path = str(self.state_dir / "node-template.sock")
         failed = None  # the template that did not answer
         for _ in range(2):
@@ -175,16 +194,27 @@ class Supervisor:
                 async with self._template_lock:
                     current = self._template
                     if current is None or current.returncode is not None or current is failed:
-                        await self._start_template(path, launch.env)  # (not one another start replaced)
+                        await self._start_template(
+                            path, launch.env
+                        )  # (not one another start replaced)
                     failed = self._template
-                child = await template.AsyncChild.fork(path, launch.forkable, env=launch.env, new_session=True)
+                child = await template.AsyncChild.fork(
+                    path, launch.forkable, env=launch.env, new_session=True
+                )
             except (template.TemplateError, OSError) as exc:
                 failure = exc
                 continue
-            log.info("forked %s from the node template: tfscache %s", node.name, shlex.join(launch.forkable))
+            log.info(
+                "forked %s from the node template: tfscache %s",
+                node.name,
+                shlex.join(launch.forkable),
+            )
             return child
-        log.warning("forking %s from the node template failed (%s): starting it as a process of its own",
-                    node.name, failure)
+        log.warning(
+            "forking %s from the node template failed (%s): starting it as a process of its own",
+            node.name,
+            failure,
+        )
         return None
 
     async def _start_template(self, path: str, env: dict[str, str] | None) -> None:
@@ -194,16 +224,25 @@ class Supervisor:
             _signal(old, signal.SIGKILL)
             await old.wait()
         Path(path).unlink(missing_ok=True)  # a crashed run's: the new one's appears once it listens
-        log.info("starting the node template (TensorFlow imported once for every node): %s", shlex.join(argv))
+        log.info(
+            "starting the node template (TensorFlow imported once for every node): %s",
+            shlex.join(argv),
+        )
         self._template = process = await asyncio.create_subprocess_exec(
-            *_die_with_parent(argv), stdin=asyncio.subprocess.DEVNULL, start_new_session=True, env=env)
+            *_die_with_parent(argv),
+            stdin=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
         deadline = time.monotonic() + self.settings.start_timeout_s
         while not os.path.exists(path):
             if process.returncode is not None:
                 raise template.TemplateError(f"the node template exited with {process.returncode}")
             if time.monotonic() > deadline:
                 _signal(process, signal.SIGKILL)
-                raise template.TemplateError(f"it did not listen within {self.settings.start_timeout_s} s")
+                raise template.TemplateError(
+                    f"it did not listen within {self.settings.start_timeout_s} s"
+                )
             await asyncio.sleep(0.05)  # polling a condition with a deadline
 
     async def _watch(self, node: NodeProcess) -> None:
@@ -223,7 +262,9 @@ class Supervisor:
                     await self._spawn(node)
                     break
                 except Exception as exc:  # noqa: BLE001 - keep trying; the node is needed
-                    log.error("restarting %s failed: %s; retrying in %.1f s", node.name, exc, backoff)
+                    log.error(
+                        "restarting %s failed: %s; retrying in %.1f s", node.name, exc, backoff
+                    )
                     await asyncio.sleep(backoff)  # back off a crash loop
                     backoff = min(backoff * 2, 10.0)
             node.restarts += 1
@@ -233,11 +274,15 @@ class Supervisor:
         self._stopping = True
         for task in self._watchers:
             task.cancel()
-        running = [n.process for n in self.nodes if n.process is not None and n.process.returncode is None]
+        running = [
+            n.process for n in self.nodes if n.process is not None and n.process.returncode is None
+        ]
         for process in running:
             _signal(process, signal.SIGTERM)
         if running:
-            done, pending = await asyncio.wait([asyncio.create_task(p.wait()) for p in running], timeout=grace)
+            done, pending = await asyncio.wait(
+                [asyncio.create_task(p.wait()) for p in running], timeout=grace
+            )
             for process in running:
                 if process.returncode is None:
                     _signal(process, signal.SIGKILL)

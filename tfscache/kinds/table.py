@@ -31,7 +31,9 @@ class NodeKind:
     client: str  # the node's client class: (name, *, rpc_deadline_s, channel)
     protocol: str  # the front ends' Protocol
     launcher: str  # (NodeSection, repository root) -> Launcher: how embedded children start
-    preflight: str  # (Settings) -> None: what embedded children need, checked before anything starts
+    preflight: (
+        str  # (Settings) -> None: what embedded children need, checked before anything starts
+    )
     extra: str  # the pip extra embedded children need
     extra_modules: tuple[str, ...]  # its top-level modules (found without importing them)
     install: str  # the command that installs them
@@ -49,22 +51,37 @@ class NodeKind:
 KINDS: dict[str, NodeKind] = {
     "tfserving": NodeKind(
         "TF Serving's API: PredictionService/ModelService and /v1 REST; `tfscache node` children",
-        "tfscache.kinds.tfserving.adapter:TFServingAdapter", "tfscache.kinds.tfserving.client:NodeClient",
-        "tfscache.frontend.protocols.tfserving:PROTOCOL", "tfscache.kinds.tfserving.launcher:launcher",
-        "tfscache.kinds.tfserving.launcher:preflight", "node", ("tensorflow", "tensorflow_serving"),
-        "pip install 'tfscache[node]'"),
+        "tfscache.kinds.tfserving.adapter:TFServingAdapter",
+        "tfscache.kinds.tfserving.client:NodeClient",
+        "tfscache.frontend.protocols.tfserving:PROTOCOL",
+        "tfscache.kinds.tfserving.launcher:launcher",
+        "tfscache.kinds.tfserving.launcher:preflight",
+        "node",
+        ("tensorflow", "tensorflow_serving"),
+        "pip install 'tfscache[node]'",
+    ),
     "triton": NodeKind(
         "NVIDIA Triton in explicit model control: the Open Inference Protocol; tritonserver children",
-        "tfscache.kinds.triton.adapter:TritonAdapter", "tfscache.kinds.triton.client:OipClient",
-        "tfscache.frontend.protocols.oip:PROTOCOL", "tfscache.kinds.triton.launcher:launcher",
-        "tfscache.kinds.triton.launcher:preflight", "triton", ("numpy", "pytriton"),
-        "pip install 'tfscache[triton]' && pip install --no-deps nvidia-pytriton==0.7.0"),
+        "tfscache.kinds.triton.adapter:TritonAdapter",
+        "tfscache.kinds.triton.client:OipClient",
+        "tfscache.frontend.protocols.oip:PROTOCOL",
+        "tfscache.kinds.triton.launcher:launcher",
+        "tfscache.kinds.triton.launcher:preflight",
+        "triton",
+        ("numpy", "pytriton"),
+        "pip install 'tfscache[triton]' && pip install --no-deps nvidia-pytriton==0.7.0",
+    ),
     "mlserver": NodeKind(
         "Seldon MLServer (scikit-learn, XGBoost, ...): the Open Inference Protocol; `mlserver start` children",
-        "tfscache.kinds.mlserver.adapter:MLServerAdapter", "tfscache.kinds.mlserver.client:MLServerClient",
-        "tfscache.frontend.protocols.oip.mlserver:PROTOCOL", "tfscache.kinds.mlserver.launcher:launcher",
-        "tfscache.kinds.mlserver.launcher:preflight", "", (),
-        "bash scripts/install_mlserver.sh (MLServer in a virtual environment of its own: docs/mlserver.md)"),
+        "tfscache.kinds.mlserver.adapter:MLServerAdapter",
+        "tfscache.kinds.mlserver.client:MLServerClient",
+        "tfscache.frontend.protocols.oip.mlserver:PROTOCOL",
+        "tfscache.kinds.mlserver.launcher:launcher",
+        "tfscache.kinds.mlserver.launcher:preflight",
+        "",
+        (),
+        "bash scripts/install_mlserver.sh (MLServer in a virtual environment of its own: docs/mlserver.md)",
+    ),
 }
 
 DEFAULT_KIND = next(iter(KINDS))

@@ -30,7 +30,8 @@ def classification_targets(signature) -> tuple[str, list[str]]:
             f"Expected one or two output Tensors, found {len(signature.outputs)}")
     if "inputs" not in signature.inputs:
         raise errors.InvalidArgument(
-            f"No classification inputs found in SignatureDef: {text_format.MessageToString(signature)}")
+            f"No classification inputs found in SignatureDef: {text_format.MessageToString(signature)}"
+        )
     outputs = [signature.outputs[k].name for k in ("classes", "scores") if k in signature.outputs]
     if not outputs:
         raise errors.InvalidArgument(
@@ -50,7 +51,8 @@ def regression_targets(signature) -> tuple[str, list[str]]:
             f"No regression inputs found in SignatureDef: {text_format.MessageToString(signature)}")
     if "outputs" not in signature.outputs:
         raise errors.InvalidArgument(
-            f"No regression outputs found in SignatureDef: {text_format.MessageToString(signature)}")
+            f"No regression outputs found in SignatureDef: {text_format.MessageToString(signature)}"
+        )
     return signature.inputs["inputs"].name, [signature.outputs["outputs"].name]
 
 
@@ -78,8 +80,12 @@ def classification_result(signature, num_examples, output_names, outputs, result
         raise errors.InvalidArgument(
             f"Expected {len(output_names)} output tensor(s).  Got: {len(outputs)}")
     by_name = dict(zip(output_names, (np.asarray(o) for o in outputs)))
-    classes = by_name.get(signature.outputs["classes"].name) if "classes" in signature.outputs else None
-    scores = by_name.get(signature.outputs["scores"].name) if "scores" in signature.outputs else None
+    classes = (
+        by_name.get(signature.outputs["classes"].name) if "classes" in signature.outputs else None
+    )
+    scores = (
+        by_name.get(signature.outputs["scores"].name) if "scores" in signature.outputs else None
+    )
     for label, tensor, want in (("classes", classes, types_pb2.DT_STRING),
                                 ("scores", scores, types_pb2.DT_FLOAT)):
         if tensor is None:
@@ -108,7 +114,9 @@ def classification_result(signature, num_examples, output_names, outputs, result
             cls = classifications.classes.add()
             if classes is not None:
                 label = classes[i, c]
-                cls.label = label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+                cls.label = (
+                    label.decode("utf-8", "replace") if isinstance(label, bytes) else str(label)
+                )
             if scores is not None:
                 cls.score = float(scores[i, c])
 
@@ -120,7 +128,8 @@ def regression_result(signature, num_examples, output_names, outputs, result) ->
             "Expected output_tensors and output_tensor_names to have the same size.")
     if "outputs" not in signature.outputs:
         raise errors.FailedPrecondition(
-            f"No regression outputs found in SignatureDef: {text_format.MessageToString(signature)}")
+            f"No regression outputs found in SignatureDef: {text_format.MessageToString(signature)}"
+        )
     name = signature.outputs["outputs"].name
     if name not in output_names:
         raise errors.InvalidArgument(f"Could not find output tensor '{name}'")

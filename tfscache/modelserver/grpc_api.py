@@ -140,7 +140,9 @@ class ModelService:
         return response
 
 
-def _prediction_methods(core: ServingCore, executor, max_tensor_bytes: int | None) -> dict[str, _Method]:
+def _prediction_methods(
+    core: ServingCore, executor, max_tensor_bytes: int | None
+) -> dict[str, _Method]:
     from tfscache.modelserver import inference
 
     def bind(fn):
@@ -151,13 +153,20 @@ def _prediction_methods(core: ServingCore, executor, max_tensor_bytes: int | Non
 
     return {
         "Predict": _Method(predict_pb2.PredictRequest, predict, executor, "Predict"),
-        "Classify": _Method(classification_pb2.ClassificationRequest, bind(inference.classify), executor,
-                            "Classify"),
-        "Regress": _Method(regression_pb2.RegressionRequest, bind(inference.regress), executor, "Regress"),
-        "MultiInference": _Method(inference_pb2.MultiInferenceRequest,
-                                  bind(inference.multi_inference), executor),
-        "GetModelMetadata": _Method(get_model_metadata_pb2.GetModelMetadataRequest,
-                                    bind(inference.get_model_metadata), executor),
+        "Classify": _Method(
+            classification_pb2.ClassificationRequest, bind(inference.classify), executor, "Classify"
+        ),
+        "Regress": _Method(
+            regression_pb2.RegressionRequest, bind(inference.regress), executor, "Regress"
+        ),
+        "MultiInference": _Method(
+            inference_pb2.MultiInferenceRequest, bind(inference.multi_inference), executor
+        ),
+        "GetModelMetadata": _Method(
+            get_model_metadata_pb2.GetModelMetadataRequest,
+            bind(inference.get_model_metadata),
+            executor,
+        ),
     }
 
 
@@ -179,16 +188,30 @@ def build_server(core: ServingCore, executor: concurrent.futures.Executor,
                ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), *channel_arguments]
     server = grpc.aio.server(options=options)
     models = ModelService(core)
-    server.add_generic_rpc_handlers((
-        _handler("tensorflow.serving.PredictionService", _prediction_methods(core, executor, max_tensor_bytes)),
-        _handler("tensorflow.serving.ModelService", {
-            "GetModelStatus": _Method(get_model_status_pb2.GetModelStatusRequest,
-                                      models.get_model_status, executor),
-            # A reload can wait forever (TF Serving's hang): never on the shared pool.
-            "HandleReloadConfigRequest": _Method(model_management_pb2.ReloadConfigRequest,
-                                                 models.handle_reload_config_request, None),
-        }),
-    ))
+    server.add_generic_rpc_handlers(
+        (
+            _handler(
+                "tensorflow.serving.PredictionService",
+                _prediction_methods(core, executor, max_tensor_bytes),
+            ),
+            _handler(
+                "tensorflow.serving.ModelService",
+                {
+                    "GetModelStatus": _Method(
+                        get_model_status_pb2.GetModelStatusRequest,
+                        models.get_model_status,
+                        executor,
+                    ),
+                    # A reload can wait forever (TF Serving's hang): never on the shared pool.
+                    "HandleReloadConfigRequest": _Method(
+                        model_management_pb2.ReloadConfigRequest,
+                        models.handle_reload_config_request,
+                        None,
+                    ),
+                },
+            ),
+        )
+    )
     return server
 
 

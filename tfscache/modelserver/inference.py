@@ -241,8 +241,9 @@ def multi_inference(core, request: inference_pb2.MultiInferenceRequest,
 # -- GetModelMetadata --------------------------------------------------------------------
 
 
-def get_model_metadata(core, request: get_model_metadata_pb2.GetModelMetadataRequest,
-                       timeout_s: float | None = None) -> get_model_metadata_pb2.GetModelMetadataResponse:
+def get_model_metadata(
+    core, request: get_model_metadata_pb2.GetModelMetadataRequest, timeout_s: float | None = None
+) -> get_model_metadata_pb2.GetModelMetadataResponse:
     """``timeout_s`` is accepted for a uniform adapter signature; nothing runs a session."""
     if not request.HasField("model_spec"):
         raise errors.InvalidArgument("Missing ModelSpec")

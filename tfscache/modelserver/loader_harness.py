@@ -100,9 +100,13 @@ def saved_model_loader(tags: tuple[str, ...], warmup_iterations: int | None = 1,
     return load
 
 
-def load_with_retries(entry: ManagedVersion, load: Callable[[ManagedVersion], object], attempts: int,
-                      interval_s: float, stopped: threading.Event,
-                      ) -> tuple[object | None, TfscacheError | None]:
+def load_with_retries(
+    entry: ManagedVersion,
+    load: Callable[[ManagedVersion], object],
+    attempts: int,
+    interval_s: float,
+    stopped: threading.Event,
+) -> tuple[object | None, TfscacheError | None]:
     """LoaderHarness::Load: (the servable, None), or (None, the last attempt's error).
 
     Up to ``attempts`` calls of ``load(entry)``, ``interval_s`` apart; no more once

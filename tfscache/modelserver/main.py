@@ -55,13 +55,19 @@ FLAGS: dict[str, Flag] = {
     "port": Flag(8500, "gRPC port (0: pick a free one when --ports_file is given)"),
     "grpc_socket_path": Flag("", "also serve gRPC on this UNIX socket (unix:PATH)"),
     "ssl_config_file": Flag("", "text-format SSLConfig: serve gRPC over TLS"),
-    "monitoring_config_file": Flag("", "text-format MonitoringConfig: Prometheus page on the REST port"),
+    "monitoring_config_file": Flag(
+        "", "text-format MonitoringConfig: Prometheus page on the REST port"
+    ),
     "rest_api_port": Flag(0, "REST port; 0 turns REST off (without --ports_file)"),
     "rest_api_timeout_in_ms": Flag(30000, "session-run timeout for REST requests"),
     "rest_api_num_threads": Flag(0, "accepted; REST runs on the asyncio loop"),
     "rest_api_enable_cors_support": Flag(False, "accepted for compatibility"),
-    "model_config_file": Flag("", "text-format ModelServerConfig; overrides --model_name/--model_base_path"),
-    "model_config_file_poll_wait_seconds": Flag(0, "re-read --model_config_file this often (0: never)"),
+    "model_config_file": Flag(
+        "", "text-format ModelServerConfig; overrides --model_name/--model_base_path"
+    ),
+    "model_config_file_poll_wait_seconds": Flag(
+        0, "re-read --model_config_file this often (0: never)"
+    ),
     "model_name": Flag("default", "model name with --model_base_path"),
     "model_base_path": Flag("", "base path of the single model"),
     "file_system_poll_wait_seconds": Flag(1.0, "poll base paths this often (0: once; <0: never)"),
@@ -69,9 +75,13 @@ FLAGS: dict[str, Flag] = {
     "load_retry_interval_micros": Flag(60_000_000, "wait between load retries"),
     "num_load_threads": Flag(0, "0: load serially on the manager thread"),
     "num_unload_threads": Flag(0, "0: unload on the manager thread"),
-    "enable_model_warmup": Flag(True, "replay assets.extra/tf_serving_warmup_requests during the load"),
+    "enable_model_warmup": Flag(
+        True, "replay assets.extra/tf_serving_warmup_requests during the load"
+    ),
     "num_request_iterations_for_warmup": Flag(0, "replays of each warm-up record (0: once)"),
-    "allow_version_labels_for_unavailable_models": Flag(False, "allow new labels on unavailable versions"),
+    "allow_version_labels_for_unavailable_models": Flag(
+        False, "allow new labels on unavailable versions"
+    ),
     "saved_model_tags": Flag("serve", "comma-separated MetaGraphDef tags to load"),
     "grpc_channel_arguments": Flag("", "k=v,k=v gRPC server arguments"),
     "flush_filesystem_caches": Flag(True, "accepted for compatibility"),
@@ -82,8 +92,11 @@ FLAGS: dict[str, Flag] = {
     "bind_address": Flag("0.0.0.0", "address both servers bind to"),
     "ports_file": Flag("", "write {grpc, rest, pid} JSON here once serving; port 0 = free port"),
     "load_gate_dir": Flag("", "fault injection for tests (see docs/DESIGN.md)"),
-    "max_request_tensor_bytes": Flag(2**30, "bound on a request's decoded tensors, in bytes "
-                                            "(RESOURCE_EXHAUSTED above it; 0: no bound)"),
+    "max_request_tensor_bytes": Flag(
+        2**30,
+        "bound on a request's decoded tensors, in bytes "
+        "(RESOURCE_EXHAUSTED above it; 0: no bound)",
+    ),
 }
 
 
@@ -128,7 +141,11 @@ def _convert(default: object, text: str) -> object:
 
 
 def usage() -> str:
-    lines = ["usage: tfscache node [--flag=value ...]", "", "Flags (tensorflow_model_server's, plus tfscache's):"]
+    lines = [
+        "usage: tfscache node [--flag=value ...]",
+        "",
+        "Flags (tensorflow_model_server's, plus tfscache's):",
+    ]
     for name, flag in FLAGS.items():
         lines.append(f"  --{name}={flag.default!s:<10}  {flag.help}")
     return "\n".join(lines)
@@ -154,11 +171,16 @@ def _manager_options(flags: dict[str, object]):
         load_retry_interval_micros=flags["load_retry_interval_micros"],
         num_load_threads=flags["num_load_threads"],
         num_unload_threads=flags["num_unload_threads"],
-        allow_version_labels_for_unavailable_models=flags["allow_version_labels_for_unavailable_models"],
+        allow_version_labels_for_unavailable_models=flags[
+            "allow_version_labels_for_unavailable_models"
+        ],
         load_gate_dir=flags["load_gate_dir"] or None,
         saved_model_tags=tuple(t for t in str(flags["saved_model_tags"]).split(",") if t),
-        warmup_iterations=max(int(flags["num_request_iterations_for_warmup"]), 1)
-        if flags["enable_model_warmup"] else None,
+        warmup_iterations=(
+            max(int(flags["num_request_iterations_for_warmup"]), 1)
+            if flags["enable_model_warmup"]
+            else None
+        ),
     )
 
 
@@ -174,7 +196,9 @@ class _RefusePlotting:
 def no_plotting() -> None:
     """Keras, which TensorFlow imports eagerly, imports matplotlib.pyplot when it is installed
     (~0.7 s of every node's start); a node never plots."""
-    if "matplotlib" not in sys.modules and not any(isinstance(f, _RefusePlotting) for f in sys.meta_path):
+    if "matplotlib" not in sys.modules and not any(
+        isinstance(f, _RefusePlotting) for f in sys.meta_path
+    ):
         sys.meta_path.insert(0, _RefusePlotting())
 
 
@@ -212,7 +236,10 @@ def main(argv: list[str]) -> int:
               file=sys.stderr)
         return 1
     except TfscacheError as exc:
-        print(f"Failed to start server. Error: {code_name(exc.grpc_code)}: {exc.message}", file=sys.stderr)
+        print(
+            f"Failed to start server. Error: {code_name(exc.grpc_code)}: {exc.message}",
+            file=sys.stderr,
+        )
         return 1
     except OSError as exc:
         print(f"Failed to start server. Error: {exc}", file=sys.stderr)
@@ -225,9 +252,14 @@ def check_flags(flags: dict[str, object]) -> None:
     if int(flags["max_request_tensor_bytes"]) < 0:
         raise FlagError("Illegal value for flag --max_request_tensor_bytes: "
                         f"{flags['max_request_tensor_bytes']} (must be >= 0)")
-    for name in ("port", "rest_api_port"):  # a bind to 99999 would fail only after the models loaded
+    for name in (
+        "port",
+        "rest_api_port",
+    ):  # a bind to 99999 would fail only after the models loaded
         if not 0 <= int(flags[name]) <= 65535:
-            raise FlagError(f"Illegal value for flag --{name}: {flags[name]} (must be a port number 0..65535)")
+            raise FlagError(
+                f"Illegal value for flag --{name}: {flags[name]} (must be a port number 0..65535)"
+            )
     if flags["enable_batching"]:
         raise FlagError("Illegal value for flag --enable_batching: true (tfscache node does no "
                         "server-side batching: each request runs in its own Session::Run; batch "
@@ -288,10 +320,14 @@ async def _run_servers(node: _Node) -> int:
     tcp_address = f"{_host(bind)}:{flags['port']}"
     if int(flags["port"]) == 0 and flags["grpc_socket_path"] and not ports_file:
         tcp_address = ""  # TF Serving: --port=0 with a socket path serves gRPC on the socket only
-    grpc_port = bind_ports(server, tcp_address, str(flags["grpc_socket_path"]), node.configs.credentials)
+    grpc_port = bind_ports(
+        server, tcp_address, str(flags["grpc_socket_path"]), node.configs.credentials
+    )
     if grpc_port is None:  # logged by bind_ports
-        print("Failed to start server. Error: INVALID_ARGUMENT: Failed to BuildAndStart gRPC server",
-              file=sys.stderr)
+        print(
+            "Failed to start server. Error: INVALID_ARGUMENT: Failed to BuildAndStart gRPC server",
+            file=sys.stderr,
+        )
         return 1
     await server.start()
     if grpc_port:

@@ -36,7 +36,13 @@ from tensorflow_serving.apis import (
 )
 
 from tfscache.errors import InvalidArgument, TfscacheError, code_name
-from tfscache.modelserver import inference, json_examples, json_response, json_tensor, serving_metrics
+from tfscache.modelserver import (
+    inference,
+    json_examples,
+    json_response,
+    json_tensor,
+    serving_metrics,
+)
 
 log = logging.getLogger("tfscache.modelserver.rest_api")
 
@@ -144,7 +150,9 @@ class RestHandler:
             name = model_spec.signature_name or inference.DEFAULT_SIGNATURE
             signature = servable.signature_defs.get(name)
             if signature is None:
-                raise InvalidArgument(f'Serving signature name: "{name}" not found in signature def')
+                raise InvalidArgument(
+                    f'Serving signature name: "{name}" not found in signature def'
+                )
             return dict(signature.inputs)
 
     def classify(self, target: _Target, body: bytes) -> str:
@@ -209,8 +217,14 @@ def _json_response(status: int, text: str) -> web.Response:
                         headers=_JSON_HEADERS)
 
 
-def make_rest_app(core, *, timeout_ms: int = 30000, threads: int | None = None,
-                  max_tensor_bytes: int | None = None, metrics_path: str | None = None) -> web.Application:
+def make_rest_app(
+    core,
+    *,
+    timeout_ms: int = 30000,
+    threads: int | None = None,
+    max_tensor_bytes: int | None = None,
+    metrics_path: str | None = None,
+) -> web.Application:
     """The REST API of a node: TF Serving's URLs, bodies, errors and HTTP codes.
 
     ``metrics_path``: serve the Prometheus page there (any method, as TF Serving's
@@ -222,7 +236,9 @@ def make_rest_app(core, *, timeout_ms: int = 30000, threads: int | None = None,
     async def dispatch(request: web.Request) -> web.Response:
         path = request.rel_url.raw_path  # matched and reported undecoded, as evhttp's uri_path
         if metrics_path is not None and path == metrics_path:  # thousands of series: off the loop
-            page = await asyncio.get_running_loop().run_in_executor(pool, serving_metrics.prometheus_page)
+            page = await asyncio.get_running_loop().run_in_executor(
+                pool, serving_metrics.prometheus_page
+            )
             return web.Response(body=page.encode(), headers={"Content-Type": "text/plain"})
         if not _V1_PATH.fullmatch(path):
             return web.Response(status=404, body=_NOT_FOUND_PAGE,

@@ -101,7 +101,9 @@ class Servable:
     def signature_defs(self) -> dict[str, meta_graph_pb2.SignatureDef]:
         return dict(self.meta_graph_def.signature_def)
 
-    def run(self, feeds: dict, fetches: list[str], timeout_s: float | None = None) -> list[np.ndarray]:
+    def run(
+        self, feeds: dict, fetches: list[str], timeout_s: float | None = None
+    ) -> list[np.ndarray]:
         """Runs one step: ``feeds`` maps tensor names to ndarrays or TensorProtos."""
         session = self._session
         if session is None:
@@ -222,7 +224,9 @@ def from_proto(proto: tensor_pb2.TensorProto) -> np.ndarray | None:
         return None
 
 
-def _from_proto(proto: tensor_pb2.TensorProto, shape: tuple[int, ...], count: int) -> np.ndarray | None:
+def _from_proto(
+    proto: tensor_pb2.TensorProto, shape: tuple[int, ...], count: int
+) -> np.ndarray | None:
     entry = _FIELDS.get(proto.dtype)
     if entry is None or (proto.tensor_content and proto.dtype == types_pb2.DT_STRING):
         try:
@@ -247,7 +251,11 @@ def _from_proto(proto: tensor_pb2.TensorProto, shape: tuple[int, ...], count: in
     else:
         flat = np.array(values, dtype=np_dtype)
     if len(flat) == 0:
-        flat = np.zeros(count, dtype=np_dtype) if np_dtype is not object else np.full(count, b"", object)
+        flat = (
+            np.zeros(count, dtype=np_dtype)
+            if np_dtype is not object
+            else np.full(count, b"", object)
+        )
     elif len(flat) >= count:
         flat = flat[:count]
     else:

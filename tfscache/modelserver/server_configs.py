@@ -33,11 +33,19 @@ def _messages() -> dict[str, type]:
         name="tensorflow_serving/config/server_configs.proto", package="tensorflow.serving",
         syntax="proto3")
     fields = {
-        "PrometheusConfig": [("enable", 1, _FIELD.TYPE_BOOL, ""), ("path", 2, _FIELD.TYPE_STRING, "")],
-        "MonitoringConfig": [("prometheus_config", 1, _FIELD.TYPE_MESSAGE,
-                              ".tensorflow.serving.PrometheusConfig")],
-        "SSLConfig": [("server_key", 1, _FIELD.TYPE_STRING, ""), ("server_cert", 2, _FIELD.TYPE_STRING, ""),
-                      ("custom_ca", 3, _FIELD.TYPE_STRING, ""), ("client_verify", 4, _FIELD.TYPE_BOOL, "")],
+        "PrometheusConfig": [
+            ("enable", 1, _FIELD.TYPE_BOOL, ""),
+            ("path", 2, _FIELD.TYPE_STRING, ""),
+        ],
+        "MonitoringConfig": [
+            ("prometheus_config", 1, _FIELD.TYPE_MESSAGE, ".tensorflow.serving.PrometheusConfig")
+        ],
+        "SSLConfig": [
+            ("server_key", 1, _FIELD.TYPE_STRING, ""),
+            ("server_cert", 2, _FIELD.TYPE_STRING, ""),
+            ("custom_ca", 3, _FIELD.TYPE_STRING, ""),
+            ("client_verify", 4, _FIELD.TYPE_BOOL, ""),
+        ],
     }
     for name, declared in fields.items():
         message = proto.message_type.add(name=name)
@@ -48,8 +56,12 @@ def _messages() -> dict[str, type]:
                 entry.type_name = type_name
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"tensorflow.serving.{name}"))
-            for name in fields}
+    return {
+        name: message_factory.GetMessageClass(
+            pool.FindMessageTypeByName(f"tensorflow.serving.{name}")
+        )
+        for name in fields
+    }
 
 
 _MESSAGES = _messages()

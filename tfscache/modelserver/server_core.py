@@ -32,7 +32,13 @@ from dataclasses import dataclass
 from tensorflow_serving.apis import get_model_status_pb2, model_pb2
 from tensorflow_serving.config import model_server_config_pb2
 
-from tfscache.errors import FailedPrecondition, InvalidArgument, NotFound, TfscacheError, Unavailable
+from tfscache.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    TfscacheError,
+    Unavailable,
+)
 from tfscache.modelserver import config as node_config
 from tfscache.modelserver.loader_harness import (
     Harness,
@@ -86,7 +92,9 @@ class ServingCore:
                  loader: Callable[[str, int, str], object] | None = None) -> None:
         """``loader(name, version, path)`` defaults to servable.load_servable."""
         self.options = options
-        self._loader = loader or saved_model_loader(options.saved_model_tags, options.warmup_iterations)
+        self._loader = loader or saved_model_loader(
+            options.saved_model_tags, options.warmup_iterations
+        )
         self._config_mu = threading.Lock()  # config_mu_: serialises reloads
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
@@ -174,7 +182,9 @@ class ServingCore:
                 self._initial_load = True
             self._source.start(models, self.options.file_system_poll_wait_seconds)
             try:
-                self._monitor.wait(waiter, "servable(s)", self.options.servable_state_waiter_timeout_s)
+                self._monitor.wait(
+                    waiter, "servable(s)", self.options.servable_state_waiter_timeout_s
+                )
             except TfscacheError:
                 self._source.stop()
                 raise
@@ -238,7 +248,9 @@ class ServingCore:
             has_aspired = any(e.aspired for e in entries)
             has_aspired_serving = any(e.aspired and e.harness is Harness.READY for e in entries)
             unaspired_serving = [e for e in entries if not e.aspired and e.harness is Harness.READY]
-            if unaspired_serving and (not has_aspired or has_aspired_serving or len(unaspired_serving) > 1):
+            if unaspired_serving and (
+                not has_aspired or has_aspired_serving or len(unaspired_serving) > 1
+            ):
                 actions.append(("unload", min(unaspired_serving, key=lambda e: e.version)))
                 continue
             new = [e for e in entries if e.aspired and e.harness is Harness.NEW]
@@ -278,7 +290,9 @@ class ServingCore:
         servable, error = load_with_retries(
             entry, self._load_once, self.options.max_num_load_retries + 1,
             self.options.load_retry_interval_micros / 1e6, self._stopped)
-        if error is None:  # logged before AVAILABLE is published: whoever waits for it (start-up) comes after
+        if (
+            error is None
+        ):  # logged before AVAILABLE is published: whoever waits for it (start-up) comes after
             log.info("loaded %s version %s in %.3f s; rss=%d",
                      entry.name, entry.version, time.monotonic() - started, rss_bytes())
         with self._lock:

@@ -34,7 +34,11 @@ class StateWaiter:
     settled: dict[str, tuple[int, ServableState]] = field(default_factory=dict)
 
     def observe(self, name: str, version: int, state: ServableState) -> None:
-        if name in self.names and name not in self.settled and state.state in (State.AVAILABLE, State.END):
+        if (
+            name in self.names
+            and name not in self.settled
+            and state.state in (State.AVAILABLE, State.END)
+        ):
             self.settled[name] = (version, state)
 
     @property
@@ -87,13 +91,19 @@ class StateMonitor:
                     self._changed.wait(remaining)
             finally:
                 self._waiters.remove(waiter)
-        failed = [(name, version, state) for name, (version, state) in sorted(waiter.settled.items())
-                  if state.state != State.AVAILABLE]
+        failed = [
+            (name, version, state)
+            for name, (version, state) in sorted(waiter.settled.items())
+            if state.state != State.AVAILABLE
+        ]
         if failed:
             parts = []
             for name, version, state in failed:
-                error = f" due to error: {code_name(state.error.grpc_code)}: {state.error.message}" \
-                    if state.error is not None else ""
+                error = (
+                    f" due to error: {code_name(state.error.grpc_code)}: {state.error.message}"
+                    if state.error is not None
+                    else ""
+                )
                 parts.append(f"{{{{name: {name} version: {version}}}{error}}}, ")
             raise Unknown(f"{len(failed)} {noun} did not become available: {{{''.join(parts)}}}")
 

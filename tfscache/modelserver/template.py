@@ -138,7 +138,9 @@ def serve(path: str) -> int:
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (owner's connection, pidfd)
     parent = os.getppid()
     try:
-        while not stop["now"] and os.getppid() == parent:  # the owner gone (killed): the template goes
+        while (
+            not stop["now"] and os.getppid() == parent
+        ):  # the owner gone (killed): the template goes
             for key, _ in selector.select(timeout=0.5):
                 if key.data == "listen":
                     conn, _ = listener.accept()
@@ -169,7 +171,7 @@ def _fork_for(conn: socket.socket, selector, children: dict, listener: socket.so
         conn.close()
         return
     if not isinstance(request, dict) or request.get("argv", [None])[:1] != ["node"]:
-        _send(conn, {"error": "a template forks `tfscache node` only: argv must start with \"node\""})
+        _send(conn, {"error": 'a template forks `tfscache node` only: argv must start with "node"'})
         conn.close()
         return
     template = os.getpid()
@@ -213,7 +215,9 @@ def _forked_pid(line: bytes | None) -> int:
     except ValueError:
         answer = {}
     if "pid" not in answer:
-        raise TemplateError(f"the node template did not fork the node: {answer.get('error', 'no answer')}")
+        raise TemplateError(
+            f"the node template did not fork the node: {answer.get('error', 'no answer')}"
+        )
     return int(answer["pid"])
 
 
@@ -285,7 +289,9 @@ class Child:
 class AsyncChild:
     """A forked node, as asyncio.subprocess.Process's subset the supervisor uses."""
 
-    def __init__(self, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, pid: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         self.pid = pid
         self.returncode: int | None = None
         self._reader, self._writer = reader, writer
@@ -342,4 +348,6 @@ if __name__ == "__main__":
         raise SystemExit(2)
     code = serve(sys.argv[1])
     sys.stderr.flush()
-    os._exit(code)  # at once: an interpreter's shutdown with TensorFlow loaded can hang, its nodes alive
+    os._exit(
+        code
+    )  # at once: an interpreter's shutdown with TensorFlow loaded can hang, its nodes alive

@@ -70,7 +70,9 @@ def shape_problem(dims: list[int]) -> str | None:
         if size:
             count *= size
             if count > INT64_MAX:
-                return f"Shape {shape_debug_string(dims)} is too large (more than 2**63 - 1 entries)"
+                return (
+                    f"Shape {shape_debug_string(dims)} is too large (more than 2**63 - 1 entries)"
+                )
     return None
 
 

@@ -71,7 +71,11 @@ def warm_up(servable, iterations: int = 1) -> int:
     if not os.path.exists(path):
         log.info("No warmup data file found at %s", path)
         return 0
-    log.info("Starting to read warmup data for model at %s with num_request_iterations %d", path, iterations)
+    log.info(
+        "Starting to read warmup data for model at %s with num_request_iterations %d",
+        path,
+        iterations,
+    )
     start = time.perf_counter()
     read = 0
     status = "OK"
@@ -95,12 +99,15 @@ def _replay(core: _OneServable, path: str, iterations: int) -> int:
             entry.ParseFromString(record)
         except Exception as exc:  # protobuf's DecodeError, or a RuntimeWarning turned error
             raise errors.InvalidArgument(
-                f"Failed to parse warmup record: {record.decode('utf-8', 'replace')} from {path}") from exc
+                f"Failed to parse warmup record: {record.decode('utf-8', 'replace')} from {path}"
+            ) from exc
         for _ in range(iterations):
             _run(core, entry)
         read += 1
         if read > MAX_RECORDS:  # checked after the record ran, as TF Serving does
-            raise errors.InvalidArgument(f"Number of warmup records exceeds the maximum ({MAX_RECORDS}) at {path}")
+            raise errors.InvalidArgument(
+                f"Number of warmup records exceeds the maximum ({MAX_RECORDS}) at {path}"
+            )
     return read
 
 
@@ -125,6 +132,8 @@ def _records(path: str):
     try:
         yield from tf.compat.v1.io.tf_record_iterator(path)
     except tf.errors.DataLossError as exc:
-        raise errors.DataLoss(f"{exc.message}. Please verify your warmup data is in TFRecord format.") from exc
+        raise errors.DataLoss(
+            f"{exc.message}. Please verify your warmup data is in TFRecord format."
+        ) from exc
     except tf.errors.OpError as exc:
         raise errors.Unknown(exc.message) from exc

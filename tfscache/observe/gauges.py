@@ -65,8 +65,12 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
 class StateCollector:
     """The gauges over the local nodes, and the per-backend counters, computed when scraped."""
 
-    def __init__(self, sources: Callable[[], Sources], counts: Callable[[], dict[str, dict[str, int]]],
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        sources: Callable[[], Sources],
+        counts: Callable[[], dict[str, dict[str, int]]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self._sources = sources
         self._counts = counts  # family name -> {node: count}: node_restarts, forwards, retries
         self._clock = clock
@@ -84,32 +88,59 @@ class StateCollector:
         return families
 
     def _resident(self, views: list[NodeView]) -> list[GaugeMetricFamily]:
-        models = _gauge("tfscache_resident_models",
-                        "Model versions in a node's config, by state (loading, available, unloading).",
-                        ["node", "state"])
-        size = _gauge("tfscache_resident_bytes", "Bytes of the models in a node's config, by state.",
-                      ["node", "state", "kind"])
+        models = _gauge(
+            "tfscache_resident_models",
+            "Model versions in a node's config, by state (loading, available, unloading).",
+            ["node", "state"],
+        )
+        size = _gauge(
+            "tfscache_resident_bytes",
+            "Bytes of the models in a node's config, by state.",
+            ["node", "state", "kind"],
+        )
         for view in views:
             resident = list(view.cache.snapshot()) if view.cache is not None else []
             for state, group in by_state(resident).items():
                 models.add_metric([view.name, state], len(group))
-                size.add_metric([view.name, state, "measured"], sum(m.bytes for m in group if m.measured))
-                size.add_metric([view.name, state, "estimated"], sum(m.bytes for m in group if not m.measured))
+                size.add_metric(
+                    [view.name, state, "measured"], sum(m.bytes for m in group if m.measured)
+                )
+                size.add_metric(
+                    [view.name, state, "estimated"], sum(m.bytes for m in group if not m.measured)
+                )
         return [models, size]
 
     def _usage(self, views: list[NodeView]) -> list[GaugeMetricFamily]:
-        cap_models = _gauge("tfscache_cap_models", "A node's cap on model versions (0 = none).", ["node"])
-        cap_bytes = _gauge("tfscache_cap_bytes", "A node's cap on model bytes (0 = none).", ["node"])
-        used_models = _gauge("tfscache_used_models",
-                             "Model versions counting against the cap: loading and available.", ["node"])
-        used_bytes = _gauge("tfscache_used_bytes", "Bytes counting against the cap: loading and available.",
-                            ["node"])
-        idle_age = _gauge("tfscache_lru_idle_age_seconds",
-                          "Seconds since the least recently used idle model was used (absent: none idle).",
-                          ["node"])
-        leases = _gauge("tfscache_leases_in_flight", "Requests holding a model on a node.", ["node"])
-        queue = _gauge("tfscache_load_queue_depth", "Cold model versions waiting to load.", ["node"])
-        healthy = _gauge("tfscache_node_healthy", "1 while the node's cache can load, else 0.", ["node"])
+        cap_models = _gauge(
+            "tfscache_cap_models", "A node's cap on model versions (0 = none).", ["node"]
+        )
+        cap_bytes = _gauge(
+            "tfscache_cap_bytes", "A node's cap on model bytes (0 = none).", ["node"]
+        )
+        used_models = _gauge(
+            "tfscache_used_models",
+            "Model versions counting against the cap: loading and available.",
+            ["node"],
+        )
+        used_bytes = _gauge(
+            "tfscache_used_bytes",
+            "Bytes counting against the cap: loading and available.",
+            ["node"],
+        )
+        idle_age = _gauge(
+            "tfscache_lru_idle_age_seconds",
+            "Seconds since the least recently used idle model was used (absent: none idle).",
+            ["node"],
+        )
+        leases = _gauge(
+            "tfscache_leases_in_flight", "Requests holding a model on a node.", ["node"]
+        )
+        queue = _gauge(
+            "tfscache_load_queue_depth", "Cold model versions waiting to load.", ["node"]
+        )
+        healthy = _gauge(
+            "tfscache_node_healthy", "1 while the node's cache can load, else 0.", ["node"]
+        )
         now = self._clock()
         for view in views:
             cache = view.cache
@@ -131,10 +162,21 @@ class StateCollector:
 
     def _counters(self, nodes: list[str], backends: list[str]) -> list[CounterMetricFamily]:
         counts = self._counts()
-        docs = {"tfscache_node_restarts": ("Times a local node process exited and was restarted.", nodes),
-                "tfscache_forwards": ("Requests sent on to a peer sidecar that owns the model, by peer.", backends),
-                "tfscache_retries": ("Tries on a node or peer that failed UNAVAILABLE or CANCELLED and were "
-                                     "retried elsewhere or later.", backends)}
+        docs = {
+            "tfscache_node_restarts": (
+                "Times a local node process exited and was restarted.",
+                nodes,
+            ),
+            "tfscache_forwards": (
+                "Requests sent on to a peer sidecar that owns the model, by peer.",
+                backends,
+            ),
+            "tfscache_retries": (
+                "Tries on a node or peer that failed UNAVAILABLE or CANCELLED and were "
+                "retried elsewhere or later.",
+                backends,
+            ),
+        }
         families = []
         for name, (doc, names) in docs.items():
             family = CounterMetricFamily(name, doc, labels=["node"])

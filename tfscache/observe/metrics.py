@@ -82,8 +82,15 @@ import platform
 import time
 from collections.abc import Callable, Iterable
 
-from prometheus_client import (CollectorRegistry, Counter, Histogram, Info, PlatformCollector, ProcessCollector,
-                               disable_created_metrics)
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    Info,
+    PlatformCollector,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.core import GaugeMetricFamily
 
 from tfscache import __version__, logs
@@ -98,7 +105,23 @@ __all__ = ["STATES", "Metrics", "NodeEvents", "NodeView", "by_state", "caps"]
 
 Key = tuple[str, int]
 
-REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+REQUEST_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 ROOM_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
@@ -108,46 +131,94 @@ disable_created_metrics()  # no *_created series: process-wide in prometheus_cli
 class Metrics:
     """Every tfscache metric, in its own CollectorRegistry."""
 
-    def __init__(self, *, per_model: bool = False, scale: ScaleSection | None = None,
-                 clock: Callable[[], float] = time.monotonic, request_log: requestlog.RequestLog | None = None,
-                 process: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        per_model: bool = False,
+        scale: ScaleSection | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        request_log: requestlog.RequestLog | None = None,
+        process: bool = True,
+    ) -> None:
         """``process``: also export prometheus_client's process_* and python_info (one per process)."""
         self.per_model = per_model
         self.scale = scale if scale is not None else ScaleSection()
         self.unload_rate = UnloadRate(self.scale.window_s, clock)
         self.request_log = request_log
-        self.costs: dict[tuple[str, Key], tuple[float, int]] = {}  # (node, key) -> last load's (seconds, bytes)
-        self.answered = 0  # requests counted so far (a worker's snapshots skip when it did not move)
-        self.counts: dict[str, dict[str, int]] = {"tfscache_node_restarts": {}, "tfscache_forwards": {},
-                                                  "tfscache_retries": {}}
+        self.costs: dict[tuple[str, Key], tuple[float, int]] = (
+            {}
+        )  # (node, key) -> last load's (seconds, bytes)
+        self.answered = (
+            0  # requests counted so far (a worker's snapshots skip when it did not move)
+        )
+        self.counts: dict[str, dict[str, int]] = {
+            "tfscache_node_restarts": {},
+            "tfscache_forwards": {},
+            "tfscache_retries": {},
+        }
         # Label children bound once per label set, so a request's accounting looks up no labels:
         # (protocol, method, code, model or None) -> (requests counter, latency histogram).
         self._request_children: dict[tuple[str, str, str, str | None], tuple] = {}
         self.registry = CollectorRegistry()
         r = self.registry
         labels = ["node", "model"] if per_model else ["node"]
-        request_labels = ["protocol", "method", "code", "model"] if per_model else ["protocol", "method", "code"]
-        self.requests = Counter("tfscache_requests", "Requests by protocol, method and status code.",
-                                ["protocol", "method", "code"], registry=r)
-        self.latency = Histogram("tfscache_request_duration_seconds",
-                                 "Seconds from a request's arrival to its answer, by protocol, method and code.",
-                                 request_labels, buckets=REQUEST_BUCKETS, registry=r)
-        self.hits = Counter("tfscache_cache_hits", "Requests whose model was resident.", labels, registry=r)
-        self.misses = Counter("tfscache_cache_misses", "Requests that waited for a load or were refused one.",
-                              labels, registry=r)
-        self.loads = Counter("tfscache_loads", "Loads that finished (loaded or failed).", labels, registry=r)
-        self.load_failures = Counter("tfscache_load_failures", "Loads that failed.", labels, registry=r)
-        self.load_duration = Histogram("tfscache_load_duration_seconds", "Seconds a successful load took.",
-                                       labels, buckets=LOAD_BUCKETS, registry=r)
-        self.unload_duration = Histogram("tfscache_unload_duration_seconds",
-                                         "Seconds from a model leaving the node's config to the node's END.",
-                                         labels, buckets=LOAD_BUCKETS, registry=r)
-        self.room_wait = Histogram("tfscache_room_wait_seconds",
-                                   "Seconds a cold load waited in the load queue for room under the caps.",
-                                   labels, buckets=ROOM_BUCKETS, registry=r)
+        request_labels = (
+            ["protocol", "method", "code", "model"] if per_model else ["protocol", "method", "code"]
+        )
+        self.requests = Counter(
+            "tfscache_requests",
+            "Requests by protocol, method and status code.",
+            ["protocol", "method", "code"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "tfscache_request_duration_seconds",
+            "Seconds from a request's arrival to its answer, by protocol, method and code.",
+            request_labels,
+            buckets=REQUEST_BUCKETS,
+            registry=r,
+        )
+        self.hits = Counter(
+            "tfscache_cache_hits", "Requests whose model was resident.", labels, registry=r
+        )
+        self.misses = Counter(
+            "tfscache_cache_misses",
+            "Requests that waited for a load or were refused one.",
+            labels,
+            registry=r,
+        )
+        self.loads = Counter(
+            "tfscache_loads", "Loads that finished (loaded or failed).", labels, registry=r
+        )
+        self.load_failures = Counter(
+            "tfscache_load_failures", "Loads that failed.", labels, registry=r
+        )
+        self.load_duration = Histogram(
+            "tfscache_load_duration_seconds",
+            "Seconds a successful load took.",
+            labels,
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.unload_duration = Histogram(
+            "tfscache_unload_duration_seconds",
+            "Seconds from a model leaving the node's config to the node's END.",
+            labels,
+            buckets=LOAD_BUCKETS,
+            registry=r,
+        )
+        self.room_wait = Histogram(
+            "tfscache_room_wait_seconds",
+            "Seconds a cold load waited in the load queue for room under the caps.",
+            labels,
+            buckets=ROOM_BUCKETS,
+            registry=r,
+        )
         self.evictions = Counter("tfscache_evictions", "Models taken off a node, by reason.",
                                  [*labels, "reason"], registry=r)
-        self.unloads = Counter("tfscache_unloads", "Unloads the node confirmed.", ["node"], registry=r)
+        self.unloads = Counter(
+            "tfscache_unloads", "Unloads the node confirmed.", ["node"], registry=r
+        )
         Info("tfscache_build", "The tfscache version and the Python it runs on.", registry=r).info(
             {"version": __version__, "python": platform.python_version()})
         if process:
@@ -192,7 +263,12 @@ class Metrics:
         if children is None:
             children = self._request_children[labels] = (
                 self.requests.labels(protocol, method, code),
-                self.latency.labels(*labels) if self.per_model else self.latency.labels(protocol, method, code))
+                (
+                    self.latency.labels(*labels)
+                    if self.per_model
+                    else self.latency.labels(protocol, method, code)
+                ),
+            )
         children[0].inc()
         self.answered += 1
         if started is None:
@@ -208,10 +284,19 @@ class Metrics:
         served = requestlog.current()
         if served is not None and self.request_log is not None:
             load_s, size = self.costs.get((served.node, (served.name, served.version)), (0.0, 0))
-            self.request_log.write({"time": round(time.time() - seconds, 6), "model": served.name,
-                                    "version": served.version, "load_seconds": round(load_s, 6), "bytes": size,
-                                    "node": served.node, "cold": int(served.cold), "code": code,
-                                    "prefetched": int(served.prefetched)})
+            self.request_log.write(
+                {
+                    "time": round(time.time() - seconds, 6),
+                    "model": served.name,
+                    "version": served.version,
+                    "load_seconds": round(load_s, 6),
+                    "bytes": size,
+                    "node": served.node,
+                    "cold": int(served.cold),
+                    "code": code,
+                    "prefetched": int(served.prefetched),
+                }
+            )
 
     def rows_only(self) -> RowsOnly:
         """The accounting for front ends whose requests another process counts: the control
@@ -239,7 +324,9 @@ class Metrics:
         loads = []
         for view in self.nodes() if views is None else views:
             cache = view.cache
-            counting = [m for m in cache.snapshot() if m.state != UNLOADING] if cache is not None else []
+            counting = (
+                [m for m in cache.snapshot() if m.state != UNLOADING] if cache is not None else []
+            )
             count_cap, bytes_cap = caps(cache) if cache is not None else (0, 0)
             loads.append(NodeLoad(view.name, self.unload_rate.per_minute(view.name), len(counting),
                                   sum(m.bytes for m in counting), count_cap, bytes_cap,
@@ -340,11 +427,16 @@ class _ScaleCollector:
 
     def collect(self):
         loads = self._metrics.node_loads()
-        rate = GaugeMetricFamily("tfscache_unloads_per_minute",
-                                 "A node's capacity unloads per minute over the last scale.window_s seconds.",
-                                 labels=["node"])
+        rate = GaugeMetricFamily(
+            "tfscache_unloads_per_minute",
+            "A node's capacity unloads per minute over the last scale.window_s seconds.",
+            labels=["node"],
+        )
         for load in loads:
             rate.add_metric([load.name], load.unloads_per_minute)
-        advice = GaugeMetricFamily("tfscache_scale_advice", "+1 more nodes, 0 hold, -1 fewer (local nodes).",
-                                   value=self._metrics.advice(loads).value)
+        advice = GaugeMetricFamily(
+            "tfscache_scale_advice",
+            "+1 more nodes, 0 hold, -1 fewer (local nodes).",
+            value=self._metrics.advice(loads).value,
+        )
         return [rate, advice]

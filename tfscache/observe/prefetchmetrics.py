@@ -25,8 +25,12 @@ class PrefetchCollector:
         return []  # computed at collect time
 
     def collect(self):
-        family = CounterMetricFamily("tfscache_prefetch_loads", "Co-access prefetch loads of a node, by outcome "
-                                     "(started, completed, failed, used, wasted).", labels=["node", "outcome"])
+        family = CounterMetricFamily(
+            "tfscache_prefetch_loads",
+            "Co-access prefetch loads of a node, by outcome "
+            "(started, completed, failed, used, wasted).",
+            labels=["node", "outcome"],
+        )
         for view in self._nodes():
             counts = prefetch_counts(view.cache)
             for outcome, value in (counts or {}).items():

@@ -50,8 +50,20 @@ from pathlib import Path
 
 log = logging.getLogger("tfscache.observe.requestlog")
 
-COLUMNS = ("time", "model", "version", "load_seconds", "bytes", "node", "cold", "code", "prefetched")
-LEGACY_COLUMNS = COLUMNS[:-1]  # a CSV log written before ``prefetched``: appended to with its own columns
+COLUMNS = (
+    "time",
+    "model",
+    "version",
+    "load_seconds",
+    "bytes",
+    "node",
+    "cold",
+    "code",
+    "prefetched",
+)
+LEGACY_COLUMNS = COLUMNS[
+    :-1
+]  # a CSV log written before ``prefetched``: appended to with its own columns
 JSON_SUFFIXES = (".jsonl", ".ndjson")
 _BATCH = 1024  # rows taken off the queue at once at most
 _WRITE_BYTES = 64 * 1024  # bytes of whole rows per write() at most
@@ -68,7 +80,9 @@ class Served:
     prefetched: bool = False
 
 
-_served: contextvars.ContextVar[Served | None] = contextvars.ContextVar("tfscache_served", default=None)
+_served: contextvars.ContextVar[Served | None] = contextvars.ContextVar(
+    "tfscache_served", default=None
+)
 
 
 def served(node: str, key: tuple[str, int], cold: bool) -> None:
@@ -138,7 +152,9 @@ class RequestLog:
         try:
             fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise RequestLogError(f"request log {self.path}: cannot open it: {exc.strerror or exc}") from exc
+            raise RequestLogError(
+                f"request log {self.path}: cannot open it: {exc.strerror or exc}"
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
@@ -161,8 +177,10 @@ class RequestLog:
         elif first == ",".join(LEGACY_COLUMNS):
             self.columns = LEGACY_COLUMNS
         elif first != header:
-            raise RequestLogError(f"request log {self.path}: it exists with other columns ({first[:80]!r}); "
-                                  f"expected {header}: name a new file")
+            raise RequestLogError(
+                f"request log {self.path}: it exists with other columns ({first[:80]!r}); "
+                f"expected {header}: name a new file"
+            )
 
     def _drain(self, fd: int) -> None:
         try:

@@ -36,7 +36,9 @@ MORE, HOLD, FEWER = 1, 0, -1
 class UnloadRate:
     """Capacity unloads per node in a sliding window of ``window_s`` seconds (times from ``clock``)."""
 
-    def __init__(self, window_s: float = 300.0, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, window_s: float = 300.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.window_s = window_s
         self._clock = clock
         self._times: dict[str, deque[float]] = {}
@@ -88,9 +90,13 @@ def advise(nodes: Sequence[NodeLoad], scale: Any) -> Advice:
         return Advice(HOLD, "no local node")
     rate = sum(n.unloads_per_minute for n in nodes) / len(nodes)
     if rate >= scale.unloads_per_minute_high:
-        return Advice(MORE, f"{rate:.1f} unloads per minute per node >= {scale.unloads_per_minute_high:g}")
+        return Advice(
+            MORE, f"{rate:.1f} unloads per minute per node >= {scale.unloads_per_minute_high:g}"
+        )
     if rate > scale.unloads_per_minute_low:
-        return Advice(HOLD, f"{rate:.1f} unloads per minute per node > {scale.unloads_per_minute_low:g}")
+        return Advice(
+            HOLD, f"{rate:.1f} unloads per minute per node > {scale.unloads_per_minute_low:g}"
+        )
     if len(nodes) < 2:
         return Advice(HOLD, "one node (fewer is decided across sidecars: docs/scaling.md)")
     if not all(n.healthy for n in nodes):
@@ -100,14 +106,22 @@ def advise(nodes: Sequence[NodeLoad], scale: Any) -> Advice:
 
 def _fits_on_fewer(nodes: Sequence[NodeLoad], share: float) -> Advice:
     checked = []
-    for what, used, caps in (("models", sum(n.models for n in nodes), [n.max_models for n in nodes]),
-                             ("bytes", sum(n.bytes for n in nodes), [n.memory_bytes for n in nodes])):
+    for what, used, caps in (
+        ("models", sum(n.models for n in nodes), [n.max_models for n in nodes]),
+        ("bytes", sum(n.bytes for n in nodes), [n.memory_bytes for n in nodes]),
+    ):
         if not all(caps):
             continue  # a node without this cap: fewer nodes are not bounded by it
         room = share * (sum(caps) - max(caps))
         if used > room:
-            return Advice(HOLD, f"{used} {what} resident need more than {room:.0f} (one node fewer, with headroom)")
+            return Advice(
+                HOLD,
+                f"{used} {what} resident need more than {room:.0f} (one node fewer, with headroom)",
+            )
         checked.append(f"{used} {what} <= {room:.0f}")
     if not checked:
-        return Advice(HOLD, "no caps: the resident set fits anywhere, the node count is not the cache's to judge")
+        return Advice(
+            HOLD,
+            "no caps: the resident set fits anywhere, the node count is not the cache's to judge",
+        )
     return Advice(FEWER, f"fits on one node fewer with headroom ({', '.join(checked)})")

@@ -75,7 +75,11 @@ log = logging.getLogger("tfscache.observe.server")
 
 def watch(metrics: Metrics, topology: Topology) -> None:
     """Point the gauges at the topology's local nodes, ring and backends (read at every scrape; they change)."""
-    metrics.watch(lambda: _node_views(topology), lambda: len(topology.ring.nodes), lambda: list(topology.backends))
+    metrics.watch(
+        lambda: _node_views(topology),
+        lambda: len(topology.ring.nodes),
+        lambda: list(topology.backends),
+    )
     metrics.registry.register(PrefetchCollector(lambda: _node_views(topology)))
 
 
@@ -102,20 +106,32 @@ def status_document(metrics: Metrics, topology: Topology, tier=None, spread=None
         if local:
             node.update(_local_node(backend.cache), unloads_per_minute=rates.get(backend.name, 0.0))
         nodes.append(node)
-    document = {"time": time.time(), "hits": hits, "misses": misses,
-                "hit_ratio": hits / (hits + misses) if hits + misses else None,
-                "ring": {"nodes": ring.nodes, "replicas": ring.replicas},
-                "nodes": nodes,
-                "scale": {"advice": advice.value, "reason": advice.reason, "window_s": metrics.unload_rate.window_s,
-                          "unloads_per_minute": rates}}
-    if tier is not None:  # a bucket's repository: {"url", "directory", "bytes", "cap_bytes", "versions", ...}
+    document = {
+        "time": time.time(),
+        "hits": hits,
+        "misses": misses,
+        "hit_ratio": hits / (hits + misses) if hits + misses else None,
+        "ring": {"nodes": ring.nodes, "replicas": ring.replicas},
+        "nodes": nodes,
+        "scale": {
+            "advice": advice.value,
+            "reason": advice.reason,
+            "window_s": metrics.unload_rate.window_s,
+            "unloads_per_minute": rates,
+        },
+    }
+    if (
+        tier is not None
+    ):  # a bucket's repository: {"url", "directory", "bytes", "cap_bytes", "versions", ...}
         document["disk_tier"] = tier.describe()
     if spread is not None:  # copies that follow load (tfscache.cluster.spread)
         document["copies"] = {"min": spread.rule.min_copies, "max": spread.rule.max_copies,
                               "models": spread.counts()}
     if workers is not None:  # --workers N: one entry per worker process (tfscache.workers)
-        document["workers"] = [{**_worker(w), "requests": int(metrics.exported.counted(w["id"], REQUESTS))}
-                               for w in workers()]
+        document["workers"] = [
+            {**_worker(w), "requests": int(metrics.exported.counted(w["id"], REQUESTS))}
+            for w in workers()
+        ]
     return document
 
 
@@ -125,9 +141,14 @@ REQUESTS = "tfscache_requests_total"
 def _worker(entry: dict[str, Any]) -> dict[str, Any]:
     """A worker's entry with id, pid, in_flight, restarts and delegations (a list of them is counted)."""
     delegations = entry.get("delegations", 0)
-    return {**entry, "id": entry["id"], "pid": entry.get("pid"), "in_flight": int(entry.get("in_flight", 0)),
-            "restarts": int(entry.get("restarts", 0)),
-            "delegations": delegations if isinstance(delegations, int) else len(delegations)}
+    return {
+        **entry,
+        "id": entry["id"],
+        "pid": entry.get("pid"),
+        "in_flight": int(entry.get("in_flight", 0)),
+        "restarts": int(entry.get("restarts", 0)),
+        "delegations": delegations if isinstance(delegations, int) else len(delegations),
+    }
 
 
 def _local_node(cache) -> dict[str, Any]:
@@ -140,11 +161,16 @@ def _local_node(cache) -> dict[str, Any]:
         count_cap, bytes_cap = caps(cache)
         limits = {"max_models": count_cap, "memory_bytes": bytes_cap}
     models = [dataclasses.asdict(m) for m in resident]
-    return {"resident_models": states["available"]["models"], "resident_bytes": states["available"]["bytes"],
-            "leases": sum(m.leases for m in resident),
-            "queue": [dataclasses.asdict(q) for q in cache.queue()] if cache is not None else [],
-            "model_states": states, "caps": limits, "prefetch": prefetch_counts(cache),
-            "models": sorted(models, key=lambda m: (m["name"], m["version"]))}
+    return {
+        "resident_models": states["available"]["models"],
+        "resident_bytes": states["available"]["bytes"],
+        "leases": sum(m.leases for m in resident),
+        "queue": [dataclasses.asdict(q) for q in cache.queue()] if cache is not None else [],
+        "model_states": states,
+        "caps": limits,
+        "prefetch": prefetch_counts(cache),
+        "models": sorted(models, key=lambda m: (m["name"], m["version"])),
+    }
 
 
 class ObserveServer(WebServer):
@@ -171,5 +197,8 @@ class ObserveServer(WebServer):
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(status_document(self.metrics, self._topology, self._tier, self._spread,
-                                                  self.metrics.exported.status))
+        return web.json_response(
+            status_document(
+                self.metrics, self._topology, self._tier, self._spread, self.metrics.exported.status
+            )
+        )

@@ -32,17 +32,35 @@ class TierMetrics(TierEvents):
 
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
-        self._hits = Counter("tfscache_disk_tier_hits", "disk tier fetches served from disk", registry=registry)
-        self._misses = Counter("tfscache_disk_tier_misses", "disk tier fetches that downloaded their version",
-                               registry=registry)
-        self._evictions = Counter("tfscache_disk_tier_evictions", "versions deleted from the disk tier for room",
-                                  registry=registry)
-        self._evicted = Counter("tfscache_disk_tier_evicted_bytes", "bytes deleted from the disk tier for room",
-                                registry=registry)
-        self._bytes = Counter("tfscache_downloaded_bytes", "bytes of model versions downloaded from the bucket",
-                              registry=registry)
-        self._seconds = Histogram("tfscache_download_duration_seconds", "whole-version downloads from the bucket",
-                                  buckets=DOWNLOAD_BUCKETS, registry=registry)
+        self._hits = Counter(
+            "tfscache_disk_tier_hits", "disk tier fetches served from disk", registry=registry
+        )
+        self._misses = Counter(
+            "tfscache_disk_tier_misses",
+            "disk tier fetches that downloaded their version",
+            registry=registry,
+        )
+        self._evictions = Counter(
+            "tfscache_disk_tier_evictions",
+            "versions deleted from the disk tier for room",
+            registry=registry,
+        )
+        self._evicted = Counter(
+            "tfscache_disk_tier_evicted_bytes",
+            "bytes deleted from the disk tier for room",
+            registry=registry,
+        )
+        self._bytes = Counter(
+            "tfscache_downloaded_bytes",
+            "bytes of model versions downloaded from the bucket",
+            registry=registry,
+        )
+        self._seconds = Histogram(
+            "tfscache_download_duration_seconds",
+            "whole-version downloads from the bucket",
+            buckets=DOWNLOAD_BUCKETS,
+            registry=registry,
+        )
 
     def hit(self) -> None:
         self._hits.inc()
@@ -70,10 +88,25 @@ class _TierGauges:
     def collect(self):
         tier = self._tier
         for name, doc, value in (
-                ("tfscache_disk_tier_bytes", "bytes the disk tier holds (downloads in progress included)",
-                 tier.used_bytes),
-                ("tfscache_disk_tier_cap_bytes", "the disk tier's cap (storage.cache_bytes)", tier.cap_bytes),
-                ("tfscache_disk_tier_versions", "complete model versions in the disk tier", len(tier.resident())),
-                ("tfscache_disk_tier_downloads_in_flight", "versions being downloaded now",
-                 tier.downloads_in_flight)):
+            (
+                "tfscache_disk_tier_bytes",
+                "bytes the disk tier holds (downloads in progress included)",
+                tier.used_bytes,
+            ),
+            (
+                "tfscache_disk_tier_cap_bytes",
+                "the disk tier's cap (storage.cache_bytes)",
+                tier.cap_bytes,
+            ),
+            (
+                "tfscache_disk_tier_versions",
+                "complete model versions in the disk tier",
+                len(tier.resident()),
+            ),
+            (
+                "tfscache_disk_tier_downloads_in_flight",
+                "versions being downloaded now",
+                tier.downloads_in_flight,
+            ),
+        ):
             yield GaugeMetricFamily(name, doc, value=value)

@@ -36,7 +36,9 @@ from prometheus_client.metrics_core import Metric
 
 SUMMED = ("counter", "gauge", "histogram")  # the family types a snapshot carries
 KEPT = ("counter", "histogram")  # what a retired worker leaves in the base (gauges go with it)
-PER_PROCESS = frozenset({"python_info", "tfscache_build", "tfscache_ring_nodes", "tfscache_scale_advice"})
+PER_PROCESS = frozenset(
+    {"python_info", "tfscache_build", "tfscache_ring_nodes", "tfscache_scale_advice"}
+)
 _RETIRED_PIDS = 1024  # how many retired pids are remembered to drop their late reports
 
 SampleKey = tuple[str, tuple[tuple[str, str], ...]]  # (sample name, sorted label pairs)
@@ -52,8 +54,14 @@ def snapshot(registry: Any) -> dict[str, Any]:
     for family in registry.collect():
         if family.type not in SUMMED or _per_process(family.name):
             continue
-        families.append({"name": family.name, "type": family.type, "help": family.documentation,
-                         "samples": [[s.name, dict(s.labels), float(s.value)] for s in family.samples]})
+        families.append(
+            {
+                "name": family.name,
+                "type": family.type,
+                "help": family.documentation,
+                "samples": [[s.name, dict(s.labels), float(s.value)] for s in family.samples],
+            }
+        )
     return {"pid": os.getpid(), "families": families}
 
 
@@ -111,13 +119,17 @@ class _Family:
         return metric
 
 
-def _add_snapshot(families: dict[str, _Family], snap: dict[str, Any], kinds: Iterable[str] = SUMMED) -> None:
+def _add_snapshot(
+    families: dict[str, _Family], snap: dict[str, Any], kinds: Iterable[str] = SUMMED
+) -> None:
     for family in snap.get("families", ()):
         if family["type"] not in kinds or _per_process(family["name"]):
             continue
         into = families.get(family["name"])
         if into is None:
-            into = families[family["name"]] = _Family(family["name"], family["type"], family.get("help", ""))
+            into = families[family["name"]] = _Family(
+                family["name"], family["type"], family.get("help", "")
+            )
         elif into.type != family["type"]:
             continue  # a family of another type under the same name: not summable, the first one wins
         for sample_name, labels, value in family["samples"]:
@@ -172,8 +184,12 @@ class WorkerMetrics:
         """``sample_name`` summed over every label set in the live process ``worker_id``'s latest
         snapshot (0 without one): e.g. the requests it received, for /status."""
         snap = self._latest.get(worker_id, {})
-        return sum(float(value) for family in snap.get("families", ()) for name, _, value in family["samples"]
-                   if name == sample_name)
+        return sum(
+            float(value)
+            for family in snap.get("families", ())
+            for name, _, value in family["samples"]
+            if name == sample_name
+        )
 
     def collect(self) -> Iterator[Metric]:
         """Every family of the registry, then those only the workers have, summed per (sample, labels).
@@ -182,10 +198,14 @@ class WorkerMetrics:
             yield from self.registry.collect()
             return
         families: dict[str, _Family] = {}
-        order: list[Metric | str] = []  # the registry's own non-summed families are passed through as they are
+        order: list[Metric | str] = (
+            []
+        )  # the registry's own non-summed families are passed through as they are
         for metric in self.registry.collect():
             if metric.type in SUMMED and metric.name not in families:
-                family = families[metric.name] = _Family(metric.name, metric.type, metric.documentation)
+                family = families[metric.name] = _Family(
+                    metric.name, metric.type, metric.documentation
+                )
                 for sample in metric.samples:
                     family.add(sample.name, sample.labels, sample.value)
                 order.append(metric.name)
@@ -202,7 +222,9 @@ class WorkerMetrics:
 
     def total(self, sample_name: str) -> float:
         """One sample name summed over every label set and every process (e.g. the cache hits)."""
-        return sum(s.value for family in self.collect() for s in family.samples if s.name == sample_name)
+        return sum(
+            s.value for family in self.collect() for s in family.samples if s.name == sample_name
+        )
 
 
 def _merge_family(families: dict[str, _Family], family: _Family) -> None:

@@ -30,16 +30,40 @@ from typing import Any, Mapping
 
 from tfscache import tls
 from tfscache.discovery.table import BACKENDS as DISCOVERY_BACKENDS
-from tfscache.settings.sections import (CacheSection, CopiesSection, DiscoverySection, NodeSection, RingSection,
-                                        ScaleSection, ServerSection, StorageSection, TlsSection, setting)
+from tfscache.settings.sections import (
+    CacheSection,
+    CopiesSection,
+    DiscoverySection,
+    NodeSection,
+    RingSection,
+    ScaleSection,
+    ServerSection,
+    StorageSection,
+    TlsSection,
+    setting,
+)
 from tfscache.units import parse_bytes
 
 REMOTE_SCHEMES = ("s3", "gs", "az")  # tfscache.storage.STORES' keys (that package imports obstore)
 _BUCKET = {"s3": "BUCKET", "gs": "BUCKET", "az": "CONTAINER"}
 
-__all__ = ["CacheSection", "CopiesSection", "DiscoverySection", "NodeSection", "RingSection", "ScaleSection", "ServerSection",
-           "Settings", "SettingsError", "StorageSection", "TlsSection", "describe", "from_args", "load",
-           "parse_bytes"]
+__all__ = [
+    "CacheSection",
+    "CopiesSection",
+    "DiscoverySection",
+    "NodeSection",
+    "RingSection",
+    "ScaleSection",
+    "ServerSection",
+    "Settings",
+    "SettingsError",
+    "StorageSection",
+    "TlsSection",
+    "describe",
+    "from_args",
+    "load",
+    "parse_bytes",
+]
 
 class SettingsError(ValueError):
     """A setting with a bad value; the message names the field and the value."""
@@ -49,9 +73,12 @@ class SettingsError(ValueError):
 class Settings:
     """Everything `tfscache serve` reads."""
 
-    model_repository: str = setting("", "directory holding NAME/VERSION/saved_model.pb, or s3://BUCKET/PREFIX, "
-                                    "gs://BUCKET/PREFIX, az://CONTAINER/PREFIX (docs/storage.md)",
-                                    flag="--model-repository")
+    model_repository: str = setting(
+        "",
+        "directory holding NAME/VERSION/saved_model.pb, or s3://BUCKET/PREFIX, "
+        "gs://BUCKET/PREFIX, az://CONTAINER/PREFIX (docs/storage.md)",
+        flag="--model-repository",
+    )
     cache: CacheSection = field(default_factory=CacheSection)
     ring: RingSection = field(default_factory=RingSection)
     copies: CopiesSection = field(default_factory=CopiesSection)
@@ -178,25 +205,35 @@ def _check_whole(s: Settings) -> None:
         raise SettingsError(f"bad value for setting node.local_nodes: {s.node.local_nodes!r} "
                             "(must be >= 1 without --node-address)")
     if not s.model_repository:
-        raise SettingsError("bad value for setting model_repository: '' (required: --model-repository DIR)")
+        raise SettingsError(
+            "bad value for setting model_repository: '' (required: --model-repository DIR)"
+        )
     if remote_url(s.model_repository):
         problem = remote_url(s.model_repository)
         if problem is not True:
-            raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} ({problem})")
+            raise SettingsError(
+                f"bad value for setting model_repository: {s.model_repository!r} ({problem})"
+            )
         if importlib.util.find_spec("obstore") is None:
-            raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} (a bucket needs "
-                                "the storage extra, which is not installed: pip install 'tfscache[storage]')")
+            raise SettingsError(
+                f"bad value for setting model_repository: {s.model_repository!r} (a bucket needs "
+                "the storage extra, which is not installed: pip install 'tfscache[storage]')"
+            )
     elif not Path(s.model_repository).is_dir():
         raise SettingsError(f"bad value for setting model_repository: {s.model_repository!r} "
                             "(not a directory, nor an s3://, gs:// or az:// URL)")
     if s.server.admin_port >= 0:
         check_bind(s.server.admin_bind_address, s.server.admin_token)
     if s.scale.unloads_per_minute_low >= s.scale.unloads_per_minute_high:
-        raise SettingsError(f"bad value for setting scale.unloads_per_minute_low: {s.scale.unloads_per_minute_low!r} "
-                            f"(must be below scale.unloads_per_minute_high, {s.scale.unloads_per_minute_high!r})")
+        raise SettingsError(
+            f"bad value for setting scale.unloads_per_minute_low: {s.scale.unloads_per_minute_low!r} "
+            f"(must be below scale.unloads_per_minute_high, {s.scale.unloads_per_minute_high!r})"
+        )
     problem = tls.check(s.tls)
     if problem:
-        raise SettingsError(f"bad value for setting tls.{problem[0]}: {problem[1]!r} ({problem[2]})")
+        raise SettingsError(
+            f"bad value for setting tls.{problem[0]}: {problem[1]!r} ({problem[2]})"
+        )
     if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
         raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
                             "(must differ from server.grpc_port)")
@@ -233,7 +270,8 @@ def check_bind(bind_address: str, token: str) -> None:
     if not token and not is_loopback(bind_address):
         raise SettingsError(
             f"bad value for setting server.admin_token: '' (required when server.admin_bind_address is "
-            f"{bind_address!r}, not a loopback address: anyone who can reach it could evict and drain)")
+            f"{bind_address!r}, not a loopback address: anyone who can reach it could evict and drain)"
+        )
 
 
 def add_arguments(parser) -> None:
@@ -245,8 +283,13 @@ def add_arguments(parser) -> None:
             parser.add_argument(flag, dest=dotted, action="store_const", const=False, default=None,
                                 help=f"{f.metadata['doc']} (sets {dotted} = false)")
         elif flag:
-            parser.add_argument(flag, dest=dotted, default=None, metavar=dotted.rsplit(".", 1)[-1].upper(),
-                                help=f.metadata["doc"])
+            parser.add_argument(
+                flag,
+                dest=dotted,
+                default=None,
+                metavar=dotted.rsplit(".", 1)[-1].upper(),
+                help=f.metadata["doc"],
+            )
     parser.add_argument("--set", dest="set_", action="append", default=[], metavar="FIELD=VALUE",
                         help="any other setting by dotted name, e.g. --set cache.policy=lru")
 

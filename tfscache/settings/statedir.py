@@ -59,11 +59,16 @@ def state_home() -> Path:
         return home / ".local" / "state"
     if os.geteuid() == 0:
         return SYSTEM_STATE_ROOT
-    raise OSError(errno.ENOENT, "no home directory and no XDG_STATE_HOME for the default state directory; "
-                                "set node.state_dir")
+    raise OSError(
+        errno.ENOENT,
+        "no home directory and no XDG_STATE_HOME for the default state directory; "
+        "set node.state_dir",
+    )
 
 
-def instance_name(*, node_address: str | None = None, model_repository: str | os.PathLike | None = None) -> str:
+def instance_name(
+    *, node_address: str | None = None, model_repository: str | os.PathLike | None = None
+) -> str:
     """A file-system-safe name for one serve: give exactly one of the two.
 
     ``node_address`` (sidecar mode, ``HOST:GRPC_PORT[,REST_PORT]``): ``sidecar-HOST-PORT``; the

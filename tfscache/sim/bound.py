@@ -70,7 +70,9 @@ class Bound:
         return Bound(self.load_seconds + other.load_seconds, self.exact and other.exact)
 
 
-def cluster_bound(per_node: Sequence[Sequence[Row]], max_models: int = 0, memory_bytes: int = 0) -> Bound:
+def cluster_bound(
+    per_node: Sequence[Sequence[Row]], max_models: int = 0, memory_bytes: int = 0
+) -> Bound:
     """The sum of every node's bound (nodes share nothing: each is solved alone)."""
     total = Bound(0.0, True)
     for requests in per_node:
@@ -81,7 +83,9 @@ def cluster_bound(per_node: Sequence[Sequence[Row]], max_models: int = 0, memory
 def node_bound(requests: Sequence[Row], max_models: int = 0, memory_bytes: int = 0) -> Bound:
     """The bound on load seconds for one node's requests (in order) under its caps (0: no cap)."""
     if memory_bytes:
-        memory = _solve(requests, 1.0, lambda size: size / memory_bytes, memory_bytes)  # room as a share: well scaled
+        memory = _solve(
+            requests, 1.0, lambda size: size / memory_bytes, memory_bytes
+        )  # room as a share: well scaled
         if not max_models:
             return Bound(memory.load_seconds, False)
         count = _solve(requests, max_models, lambda size: 1, memory_bytes)
@@ -91,7 +95,11 @@ def node_bound(requests: Sequence[Row], max_models: int = 0, memory_bytes: int =
 
 def _solve(requests: Sequence[Row], cap: int, room, memory_bytes: int) -> Bound:
     """Min-cost flow with room ``room(bytes)`` per model and ``cap`` room in all."""
-    points = [(key, size, cost) for key, _, size, cost, *_ in requests if not (memory_bytes and size > memory_bytes)]
+    points = [
+        (key, size, cost)
+        for key, _, size, cost, *_ in requests
+        if not (memory_bytes and size > memory_bytes)
+    ]
     last: dict = {}  # key -> index of its latest request among points
     compulsory = 0.0
     tail, head, weight, upper = [], [], [], []  # interval edges
@@ -100,7 +108,9 @@ def _solve(requests: Sequence[Row], cap: int, room, memory_bytes: int) -> Bound:
         last[key] = x
         if i is None:
             compulsory += cost
-        elif i + 1 < x and cost > 0:  # back to back is always a hit; a free reload is never worth room
+        elif (
+            i + 1 < x and cost > 0
+        ):  # back to back is always a hit; a free reload is never worth room
             held = room(points[i][1])
             if held > 0:
                 tail.append(i + 1)
@@ -130,7 +140,9 @@ def _max_savings(m, need, cap, tail, head, weight, upper) -> tuple[float, bool]:
     b_eq = np.zeros(m + 1)
     b_eq[0], b_eq[m] = -cap, cap
     lower = np.concatenate([np.minimum(np.asarray(need, dtype=float), cap), np.zeros(k)])
-    bounds = np.column_stack([lower, np.concatenate([np.full(m, float(cap)), np.asarray(upper, dtype=float)])])
+    bounds = np.column_stack(
+        [lower, np.concatenate([np.full(m, float(cap)), np.asarray(upper, dtype=float)])]
+    )
     objective = np.concatenate([np.zeros(m), -np.asarray(weight)])
     result = linprog(objective, A_eq=a_eq, b_eq=b_eq, bounds=bounds, method="highs-ds")
     if result.status != 0:

@@ -108,7 +108,9 @@ def split(trace: Trace, nodes: int) -> list[list[Request]]:
     return per_node
 
 
-def _chunks(requests: list[Request], progress: Callable[[int], None] | None) -> Iterator[list[Request]]:
+def _chunks(
+    requests: list[Request], progress: Callable[[int], None] | None
+) -> Iterator[list[Request]]:
     """``requests`` in slices, reporting each to ``progress`` once replayed (keeps the hot loop free of it)."""
     for start in range(0, len(requests), _CHUNK):
         chunk = requests[start:start + _CHUNK]
@@ -160,7 +162,9 @@ def replay(requests: list[Request], policy: EvictionPolicy, max_models: int, mem
                 ledger.retire(victim)
                 used -= ledger.unloaded(victim).bytes
                 evictions += 1
-            if decided.admit != [key]:  # nothing is ever leased here: it always fits once the rest is gone
+            if decided.admit != [
+                key
+            ]:  # nothing is ever leased here: it always fits once the rest is gone
                 raise RuntimeError(f"planner did not admit {key!r} ({decided})")
             ledger.admitted(key, now)
             if record is not None:
@@ -215,8 +219,12 @@ def replay_belady(requests: list[Request], max_models: int, memory_bytes: int,
     return Counts(len(requests), hits, uncacheable, evictions, load_seconds, peak)
 
 
-def simulate(trace: Trace, configs: list[Config], factory: Callable[[str, int, int], EvictionPolicy],
-             progress: Callable[[int], None] | None = None) -> list[Result]:
+def simulate(
+    trace: Trace,
+    configs: list[Config],
+    factory: Callable[[str, int, int], EvictionPolicy],
+    progress: Callable[[int], None] | None = None,
+) -> list[Result]:
     """Every configuration's result, in the order given.
 
     ``factory(name, max_models, memory_bytes)`` builds a new policy for each node;
@@ -232,8 +240,13 @@ def simulate(trace: Trace, configs: list[Config], factory: Callable[[str, int, i
             if config.policy == BELADY:
                 counts = replay_belady(requests, config.max_models, config.memory_bytes, progress)
             else:
-                counts = replay(requests, factory(config.policy, config.max_models, config.memory_bytes),
-                                config.max_models, config.memory_bytes, progress)
+                counts = replay(
+                    requests,
+                    factory(config.policy, config.max_models, config.memory_bytes),
+                    config.max_models,
+                    config.memory_bytes,
+                    progress,
+                )
             total.add(counts)
         results.append(Result(config, total))
     return results

@@ -74,13 +74,26 @@ class LoadResult:
         return max(self.busy) / mean if mean else 1.0
 
     def as_dict(self) -> dict:
-        return {"label": self.config.label, "nodes": self.config.nodes, "concurrency": self.config.concurrency,
-                "copies": self.config.rule.enabled, "max_over_mean": round(self.max_over_mean, 4),
-                "wait_p50_s": quantile(self.waits, 0.5), "wait_p99_s": quantile(self.waits, 0.99),
-                "latency_p50_s": quantile(self.latencies, 0.5), "latency_p99_s": quantile(self.latencies, 0.99),
-                "load_seconds": round(self.load_seconds, 3), "loads": self.loads, "extra_loads": self.extra_loads, "copies_added": self.added,
-                "copies_removed": self.removed, "spills": self.spills, "max_copies": self.max_copies, "peak_models": self.peak_models,
-                "requests_per_node": self.requests_per_node}
+        return {
+            "label": self.config.label,
+            "nodes": self.config.nodes,
+            "concurrency": self.config.concurrency,
+            "copies": self.config.rule.enabled,
+            "max_over_mean": round(self.max_over_mean, 4),
+            "wait_p50_s": quantile(self.waits, 0.5),
+            "wait_p99_s": quantile(self.waits, 0.99),
+            "latency_p50_s": quantile(self.latencies, 0.5),
+            "latency_p99_s": quantile(self.latencies, 0.99),
+            "load_seconds": round(self.load_seconds, 3),
+            "loads": self.loads,
+            "extra_loads": self.extra_loads,
+            "copies_added": self.added,
+            "copies_removed": self.removed,
+            "spills": self.spills,
+            "max_copies": self.max_copies,
+            "peak_models": self.peak_models,
+            "requests_per_node": self.requests_per_node,
+        }
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -113,7 +126,9 @@ class _Node:
         self.policy.forget(key)
 
 
-def run_load(trace: Trace, config: LoadConfig, factory: Callable[[str, int, int], EvictionPolicy]) -> LoadResult:
+def run_load(
+    trace: Trace, config: LoadConfig, factory: Callable[[str, int, int], EvictionPolicy]
+) -> LoadResult:
     """Replay ``trace`` under ``config`` (a request's node time: the log's ``service_seconds``, else the
     config's ``service_s``)."""
     service = trace.service if len(trace.service) == len(trace) else None
@@ -125,8 +140,12 @@ def run_load(trace: Trace, config: LoadConfig, factory: Callable[[str, int, int]
         by_name.setdefault(name, k)
     now = [0.0]
     copies = Copies(config.rule, clock=lambda: now[0])
-    nodes = {n: _Node(factory(config.policy, config.max_models, 0), config.concurrency, config.max_models)
-             for n in names}
+    nodes = {
+        n: _Node(
+            factory(config.policy, config.max_models, 0), config.concurrency, config.max_models
+        )
+        for n in names
+    }
     events: list[tuple[float, int, int, int, str]] = []  # (time, seq, kind, request or key, node)
     seq = 0
     ready_at = [0.0] * len(trace)
@@ -230,4 +249,3 @@ def _arrive(i, trace, orders, copies, nodes, ready_at, start, try_load, result) 
         node.waiting[key] = [i]
         if not try_load(name, key):
             node.blocked.append(key)
-

@@ -17,12 +17,21 @@ from tfscache.sim.load import LoadConfig, LoadResult
 DEFAULT_RULE = CopyRule()
 
 
-def configs(policies: Sequence[str], nodes: Sequence[int], max_models: Sequence[int], *, concurrency: int,
-            service_s: float, rules: Sequence[tuple[str, CopyRule]]) -> list[LoadConfig]:
+def configs(
+    policies: Sequence[str],
+    nodes: Sequence[int],
+    max_models: Sequence[int],
+    *,
+    concurrency: int,
+    service_s: float,
+    rules: Sequence[tuple[str, CopyRule]],
+) -> list[LoadConfig]:
     """Copies off first, then each named rule, for every policy, node count and cap."""
     out = []
     for policy, count, cap in itertools.product(policies, nodes, max_models):
-        base = LoadConfig(count, concurrency, service_s, CopyRule(enabled=False), policy, cap, "off")
+        base = LoadConfig(
+            count, concurrency, service_s, CopyRule(enabled=False), policy, cap, "off"
+        )
         out.append(base)
         out.extend(replace(base, rule=rule, label=label) for label, rule in rules)
     return out
@@ -40,17 +49,45 @@ def parse_rules(text: str) -> list[tuple[str, CopyRule]]:
         changes = {}
         for pair in pairs:
             name, _, value = pair.partition("=")
-            if name not in ("max_copies", "balance", "min_load", "hot_share", "hot_inflight", "cool_s",
-                            "rate_window_s", "signal"):
+            if name not in (
+                "max_copies",
+                "balance",
+                "min_load",
+                "hot_share",
+                "hot_inflight",
+                "cool_s",
+                "rate_window_s",
+                "signal",
+            ):
                 raise ValueError(f"copies setting {item!r}: unknown {name!r}")
-            changes[name] = value if name == "signal" else (int(value) if name == "max_copies" else float(value))
+            changes[name] = (
+                value
+                if name == "signal"
+                else (int(value) if name == "max_copies" else float(value))
+            )
         rules.append((item, replace(DEFAULT_RULE, **changes)))
     return rules
 
 
 def table(results: Sequence[LoadResult]) -> str:
-    header = ("copies", "policy", "nodes", "max_models", "max/mean", "wait_p50", "wait_p99", "lat_p50", "lat_p99",
-              "load_s", "vs_fixed", "loads", "extra_loads", "added", "removed", "max_copies")
+    header = (
+        "copies",
+        "policy",
+        "nodes",
+        "max_models",
+        "max/mean",
+        "wait_p50",
+        "wait_p99",
+        "lat_p50",
+        "lat_p99",
+        "load_s",
+        "vs_fixed",
+        "loads",
+        "extra_loads",
+        "added",
+        "removed",
+        "max_copies",
+    )
     rows = [header]
     fixed: dict[tuple, float] = {}
     for r in results:
@@ -60,14 +97,34 @@ def table(results: Sequence[LoadResult]) -> str:
             fixed[group] = r.load_seconds
         base = fixed.get(group)
         d = r.as_dict()
-        rows.append((c.label or ("on" if c.rule.enabled else "off"), c.policy, str(c.nodes), str(c.max_models or "-"),
-                     f"{r.max_over_mean:.3f}", _ms(d["wait_p50_s"]), _ms(d["wait_p99_s"]), _ms(d["latency_p50_s"]),
-                     _ms(d["latency_p99_s"]), f"{r.load_seconds:.1f}",
-                     f"{r.load_seconds / base:.3f}" if base else "-", str(r.loads), str(r.extra_loads),
-                     str(r.added), str(r.removed), str(r.max_copies)))
+        rows.append(
+            (
+                c.label or ("on" if c.rule.enabled else "off"),
+                c.policy,
+                str(c.nodes),
+                str(c.max_models or "-"),
+                f"{r.max_over_mean:.3f}",
+                _ms(d["wait_p50_s"]),
+                _ms(d["wait_p99_s"]),
+                _ms(d["latency_p50_s"]),
+                _ms(d["latency_p99_s"]),
+                f"{r.load_seconds:.1f}",
+                f"{r.load_seconds / base:.3f}" if base else "-",
+                str(r.loads),
+                str(r.extra_loads),
+                str(r.added),
+                str(r.removed),
+                str(r.max_copies),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+    return "\n".join(
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths))
+        )
+        for row in rows
+    )
 
 
 def _ms(seconds: float) -> str:

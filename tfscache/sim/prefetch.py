@@ -42,7 +42,9 @@ from tfscache.cache.prefetch import CoAccess, CoAccessSettings
 from tfscache.sim.engine import Request, split
 from tfscache.sim.trace import Trace
 
-FOLLOW_S = 0.05  # a request this soon after the node's previous one, for another model, is a follower
+FOLLOW_S = (
+    0.05  # a request this soon after the node's previous one, for another model, is a follower
+)
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,14 @@ class PrefetchResult:
     counts: PrefetchCounts = field(default_factory=PrefetchCounts)
 
     def as_dict(self) -> dict:
-        return {"policy": self.config.policy, "nodes": self.config.nodes, "max_models": self.config.max_models,
-                "memory_bytes": self.config.memory_bytes, "prefetch": self.config.learner is not None,
-                **asdict(self.counts)}
+        return {
+            "policy": self.config.policy,
+            "nodes": self.config.nodes,
+            "max_models": self.config.max_models,
+            "memory_bytes": self.config.memory_bytes,
+            "prefetch": self.config.learner is not None,
+            **asdict(self.counts),
+        }
 
 
 class _Waiting:
@@ -118,7 +125,9 @@ class _Node:
         self.loading: dict = {}  # key -> when its load ends (the batch in flight)
         self.waiting: dict = {}  # key -> the cold requests waiting for it
         self.sizes: dict = {}  # key -> (bytes, load seconds), as the log last said
-        self.sent: list = []  # heap of (time, seq, _Request): followers sent once their predecessor was answered
+        self.sent: list = (
+            []
+        )  # heap of (time, seq, _Request): followers sent once their predecessor was answered
         self.seq = itertools.count()
         self.counts = PrefetchCounts()
 
@@ -130,7 +139,9 @@ class _Node:
         self.sizes[key] = (r.size, r.cost)
         c.requests += 1
         follow = []
-        if self.learner is not None:  # as the live Prefetcher: likely followers kept warm, or queued
+        if (
+            self.learner is not None
+        ):  # as the live Prefetcher: likely followers kept warm, or queued
             self.learner.arrived(key, now)
             follow = self.learner.followers(key)[:1]
             for after in follow:
@@ -173,7 +184,9 @@ class _Node:
         prefetched = []
         if self.learner is not None and not decided.blocked:
             ledger.drop_prefetches(now - self.learner.settings.window_s)
-            while (planned := plan_prefetch(ledger, self.caps, self.policy, now, victims=True)) is not None:
+            while (
+                planned := plan_prefetch(ledger, self.caps, self.policy, now, victims=True)
+            ) is not None:
                 for victim in planned[1]:
                     self.unload(victim)
                 ledger.admitted(planned[0], now)
@@ -211,7 +224,11 @@ def replay_prefetch(requests: list[Request], policy: EvictionPolicy, config: Pre
     """One node's requests under ``policy``, prefetching when ``config.learner`` is set."""
     learner = CoAccess(config.learner) if config.learner is not None else None
     node = _Node(policy, Caps(config.max_models, config.memory_bytes), learner)
-    inf, i, last = float("inf"), 0, None  # last: the node's previous request in the log (its time, _Request)
+    inf, i, last = (
+        float("inf"),
+        0,
+        None,
+    )  # last: the node's previous request in the log (its time, _Request)
     while True:
         logged = requests[i][1] if i < len(requests) else inf
         sent = node.sent[0][0] if node.sent else inf
@@ -241,8 +258,12 @@ def replay_prefetch(requests: list[Request], policy: EvictionPolicy, config: Pre
     return node.counts
 
 
-def simulate_prefetch(trace: Trace, configs: list[PrefetchConfig], factory: Callable[[str, int, int], EvictionPolicy],
-                      follow_s: float = FOLLOW_S) -> list[PrefetchResult]:
+def simulate_prefetch(
+    trace: Trace,
+    configs: list[PrefetchConfig],
+    factory: Callable[[str, int, int], EvictionPolicy],
+    follow_s: float = FOLLOW_S,
+) -> list[PrefetchResult]:
     """Every configuration's cluster-wide counts, in the order given."""
     splits: dict[int, list[list[Request]]] = {}
     results = []
@@ -251,22 +272,56 @@ def simulate_prefetch(trace: Trace, configs: list[PrefetchConfig], factory: Call
             splits[config.nodes] = split(trace, config.nodes)
         result = PrefetchResult(config)
         for requests in splits[config.nodes]:
-            result.counts.add(replay_prefetch(requests, factory(config.policy, config.max_models,
-                                                                config.memory_bytes), config, follow_s))
+            result.counts.add(
+                replay_prefetch(
+                    requests,
+                    factory(config.policy, config.max_models, config.memory_bytes),
+                    config,
+                    follow_s,
+                )
+            )
         results.append(result)
     return results
 
 
 def table(results: list[PrefetchResult]) -> str:
     """The report, one row per configuration (prefetch off, then on)."""
-    head = ("policy", "nodes", "max_models", "memory", "prefetch", "cold", "followers", "cold_follow",
-            "loads", "load_s", "wait_s", "started", "used", "wasted")
+    head = (
+        "policy",
+        "nodes",
+        "max_models",
+        "memory",
+        "prefetch",
+        "cold",
+        "followers",
+        "cold_follow",
+        "loads",
+        "load_s",
+        "wait_s",
+        "started",
+        "used",
+        "wasted",
+    )
     rows = [head]
     for r in results:
         c, k = r.counts, r.config
-        rows.append((k.policy, str(k.nodes), str(k.max_models), str(k.memory_bytes),
-                     "on" if k.learner is not None else "off", str(c.cold), str(c.followers),
-                     str(c.cold_followers), str(c.loads), f"{c.load_seconds:.1f}", f"{c.wait_seconds:.1f}",
-                     str(c.prefetches), str(c.used), str(c.wasted)))
+        rows.append(
+            (
+                k.policy,
+                str(k.nodes),
+                str(k.max_models),
+                str(k.memory_bytes),
+                "on" if k.learner is not None else "off",
+                str(c.cold),
+                str(c.followers),
+                str(c.cold_followers),
+                str(c.loads),
+                f"{c.load_seconds:.1f}",
+                f"{c.wait_seconds:.1f}",
+                str(c.prefetches),
+                str(c.used),
+                str(c.wasted),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join("  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in rows)

@@ -40,7 +40,11 @@ def table(results: Sequence[Result], bounds: Bounds | None = None) -> str:
     last = {_group(r): i for i, r in enumerate(results)}
     for i, r in enumerate(results):
         c, n = r.config, r.counts
-        caps = (str(c.nodes), str(c.max_models or "-"), format_bytes(c.memory_bytes) if c.memory_bytes else "-")
+        caps = (
+            str(c.nodes),
+            str(c.max_models or "-"),
+            format_bytes(c.memory_bytes) if c.memory_bytes else "-",
+        )
         ratio = vs_bound(r, bounds)
         rows.append((c.policy, *caps, f"{r.hit_ratio:.4f}",
                      str(n.hits), str(n.requests - n.hits), f"{n.load_seconds:.1f}",
@@ -51,8 +55,13 @@ def table(results: Sequence[Result], bounds: Bounds | None = None) -> str:
             rows.append((OPTIMUM if bound.exact else LOWER_BOUND, *caps, "-", "-", "-",
                          f"{bound.load_seconds:.1f}", "-", "-", "-", "1.000"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths)))
-             for row in rows]
+    lines = [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w)
+            for i, (cell, w) in enumerate(zip(row, widths))
+        )
+        for row in rows
+    ]
     return "\n".join(lines)
 
 
@@ -61,10 +70,23 @@ def document(results: Sequence[Result], log: str, requests: int, models: int, wa
     """The JSON report: the log, its size, every configuration's counts (with ``load_vs_bound``),
     and the bounds: ``exact`` true for the optimum under a count cap, false for a lower bound."""
     bounds = bounds or {}
-    return {"log": log, "requests": requests, "models": models, "wall_seconds": round(wall_seconds, 3),
-            "results": [{**r.as_dict(), "load_vs_bound": vs_bound(r, bounds)} for r in results],
-            "bounds": [{"nodes": g[0], "max_models": g[1], "memory_bytes": g[2], "load_seconds": b.load_seconds,
-                        "exact": b.exact} for g, b in bounds.items()]}
+    return {
+        "log": log,
+        "requests": requests,
+        "models": models,
+        "wall_seconds": round(wall_seconds, 3),
+        "results": [{**r.as_dict(), "load_vs_bound": vs_bound(r, bounds)} for r in results],
+        "bounds": [
+            {
+                "nodes": g[0],
+                "max_models": g[1],
+                "memory_bytes": g[2],
+                "load_seconds": b.load_seconds,
+                "exact": b.exact,
+            }
+            for g, b in bounds.items()
+        ],
+    }
 
 
 def plot(results: Sequence[Result], out: Path) -> None:
@@ -89,12 +111,19 @@ def plot(results: Sequence[Result], out: Path) -> None:
     policies = list(dict.fromkeys(r.config.policy for r in results if r.config.policy != BELADY))
     if any(r.config.policy == BELADY for r in results):
         policies.append(BELADY)
-    metrics = (("hit ratio", lambda r: r.hit_ratio), ("total load seconds", lambda r: r.counts.load_seconds))
+    metrics = (
+        ("hit ratio", lambda r: r.hit_ratio),
+        ("total load seconds", lambda r: r.counts.load_seconds),
+    )
     fig, axes = plt.subplots(2 * len(others), len(node_counts), squeeze=False, sharey="row",
                              figsize=(4.8 * len(node_counts), 3.4 * 2 * len(others)))
     for block, other_value in enumerate(others):
         for col, nodes in enumerate(node_counts):
-            panel = [r for r in results if r.config.nodes == nodes and getattr(r.config, other) == other_value]
+            panel = [
+                r
+                for r in results
+                if r.config.nodes == nodes and getattr(r.config, other) == other_value
+            ]
             xs_all = {getattr(r.config, axis) for r in panel}
             title = f"{nodes} node{'s' if nodes != 1 else ''}"
             if len(others) > 1 or other_value:
@@ -104,8 +133,11 @@ def plot(results: Sequence[Result], out: Path) -> None:
                 ax = axes[2 * block + offset][col]
                 xs_plotted: set[float] = set()
                 for policy in policies:
-                    points = sorted((getattr(r.config, axis), metric(r)) for r in panel if r.config.policy == policy
-                                    and (getattr(r.config, axis) or xs_all == {0}))
+                    points = sorted(
+                        (getattr(r.config, axis), metric(r))
+                        for r in panel
+                        if r.config.policy == policy and (getattr(r.config, axis) or xs_all == {0})
+                    )
                     if not points:
                         continue
                     xs = [x / 2**30 if axis == "memory_bytes" else x for x, _ in points]
@@ -119,7 +151,9 @@ def plot(results: Sequence[Result], out: Path) -> None:
                     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
                     ax.xaxis.set_minor_locator(NullLocator())
                 ax.set_title(title if offset == 0 else "")
-                ax.set_xlabel("max models per node" if axis == "max_models" else "memory per node (GiB)")
+                ax.set_xlabel(
+                    "max models per node" if axis == "max_models" else "memory per node (GiB)"
+                )
                 ax.grid(True, alpha=0.3)
                 if col == 0:
                     ax.set_ylabel(label)

@@ -107,8 +107,10 @@ def _csv_rows(stream: io.TextIOBase, path: Path) -> Iterator[tuple[int, dict]]:
     columns = [name.strip().lower() for name in header]
     missing = [name for name in REQUIRED if name not in columns]
     if missing:
-        raise TraceError(f"{path}:1: the header row lacks {', '.join(missing)} "
-                         f"(expected columns: {', '.join(FIELDS)}; version and service_seconds are optional)")
+        raise TraceError(
+            f"{path}:1: the header row lacks {', '.join(missing)} "
+            f"(expected columns: {', '.join(FIELDS)}; version and service_seconds are optional)"
+        )
     wanted = [(columns.index(name), name) for name in FIELDS if name in columns]
     for row in reader:
         line = reader.line_num
@@ -197,5 +199,7 @@ def _time(value: object) -> float:
             try:
                 return datetime.fromisoformat(value.strip()).timestamp()
             except ValueError:
-                raise ValueError(f"time must be seconds or an ISO 8601 timestamp, got {value!r}") from None
+                raise ValueError(
+                    f"time must be seconds or an ISO 8601 timestamp, got {value!r}"
+                ) from None
     return _number("time", value)

@@ -50,6 +50,8 @@ def open_store(url: str, *, on_chunk: ChunkHook | None = None) -> ObjectStore:
             f"unsupported model repository URL {url!r}: expected one of "
             + ", ".join(f"{s}://BUCKET/PREFIX" for s in STORES))
     if not parts.netloc or parts.query or parts.fragment:
-        raise InvalidArgument(f"model repository URL {url!r} must be {parts.scheme}://BUCKET/PREFIX")
+        raise InvalidArgument(
+            f"model repository URL {url!r} must be {parts.scheme}://BUCKET/PREFIX"
+        )
     prefix = parts.path.strip("/")
     return STORES[parts.scheme](parts.netloc, prefix, url, on_chunk)

@@ -50,10 +50,17 @@ def check_name(name: str) -> str:
 def safe_relpath(rel: str, url: str) -> str:
     """``rel`` (an object key below its version) if writing it stays inside the version dir."""
     parts = rel.split("/")
-    if rel.startswith("/") or "\\" in rel or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+    if (
+        rel.startswith("/")
+        or "\\" in rel
+        or "\0" in rel
+        or any(p in ("", ".", "..") for p in parts)
+    ):
         raise FailedPrecondition(f"unsafe object key {rel[:200]!r} in {url}: refused")
     if parts[-1] == MARKER:
-        raise FailedPrecondition(f"object key {rel[:200]!r} in {url} clashes with the tier's marker: refused")
+        raise FailedPrecondition(
+            f"object key {rel[:200]!r} in {url} clashes with the tier's marker: refused"
+        )
     return rel
 
 
@@ -74,8 +81,14 @@ def model_files(name: str, objects: list[ObjectInfo]) -> dict[str, tuple[int, st
     found = {}
     for obj in objects:
         rel = obj.key[len(name) + 1:]
-        if rel and "/" not in rel and "\\" not in rel and "\0" not in rel and not rel.startswith(".") \
-                and not rel.isdigit():
+        if (
+            rel
+            and "/" not in rel
+            and "\\" not in rel
+            and "\0" not in rel
+            and not rel.startswith(".")
+            and not rel.isdigit()
+        ):
             found[rel] = (obj.size, obj.etag)
     return found
 
@@ -136,7 +149,9 @@ def scan(root: Path) -> list[tuple[Key, dict[str, list], float]]:
             if manifest is None:
                 remove(version)
             else:
-                adopted.append(((model.name, int(version.name)), manifest, (version / MARKER).stat().st_mtime))
+                adopted.append(
+                    ((model.name, int(version.name)), manifest, (version / MARKER).stat().st_mtime)
+                )
     return adopted
 
 

@@ -44,7 +44,9 @@ class Listings:
         model never listed since start-up)."""
         self.store, self.interval_s, self.rate, self.active_s = store, interval_s, rate, active_s
         self.on_disk = on_disk or (lambda name: {})
-        self.waited = 0  # LISTs a caller waited for (requests: a model with neither listing nor copy)
+        self.waited = (
+            0  # LISTs a caller waited for (requests: a model with neither listing nor copy)
+        )
         self.refreshed = 0  # LISTs by the refresher
         self._listings: dict[str, tuple[float, Versions]] = {}
         self._files: dict[str, dict[str, tuple[int, str]]] = {}
@@ -108,7 +110,11 @@ class Listings:
 
     def describe(self) -> dict:
         """For ``/status``: LISTs callers waited for, LISTs in the background, models kept fresh."""
-        return {"on_request": self.waited, "background": self.refreshed, "active_models": len(self._asked)}
+        return {
+            "on_request": self.waited,
+            "background": self.refreshed,
+            "active_models": len(self._asked),
+        }
 
     def forget(self, name: str) -> None:
         """The bucket changed under the listing (an object gone or changed): list before next use."""
@@ -119,7 +125,9 @@ class Listings:
         flight = self._flights.get(name)
         if flight is None:
             flight = self._flights[name] = asyncio.ensure_future(self._list(name))
-            flight.add_done_callback(lambda f: self._flights.pop(name, None) if self._flights.get(name) is f else None)
+            flight.add_done_callback(
+                lambda f: self._flights.pop(name, None) if self._flights.get(name) is f else None
+            )
         return await asyncio.shield(flight)
 
     async def _list(self, name: str) -> Versions:
@@ -139,14 +147,17 @@ class Listings:
 
     def due(self, now: float) -> list[str]:
         """The models to list now, stalest first: those a request queued, and those asked for within
-        ``active_s`` whose listing turns ``interval_s`` old within the next tick (pure but for reading)."""
+        ``active_s`` whose listing turns ``interval_s`` old within the next tick (pure but for reading).
+        """
         soon = self.interval_s - self.tick
         for name, asked in list(self._asked.items()):
             if now - asked > self.active_s:
                 del self._asked[name]  # idle: no LIST until it is asked for again
             elif name in self._listings and now - self._listings[name][0] >= soon:
                 self._queued.add(name)
-        ready = [n for n in self._queued if n not in self._flights and self._retry_at.get(n, 0) <= now]
+        ready = [
+            n for n in self._queued if n not in self._flights and self._retry_at.get(n, 0) <= now
+        ]
         return sorted(ready, key=lambda n: self._listings.get(n, (float("-inf"),))[0])
 
     @property
@@ -175,7 +186,13 @@ class Listings:
         error = task.exception()
         if error is None:
             return
-        self._retry_at[name] = time.monotonic() + self.interval_s  # not at ``rate`` while the store is down
+        self._retry_at[name] = (
+            time.monotonic() + self.interval_s
+        )  # not at ``rate`` while the store is down
         message = error.message if isinstance(error, TfscacheError) else repr(error)
-        log.warning("refreshing the listing of %s in %s failed (the last one is used meanwhile): %s",
-                    name, self.store.url, message)
+        log.warning(
+            "refreshing the listing of %s in %s failed (the last one is used meanwhile): %s",
+            name,
+            self.store.url,
+            message,
+        )

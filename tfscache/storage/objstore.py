@@ -21,14 +21,28 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
-from tfscache.errors import Aborted, FailedPrecondition, NotFound, TfscacheError, Unavailable, shorten
+from tfscache.errors import (
+    Aborted,
+    FailedPrecondition,
+    NotFound,
+    TfscacheError,
+    Unavailable,
+    shorten,
+)
 from tfscache.storage.base import ChunkHook, ObjectInfo, disk_error
 
 CHUNK_BYTES = 2 << 20  # chosen with scripts/bench_storage.py over 1, 2 and 4 MiB (docs/storage.md)
 CLIENT_OPTIONS = {"connect_timeout": timedelta(seconds=5), "read_timeout": timedelta(seconds=30),
                   "timeout": timedelta(hours=1)}
-RETRY = {"max_retries": 3, "retry_timeout": timedelta(seconds=20),
-         "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=2), "base": 2}}
+RETRY = {
+    "max_retries": 3,
+    "retry_timeout": timedelta(seconds=20),
+    "backoff": {
+        "init_backoff": timedelta(milliseconds=100),
+        "max_backoff": timedelta(seconds=2),
+        "base": 2,
+    },
+}
 
 # scheme -> (endpoint variables whose http:// value allows plain HTTP, where credentials come from)
 ENDPOINT_VARS = {
@@ -42,7 +56,13 @@ CREDENTIALS_HINT = {
     "az": "set AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, a SAS or AZURE_CLIENT_ID/SECRET/TENANT_ID",
 }
 OS_CAUSE = re.compile(r'message: "([^"]+)"')
-CREDENTIAL_MARKS = ("/latest/api/token", "/latest/meta-data", "credential", "computeMetadata", "/metadata/identity")
+CREDENTIAL_MARKS = (
+    "/latest/api/token",
+    "/latest/meta-data",
+    "credential",
+    "computeMetadata",
+    "/metadata/identity",
+)
 MISSING_CONTAINER = ("NoSuchBucket", "ContainerNotFound", "The specified bucket does not exist")
 
 
@@ -54,7 +74,9 @@ def client_options(scheme: str) -> dict:
 class ObstoreStore:
     """One bucket (container) and prefix; keys are relative to the prefix."""
 
-    def __init__(self, scheme: str, bucket: str, url: str, store, on_chunk: ChunkHook | None) -> None:
+    def __init__(
+        self, scheme: str, bucket: str, url: str, store, on_chunk: ChunkHook | None
+    ) -> None:
         self.scheme, self.bucket, self.url = scheme, bucket, url
         self._store = store
         self._on_chunk = on_chunk
@@ -73,12 +95,16 @@ class ObstoreStore:
         import obstore
 
         try:
-            result = await obstore.get_async(self._store, key, options={"if_match": etag} if etag else None)
+            result = await obstore.get_async(
+                self._store, key, options={"if_match": etag} if etag else None
+            )
             stream = result.stream(min_chunk_size=CHUNK_BYTES)
         except Exception as exc:
             raise self.translate(exc, key) from exc
         got = result.meta.get("e_tag")
-        if etag and got and _bare(got) != _bare(etag):  # a store that ignored If-Match sent other bytes
+        if (
+            etag and got and _bare(got) != _bare(etag)
+        ):  # a store that ignored If-Match sent other bytes
             raise self.changed(key)
         out = await self._open(dest)
         written = 0
@@ -109,7 +135,9 @@ class ObstoreStore:
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:
-            opening.add_done_callback(lambda f: f.cancelled() or f.exception() or f.result().close())
+            opening.add_done_callback(
+                lambda f: f.cancelled() or f.exception() or f.result().close()
+            )
             raise
 
     @staticmethod
@@ -118,7 +146,9 @@ class ObstoreStore:
         try:
             return await asyncio.to_thread(call, *args)
         except OSError as exc:
-            raise disk_error(exc, Path(args[0]) if args and isinstance(args[0], (str, Path)) else Path("?")) from exc
+            raise disk_error(
+                exc, Path(args[0]) if args and isinstance(args[0], (str, Path)) else Path("?")
+            ) from exc
 
     def changed(self, key: str) -> Aborted:
         """Object ``key`` no longer has the ETag it was listed with."""
@@ -135,13 +165,17 @@ class ObstoreStore:
         if any(mark in text for mark in MISSING_CONTAINER):
             return FailedPrecondition(f"bucket {self.bucket!r} of {self.url} does not exist")
         if isinstance(exc, obx.InvalidPathError) or "invalid path" in text:
-            return FailedPrecondition(f"unsafe object key under {key!r} in {self.url}: refused ({head})")
+            return FailedPrecondition(
+                f"unsafe object key under {key!r} in {self.url}: refused ({head})"
+            )
         if isinstance(exc, (FileNotFoundError, obx.NotFoundError)):
             return NotFound(f"object {key!r} not found in {self.url}")
         if isinstance(exc, obx.PreconditionError):
             return self.changed(key)
         if isinstance(exc, obx.UnauthenticatedError) or any(m in text for m in CREDENTIAL_MARKS):
-            return FailedPrecondition(f"no credentials for {self.url}: {CREDENTIALS_HINT[self.scheme]}; cause: {cause}")
+            return FailedPrecondition(
+                f"no credentials for {self.url}: {CREDENTIALS_HINT[self.scheme]}; cause: {cause}"
+            )
         if isinstance(exc, (PermissionError, obx.PermissionDeniedError)) or "AccessDenied" in text:
             return FailedPrecondition(f"access to {self.url} denied: {cause}")
         return Unavailable(f"store {self.url} unreachable: {cause}")
@@ -152,9 +186,13 @@ def _bare(etag: str) -> str:
     return etag.removeprefix("W/").strip('"')
 
 
-def _build(scheme: str, factory, bucket: str, prefix: str, url: str, on_chunk: ChunkHook | None) -> ObstoreStore:
+def _build(
+    scheme: str, factory, bucket: str, prefix: str, url: str, on_chunk: ChunkHook | None
+) -> ObstoreStore:
     try:
-        store = factory(bucket, prefix=prefix or None, client_options=client_options(scheme), retry_config=RETRY)
+        store = factory(
+            bucket, prefix=prefix or None, client_options=client_options(scheme), retry_config=RETRY
+        )
     except Exception as exc:  # a configuration object_store rejects (e.g. no Azure account name)
         head = shorten(str(exc).split("\n\nDebug source")[0].strip(), 300)
         raise FailedPrecondition(f"cannot open {url}: {head} ({CREDENTIALS_HINT[scheme]})") from exc

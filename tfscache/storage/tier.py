@@ -32,8 +32,17 @@ from pathlib import Path
 
 from tfscache.errors import Aborted, DataLoss, NotFound, ResourceExhausted, Unavailable
 from tfscache.storage.base import ObjectStore, TierEvents, disk_error
-from tfscache.storage.layout import (PARTIAL, Key, VersionListing, check_name, plan_eviction, remove,
-                                     safe_relpath, scan, write_marker)
+from tfscache.storage.layout import (
+    PARTIAL,
+    Key,
+    VersionListing,
+    check_name,
+    plan_eviction,
+    remove,
+    safe_relpath,
+    scan,
+    write_marker,
+)
 from tfscache.storage.listings import Listings
 
 log = logging.getLogger("tfscache.storage.tier")
@@ -42,9 +51,20 @@ LOADERS = {"loading"}  # the use of a version that a changed copy may still be s
 
 
 class DiskTier:
-    def __init__(self, root: Path, cap_bytes: int, store: ObjectStore, *, parallel: int = 8,
-                 rescan_s: float = 1.0, in_use: Callable[[Key], set[str]] | None = None,
-                 events: TierEvents | None = None, list_rate: float = 20.0, list_active_s: float = 600.0) -> None:
+
+    def __init__(
+        self,
+        root: Path,
+        cap_bytes: int,
+        store: ObjectStore,
+        *,
+        parallel: int = 8,
+        rescan_s: float = 1.0,
+        in_use: Callable[[Key], set[str]] | None = None,
+        events: TierEvents | None = None,
+        list_rate: float = 20.0,
+        list_active_s: float = 600.0,
+    ) -> None:
         """``in_use(key)``: what the nodes do with that version now, as states of their caches'
         ledgers ("loading", "available", "unloading"; empty: nothing). A version in use is never
         evicted; one a node serves ("available", "unloading") is never replaced either.
@@ -58,7 +78,9 @@ class DiskTier:
         self._local_files: dict[tuple[str, str], tuple[int, str]] = {}  # ... and the copies on disk
         self._file_flights: dict[str, asyncio.Future] = {}
         self._gate = asyncio.Semaphore(parallel)
-        self._resident: OrderedDict[Key, tuple[int, dict]] = OrderedDict()  # LRU first; (bytes, manifest)
+        self._resident: OrderedDict[Key, tuple[int, dict]] = (
+            OrderedDict()
+        )  # LRU first; (bytes, manifest)
         self._reserved: dict[Key, int] = {}
         self._flights: dict[Key, asyncio.Future] = {}
 
@@ -67,7 +89,9 @@ class DiskTier:
         ones. Over the cap (it was lowered), nothing is deleted yet: which versions the nodes serve is
         known only once the caches re-adopted them, so the next download makes the room."""
         await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
-        for key, manifest, _ in sorted(await asyncio.to_thread(scan, self.root), key=lambda a: a[2]):
+        for key, manifest, _ in sorted(
+            await asyncio.to_thread(scan, self.root), key=lambda a: a[2]
+        ):
             self._resident[key] = (sum(size for size, _ in manifest.values()), manifest)
         log.log(logging.WARNING if self.used_bytes > self.cap_bytes else logging.INFO,
                 "disk tier %s: adopted %d versions, %d bytes (storage.cache_bytes = %d)", self.root,
@@ -110,7 +134,8 @@ class DiskTier:
 
     async def versions(self, name: str, need: int | None = None) -> dict[int, VersionListing]:
         """The versions of ``name`` in the bucket: the last listing, or the complete versions on disk,
-        refreshed in the background; listed now only when neither answers (``Listings.versions``)."""
+        refreshed in the background; listed now only when neither answers (``Listings.versions``).
+        """
         return await self.listings.versions(check_name(name), need)
 
     def listed(self, name: str) -> dict[int, VersionListing] | None:
@@ -119,8 +144,13 @@ class DiskTier:
 
     def _on_disk(self, name: str) -> dict[int, VersionListing]:
         """The complete versions of ``name`` in the tier, as the listings they were downloaded from."""
-        return {v: VersionListing(tuple(sorted((rel, size, etag) for rel, (size, etag) in manifest.items())))
-                for (n, v), (_, manifest) in self._resident.items() if n == name}
+        return {
+            v: VersionListing(
+                tuple(sorted((rel, size, etag) for rel, (size, etag) in manifest.items()))
+            )
+            for (n, v), (_, manifest) in self._resident.items()
+            if n == name
+        }
 
     async def model_file(self, name: str, rel: str) -> Path | None:
         """The local copy of one of the model's own files (``labels.json``), refreshed from the
@@ -170,7 +200,9 @@ class DiskTier:
         flight = flights.get(key)
         if flight is None:
             flight = flights[key] = asyncio.ensure_future(work)
-            flight.add_done_callback(lambda f: flights.pop(key, None) if flights.get(key) is f else None)
+            flight.add_done_callback(
+                lambda f: flights.pop(key, None) if flights.get(key) is f else None
+            )
         else:
             work.close()
         return await asyncio.shield(flight)
@@ -182,15 +214,18 @@ class DiskTier:
         except Unavailable:
             if key not in self._resident:
                 raise
-            log.warning("disk tier: %s unreachable; serving %s version %d from disk", self.store.url, *key)
+            log.warning(
+                "disk tier: %s unreachable; serving %s version %d from disk", self.store.url, *key
+            )
             self.events.hit()
             return self.path(*key)
         if listing is None:
             raise NotFound(f"version {version} of model {name!r} not found in {self.store.url}")
         await self.sync_model_files(name)
         resident = self._resident.get(key)
-        if resident is not None and (resident[1] == listing.manifest()
-                                     or self.in_use(key) - LOADERS):  # a node serves that copy: keep it
+        if resident is not None and (
+            resident[1] == listing.manifest() or self.in_use(key) - LOADERS
+        ):  # a node serves that copy: keep it
             self.events.hit()
             return self.path(*key)
         self.events.miss()
@@ -209,8 +244,10 @@ class DiskTier:
             self._reserved.pop(key, None)
 
     def too_large(self, key: Key, need: int) -> ResourceExhausted:
-        return ResourceExhausted(f"model {key[0]!r} version {key[1]} needs {need} bytes, more than the whole "
-                                 f"disk tier (storage.cache_bytes = {self.cap_bytes})")
+        return ResourceExhausted(
+            f"model {key[0]!r} version {key[1]} needs {need} bytes, more than the whole "
+            f"disk tier (storage.cache_bytes = {self.cap_bytes})"
+        )
 
     def _plan_room(self, key: Key, need: int) -> list[Key]:
         """The versions to evict for ``need`` bytes (pure); ResourceExhausted naming the cap if none can."""
@@ -219,12 +256,15 @@ class DiskTier:
         old = self._resident.get(key)
         used = self.used_bytes - (old[0] if old else 0)
         order = [k for k in self._resident if k != key]
-        victims = plan_eviction(self.resident(), order, self.protected(), used, need, self.cap_bytes)
+        victims = plan_eviction(
+            self.resident(), order, self.protected(), used, need, self.cap_bytes
+        )
         if victims is None:
             raise ResourceExhausted(
                 f"disk tier full: model {key[0]!r} version {key[1]} needs {need} bytes and only "
                 f"{self.cap_bytes - used} of storage.cache_bytes = {self.cap_bytes} can be freed now; "
-                f"the rest is in use by nodes or being downloaded")
+                f"the rest is in use by nodes or being downloaded"
+            )
         return victims
 
     async def _evict(self, victims: list[tuple[Key, int]]) -> None:
@@ -247,7 +287,13 @@ class DiskTier:
             raise
         self._resident[key] = (listing.bytes, listing.manifest())
         seconds = time.monotonic() - began
-        log.info("disk tier: downloaded %s version %d, %d bytes in %.3f s", key[0], key[1], listing.bytes, seconds)
+        log.info(
+            "disk tier: downloaded %s version %d, %d bytes in %.3f s",
+            key[0],
+            key[1],
+            listing.bytes,
+            seconds,
+        )
         self.events.downloaded(seconds, listing.bytes)
         return self.path(*key)
 

@@ -49,7 +49,8 @@ class EvictionPolicy(ABC):
     def colder_than(self, candidates: Iterable[Key], key: Key, now: float) -> list[Key]:
         """The ``candidates`` (resident, idle) this policy would evict before ``key`` were ``key``
         loaded and requested at ``now``, in eviction order: what a prefetch of ``key`` may take
-        (tfscache.cache.planner.plan_prefetch). The default, none, lets a prefetch take free room only."""
+        (tfscache.cache.planner.plan_prefetch). The default, none, lets a prefetch take free room only.
+        """
         return []
 
     def set_caps(self, max_models: int, memory_bytes: int) -> None:

@@ -49,7 +49,9 @@ class CostAwarePolicy(LFUPolicy):
     def set_caps(self, max_models: int, memory_bytes: int) -> None:
         """The node's caps (0: none), which decide what room a model holds; re-prices every model (O(n))."""
         if max_models < 0 or memory_bytes < 0:
-            raise ValueError(f"caps must not be negative, got max_models={max_models}, memory_bytes={memory_bytes}")
+            raise ValueError(
+                f"caps must not be negative, got max_models={max_models}, memory_bytes={memory_bytes}"
+            )
         self.max_models, self.memory_bytes = max_models, memory_bytes
         for key, (_, _, uses, base) in list(self._prio.items()):
             self._price(key)
@@ -76,7 +78,9 @@ class CostAwarePolicy(LFUPolicy):
 
     def room(self, key: Key) -> float:
         """The share of the caps ``key`` holds (its size in bytes while the caps are unknown)."""
-        size = self._size.get(key) or (self._size_total / self._size_count if self._size_count else 1.0)
+        size = self._size.get(key) or (
+            self._size_total / self._size_count if self._size_count else 1.0
+        )
         if not (self.max_models or self.memory_bytes):
             return size
         slot = 1.0 / self.max_models if self.max_models else 0.0

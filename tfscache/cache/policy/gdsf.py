@@ -57,12 +57,18 @@ class GDSFPolicy(HeapOrdered, EvictionPolicy):
     def __init__(self, max_models: int = 0, memory_bytes: int = 0, halflife: float = 2_000,
                  history: int = 100_000) -> None:
         if not halflife > 0 or history < 0:
-            raise ValueError(f"halflife must be > 0 and history >= 0, got halflife={halflife!r}, history={history!r}")
+            raise ValueError(
+                f"halflife must be > 0 and history >= 0, got halflife={halflife!r}, history={history!r}"
+            )
         self.halflife, self.history = float(halflife), history
         self._clock = 0  # requests seen: L = clock / halflife
         self._init_order()  # resident key -> (H, sequence number)
-        self._freq: OrderedDict[Key, tuple[float, int]] = OrderedDict()  # key -> (F, clock when F was set)
-        self._cost: dict[Key, float] = {}  # kept after an eviction: a model comes back priced by its own load
+        self._freq: OrderedDict[Key, tuple[float, int]] = (
+            OrderedDict()
+        )  # key -> (F, clock when F was set)
+        self._cost: dict[Key, float] = (
+            {}
+        )  # kept after an eviction: a model comes back priced by its own load
         self._size: dict[Key, int] = {}
         self._cost_sum = self._size_sum = 0.0
         self._cost_n = self._size_n = 0
@@ -76,7 +82,9 @@ class GDSFPolicy(HeapOrdered, EvictionPolicy):
     def set_caps(self, max_models: int, memory_bytes: int) -> None:
         """The node's caps (0: none), which decide the room a model holds; re-prices every model (O(n))."""
         if max_models < 0 or memory_bytes < 0:
-            raise ValueError(f"caps must not be negative, got max_models={max_models}, memory_bytes={memory_bytes}")
+            raise ValueError(
+                f"caps must not be negative, got max_models={max_models}, memory_bytes={memory_bytes}"
+            )
         self.max_models, self.memory_bytes = max_models, memory_bytes
         for key in list(self._prio):
             self._set(key)
@@ -114,7 +122,11 @@ class GDSFPolicy(HeapOrdered, EvictionPolicy):
     def frequency(self, key: Key) -> float:
         """``key``'s decayed request count now (0 for a key never requested, or forgotten)."""
         count, when = self._freq.get(key, (0.0, self._clock))
-        return count * math.exp2((when - self._clock) / self.halflife) if when != self._clock else count
+        return (
+            count * math.exp2((when - self._clock) / self.halflife)
+            if when != self._clock
+            else count
+        )
 
     def worth(self, key: Key) -> float:
         """``F * C / R`` now (0 for a model never requested: it goes first, as a key no policy saw)."""
@@ -135,7 +147,9 @@ class GDSFPolicy(HeapOrdered, EvictionPolicy):
         cost = self._cost.get(key) or (self._cost_sum / self._cost_n if self._cost_n else 1.0)
         worth = (self.frequency(key) * self._decay_one() + 1.0) * cost / self.room(key)
         bar = (self._clock + 1) / self.halflife + math.log2(worth)
-        return [k for k in self.victims(candidates, now) if self._prio.get(k, (float("-inf"),))[0] < bar]
+        return [
+            k for k in self.victims(candidates, now) if self._prio.get(k, (float("-inf"),))[0] < bar
+        ]
 
     def _decay_one(self) -> float:
         return math.exp2(-1.0 / self.halflife)
@@ -148,4 +162,6 @@ class GDSFPolicy(HeapOrdered, EvictionPolicy):
 
     def _set(self, key: Key) -> None:
         worth = self.worth(key)
-        self._push(key, self._clock / self.halflife + (math.log2(worth) if worth > 0 else float("-inf")))
+        self._push(
+            key, self._clock / self.halflife + (math.log2(worth) if worth > 0 else float("-inf"))
+        )

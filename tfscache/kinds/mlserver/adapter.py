@@ -85,7 +85,9 @@ class MLServerAdapter(OipAdapter):
         name, version = key
         return await self.client.model_ready(name, str(version), deadline_s=deadline_s)
 
-    async def _load_one(self, key: Key, wanted: Sequence[Key], deadline: float, within: float) -> None:
+    async def _load_one(
+        self, key: Key, wanted: Sequence[Key], deadline: float, within: float
+    ) -> None:
         """Load ``key``'s model in its turn and confirm the version ready; raises the key's error."""
         name, version = key
         await self._turn(name, deadline, within)
@@ -102,22 +104,30 @@ class MLServerAdapter(OipAdapter):
                 handed_over = self._abandon(name, self._unload_when_loaded(name, rpc))
                 raise self._late(name, version, within) from None
             except errors.NotFound as e:
-                raise errors.ModelNotFound(f"{e.message} (model {name} version {version} is not in the "
-                                           f"repository of node {self.target})") from e
+                raise errors.ModelNotFound(
+                    f"{e.message} (model {name} version {version} is not in the "
+                    f"repository of node {self.target})"
+                ) from e
             except errors.Unavailable:
                 raise
-            except (errors.Cancelled, errors.DeadlineExceeded) as e:  # the channel closed, the node went away
+            except (
+                errors.Cancelled,
+                errors.DeadlineExceeded,
+            ) as e:  # the channel closed, the node went away
                 raise errors.NodeUnavailable(
                     f"node {self.target}: the load of model {name} version {version} ended "
                     f"{e.grpc_code.name} (the node went away?)") from e
             except errors.TfscacheError as e:
                 raise type(e)(f"load failed for model '{name}' version {version} on node "
                               f"{self.target}: {e.message}") from e
-            if not await self.client.model_ready(name, str(version), deadline_s=self._rpc_left(deadline)):
+            if not await self.client.model_ready(
+                name, str(version), deadline_s=self._rpc_left(deadline)
+            ):
                 raise errors.FailedPrecondition(
                     f"model {name} version {version} is not served by node {self.target} after its load: "
                     f"MLServer names versions by parameters.version in model-settings.json, which must be "
-                    f"\"{version}\", the version directory's name")
+                    f'"{version}", the version directory\'s name'
+                )
         finally:
             if not handed_over:
                 self._turns.release(name)
@@ -134,13 +144,26 @@ class MLServerAdapter(OipAdapter):
             try:
                 await rpc
             except errors.TfscacheError as e:
-                log.info("node %s: the abandoned load of model %s ended: %s", self.target, name, e.message)
+                log.info(
+                    "node %s: the abandoned load of model %s ended: %s",
+                    self.target,
+                    name,
+                    e.message,
+                )
             try:
                 await self._unload_name(name, time.monotonic() + self.rpc_deadline_s)
             except errors.TfscacheError as e:
-                log.warning("node %s: unloading model %s after its abandoned load: %s", self.target, name,
-                            e.message)
+                log.warning(
+                    "node %s: unloading model %s after its abandoned load: %s",
+                    self.target,
+                    name,
+                    e.message,
+                )
             else:
-                log.info("node %s: the abandoned load of model %s ended; it is unloaded", self.target, name)
+                log.info(
+                    "node %s: the abandoned load of model %s ended; it is unloaded",
+                    self.target,
+                    name,
+                )
         finally:
             rpc.cancel()

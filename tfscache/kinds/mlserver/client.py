@@ -39,10 +39,16 @@ class MLServerClient(OipRepositoryChannel):
     async def index(self, ready: bool = False, deadline_s: float | None = None) -> list[ModelIndex]:
         """RepositoryIndex: one entry per ``model-settings.json`` under the repository (only READY
         ones if ``ready``), with the state as a bare name (READY, UNAVAILABLE, UNKNOWN)."""
-        return [ModelIndex(name=m.name, version=m.version, state=m.state.rpartition(".")[2], reason=m.reason)
-                for m in await super().index(ready, deadline_s)]
+        return [
+            ModelIndex(
+                name=m.name, version=m.version, state=m.state.rpartition(".")[2], reason=m.reason
+            )
+            for m in await super().index(ready, deadline_s)
+        ]
 
-    async def model_ready(self, name: str, version: str = "", deadline_s: float | None = None) -> bool:
+    async def model_ready(
+        self, name: str, version: str = "", deadline_s: float | None = None
+    ) -> bool:
         """ModelReady; False for a model (or version) not loaded (MLServer answers UNKNOWN for those)."""
         try:
             return await self.ready(name, version, deadline_s)

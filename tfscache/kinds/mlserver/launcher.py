@@ -33,9 +33,11 @@ from tfscache.kinds.supervisor import Launch, Launcher, NodeProcess, free_port
 from tfscache.kinds.table import NodeKind
 from tfscache.settings import NodeSection, Settings, SettingsError
 
-INSTALL_HINT = ("python3.11 -m venv .mlserver && .mlserver/bin/pip install mlserver==1.7.1 "
-                "mlserver-sklearn==1.7.1 mlserver-xgboost==1.7.1 'uvloop<0.22', then put .mlserver/bin on "
-                "PATH or give --node-command .mlserver/bin/mlserver (docs/mlserver.md)")
+INSTALL_HINT = (
+    "python3.11 -m venv .mlserver && .mlserver/bin/pip install mlserver==1.7.1 "
+    "mlserver-sklearn==1.7.1 mlserver-xgboost==1.7.1 'uvloop<0.22', then put .mlserver/bin on "
+    "PATH or give --node-command .mlserver/bin/mlserver (docs/mlserver.md)"
+)
 
 
 class MLServerNotFound(RuntimeError):
@@ -62,8 +64,10 @@ def settings_env(extra: Iterable[str]) -> dict[str, str]:
     for item in extra:
         name, sep, value = item.partition("=")
         if not sep or not name.startswith("MLSERVER_") or not name.replace("_", "").isalnum():
-            raise ValueError(f"node.extra_args for mlserver nodes are MLServer settings MLSERVER_NAME=VALUE; "
-                             f"got {item!r}")
+            raise ValueError(
+                f"node.extra_args for mlserver nodes are MLServer settings MLSERVER_NAME=VALUE; "
+                f"got {item!r}"
+            )
         env[name] = value
     return env
 
@@ -72,7 +76,8 @@ def command(binary: Path, repository: Path, *, http_port: int, grpc_port: int, m
             metrics_dir: Path, address: str = "127.0.0.1",
             extra: Iterable[str] = ()) -> tuple[list[str], dict[str, str]]:
     """``(argv, env)`` for ``mlserver start`` over ``repository`` with nothing loaded at start;
-    ``metrics_dir``: where its workers share their Prometheus counters (default: .metrics in the cwd)."""
+    ``metrics_dir``: where its workers share their Prometheus counters (default: .metrics in the cwd).
+    """
     env = dict(os.environ)
     env.update({
         "MLSERVER_LOAD_MODELS_AT_STARTUP": "false",
@@ -94,9 +99,15 @@ def launcher(settings: NodeSection, repository: Path, state_dir: Path) -> Launch
 
     def launch(node: NodeProcess) -> Launch:
         node.grpc_port, node.rest_port = free_port(), free_port()  # MLServer cannot report port 0
-        argv, env = command(binary, repository, http_port=node.rest_port, grpc_port=node.grpc_port,
-                            metrics_port=free_port(), metrics_dir=state_dir / f"{node.name}.mlserver-metrics",
-                            extra=settings.extra_args)
+        argv, env = command(
+            binary,
+            repository,
+            http_port=node.rest_port,
+            grpc_port=node.grpc_port,
+            metrics_port=free_port(),
+            metrics_dir=state_dir / f"{node.name}.mlserver-metrics",
+            extra=settings.extra_args,
+        )
         return Launch(argv, env)
 
     return launch

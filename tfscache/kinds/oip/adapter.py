@@ -40,7 +40,9 @@ class OipAdapter:
     """One node behind its gRPC repository API (an ``OipRepositoryChannel`` of its kind)."""
 
     sizes_on_disk = False  # whether a model's size on disk predicts its memory (cache.adapter)
-    loads_apart = True  # each model loads by its own call: a batch's loads end apart (cache.adapter)
+    loads_apart = (
+        True  # each model loads by its own call: a batch's loads end apart (cache.adapter)
+    )
     product = "the node"  # the server's name in texts ("... cannot cancel a load")
     log = logging.getLogger("tfscache.kinds.oip.adapter")  # a kind keeps its own logger name
 
@@ -76,8 +78,14 @@ class OipAdapter:
                 continue
             if isinstance(error, errors.Unavailable) or not isinstance(error, errors.TfscacheError):
                 raise error
-            self.log.warning("node %s: loading %s version %s again failed: %s: %s", self.target, name,
-                             version, error.grpc_code.name, error.message)
+            self.log.warning(
+                "node %s: loading %s version %s again failed: %s: %s",
+                self.target,
+                name,
+                version,
+                error.grpc_code.name,
+                error.message,
+            )
 
     async def load(self, keys: Sequence[Key], wanted: Sequence[Key],
                    deadline_s: float) -> dict[Key, Exception | None]:
@@ -86,8 +94,9 @@ class OipAdapter:
         gone = set(await asyncio.to_thread(self.repository.vanished, keys))
         results: dict[Key, Exception | None] = {key: self._vanished(key) for key in gone}
         keys = [k for k in keys if k not in gone]
-        outcomes = await asyncio.gather(*(self._load_one(k, wanted, deadline, deadline_s) for k in keys),
-                                        return_exceptions=True)
+        outcomes = await asyncio.gather(
+            *(self._load_one(k, wanted, deadline, deadline_s) for k in keys), return_exceptions=True
+        )
         results.update(zip(keys, outcomes))
         return results
 
@@ -117,7 +126,9 @@ class OipAdapter:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def _load_one(self, key: Key, wanted: Sequence[Key], deadline: float, within: float) -> None:
+    async def _load_one(
+        self, key: Key, wanted: Sequence[Key], deadline: float, within: float
+    ) -> None:
         """Load ``key``'s model in its turn and confirm its version; raises the key's error."""
         raise NotImplementedError
 
@@ -134,9 +145,13 @@ class OipAdapter:
     def _abandon(self, name: str, watch: Coroutine[Any, Any, None]) -> bool:
         """Hand ``name``'s turn to a task that runs ``watch`` (it unloads the name once its load
         ends on the node), then gives the turn back; True: the caller must not release it."""
-        self.log.warning("node %s: the load of model %s passed its deadline; %s cannot cancel it, so it "
-                         "is unloaded once it ends (a load that never ends needs a node restart)",
-                         self.target, name, self.product)
+        self.log.warning(
+            "node %s: the load of model %s passed its deadline; %s cannot cancel it, so it "
+            "is unloaded once it ends (a load that never ends needs a node restart)",
+            self.target,
+            name,
+            self.product,
+        )
         task = asyncio.create_task(self._keep_turn(name, watch),
                                    name=f"tfscache-{self.product.lower()}-abandon-{name}")
         self._abandoned[name] = task
@@ -155,11 +170,15 @@ class OipAdapter:
             await self._turns.acquire(name, deadline - time.monotonic())
         except TimeoutError:
             late = " (a load that passed its deadline)" if name in self._abandoned else ""
-            raise errors.DeadlineExceeded(f"model {name}: an earlier load or unload of it on node "
-                                          f"{self.target} did not end within {within} s{late}") from None
+            raise errors.DeadlineExceeded(
+                f"model {name}: an earlier load or unload of it on node "
+                f"{self.target} did not end within {within} s{late}"
+            ) from None
 
     @asynccontextmanager
-    async def _turns_of(self, names: Sequence[str], deadline: float, within: float) -> AsyncIterator[None]:
+    async def _turns_of(
+        self, names: Sequence[str], deadline: float, within: float
+    ) -> AsyncIterator[None]:
         """Hold the turns of ``names``, taken in order (two batches never wait on each other)."""
         held: list[str] = []
         try:

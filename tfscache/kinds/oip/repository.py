@@ -27,7 +27,9 @@ class OipRepositoryChannel(NodeChannel):
         super().__init__(target, rpc_deadline_s=rpc_deadline_s, channel=channel)
         self._live = self._oip("ServerLive", pb.ServerLiveRequest, pb.ServerLiveResponse)
         self._ready = self._oip("ModelReady", pb.ModelReadyRequest, pb.ModelReadyResponse)
-        self._index = self._oip("RepositoryIndex", pb.RepositoryIndexRequest, pb.RepositoryIndexResponse)
+        self._index = self._oip(
+            "RepositoryIndex", pb.RepositoryIndexRequest, pb.RepositoryIndexResponse
+        )
         self._load = self._oip("RepositoryModelLoad", pb.RepositoryModelLoadRequest,
                                pb.RepositoryModelLoadResponse)
         self._unload = self._oip("RepositoryModelUnload", pb.RepositoryModelUnloadRequest,

@@ -41,8 +41,14 @@ class TFServingAdapter:
     loads_apart = False  # one reload waits for every model it adds: a batch's loads end together (cache.adapter)
     lost_texts = ("Servable not found for request",)  # a model not in its config (cache.adapter)
 
-    def __init__(self, client: NodeClient, repository: ModelRepository, *, rpc_deadline_s: float = 10.0,
-                 memory: NodeMemory | None = None) -> None:
+    def __init__(
+        self,
+        client: NodeClient,
+        repository: ModelRepository,
+        *,
+        rpc_deadline_s: float = 10.0,
+        memory: NodeMemory | None = None,
+    ) -> None:
         self.client = client
         self.target = client.target
         self.repository = repository
@@ -58,7 +64,10 @@ class TFServingAdapter:
         config.model_config_list.SetInParent()
         for name in sorted(versions):
             model = config.model_config_list.config.add(
-                name=name, base_path=str(self.repository.base_path(name)), model_platform="tensorflow")
+                name=name,
+                base_path=str(self.repository.base_path(name)),
+                model_platform="tensorflow",
+            )
             model.model_version_policy.specific.versions.extend(sorted(versions[name]))
         return config
 
@@ -71,7 +80,9 @@ class TFServingAdapter:
     async def load(self, keys: Sequence[Key], wanted: Sequence[Key],
                    deadline_s: float) -> dict[Key, Exception | None]:
         results: dict[Key, Exception | None] = {}
-        gone = await asyncio.to_thread(self.repository.vanished, keys)  # its directory may have gone since it was asked for
+        gone = await asyncio.to_thread(
+            self.repository.vanished, keys
+        )  # its directory may have gone since it was asked for
         for key in gone:
             results[key] = not_found(*key)
         keys = [k for k in keys if k not in gone]
@@ -88,8 +99,10 @@ class TFServingAdapter:
             log.info("node %s: reload loading %s returned %s: %s; checking status",
                      self.target, _names(keys), e.grpc_code.name, e.message)
         deadline = started + deadline_s
-        states = await asyncio.gather(*(self._await_state(k, deadline, deadline_s, want_end=False) for k in keys),
-                                      return_exceptions=True)
+        states = await asyncio.gather(
+            *(self._await_state(k, deadline, deadline_s, want_end=False) for k in keys),
+            return_exceptions=True,
+        )
         results.update(zip(keys, states))
         failed = [k for k in keys if results[k] is not None]
         if failed and not any(isinstance(results[k], errors.Unavailable) for k in failed):
@@ -104,7 +117,9 @@ class TFServingAdapter:
     async def unload(self, keys: Sequence[Key], wanted: Sequence[Key], deadline_s: float) -> None:
         await self.client.reload(self.config(wanted), deadline_s=self.rpc_deadline_s)
         deadline = time.monotonic() + deadline_s
-        await asyncio.gather(*(self._await_state(k, deadline, deadline_s, want_end=True) for k in keys))
+        await asyncio.gather(
+            *(self._await_state(k, deadline, deadline_s, want_end=True) for k in keys)
+        )
 
     async def available(self, key: Key, deadline_s: float) -> bool:
         statuses = await self.client.status(*key, deadline_s=deadline_s)
@@ -121,7 +136,9 @@ class TFServingAdapter:
     def restarted(self) -> bool:
         return self._memory.replaced()
 
-    async def _await_state(self, key: Key, deadline: float, within: float, *, want_end: bool) -> None:
+    async def _await_state(
+        self, key: Key, deadline: float, within: float, *, want_end: bool
+    ) -> None:
         """Poll GetModelStatus until ``key`` is END (``want_end``) or AVAILABLE.
 
         Only a fallback: a load's reload returns once the model settled, so the first
@@ -139,11 +156,15 @@ class TFServingAdapter:
                 if status.state == AVAILABLE:
                     return None
                 if status.state == END and status.status.error_code:
-                    raise errors.error_for_code(status.status.error_code, status.status.error_message)
+                    raise errors.error_for_code(
+                        status.status.error_code, status.status.error_message
+                    )
             if time.monotonic() + delay > deadline:
                 state = "END" if want_end else "AVAILABLE"
-                raise errors.DeadlineExceeded(f"model {name} version {version} did not reach {state} on node "
-                                              f"{self.target} within {within} s")
+                raise errors.DeadlineExceeded(
+                    f"model {name} version {version} did not reach {state} on node "
+                    f"{self.target} within {within} s"
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_POLL_S)
 

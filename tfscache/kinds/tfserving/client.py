@@ -31,7 +31,9 @@ class NodeClient(NodeChannel):
                  channel: grpc.aio.Channel | None = None) -> None:
         super().__init__(target, rpc_deadline_s=rpc_deadline_s, channel=channel)
         self._reload = self.method(RELOAD_METHOD, pb.ReloadConfigRequest, pb.ReloadConfigResponse)
-        self._status = self.method(STATUS_METHOD, pb.GetModelStatusRequest, pb.GetModelStatusResponse)
+        self._status = self.method(
+            STATUS_METHOD, pb.GetModelStatusRequest, pb.GetModelStatusResponse
+        )
 
     async def reload(self, config: pb.ModelServerConfig, deadline_s: float | None = None) -> None:
         """Send the full config; returns when the node's HandleReloadConfigRequest returns OK.
@@ -54,7 +56,9 @@ class NodeClient(NodeChannel):
         if version is not None:
             spec.version.value = version
         try:
-            response = await self.rpc(self._status, pb.GetModelStatusRequest(model_spec=spec), deadline_s)
+            response = await self.rpc(
+                self._status, pb.GetModelStatusRequest(model_spec=spec), deadline_s
+            )
         except errors.NotFound:
             return []
         return list(response.model_version_status)

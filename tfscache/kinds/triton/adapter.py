@@ -82,7 +82,9 @@ class TritonAdapter(OipAdapter):
         ready = await self.client.index(ready=True, deadline_s=deadline_s)
         return any(e.name == name and e.version == str(version) for e in ready)
 
-    async def _load_one(self, key: Key, wanted: Sequence[Key], deadline: float, within: float) -> None:
+    async def _load_one(
+        self, key: Key, wanted: Sequence[Key], deadline: float, within: float
+    ) -> None:
         """Load ``key``'s model in its turn and confirm the version READY; raises the key's error."""
         name, version = key
         await self._turn(name, deadline, within)
@@ -115,12 +117,15 @@ class TritonAdapter(OipAdapter):
                 await self._await_gone(versions, deadline, left(deadline))
             raise errors.FailedPrecondition(
                 f"model {name} version {version} is not served by node {self.target}: Triton's version "
-                f"policy for {name} serves version {', '.join(sorted(ready))}")
+                f"policy for {name} serves version {', '.join(sorted(ready))}"
+            )
         entry = next((e for e in await self.client.index(deadline_s=self._rpc_left(deadline))
                       if e.name == name and e.version == str(version)), None)
         state = f"{entry.state} {entry.reason}".strip() if entry is not None else "absent"
-        raise errors.Aborted(f"node {self.target} loaded model {name}, but version {version} is {state} "
-                             f"in its index (an unload raced the load?)")
+        raise errors.Aborted(
+            f"node {self.target} loaded model {name}, but version {version} is {state} "
+            f"in its index (an unload raced the load?)"
+        )
 
     async def _not_in_repository(self, name: str, version: int,
                                  error: errors.Internal) -> errors.TfscacheError:
@@ -128,13 +133,17 @@ class TritonAdapter(OipAdapter):
         does not list the name (an unparsable config.pbtxt gives the same text; docs/upstream/triton.md,
         "Hazards a caching manager must defuse")."""
         try:
-            listed = any(e.name == name for e in await self.client.index(deadline_s=self.rpc_deadline_s))
+            listed = any(
+                e.name == name for e in await self.client.index(deadline_s=self.rpc_deadline_s)
+            )
         except errors.TfscacheError:
             return error
         if listed:
             return error
-        return errors.ModelNotFound(f"{error.message} (model {name} version {version} is not in the "
-                                    f"repository of node {self.target})")
+        return errors.ModelNotFound(
+            f"{error.message} (model {name} version {version} is not in the "
+            f"repository of node {self.target})"
+        )
 
     async def _unload_when_loaded(self, name: str) -> None:
         """Poll the index until the abandoned load of ``name`` ends, then unload it."""
@@ -148,7 +157,9 @@ class TritonAdapter(OipAdapter):
                     if not any(state in _PRESENT for state in states.values()):
                         break
             except errors.TfscacheError as e:
-                log.debug("node %s: watching the abandoned load of %s: %s", self.target, name, e.message)
+                log.debug(
+                    "node %s: watching the abandoned load of %s: %s", self.target, name, e.message
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, _ABANDONED_POLL_S)
         log.info("node %s: the abandoned load of model %s ended; it is unloaded", self.target, name)
@@ -165,10 +176,14 @@ class TritonAdapter(OipAdapter):
             if not present:
                 return
             if time.monotonic() + delay > deadline:
-                shown = ", ".join(f"{n} version {v} is {s}" for (n, v), s in sorted(present.items()))
-                raise errors.DeadlineExceeded(f"unloading on node {self.target}: {shown} after {within} "
-                                              f"s (Triton unloads asynchronously; a stub that never exits "
-                                              f"stays UNLOADING)")
+                shown = ", ".join(
+                    f"{n} version {v} is {s}" for (n, v), s in sorted(present.items())
+                )
+                raise errors.DeadlineExceeded(
+                    f"unloading on node {self.target}: {shown} after {within} "
+                    f"s (Triton unloads asynchronously; a stub that never exits "
+                    f"stays UNLOADING)"
+                )
             await asyncio.sleep(delay)
             delay = min(delay * 2, _MAX_POLL_S)
 

@@ -33,7 +33,9 @@ UNLOADED_REASON = "unloaded"
 class OipClient(OipRepositoryChannel):
     """Health, readiness and repository calls to the Triton node at ``target`` ("host:port")."""
 
-    async def model_ready(self, name: str, version: str = "", deadline_s: float | None = None) -> bool:
+    async def model_ready(
+        self, name: str, version: str = "", deadline_s: float | None = None
+    ) -> bool:
         """ModelReady; False for an unknown name (Triton's HEAD answers NOT_FOUND for those, 2.51
         ready=false)."""
         try:
