@@ -79,7 +79,8 @@ def check(section: TlsSection) -> tuple[str, str, str] | None:
 
 
 def _read(cert_file: str, key_file: str, ca_file: str) -> _Pem:
-    """The files' bytes, checked to load together (blocking: run in a thread); ``ssl.SSLError``/``OSError``."""
+    """The files' bytes, checked to load together (blocking: run in a thread);
+    ``ssl.SSLError``/``OSError``."""
     pem = _Pem(Path(cert_file).read_bytes(), Path(key_file).read_bytes(),
                Path(ca_file).read_bytes() if ca_file else None)
     scratch = ssl.SSLContext(
@@ -144,7 +145,8 @@ class ServerTls:
 
 
 class PeerTls:
-    """A sidecar's credentials towards its peers: ``channel_credentials``, ``channel_options``, ``ssl_context``."""
+    """A sidecar's credentials towards its peers: ``channel_credentials``, ``channel_options``,
+    ``ssl_context``."""
 
     def __init__(self, section: TlsSection) -> None:
         """Reads the files (blocking: construct it in a thread)."""

@@ -50,7 +50,8 @@ class Entry:
         self.leases = 0
         self.last_use = last_use  # wall-clock seconds
         self.waiters: list[asyncio.Future] = []
-        self.gpu = 0  # GPU bytes: learned from the growth across a load (tfscache.kinds.gpumem); 0 = none known
+        # GPU bytes: learned from the growth across a load (tfscache.kinds.gpumem); 0 = none known
+        self.gpu = 0
         self.prefetched = (
             False  # loaded by a prefetch and not requested since (tfscache.cache.prefetch)
         )
@@ -172,7 +173,8 @@ class Ledger:
         return entry if entry is not None and entry.state == READY else None
 
     def idle(self) -> list[Key]:
-        """READY entries with no lease, no pin, none in flight in a worker: the policy's victims to choose from."""
+        """READY entries with no lease, no pin, none in flight in a worker: the policy's victims to
+        choose from."""
         return [
             k
             for k, e in self.entries.items()
@@ -335,7 +337,8 @@ class Ledger:
         self.learned[key] = size
 
     def learn_gpu(self, key: Key, size: int) -> None:
-        """``key``'s load grew its node's GPU memory by ``size`` bytes (tfscache.cache.planner.share_growth)."""
+        """``key``'s load grew its node's GPU memory by ``size`` bytes
+        (tfscache.cache.planner.share_growth)."""
         self.learned_gpu[key] = size
         entry = self.entries.get(key)
         if entry is not None:

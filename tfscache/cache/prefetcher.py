@@ -75,7 +75,8 @@ class Prefetcher:
             task.add_done_callback(self._tasks.discard)
 
     def estimates(self, keys: list[Key]) -> dict[Key, tuple[int, int]]:
-        """Blocking (a worker thread): the sizes of ``keys`` that can be prefetched (not gone, not over a cap)."""
+        """Blocking (a worker thread): the sizes of ``keys`` that can be prefetched (not gone, not
+        over a cap)."""
         sizes = {}
         for key in keys:
             try:

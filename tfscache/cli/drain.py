@@ -1,6 +1,6 @@
 """``tfscache drain``: drain one node, or a whole tfscache, through its admin API, and follow it.
 
-    tfscache drain --address 10.0.0.3:8502                  # a sidecar: drains, exits; waits until it has gone
+    tfscache drain --address 10.0.0.3:8502                  # a sidecar drains and exits: wait for it
     tfscache drain --address tfscache-3 --address-template '{node}.tfscache:8502'
     tfscache drain --address 127.0.0.1:8502 --node node1    # embedded: one local node leaves the ring
 

@@ -160,7 +160,8 @@ def prewarm(
     timeout_s: float | None,
     disable: bool | None,
 ) -> list[str]:
-    """Preload each (model, node); the failures as text. ``disable``: tqdm's (None: bar only on a terminal)."""
+    """Preload each (model, node); the failures as text. ``disable``: tqdm's (None: bar only on a
+    terminal)."""
     failures = []
 
     def one(name: str, node: str) -> None:

@@ -83,7 +83,8 @@ def _parser() -> argparse.ArgumentParser:
     parser = Parser(
         prog="tfscache simulate",
         description="Replay a request log (CSV or JSONL: time, model, [version], "
-        "load_seconds, bytes) against eviction policies, node counts and per-node caps; Belady's MIN is the bound.",
+        "load_seconds, bytes) against eviction policies, node counts and per-node caps; "
+        "Belady's MIN is the bound.",
     )
     parser.add_argument(
         "log", type=Path, help="request log, .csv (with a header row) or .jsonl; .gz is read too"

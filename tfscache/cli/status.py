@@ -4,7 +4,8 @@
     tfscache status --address 127.0.0.1:8503 --json   # the /status document, for scripts
 
 Prints the nodes, the worker processes (``--workers N``: pid, requests in flight under its
-delegations, restarts, delegations held, requests answered), every model version in a node's config with its state, size, last use
+delegations, restarts, delegations held, requests answered), every model version in a node's config
+with its state, size, last use
 and leases, and the hit ratio. Exit status 1 when the server cannot be read. Only the
 standard library: no tensorflow, no aiohttp. It shows no progress, so it has no
 ``--quiet``/``--progress`` (tfscache.cli.options); bad flags exit 2.
@@ -159,7 +160,8 @@ def render(doc: dict[str, Any]) -> str:
         lines += [
             "",
             f"disk tier {tier['directory']} for {tier['url']}: {format_bytes(tier['bytes'])} of "
-            f"{format_bytes(tier['cap_bytes'])}, {tier['versions']} version{'s' if tier['versions'] != 1 else ''}"
+            f"{format_bytes(tier['cap_bytes'])}, {tier['versions']} "
+            f"version{'s' if tier['versions'] != 1 else ''}"
             f" ({tier['in_use']} in use by nodes), {tier['downloads_in_flight']} downloading",
         ]
     for node in doc["nodes"]:

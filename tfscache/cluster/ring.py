@@ -48,7 +48,8 @@ class Ring:
             self._orders.clear()
 
     def replicas_for(self, name: str) -> tuple[str, ...]:
-        """The first ``replicas`` distinct nodes clockwise from ``name``'s hash (fewer if the ring is small)."""
+        """The first ``replicas`` distinct nodes clockwise from ``name``'s hash (fewer if the ring
+        is small)."""
         cached = self._cache.get(name)
         if cached is None:
             if not self._ring.get_nodes():

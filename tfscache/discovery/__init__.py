@@ -269,7 +269,8 @@ class Discovery(ABC):
     hold_removals_s = 0.0  # set by _hold_removals: how long the last hold lasts (for the log line)
 
     def _hold_removals(self, seconds: float) -> None:
-        """This sidecar could not renew its own registration: hold back removals until ``seconds`` from now."""
+        """This sidecar could not renew its own registration: hold back removals until ``seconds``
+        from now."""
         self.hold_removals_s = seconds
         self._hold_until = max(self._hold_until, time.monotonic() + seconds)
 

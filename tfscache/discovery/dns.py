@@ -156,7 +156,8 @@ class DnsDiscovery(Discovery):
     async def _srv(
         self, service: str
     ) -> tuple[dict[dns.name.Name, int], dict[dns.name.Name, list[str]]]:
-        """``_SERVICE._tcp.NAME``: target -> port (lowest priority first), and the answer's additional A/AAAA."""
+        """``_SERVICE._tcp.NAME``: target -> port (lowest priority first), and the answer's
+        additional A/AAAA."""
         answer = await self._query(f"_{service}._tcp.{self.dns_name}", "SRV")
         if answer is None:
             return {}, {}

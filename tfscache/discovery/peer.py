@@ -54,7 +54,8 @@ def parse_peers(value: Any) -> list[Peer]:
 
 
 def parse_dns_server(server: str) -> tuple[str, int]:
-    """A DNS server's ``IP[:PORT]`` or ``[IPv6]:PORT`` (port 53 by default) as (ip, port); ValueError if bad."""
+    """A DNS server's ``IP[:PORT]`` or ``[IPv6]:PORT`` (port 53 by default) as (ip, port);
+    ValueError if bad."""
     host, port = server, "53"
     if server.startswith("["):
         host, _, rest = server[1:].partition("]")

@@ -118,7 +118,8 @@ class NvmlReader:
 
 
 class ScriptedReader:
-    """A GpuReader for tests: ``usage`` maps a pid to the bytes it holds; the test changes it between reads."""
+    """A GpuReader for tests: ``usage`` maps a pid to the bytes it holds; the test changes it
+    between reads."""
 
     def __init__(self, usage: Mapping[int, int] | None = None, available: bool = True) -> None:
         self.usage: dict[int, int] = dict(usage or {})

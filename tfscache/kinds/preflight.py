@@ -4,7 +4,8 @@ The settings check themselves (``tfscache.settings.load``); this checks what the
 machine: the extras and programs the chosen nodes need (the settings check the [storage]
 extra of an object-store repository themselves), that the bind addresses are addresses
 this host can bind, and that the directories it will write to can be written. A port in use
-is not checked here (that would race with whoever takes it): the bind fails at start, exit 1. Each problem raises
+is not checked here (that would race with whoever takes it): the bind fails at start, exit 1. Each
+problem raises
 ``SettingsError`` (a program that is not there, naming the setting and its value) or
 ``MissingExtra`` (the pip command that installs it); both exit 2 before any node starts.
 """

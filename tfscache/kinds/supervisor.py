@@ -11,7 +11,8 @@ A node that exits unexpectedly is restarted (with a backoff if it keeps crashing
 Children die with this process and only then: they run in their own session, so a
 signal to the terminal's process group reaches only this process (which then stops
 them in order, without restarting them first); PR_SET_PDEATHSIG (set by
-setpriv) sends them SIGTERM if this process is killed; ``stop()`` sends SIGTERM, then SIGKILL after a grace period.
+setpriv) sends them SIGTERM if this process is killed; ``stop()`` sends SIGTERM, then SIGKILL after
+a grace period.
 
 A kind whose children are ``tfscache node`` (``Launch.forkable``) has them forked from one node
 template (tfscache.modelserver.template, ``node.fork_nodes``): TensorFlow is imported once, when the

@@ -72,7 +72,8 @@ KINDS: dict[str, NodeKind] = {
         "pip install 'tfscache[triton]' && pip install --no-deps nvidia-pytriton==0.7.0",
     ),
     "mlserver": NodeKind(
-        "Seldon MLServer (scikit-learn, XGBoost, ...): the Open Inference Protocol; `mlserver start` children",
+        "Seldon MLServer (scikit-learn, XGBoost, ...): the Open Inference Protocol; "
+        "`mlserver start` children",
         "tfscache.kinds.mlserver.adapter:MLServerAdapter",
         "tfscache.kinds.mlserver.client:MLServerClient",
         "tfscache.frontend.protocols.oip.mlserver:PROTOCOL",

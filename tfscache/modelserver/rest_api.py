@@ -6,7 +6,8 @@ inference.py, the response written by json_response, and every error mapped in
 one place (``_respond``) to ``{"error": "<message>"}`` with the error class's
 HTTP status. Every /v1/ request is counted in TF Serving's request_count and, when it
 succeeds, request_latency (entrypoint "REST"; serving_metrics.py), as ms/http_server.cc does.
-With --monitoring_config_file the Prometheus page is served on its own path. A request runs in a thread of its own pool, so JSON conversion and
+With --monitoring_config_file the Prometheus page is served on its own path. A request runs in a
+thread of its own pool, so JSON conversion and
 Session.run never block the event loop that also serves gRPC.
 
 Order of work for Predict, as TF Serving's: the URL, then the JSON, then the

@@ -13,10 +13,10 @@ metric (page name: "/" -> ":")                  labels                       rec
                                                                              Classify, Regress (runtime "TF1")
 /tensorflow/serving/request_example_counts      model                        MultiInference: its examples
 /tensorflow/serving/request_example_count_total model                        (sv/multi_inference.cc)
-/tensorflow/cc/saved_model/load_attempt_count   model_path, status           every SavedModel load: success/fail
+/tensorflow/cc/saved_model/load_attempt_count   model_path, status           each SavedModel load, ok or not
 /tensorflow/cc/saved_model/load_latency         model_path                   successful loads, microseconds
 /tensorflow/serving/model_warmup_latency        model_path, status           every warm-up that found its file
-/tensorflow/serving/model_warmup_records_read   model_path, status           (warmup.py), microseconds / records
+/tensorflow/serving/model_warmup_records_read   model_path, status           (warmup.py), micros / records
 ==============================================  ===========================  ==========================
 
 Not exported, because the node does not do the work they measure: the batching queues,

@@ -15,7 +15,8 @@ op thread pool and no CUDA context, and the template starts no thread of its own
 leaves one idle native thread, which a fork does not copy). tests/modelserver/test_template.py runs
 forked nodes side by side, each computing its own answers. Variables read during TensorFlow's
 import (TF_CPP_MIN_LOG_LEVEL and the like) are the template's: every node it forks gets the
-template's environment at import, then its own ``env``. A forked node's command line is the template's; its process name (``ps -o comm``)
+template's environment at import, then its own ``env``. A forked node's command line is the
+template's; its process name (``ps -o comm``)
 is ``tfscache-node``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and
 the template ends within 0.5 s of its owner (the process that started it), so a killed owner
 leaves no node behind. (Not PR_SET_PDEATHSIG for the template itself: that signal follows the

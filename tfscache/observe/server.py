@@ -45,7 +45,8 @@ unloads per minute over the last ``window_s`` seconds (also in its entry, ``unlo
 provider the control process sets (``metrics.exported.status``): its ``id``, ``pid``, requests
 ``in_flight`` on it now under its delegations, ``restarts`` (times a process under that id was
 restarted), the ``delegations`` it holds (a count), and the ``requests`` its live process has
-answered (from its last report; a restarted one counts from 0); a provider may add keys. ``hits`` and ``misses`` then
+answered (from its last report; a restarted one counts from 0); a provider may add keys. ``hits``
+and ``misses`` then
 include the workers' counts (tfscache.observe.workermetrics).
 
 ``copies`` (copies that follow load on, docs/copies.md): each model that has extra copies
@@ -74,7 +75,8 @@ log = logging.getLogger("tfscache.observe.server")
 
 
 def watch(metrics: Metrics, topology: Topology) -> None:
-    """Point the gauges at the topology's local nodes, ring and backends (read at every scrape; they change)."""
+    """Point the gauges at the topology's local nodes, ring and backends (read at every scrape; they
+    change)."""
     metrics.watch(
         lambda: _node_views(topology),
         lambda: len(topology.ring.nodes),

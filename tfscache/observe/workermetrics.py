@@ -7,7 +7,8 @@ at its drain): its cumulative samples, JSON-able::
 
     {"pid": 4242, "families": [
         {"name": "tfscache_requests", "type": "counter", "help": "...",
-         "samples": [["tfscache_requests_total", {"protocol": "grpc", "method": "Predict", "code": "OK"}, 7.0]]},
+         "samples": [["tfscache_requests_total",
+                      {"protocol": "grpc", "method": "Predict", "code": "OK"}, 7.0]]},
         ...]}
 
 The control process keeps the latest snapshot of each worker in a ``WorkerMetrics``

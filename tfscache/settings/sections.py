@@ -431,7 +431,8 @@ class DiscoverySection:
 
 @dataclass
 class ScaleSection:
-    """The scaling signal: tfscache_unloads_per_minute and tfscache_scale_advice (tfscache.observe.scale, docs/scaling.md)."""
+    """The scaling signal: tfscache_unloads_per_minute and tfscache_scale_advice
+    (tfscache.observe.scale, docs/scaling.md)."""
 
     window_s: float = setting(
         300.0, "the sliding window capacity unloads per minute are counted over", check=_at_least(1)

@@ -111,7 +111,8 @@ def split(trace: Trace, nodes: int) -> list[list[Request]]:
 def _chunks(
     requests: list[Request], progress: Callable[[int], None] | None
 ) -> Iterator[list[Request]]:
-    """``requests`` in slices, reporting each to ``progress`` once replayed (keeps the hot loop free of it)."""
+    """``requests`` in slices, reporting each to ``progress`` once replayed (keeps the hot loop free
+    of it)."""
     for start in range(0, len(requests), _CHUNK):
         chunk = requests[start:start + _CHUNK]
         yield chunk

@@ -38,7 +38,8 @@ def configs(
 
 
 def parse_rules(text: str) -> list[tuple[str, CopyRule]]:
-    """``on`` (the defaults) or ``on:balance=0.25:hot_share=0.3...``, comma-separated; ``off`` is always run."""
+    """``on`` (the defaults) or ``on:balance=0.25:hot_share=0.3...``, comma-separated; ``off`` is
+    always run."""
     rules = []
     for item in (part.strip() for part in text.split(",")):
         if not item or item == "off":

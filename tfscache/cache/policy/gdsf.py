@@ -32,7 +32,8 @@ the additive inflation ``L`` = the last evicted priority and counts since the lo
 the ``cost`` policy; remembering decayed counts across evictions spends 5-10 % fewer load
 seconds than it under memory caps on stationary Zipf and pipeline logs (0-13 % on a log
 whose popularity is reshuffled daily), and comes within 3 % of a cache told every model's
-popularity in advance at 8 GiB per node. ``halflife`` trades stable logs (longer is better) against shifts (shorter).
+popularity in advance at 8 GiB per node. ``halflife`` trades stable logs (longer is better) against
+shifts (shorter).
 
 Cost: ``record_access`` is O(log n) (a push on a heap with lazy deletion; stale entries
 are skipped, or swept when they outnumber the live ones); ``victims`` sorts the m

@@ -38,7 +38,8 @@ class TFServingAdapter:
     """One TF Serving node (real, or `tfscache node`) behind its ModelService."""
 
     sizes_on_disk = True  # whether a model's size on disk predicts its memory (cache.adapter)
-    loads_apart = False  # one reload waits for every model it adds: a batch's loads end together (cache.adapter)
+    # one reload waits for every model it adds: a batch's loads end together (cache.adapter)
+    loads_apart = False
     lost_texts = ("Servable not found for request",)  # a model not in its config (cache.adapter)
 
     def __init__(
