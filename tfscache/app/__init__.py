@@ -8,7 +8,7 @@ in-process. It builds its parts, each given what it needs, and alone orders thei
 shutdown: host.py (state directory, model repository, GPU cap), credentials.py ([tls]),
 hops.py (the HTTP session, upstreams, peer backends), nodes.py (node processes and their
 caches), routing.py (router, copies), membership.py (discovery, sidecar mode), frontends.py
-(gRPC, REST, workers' public ports), observe.py (metrics, request log, metrics port); admin
+(gRPC, REST, workers' public ports), telemetry.py (metrics, request log, metrics port); admin
 (health, admin port, drains) is tfscache.admin's ``Lifecycle``. Nothing here imports
 tensorflow or tritonclient.
 """
@@ -29,7 +29,7 @@ from tfscache.app.hops import Hops
 from tfscache.app.host import GpuCap, ModelSource, StateDir
 from tfscache.app.membership import Membership, in_ring_at_start
 from tfscache.app.nodes import Nodes
-from tfscache.app.observe import Observing
+from tfscache.app.telemetry import Telemetry
 from tfscache.app.routing import Routing, spread_from
 from tfscache.cluster.topology import Topology
 from tfscache.discovery import Discovery, Peer
@@ -71,8 +71,8 @@ class ServeApp:
         self.topology = Topology(replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes, own=own,
                                  in_ring=in_ring_at_start(s.discovery), make_peer=self._hops.peer,
                                  retire_grace_s=s.cache.load_timeout_s)
-        self._observing = Observing(s, self.topology)
-        self.metrics = self._observing.metrics
+        self._telemetry = Telemetry(s, self.topology)
+        self.metrics = self._telemetry.metrics
         self._routing = Routing(self.topology, self.spread, self.metrics,
                                 wait_s=s.cache.load_timeout_s, per_model=s.server.metrics_per_model)
         self._membership = Membership(s, config_file, self.topology)
@@ -132,14 +132,14 @@ class ServeApp:
 
     @property
     def metrics_port(self) -> int | None:
-        return self._observing.port
+        return self._telemetry.port
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> tuple[int, int | None]:
         """Start nodes (embedded), caches and both front ends; returns (grpc_port, rest_port)."""
         s = self.settings
-        await self._observing.open_log()
+        await self._telemetry.open_log()
         state_dir = self._state.claim()
         repository = await self._models.start(state_dir, self.metrics.registry, self.topology)
         await self._gpu.start()
@@ -166,7 +166,7 @@ class ServeApp:
                 port=s.server.admin_port if s.server.admin_port >= 0 else None,
                 token=s.server.admin_token)
             self.admin_port = self.lifecycle.admin_port
-            await self._observing.serve(tier=getattr(repository, "tier", None), spread=self.spread)
+            await self._telemetry.serve(tier=getattr(repository, "tier", None), spread=self.spread)
         except BaseException:
             await self.stop(grace=0)
             raise
@@ -216,7 +216,7 @@ class ServeApp:
             await self._nodes.stop_children(grace)
         if self.lifecycle is not None:
             await self.lifecycle.close()
-        await self._observing.stop()  # last: scrapes still answer while draining
+        await self._telemetry.stop()  # last: scrapes still answer while draining
         self._state.release()
         self._gpu.close()
 

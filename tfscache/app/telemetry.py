@@ -11,7 +11,7 @@ from tfscache.observe.server import ObserveServer, watch
 from tfscache.settings import Settings
 
 
-class Observing:
+class Telemetry:
     """``metrics`` from the start; ``open_log()`` first of all, ``serve()`` last: the port answers
     scrapes until ``stop()``, after everything else."""
 
