@@ -374,7 +374,7 @@ async def test_a_node_replaced_while_a_request_waits_for_it_serves_the_request(w
     replacement = RecordingServer(first)
     await replacement.server.start()
     world["servers"][f"{first}-new"] = replacement  # stopped with the others
-    backend.detach()  # as ServeApp._node_exited, then _node_started
+    backend.detach()  # as app/nodes.py's Nodes when a node exits, then starts again
     backend.attach(Upstream(f"127.0.0.1:{replacement.port}", None, old._http, max_send_bytes=1 << 20,
                             max_receive_bytes=1 << 20), FakeCache())
     await old.close()
