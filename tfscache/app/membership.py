@@ -9,6 +9,7 @@ import logging
 from tfscache import errors
 from tfscache.cluster.topology import Topology
 from tfscache.discovery import Discovery, advertise_peer, from_settings
+from tfscache.discovery.table import BACKENDS
 from tfscache.settings import Settings
 from tfscache.settings.sections import DiscoverySection
 
@@ -17,9 +18,9 @@ log = logging.getLogger("tfscache.app")
 
 def in_ring_at_start(discovery: DiscoverySection) -> bool:
     """Whether a sidecar's own node is on its ring from the start: once joined (or joining at
-    start-up); discovery.join = false keeps it out until join(); static and dns discovery
-    ignore that setting."""
-    return discovery.join or discovery.backend in ("static", "dns")
+    start-up); discovery.join = false keeps it out until join(), with a backend that registers
+    (consul, etcd); the others (static, dns) ignore that setting."""
+    return discovery.join or not BACKENDS[discovery.backend].registers
 
 
 class Membership:
