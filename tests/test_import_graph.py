@@ -394,3 +394,138 @@ def test_outside_references_sees_an_offender(tmp_path):
     (tmp_path / "b.py").write_text("# " + "\u00a7" + "1.9 says so\n")
     (tmp_path / "c.md").write_text("docs/upstream/tfserving.md, \"Concurrency\"\n")
     assert outside_references(tmp_path, ["a.md", "b.py", "c.md"]) == ["a.md:1", "b.py:1"]
+
+
+# -- one way into a node's cache (issue 30, item 2) -----------------------------------------------
+CACHE_PARTS = {"ledger", "adapter", "repository"}  # what only tfscache/cache/ may read of a cache
+
+
+def _names_cache_manager(annotation: ast.AST | None) -> bool:
+    """Whether an annotation names CacheManager (``CacheManager | None``, as a string, dotted)."""
+    if annotation is None:
+        return False
+    for node in ast.walk(annotation):
+        if isinstance(node, ast.Name) and node.id == "CacheManager":
+            return True
+        if isinstance(node, ast.Attribute) and node.attr == "CacheManager":
+            return True
+        if isinstance(node, ast.Constant) and "CacheManager" in str(node.value):
+            return True
+    return False
+
+
+class _CacheNames:
+    """What counts as a cache in one module (see ``cache_reaches``), found to a fixed point."""
+
+    def __init__(self, tree: ast.AST) -> None:
+        self.names: set[str] = set()  # local names bound to a cache somewhere in the module
+        self.attributes: set[str] = set()  # ``X.attr`` names assigned a cache somewhere in it
+        self.functions: set[str] = set()  # functions annotated to return a CacheManager
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if _names_cache_manager(node.returns):
+                    self.functions.add(node.name)
+                args = node.args
+                every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+                for arg in every:
+                    if arg is not None and _names_cache_manager(arg.annotation):
+                        self.names.add(arg.arg)
+        while self._bind(tree):
+            pass
+
+    def is_cache(self, node: ast.AST) -> bool:
+        if isinstance(node, ast.Call):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
+            return called == "CacheManager" or called in self.functions
+        if isinstance(node, ast.Name):
+            return node.id == "cache" or node.id.endswith("_cache") or node.id in self.names
+        if isinstance(node, ast.Attribute):
+            attr = node.attr
+            return attr == "cache" or attr.endswith("_cache") or attr in self.attributes
+        return False
+
+    def _bind(self, tree: ast.AST) -> bool:
+        """One pass binding the targets of assignments from a cache; whether it bound a new one."""
+        before = len(self.names) + len(self.attributes)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and self.is_cache(node.value):
+                targets = node.targets
+            elif isinstance(node, ast.AnnAssign) and (_names_cache_manager(node.annotation) or (
+                    node.value is not None and self.is_cache(node.value))):
+                targets = [node.target]
+            elif isinstance(node, ast.NamedExpr) and self.is_cache(node.value):
+                targets = [node.target]
+            else:
+                continue
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    self.names.add(target.id)
+                elif isinstance(target, ast.Attribute):
+                    self.attributes.add(target.attr)
+        return len(self.names) + len(self.attributes) > before
+
+
+def cache_reaches(root: Path = PACKAGE.parent) -> list[str]:
+    """``path:line: what`` for each read of a cache's ``ledger``, ``adapter`` or ``repository``
+    in a module under tfscache/ outside tfscache/cache/: everything else asks ``CacheManager``.
+
+    The read is ``E.part`` (or ``getattr(E, "part")``) for a part in CACHE_PARTS, where E is a
+    cache: a name or attribute called ``cache`` or ending in ``_cache`` (``cache``, ``self.cache``,
+    ``backend.cache``, ``node_cache``); a call of ``CacheManager(...)`` or of a function annotated
+    to return one; a name annotated ``CacheManager`` (a parameter or a variable, ``| None``
+    included); or a name or attribute assigned a cache (``=``, ``:=``, repeated to a fixed point:
+    ``c = backend.cache`` makes ``c`` one, ``self.node = c`` makes every ``X.node`` one). Bindings
+    count module-wide, not per scope: a name once bound to a cache anywhere in a module is one
+    everywhere in it (stricter, never looser). A ``repository`` or ``adapter`` that is not reached
+    through a cache (``self.repository`` of a router) is not a cache's and passes.
+    """
+    found = []
+    for path in sorted((root / "tfscache").rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative.startswith("tfscache/cache/"):
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        caches = _CacheNames(tree)
+        reads = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute):
+                if node.attr in CACHE_PARTS and caches.is_cache(node.value):
+                    reads.append(node)
+            elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr":
+                args = node.args
+                if (len(args) >= 2 and isinstance(args[1], ast.Constant)
+                        and args[1].value in CACHE_PARTS and caches.is_cache(args[0])):
+                    reads.append(node)
+        reads.sort(key=lambda node: (node.lineno, node.col_offset))
+        found += [f"{relative}:{node.lineno}: {ast.unparse(node)}" for node in reads]
+    return found
+
+
+def test_nothing_outside_the_cache_reads_its_parts():
+    """Outside tfscache/cache/, a node's cache is asked through CacheManager's methods (remote use,
+    in-use state, probes, lost texts), never through its ledger, adapter or repository."""
+    assert cache_reaches() == []  # no allowlist: ask CacheManager instead
+
+
+def test_the_cache_reach_check_sees_an_offender(tmp_path):
+    (tmp_path / "tfscache" / "cache").mkdir(parents=True)
+    (tmp_path / "tfscache" / "workers").mkdir()
+    (tmp_path / "tfscache" / "cache" / "manager.py").write_text(
+        "class CacheManager:\n    def f(self, cache):\n        return self.ledger, cache.adapter\n")
+    (tmp_path / "tfscache" / "workers" / "x.py").write_text(
+        "def used(backend):\n"
+        "    backend.cache.ledger.leased(1)\n"  # 2: a chain through .cache
+        "def texts(cache, router):\n"
+        "    router.repository.resolve('m')\n"  # 4: not a cache's: passes
+        "    return cache.adapter.lost_texts, cache.lost_texts\n"  # 5: only the first offends
+        "def probe(m: 'CacheManager | None', backends):\n"
+        "    c = backends['n'].cache\n"
+        "    self.node = c\n"
+        "    return m.repository, c.ledger, getattr(c, 'adapter'), self.node.ledger\n"  # 9: four
+        "def make() -> CacheManager:\n"
+        "    return CacheManager(1).repository, make().adapter\n")  # 11: two
+    assert [line.split(": ", 1)[1] for line in cache_reaches(tmp_path)] == [
+        "backend.cache.ledger", "cache.adapter", "m.repository", "c.ledger", "getattr(c, 'adapter')",
+        "self.node.ledger", "CacheManager(1).repository", "make().adapter"]
+    assert {line.split(":", 1)[0] for line in cache_reaches(tmp_path)} == {"tfscache/workers/x.py"}

@@ -3,8 +3,8 @@ upstream servers: bytes and headers pass unchanged both ways, ModelReady loads n
 unknown model is worded by a node, the repository API is refused.
 
 As in test_router.py, the nodes are real servers that record what reaches them and the
-caches are fakes with CacheManager's interface (here with the repository and state a status
-probe reads); a real tritonserver behind a real cache is test_oip_triton.py's.
+caches are fakes with CacheManager's interface (here with the versions on disk and the state a
+status probe reads); a real tritonserver behind a real cache is test_oip_triton.py's.
 """
 
 from __future__ import annotations
@@ -54,15 +54,19 @@ class FakeRepository:
 
 
 class ProbeCache(FakeCache):
-    """FakeCache plus what a status probe reads: the repository, each version's state, failures."""
+    """FakeCache plus what a status probe reads: the versions on disk, each version's state,
+    failures."""
 
-    adapter = TritonAdapter  # the node kind's words for a lost model (its lost_texts)
+    lost_texts = TritonAdapter.lost_texts  # the node kind's words for a lost model
 
     def __init__(self) -> None:
         super().__init__()
         self.repository = FakeRepository()
         self.states: dict[tuple[str, int], str] = {}
         self.failures: dict[tuple[str, int], errors.TfscacheError] = {}
+
+    async def version_on_disk(self, name, version=None):
+        return self.repository.resolve(name, version).version
 
     def state_of(self, name, version):
         return self.states.get((name, version))

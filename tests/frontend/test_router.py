@@ -81,7 +81,7 @@ class FakeCache:
         self.acquired: list[tuple[str, int | None, float | None]] = []
 
     draining = False
-    adapter = TFServingAdapter  # the node kind's words for a lost model (its lost_texts)
+    lost_texts = TFServingAdapter.lost_texts  # the node kind's words for a lost model
 
     def is_resident(self, name, version=None):
         return name in self.resident

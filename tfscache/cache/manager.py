@@ -427,6 +427,43 @@ class CacheManager:
         """Have the state file written soon (many changes in a row make one write, off the loop)."""
         self._state_file.save()
 
+    # -- asked from outside the cache: the one way in (nothing outside reads its parts) ----------
+
+    def used_elsewhere(self, name: str, version: int, requests: int, last_use: float) -> None:
+        """``requests`` served on ``(name, version)`` outside this process (a worker, under its
+        delegation: tfscache.workers.usage), the last at wall-clock ``last_use``. Each counts as
+        a request that held a lease and gave it back: the first sets the entry's last use, the
+        policy hears of every one, and the release runs as a local one does (it may wake the
+        reloader). Nothing when the version is not AVAILABLE here."""
+        key = (name, version)
+        if requests <= 0 or self.ledger.ready(key) is None:
+            return
+        now = time.monotonic()
+        self.ledger.leased(key, last_use, now)
+        self._leases.release(key)
+        for _ in range(requests - 1):
+            self.ledger.accessed(key, now)
+
+    def resident_version(self, name: str, version: int | None = None) -> int | None:
+        """The version a hit on ``name`` at ``version`` would lease (None: the highest on disk as
+        remembered within ``rescan_s``), when it is AVAILABLE here; else None. No file access."""
+        if version is None:
+            version = self.repository.remembered_latest(name)
+        return version if version is not None and self.is_resident(name, version) else None
+
+    async def version_on_disk(self, name: str, version: int | None = None) -> int:
+        """The version a request for ``name`` at ``version`` (None: the highest on disk) would
+        load, read off the loop (it lists the model's directory); it loads nothing. Raises
+        ``ModelNotFound`` or ``UnsafeModelName`` as ``acquire`` does."""
+        found = await asyncio.to_thread(self.repository.resolve, name, version)
+        return found.version
+
+    @property
+    def lost_texts(self) -> tuple[str, ...]:
+        """How this node's kind says it does not serve a model (the adapter's ``lost_texts``):
+        a reply starting so, for a leased version, means the node lost it (``recheck``)."""
+        return self.adapter.lost_texts
+
 
 def _version(version: int | None) -> str:
     return "" if version is None else f" version {version}"

@@ -59,11 +59,6 @@ class _LostReply(errors.NotFound):
         self.reply = reply
 
 
-def _lost_texts(cache) -> tuple[str, ...]:
-    """How the node's kind says it does not serve a model (its adapter's ``lost_texts``)."""
-    return cache.adapter.lost_texts
-
-
 def remaining(deadline: float | None) -> float | None:
     """Seconds left until a monotonic deadline (None = no deadline); DEADLINE_EXCEEDED when gone."""
     if deadline is None:
@@ -203,7 +198,7 @@ class NodeBackend:
             try:
                 return await send(upstream)
             except errors.NotFound as exc:
-                if not exc.message.startswith(_lost_texts(self.cache)):
+                if not exc.message.startswith(self.cache.lost_texts):
                     raise
         cache = self.cache
         if cache is None:
@@ -223,10 +218,10 @@ class NodeBackend:
         cache = self.cache
         if cache is None:
             raise errors.NodeUnavailable(f"node {self.name} is not running")
-        found = await asyncio.to_thread(cache.repository.resolve, key.name, key.version)  # lists the directory
-        if cache.state_of(found.name, found.version) in ("loading", "available"):
+        version = await cache.version_on_disk(key.name, key.version)  # lists the directory
+        if cache.state_of(key.name, version) in ("loading", "available"):
             return None  # the node's own answer
-        return ProbeAnswer(found.version, cache.failure(found.name, found.version))
+        return ProbeAnswer(version, cache.failure(key.name, version))
 
     async def grpc(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline, *,
                    probe: Callable[[ProbeAnswer], bytes] | None = None) -> bytes:
@@ -251,7 +246,8 @@ class NodeBackend:
         async def send(upstream: Upstream) -> RestReply:
             reply = await upstream.rest(method, path_qs, body, headers, timeout=remaining(deadline))
             if reply.status == 404:
-                lost = next((t for t in _lost_texts(self.cache) if t.encode() in reply.body[:200]), None)
+                head = reply.body[:200]
+                lost = next((t for t in self.cache.lost_texts if t.encode() in head), None)
                 if lost is not None:
                     raise _LostReply(reply, lost)
             return reply

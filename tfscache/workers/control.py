@@ -296,8 +296,8 @@ class WorkerPool:
         cache, upstream = backend.cache, backend.upstream
         if cache is None or upstream is None or cache.draining or not cache.healthy:
             return None
-        version = asked if asked is not None else cache.repository.remembered_latest(name)
-        if version is None or not cache.is_resident(name, version):  # READY (AVAILABLE on the node)
+        version = cache.resident_version(name, asked)  # READY (AVAILABLE on the node)
+        if version is None:
             return None
         if self.usage.spread_over(name, self._router()) > 1:  # copies: picked by load, request by request
             return None

@@ -3,9 +3,10 @@
 Every <= 100 ms each worker reports, per node version it served under a delegation, the requests
 since its last report, the last use and the requests still in flight. Here they go:
 
-* to the node's cache (``used``): recency and counts for the policy (LRU, LFU, GDSF) and the
-  entry's last use; and the requests in flight (``CacheManager.in_flight_elsewhere``): a
-  version busy in a worker is no victim for capacity, as a leased one is not;
+* to the node's cache: the requests (``CacheManager.used_elsewhere``), each as a lease taken and
+  given back, for the policy's recency and counts (LRU, LFU, GDSF) and the entry's last use; and
+  the requests in flight (``CacheManager.in_flight_elsewhere``): a version busy in a worker is no
+  victim for capacity, as a leased one is not;
 * with copies on (docs/copies.md), to the copies rule (``Copies.begin``/``end``), so that its load
   signal (in flight, or the request rate) counts delegated requests as if they had been routed here.
   A worker's in-flight counts are kept per worker and taken back when it dies.
@@ -18,7 +19,6 @@ are routed by the control process again, request by request.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from tfscache import errors
@@ -26,19 +26,6 @@ from tfscache.frontend.methods import RouteKey
 
 # (worker, node, model) -> requests in flight as last reported
 _InFlight = dict[tuple[int, str, str], int]
-
-
-def used(ledger, key: tuple[str, int], requests: int, last_use: float) -> None:
-    """``requests`` a worker served on ``key`` under its delegation, the last at wall-clock ``last_use``,
-    told to the ledger as what they were: requests that each held a lease and gave it back (the first
-    one taken and released here sets the entry's last use; the policy hears of every one)."""
-    if ledger.ready(key) is None:
-        return
-    now = time.monotonic()
-    ledger.leased(key, last_use, now)
-    ledger.released(key)
-    for _ in range(requests - 1):
-        ledger.accessed(key, now)
 
 
 class Usage:
@@ -63,7 +50,7 @@ class Usage:
         for node, name, version, requests, last_use, in_flight in rows:
             backend = nodes.get(node)
             if backend is not None and backend.cache is not None and requests:
-                used(backend.cache.ledger, (name, version), requests, last_use)
+                backend.cache.used_elsewhere(name, version, requests, last_use)
             seen.add((node, name))
             reported[(node, name)] = reported.get((node, name), 0) + in_flight
             if self._spread is not None:
