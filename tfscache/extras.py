@@ -38,10 +38,8 @@ def missing(extra: str, modules: tuple[str, ...] | None = None) -> list[str]:
 def _found(name: str) -> bool:
     try:
         return importlib.util.find_spec(name) is not None
-    except (
-        ImportError,
-        ValueError,
-    ):  # a parent package that fails, or sys.modules[name] set to None
+    # a parent package that fails, or sys.modules[name] set to None
+    except (ImportError, ValueError):
         return False
 
 

@@ -24,9 +24,8 @@ def import_from_string(target: str) -> Any:
         raise ImportFromStringError(
             f'import target {target!r} must be of the form "module:attribute"'
         )
-    found: Any = importlib.import_module(
-        module_name
-    )  # ModuleNotFoundError propagates: a missing extra
+    # ModuleNotFoundError propagates: a missing extra
+    found: Any = importlib.import_module(module_name)
     for part in attribute.split("."):
         try:
             found = getattr(found, part)

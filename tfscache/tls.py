@@ -67,9 +67,8 @@ def check(section: TlsSection) -> tuple[str, str, str] | None:
     try:
         context.load_cert_chain(section.cert_file, section.key_file)
     except ssl.SSLError as exc:
-        reason = (
-            exc.reason or "not a PEM private key"
-        )  # OpenSSL's "PEM lib" error carries no reason
+        # OpenSSL's "PEM lib" error carries no reason
+        reason = exc.reason or "not a PEM private key"
         return (
             "key_file",
             section.key_file,
@@ -83,9 +82,8 @@ def _read(cert_file: str, key_file: str, ca_file: str) -> _Pem:
     ``ssl.SSLError``/``OSError``."""
     pem = _Pem(Path(cert_file).read_bytes(), Path(key_file).read_bytes(),
                Path(ca_file).read_bytes() if ca_file else None)
-    scratch = ssl.SSLContext(
-        ssl.PROTOCOL_TLS_SERVER
-    )  # what the live context will load, tried first
+    # what the live context will load, tried first
+    scratch = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     scratch.load_cert_chain(cert_file, key_file)
     if pem.ca is not None:
         scratch.load_verify_locations(cadata=pem.ca.decode("ascii", "replace"))
@@ -179,9 +177,8 @@ class PeerTls:
             log.error("TLS reload of the peer credentials failed, keeping those in use: %s", exc)
             return False
         self._credentials = self._make_credentials(pem)
-        self.ssl_context.load_cert_chain(
-            s.cert_file, s.key_file
-        )  # on the loop: see ServerTls.reload
+        # on the loop: see ServerTls.reload
+        self.ssl_context.load_cert_chain(s.cert_file, s.key_file)
         if pem.ca is not None:
             self.ssl_context.load_verify_locations(cadata=pem.ca.decode("ascii", "replace"))
         return True

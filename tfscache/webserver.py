@@ -24,9 +24,8 @@ from aiohttp.http_exceptions import HttpProcessingError, LineTooLong
 log = logging.getLogger("tfscache.webserver")
 
 MAX_REQUEST_LINE = 8190    # aiohttp's default max_line_size
-MAX_HEADER_FIELD = (
-    16384  # distinct from MAX_REQUEST_LINE: LineTooLong tells them apart by its limit
-)
+# distinct from MAX_REQUEST_LINE: LineTooLong tells them apart by its limit
+MAX_HEADER_FIELD = 16384
 REFUSAL_LOG_PERIOD_S = 10.0
 _REASONS = {400: "Bad Request", 414: "URI Too Long", 431: "Request Header Fields Too Large"}
 
@@ -137,9 +136,8 @@ class WebServer:
     ) -> None:
         self._bind = (bind_address, port)
         self._refusal_log_period_s = refusal_log_period_s
-        self._reuse_port = (
-            reuse_port  # SO_REUSEPORT: worker processes share the port (tfscache.workers)
-        )
+        # SO_REUSEPORT: worker processes share the port (tfscache.workers)
+        self._reuse_port = reuse_port
         self._ssl_context = ssl_context  # HTTPS (tfscache.tls.ServerTls); None: plain HTTP
         self._runner: web.AppRunner | None = None
         self.port: int | None = None

@@ -160,9 +160,8 @@ class Drainer:
         else:  # embedded: nowhere to send requests; finish those in flight, then unload
             drain.phase = "finishing requests"
             await self.stop_frontends(grace)
-            with contextlib.suppress(
-                _Failed
-            ):  # the front ends are gone: exit anyway; the nodes stop with us
+            # the front ends are gone: exit anyway; the nodes stop with us
+            with contextlib.suppress(_Failed):
                 await self._drain_caches(drain, drain.nodes)
         drain.phase = "done"
         log.info(

@@ -106,9 +106,8 @@ class AdminService:
                 last = message
             if p.done:
                 return
-            await asyncio.sleep(
-                _PROGRESS_POLL_S
-            )  # a progress display's refresh, not a wait for a state
+            # a progress display's refresh, not a wait for a state
+            await asyncio.sleep(_PROGRESS_POLL_S)
 
 
     async def Join(self, request: admin_pb2.JoinRequest) -> admin_pb2.JoinResponse:

@@ -52,9 +52,8 @@ class Entry:
         self.waiters: list[asyncio.Future] = []
         # GPU bytes: learned from the growth across a load (tfscache.kinds.gpumem); 0 = none known
         self.gpu = 0
-        self.prefetched = (
-            False  # loaded by a prefetch and not requested since (tfscache.cache.prefetch)
-        )
+        # loaded by a prefetch and not requested since (tfscache.cache.prefetch)
+        self.prefetched = False
 
 
 class Pending:
@@ -78,10 +77,8 @@ class Pending:
         self.first_seen = now
         self.waiters: list[asyncio.Future] = []
         self.blocked_since: float | None = None  # monotonic; set while it waits for room
-        self.prefetch, self.after = (
-            False,
-            None,
-        )  # a prefetch (loads with idle room) and its predecessor
+        # a prefetch (loads with idle room) and its predecessor
+        self.prefetch, self.after = False, None
 
     def live(self) -> list[asyncio.Future]:
         """The waiters whose callers still wait."""
@@ -107,18 +104,15 @@ class Ledger:
     def __init__(self, policy: EvictionPolicy | None = None) -> None:
         self.entries: dict[Key, Entry] = {}
         self.pending: dict[Key, Pending] = {}
-        self.pinned: set[Key] = (
-            set()
-        )  # may name a version not in ``entries``: lost, being loaded again
-        self.learned: dict[Key, int] = (
-            {}
-        )  # bytes measured on an earlier load, kept across evictions
+        # may name a version not in ``entries``: lost, being loaded again
+        self.pinned: set[Key] = set()
+        # bytes measured on an earlier load, kept across evictions
+        self.learned: dict[Key, int] = {}
         self.learned_gpu: dict[Key, int] = {}  # GPU bytes measured on an earlier load, likewise
         self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
         self._freeing: list[Freeing] = []  # gone from the node, memory not measured free yet
-        self.elsewhere: dict[Key, int] = (
-            {}
-        )  # READY keys' requests in flight in workers, as last reported
+        # READY keys' requests in flight in workers, as last reported
+        self.elsewhere: dict[Key, int] = {}
         self._policy = policy
 
     def __len__(self) -> int:
@@ -431,9 +425,8 @@ class Ledger:
         return waiters
 
     def _forget(self, entry: Entry) -> None:
-        if (
-            self._policy is not None and entry.state != UNLOADING
-        ):  # a retired one was forgotten then
+        # a retired one was forgotten then
+        if self._policy is not None and entry.state != UNLOADING:
             self._policy.forget(entry.key)
 
 

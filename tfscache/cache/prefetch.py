@@ -80,9 +80,8 @@ class _Stats:
 
     def __init__(self) -> None:
         self.seen, self.clock = 0.0, 0
-        self.pairs: dict[Key, tuple[float, int]] = (
-            {}
-        )  # follower -> (count, the predecessor's clock when set)
+        # follower -> (count, the predecessor's clock when set)
+        self.pairs: dict[Key, tuple[float, int]] = {}
 
 
 class CoAccess:
@@ -92,9 +91,8 @@ class CoAccess:
         self.settings = s = settings or CoAccessSettings()
         self._decay = math.exp2(-1.0 / s.halflife)
         self._stats: OrderedDict[Key, _Stats] = OrderedDict()  # least recently requested first
-        self._recent: deque[tuple[float, Key]] = (
-            deque()
-        )  # (time, key) answered within window_s, oldest first
+        # (time, key) answered within window_s, oldest first
+        self._recent: deque[tuple[float, Key]] = deque()
 
     def __len__(self) -> int:
         """Predecessors tracked now (bounded by ``max_models``)."""

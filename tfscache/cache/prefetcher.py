@@ -81,9 +81,8 @@ class Prefetcher:
         for key in keys:
             try:
                 sizes[key] = self._estimate(key)
-            except (
-                errors.TfscacheError
-            ):  # gone from the repository, or larger than the cap: no prefetch
+            # gone from the repository, or larger than the cap: no prefetch
+            except errors.TfscacheError:
                 pass
         return sizes
 

@@ -54,15 +54,13 @@ class CopyRule:
     max_copies: int = 4  # 0: every node on the ring
     balance: float = 0.1
     min_load: float = 10.0
-    hot_inflight: float = (
-        2.0  # inflight signal: a model is hot with this many requests in flight per copy
-    )
+    # inflight signal: a model is hot with this many requests in flight per copy
+    hot_inflight: float = 2.0
     cool_s: float = 600.0
     signal: str = "rate"  # or "inflight"
     rate_window_s: float = 10.0
-    hot_share: float = (
-        0.5  # rate signal: a model is hot at this share of a mean node's rate per copy
-    )
+    # rate signal: a model is hot at this share of a mean node's rate per copy
+    hot_share: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -82,17 +80,14 @@ class Copies:
         self.rule = rule
         self.clock = clock
         self._extra: dict[str, list[str]] = {}  # model -> extra copies, in ring order
-        self._used: dict[tuple[str, str], float] = (
-            {}
-        )  # (model, extra node) -> last request sent there
+        # (model, extra node) -> last request sent there
+        self._used: dict[tuple[str, str], float] = {}
         self._inflight: dict[tuple[str, str], int] = {}  # (model, node) -> requests in flight
         self._node_load: dict[str, int] = {}  # node -> requests in flight (all models)
-        self._reported: dict[str, tuple[float, float]] = (
-            {}
-        )  # node -> (load its front end reported, when)
-        self._rates: dict[object, tuple[float, float]] = (
-            {}
-        )  # node or (model, node) -> (decayed count, when)
+        # node -> (load its front end reported, when)
+        self._reported: dict[str, tuple[float, float]] = {}
+        # node or (model, node) -> (decayed count, when)
+        self._rates: dict[object, tuple[float, float]] = {}
         self.added = 0  # copies added and removed since start (metrics read these)
         self.removed = 0
         self.spills = 0

@@ -47,12 +47,10 @@ class Spread:
         self.spills: dict[str, int] = {}  # node -> requests spilled to it
         self.added: dict[str, int] = {}  # node -> extra copies added on it
         self.removed: dict[str, int] = {}  # node -> extra copies dropped from it
-        self.unloaded: dict[str, int] = (
-            {}
-        )  # local node -> copies its cache unloaded after cooling down
-        self._served: dict[tuple[str, str], float] = (
-            {}
-        )  # (model, local node) -> last request there ended
+        # local node -> copies its cache unloaded after cooling down
+        self.unloaded: dict[str, int] = {}
+        # (model, local node) -> last request there ended
+        self._served: dict[tuple[str, str], float] = {}
         self._ring = None
         self._local: Callable[[], Mapping[str, object]] = dict
 
@@ -128,7 +126,8 @@ class Spread:
         for name, backend in list(self._local().items()):
             cache = backend.cache
             if cache is None or not backend.healthy or name not in on_ring:
-                continue  # a node off the ring (drained, not joined yet, prewarmed) keeps what it holds
+                # a node off the ring (drained, not joined yet, prewarmed) keeps what it holds
+                continue
             for model in cache.snapshot():
                 if (
                     model.state != "available"
@@ -142,9 +141,8 @@ class Spread:
                 since = self._served.setdefault(key, now)
                 if now - since < self.rule.cool_s:
                     continue
-                with contextlib.suppress(
-                    errors.FailedPrecondition, errors.NotFound
-                ):  # a lease came: later
+                # a lease came: later
+                with contextlib.suppress(errors.FailedPrecondition, errors.NotFound):
                     await cache.evict(model.name, model.version)
                     unloaded.append(key)
                     self.unloaded[name] = self.unloaded.get(name, 0) + 1

@@ -73,24 +73,21 @@ class Topology:
         make_peer: Callable[[Peer], PeerBackend] | None = None,
         retire_grace_s: float = 600.0,
     ) -> None:
-        self.own = (
-            own  # sidecar mode: the name of its one node (and of this sidecar); None: embedded
-        )
+        # sidecar mode: the name of its one node (and of this sidecar); None: embedded
+        self.own = own
         self._replicas, self._vnodes = replicas, vnodes
         self._in_ring = in_ring or own is None
         self._make_peer = make_peer
         self._retire_grace_s = retire_grace_s
         self._nodes: dict[str, NodeBackend] = {}  # local nodes, fixed at start-up
-        self._peers: dict[str, tuple[Peer, PeerBackend]] = (
-            {}
-        )  # the peer each PeerBackend was made for
+        # the peer each PeerBackend was made for
+        self._peers: dict[str, tuple[Peer, PeerBackend]] = {}
         self._drained: set[str] = set()
         self._backends: Mapping[str, Backend] = MappingProxyType({})
         self._ring = Ring(replicas=replicas, vnodes=vnodes)
         self._router: Routes | None = None
-        self._retiring: dict[asyncio.Task, PeerBackend] = (
-            {}
-        )  # peers off the ring, closing once idle
+        # peers off the ring, closing once idle
+        self._retiring: dict[asyncio.Task, PeerBackend] = {}
 
     # -- reading -------------------------------------------------------------------------
 

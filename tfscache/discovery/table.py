@@ -31,9 +31,8 @@ class DiscoveryBackend:
     factory: str  # the Discovery class, "module:attribute"
     options: Mapping[str, str]  # constructor keyword -> [discovery] setting, beyond COMMON_OPTIONS
     registers: bool  # it registers this sidecar: ring.self_name is required, discovery.join applies
-    peers_from_ring: bool = (
-        False  # its members are the config file's ring.peers (re-read on reload)
-    )
+    # its members are the config file's ring.peers (re-read on reload)
+    peers_from_ring: bool = False
     required: tuple[str, ...] = field(default=())  # [discovery] settings that must not be empty
 
 

@@ -72,9 +72,8 @@ class NvmlReader:
             for index in range(nvml.nvmlDeviceGetCount()):
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
                 for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    if (
-                        process.pid in wanted and process.usedGpuMemory
-                    ):  # None where the driver hides it
+                    # None where the driver hides it
+                    if process.pid in wanted and process.usedGpuMemory:
                         total += int(process.usedGpuMemory)
             return total
         except nvml.NVMLError as exc:

@@ -40,9 +40,8 @@ def check(settings: Settings) -> None:
                           ("storage.cache_dir", settings.storage.cache_dir)):
         if value:
             _check_writable(dotted, value, Path(value))
-    if (
-        settings.cache.gpu_memory_per_node
-    ):  # without a GPU the cap is off (a log line); without pynvml, a mistake
+    # without a GPU the cap is off (a log line); without pynvml, a mistake
+    if settings.cache.gpu_memory_per_node:
         require("gpu", f"cache.gpu_memory_per_node = {settings.cache.gpu_memory_per_node}")
     node = settings.node
     if settings.sidecar:

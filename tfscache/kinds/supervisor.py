@@ -195,9 +195,8 @@ class Supervisor:
                 async with self._template_lock:
                     current = self._template
                     if current is None or current.returncode is not None or current is failed:
-                        await self._start_template(
-                            path, launch.env
-                        )  # (not one another start replaced)
+                        # (not one another start replaced)
+                        await self._start_template(path, launch.env)
                     failed = self._template
                 child = await template.AsyncChild.fork(
                     path, launch.forkable, env=launch.env, new_session=True

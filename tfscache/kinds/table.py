@@ -31,9 +31,8 @@ class NodeKind:
     client: str  # the node's client class: (name, *, rpc_deadline_s, channel)
     protocol: str  # the front ends' Protocol
     launcher: str  # (NodeSection, repository root) -> Launcher: how embedded children start
-    preflight: (
-        str  # (Settings) -> None: what embedded children need, checked before anything starts
-    )
+    # (Settings) -> None: what embedded children need, checked before anything starts
+    preflight: str
     extra: str  # the pip extra embedded children need
     extra_modules: tuple[str, ...]  # its top-level modules (found without importing them)
     install: str  # the command that installs them

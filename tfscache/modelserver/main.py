@@ -252,10 +252,8 @@ def check_flags(flags: dict[str, object]) -> None:
     if int(flags["max_request_tensor_bytes"]) < 0:
         raise FlagError("Illegal value for flag --max_request_tensor_bytes: "
                         f"{flags['max_request_tensor_bytes']} (must be >= 0)")
-    for name in (
-        "port",
-        "rest_api_port",
-    ):  # a bind to 99999 would fail only after the models loaded
+    # a bind to 99999 would fail only after the models loaded
+    for name in ("port", "rest_api_port"):
         if not 0 <= int(flags[name]) <= 65535:
             raise FlagError(
                 f"Illegal value for flag --{name}: {flags[name]} (must be a port number 0..65535)"

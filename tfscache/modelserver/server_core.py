@@ -290,9 +290,8 @@ class ServingCore:
         servable, error = load_with_retries(
             entry, self._load_once, self.options.max_num_load_retries + 1,
             self.options.load_retry_interval_micros / 1e6, self._stopped)
-        if (
-            error is None
-        ):  # logged before AVAILABLE is published: whoever waits for it (start-up) comes after
+        # logged before AVAILABLE is published: whoever waits for it (start-up) comes after
+        if error is None:
             log.info("loaded %s version %s in %.3f s; rss=%d",
                      entry.name, entry.version, time.monotonic() - started, rss_bytes())
         with self._lock:

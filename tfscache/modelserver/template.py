@@ -139,9 +139,8 @@ def serve(path: str) -> int:
     children: dict[int, tuple[socket.socket, int]] = {}  # pid -> (owner's connection, pidfd)
     parent = os.getppid()
     try:
-        while (
-            not stop["now"] and os.getppid() == parent
-        ):  # the owner gone (killed): the template goes
+        # the owner gone (killed): the template goes
+        while not stop["now"] and os.getppid() == parent:
             for key, _ in selector.select(timeout=0.5):
                 if key.data == "listen":
                     conn, _ = listener.accept()
@@ -349,6 +348,5 @@ if __name__ == "__main__":
         raise SystemExit(2)
     code = serve(sys.argv[1])
     sys.stderr.flush()
-    os._exit(
-        code
-    )  # at once: an interpreter's shutdown with TensorFlow loaded can hang, its nodes alive
+    # at once: an interpreter's shutdown with TensorFlow loaded can hang, its nodes alive
+    os._exit(code)

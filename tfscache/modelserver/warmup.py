@@ -127,7 +127,8 @@ def _run(core: _OneServable, entry: prediction_log_pb2.PredictionLog) -> None:
 
 def _records(path: str):
     """The file's records, by TensorFlow's TFRecord reader; a damaged file is DATA_LOSS."""
-    import tensorflow as tf  # noqa: PLC0415 (the node imports it anyway; keep this module light to read)
+    # the node imports it anyway; keep this module light to read
+    import tensorflow as tf  # noqa: PLC0415
 
     try:
         yield from tf.compat.v1.io.tf_record_iterator(path)

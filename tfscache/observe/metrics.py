@@ -125,7 +125,8 @@ REQUEST_BUCKETS = (
 LOAD_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 ROOM_BUCKETS = (0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
-disable_created_metrics()  # no *_created series: process-wide in prometheus_client, and wanted everywhere
+# no *_created series: process-wide in prometheus_client, and wanted everywhere
+disable_created_metrics()
 
 
 class Metrics:
@@ -145,12 +146,10 @@ class Metrics:
         self.scale = scale if scale is not None else ScaleSection()
         self.unload_rate = UnloadRate(self.scale.window_s, clock)
         self.request_log = request_log
-        self.costs: dict[tuple[str, Key], tuple[float, int]] = (
-            {}
-        )  # (node, key) -> last load's (seconds, bytes)
-        self.answered = (
-            0  # requests counted so far (a worker's snapshots skip when it did not move)
-        )
+        # (node, key) -> last load's (seconds, bytes)
+        self.costs: dict[tuple[str, Key], tuple[float, int]] = {}
+        # requests counted so far (a worker's snapshots skip when it did not move)
+        self.answered = 0
         self.counts: dict[str, dict[str, int]] = {
             "tfscache_node_restarts": {},
             "tfscache_forwards": {},

@@ -61,9 +61,8 @@ COLUMNS = (
     "code",
     "prefetched",
 )
-LEGACY_COLUMNS = COLUMNS[
-    :-1
-]  # a CSV log written before ``prefetched``: appended to with its own columns
+# a CSV log written before ``prefetched``: appended to with its own columns
+LEGACY_COLUMNS = COLUMNS[:-1]
 JSON_SUFFIXES = (".jsonl", ".ndjson")
 _BATCH = 1024  # rows taken off the queue at once at most
 _WRITE_BYTES = 64 * 1024  # bytes of whole rows per write() at most

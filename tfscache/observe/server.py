@@ -122,9 +122,8 @@ def status_document(metrics: Metrics, topology: Topology, tier=None, spread=None
             "unloads_per_minute": rates,
         },
     }
-    if (
-        tier is not None
-    ):  # a bucket's repository: {"url", "directory", "bytes", "cap_bytes", "versions", ...}
+    # a bucket's repository: {"url", "directory", "bytes", "cap_bytes", "versions", ...}
+    if tier is not None:
         document["disk_tier"] = tier.describe()
     if spread is not None:  # copies that follow load (tfscache.cluster.spread)
         document["copies"] = {"min": spread.rule.min_copies, "max": spread.rule.max_copies,

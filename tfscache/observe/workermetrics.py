@@ -132,7 +132,8 @@ def _add_snapshot(
                 family["name"], family["type"], family.get("help", "")
             )
         elif into.type != family["type"]:
-            continue  # a family of another type under the same name: not summable, the first one wins
+            # a family of another type under the same name: not summable, the first one wins
+            continue
         for sample_name, labels, value in family["samples"]:
             into.add(sample_name, labels, float(value))
 
@@ -199,9 +200,8 @@ class WorkerMetrics:
             yield from self.registry.collect()
             return
         families: dict[str, _Family] = {}
-        order: list[Metric | str] = (
-            []
-        )  # the registry's own non-summed families are passed through as they are
+        # the registry's own non-summed families are passed through as they are
+        order: list[Metric | str] = []
         for metric in self.registry.collect():
             if metric.type in SUMMED and metric.name not in families:
                 family = families[metric.name] = _Family(

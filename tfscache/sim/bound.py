@@ -83,9 +83,8 @@ def cluster_bound(
 def node_bound(requests: Sequence[Row], max_models: int = 0, memory_bytes: int = 0) -> Bound:
     """The bound on load seconds for one node's requests (in order) under its caps (0: no cap)."""
     if memory_bytes:
-        memory = _solve(
-            requests, 1.0, lambda size: size / memory_bytes, memory_bytes
-        )  # room as a share: well scaled
+        # room as a share: well scaled
+        memory = _solve(requests, 1.0, lambda size: size / memory_bytes, memory_bytes)
         if not max_models:
             return Bound(memory.load_seconds, False)
         count = _solve(requests, max_models, lambda size: 1, memory_bytes)
@@ -108,9 +107,8 @@ def _solve(requests: Sequence[Row], cap: int, room, memory_bytes: int) -> Bound:
         last[key] = x
         if i is None:
             compulsory += cost
-        elif (
-            i + 1 < x and cost > 0
-        ):  # back to back is always a hit; a free reload is never worth room
+        # back to back is always a hit; a free reload is never worth room
+        elif i + 1 < x and cost > 0:
             held = room(points[i][1])
             if held > 0:
                 tail.append(i + 1)

@@ -163,9 +163,8 @@ def replay(requests: list[Request], policy: EvictionPolicy, max_models: int, mem
                 ledger.retire(victim)
                 used -= ledger.unloaded(victim).bytes
                 evictions += 1
-            if decided.admit != [
-                key
-            ]:  # nothing is ever leased here: it always fits once the rest is gone
+            # nothing is ever leased here: it always fits once the rest is gone
+            if decided.admit != [key]:
                 raise RuntimeError(f"planner did not admit {key!r} ({decided})")
             ledger.admitted(key, now)
             if record is not None:

@@ -42,9 +42,8 @@ from tfscache.cache.prefetch import CoAccess, CoAccessSettings
 from tfscache.sim.engine import Request, split
 from tfscache.sim.trace import Trace
 
-FOLLOW_S = (
-    0.05  # a request this soon after the node's previous one, for another model, is a follower
-)
+# a request this soon after the node's previous one, for another model, is a follower
+FOLLOW_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -125,9 +124,8 @@ class _Node:
         self.loading: dict = {}  # key -> when its load ends (the batch in flight)
         self.waiting: dict = {}  # key -> the cold requests waiting for it
         self.sizes: dict = {}  # key -> (bytes, load seconds), as the log last said
-        self.sent: list = (
-            []
-        )  # heap of (time, seq, _Request): followers sent once their predecessor was answered
+        # heap of (time, seq, _Request): followers sent once their predecessor was answered
+        self.sent: list = []
         self.seq = itertools.count()
         self.counts = PrefetchCounts()
 
@@ -139,9 +137,8 @@ class _Node:
         self.sizes[key] = (r.size, r.cost)
         c.requests += 1
         follow = []
-        if (
-            self.learner is not None
-        ):  # as the live Prefetcher: likely followers kept warm, or queued
+        # as the live Prefetcher: likely followers kept warm, or queued
+        if self.learner is not None:
             self.learner.arrived(key, now)
             follow = self.learner.followers(key)[:1]
             for after in follow:
@@ -224,11 +221,8 @@ def replay_prefetch(requests: list[Request], policy: EvictionPolicy, config: Pre
     """One node's requests under ``policy``, prefetching when ``config.learner`` is set."""
     learner = CoAccess(config.learner) if config.learner is not None else None
     node = _Node(policy, Caps(config.max_models, config.memory_bytes), learner)
-    inf, i, last = (
-        float("inf"),
-        0,
-        None,
-    )  # last: the node's previous request in the log (its time, _Request)
+    # last: the node's previous request in the log (its time, _Request)
+    inf, i, last = float("inf"), 0, None
     while True:
         logged = requests[i][1] if i < len(requests) else inf
         sent = node.sent[0][0] if node.sent else inf

@@ -144,7 +144,8 @@ def scan(root: Path) -> list[tuple[Key, dict[str, list], float]]:
             continue
         for version in sorted(model.iterdir()):
             if not version.name.isdigit() and version.is_file() and not version.is_symlink():
-                continue  # the model's own files (config.pbtxt, labels.json): refreshed at each fetch
+                # the model's own files (config.pbtxt, labels.json): refreshed at each fetch
+                continue
             manifest = read_complete(version) if version.name.isdigit() else None
             if manifest is None:
                 remove(version)

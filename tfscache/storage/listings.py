@@ -44,9 +44,8 @@ class Listings:
         model never listed since start-up)."""
         self.store, self.interval_s, self.rate, self.active_s = store, interval_s, rate, active_s
         self.on_disk = on_disk or (lambda name: {})
-        self.waited = (
-            0  # LISTs a caller waited for (requests: a model with neither listing nor copy)
-        )
+        # LISTs a caller waited for (requests: a model with neither listing nor copy)
+        self.waited = 0
         self.refreshed = 0  # LISTs by the refresher
         self._listings: dict[str, tuple[float, Versions]] = {}
         self._files: dict[str, dict[str, tuple[int, str]]] = {}
@@ -186,9 +185,8 @@ class Listings:
         error = task.exception()
         if error is None:
             return
-        self._retry_at[name] = (
-            time.monotonic() + self.interval_s
-        )  # not at ``rate`` while the store is down
+        # not at ``rate`` while the store is down
+        self._retry_at[name] = time.monotonic() + self.interval_s
         message = error.message if isinstance(error, TfscacheError) else repr(error)
         log.warning(
             "refreshing the listing of %s in %s failed (the last one is used meanwhile): %s",

@@ -104,9 +104,8 @@ class ObstoreStore:
         except Exception as exc:
             raise self.translate(exc, key) from exc
         got = result.meta.get("e_tag")
-        if (
-            etag and got and _bare(got) != _bare(etag)
-        ):  # a store that ignored If-Match sent other bytes
+        # a store that ignored If-Match sent other bytes
+        if etag and got and _bare(got) != _bare(etag):
             raise self.changed(key)
         out = await self._open(dest)
         written = 0

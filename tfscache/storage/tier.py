@@ -78,9 +78,8 @@ class DiskTier:
         self._local_files: dict[tuple[str, str], tuple[int, str]] = {}  # ... and the copies on disk
         self._file_flights: dict[str, asyncio.Future] = {}
         self._gate = asyncio.Semaphore(parallel)
-        self._resident: OrderedDict[Key, tuple[int, dict]] = (
-            OrderedDict()
-        )  # LRU first; (bytes, manifest)
+        # LRU first; (bytes, manifest)
+        self._resident: OrderedDict[Key, tuple[int, dict]] = OrderedDict()
         self._reserved: dict[Key, int] = {}
         self._flights: dict[Key, asyncio.Future] = {}
 
@@ -223,9 +222,9 @@ class DiskTier:
             raise NotFound(f"version {version} of model {name!r} not found in {self.store.url}")
         await self.sync_model_files(name)
         resident = self._resident.get(key)
-        if resident is not None and (
-            resident[1] == listing.manifest() or self.in_use(key) - LOADERS
-        ):  # a node serves that copy: keep it
+        if resident is not None and (resident[1] == listing.manifest()
+                                     # a node serves that copy: keep it
+                                     or self.in_use(key) - LOADERS):
             self.events.hit()
             return self.path(*key)
         self.events.miss()

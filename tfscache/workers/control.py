@@ -40,7 +40,8 @@ log = logging.getLogger("tfscache.workers.control")
 
 START_TIMEOUT_S = 60.0  # each worker serves within this at start-up
 RESTART_BACKOFF_S = (0.1, 5.0)  # a worker that keeps dying is restarted at most this often
-STABLE_S = 30.0  # a worker that ran this long before it died starts its backoff again from the first step
+# a worker that ran this long before it died starts its backoff again from the first step
+STABLE_S = 30.0
 
 
 def reserve_port(host: str, port: int) -> socket.socket:
@@ -61,8 +62,16 @@ def internal(server, metrics):
     """Worker mode: (server section, TLS, metrics) of the control process's own front ends, which only
     the workers reach: 127.0.0.1, ports picked, plain text, no request counted (the workers count;
     the request-log rows of what this process served are written here: ``Metrics.rows_only``)."""
-    return replace(server, bind_address="127.0.0.1", grpc_port=0, rest_port=0 if server.rest_port >= 0 else -1), \
-        None, metrics.rows_only()
+    return (
+        replace(
+            server,
+            bind_address="127.0.0.1",
+            grpc_port=0,
+            rest_port=0 if server.rest_port >= 0 else -1,
+        ),
+        None,
+        metrics.rows_only(),
+    )
 
 
 class _Worker:
@@ -106,7 +115,9 @@ class WorkerPool:
         self._tasks: set[asyncio.Task] = set()
         self.metrics = metrics
         # a worker's ``metrics`` report: merged into /metrics (tfscache.observe.workermetrics)
-        self.on_metrics: Callable[[int, object], None] | None = metrics.exported.update if metrics else None
+        self.on_metrics: Callable[[int, object], None] | None = (
+            metrics.exported.update if metrics else None
+        )
         if metrics is not None:
             metrics.exported.status = self.describe
 
@@ -116,7 +127,8 @@ class WorkerPool:
                     rescan_s: float) -> tuple[int, int | None]:
         """Reserve the public ports, start the workers; returns (grpc_port, rest_port) once all serve.
         ``internal_*``: the control process's own listeners on 127.0.0.1; ``rescan_s``: how long the
-        repository remembers a model's latest version (a delegation for "latest" lasts that long)."""
+        repository remembers a model's latest version (a delegation for "latest" lasts that long).
+        """
         server = self.settings.server
         self._rescan_s = rescan_s
         grpc = reserve_port(server.bind_address, server.grpc_port)
@@ -130,7 +142,8 @@ class WorkerPool:
         directory = str(state_dir)
         if len(directory) > 80:  # a Unix socket's path is at most 107 bytes
             directory = tempfile.mkdtemp(prefix="tfscache-workers-")
-        for stale in Path(directory).glob("workers-*.sock"):  # a killed control process's (the directory is ours)
+        # a killed control process's (the directory is ours)
+        for stale in Path(directory).glob("workers-*.sock"):
             with contextlib.suppress(FileNotFoundError):
                 stale.unlink()
         self._socket_path = os.path.join(directory, f"workers-{os.getpid()}.sock")
@@ -142,7 +155,9 @@ class WorkerPool:
             async with asyncio.timeout(START_TIMEOUT_S):
                 await asyncio.gather(*(w.ready.wait() for w in self.workers))
         except TimeoutError:
-            raise errors.Unavailable(f"workers did not serve within {START_TIMEOUT_S:.0f} s") from None
+            raise errors.Unavailable(
+                f"workers did not serve within {START_TIMEOUT_S:.0f} s"
+            ) from None
         log.info("%d workers serving on gRPC port %s, REST port %s", self.count, self.ports["grpc"],
                  self.ports["rest"])
         return self.ports["grpc"], self.ports["rest"]
@@ -172,10 +187,17 @@ class WorkerPool:
             return
         self._gone(worker.index)  # nothing it held blocks an unload from now on
         worker.channel = None
-        worker.restarts = 1 if time.monotonic() - worker.started >= STABLE_S else worker.restarts + 1
+        worker.restarts = (
+            1 if time.monotonic() - worker.started >= STABLE_S else worker.restarts + 1
+        )
         delay = min(RESTART_BACKOFF_S[1], RESTART_BACKOFF_S[0] * 2 ** min(worker.restarts - 1, 6))
-        log.warning("worker %d (pid %d) exited with status %s; restarting it in %.1f s", worker.index,
-                    process.pid, rc, delay)
+        log.warning(
+            "worker %d (pid %d) exited with status %s; restarting it in %.1f s",
+            worker.index,
+            process.pid,
+            rc,
+            delay,
+        )
         await asyncio.sleep(delay)
         if not self._stopping:
             await self._launch(worker)
@@ -262,7 +284,8 @@ class WorkerPool:
             seen = self.usage.apply(worker.index, message["usage"])
             worker.in_flight = sum(row[5] for row in message["usage"])
             held = [pair for pair in seen if self.grants.held_for(*pair)]
-            for node, name in self.usage.moved(held, self._router()):  # copies spread it: routed here again
+            # copies spread it: routed here again
+            for node, name in self.usage.moved(held, self._router()):
                 self._spawn(self.revoke(node, [h[1:] for h in self.grants.held_for(node, name)]))
             if self.on_metrics is not None and message.get("metrics") is not None:
                 self.on_metrics(worker.index, message["metrics"])
@@ -279,8 +302,15 @@ class WorkerPool:
             worker.channel.send({"op": "refuse", "name": name, "asked": asked})
             return
         held = tuple(grant["held"])
-        if worker.index not in self.grants.holders(held):  # once per delegation (a "latest" one is renewed)
-            log.info("worker %d: delegated model %s version %s on %s", worker.index, held[1], held[2], held[0])
+        # once per delegation (a "latest" one is renewed)
+        if worker.index not in self.grants.holders(held):
+            log.info(
+                "worker %d: delegated model %s version %s on %s",
+                worker.index,
+                held[1],
+                held[2],
+                held[0],
+            )
         self.grants.granted(worker.index, held)
         worker.channel.send({"op": "grant", "name": name, "asked": asked, **grant})
 
@@ -299,17 +329,35 @@ class WorkerPool:
         version = cache.resident_version(name, asked)  # READY (AVAILABLE on the node)
         if version is None:
             return None
-        if self.usage.spread_over(name, self._router()) > 1:  # copies: picked by load, request by request
+        # copies: picked by load, request by request
+        if self.usage.spread_over(name, self._router()) > 1:
             return None
-        cost = self.metrics.costs.get((backend.name, (name, version)), (0.0, 0)) if self.metrics else (0.0, 0)
-        return {"held": [backend.name, name, version], "grpc": upstream.grpc_address, "rest": upstream.rest_address,
-                "ttl": self._rescan_s if asked is None else None, "cost": list(cost)}
+        cost = (
+            self.metrics.costs.get((backend.name, (name, version)), (0.0, 0))
+            if self.metrics
+            else (0.0, 0)
+        )
+        return {
+            "held": [backend.name, name, version],
+            "grpc": upstream.grpc_address,
+            "rest": upstream.rest_address,
+            "ttl": self._rescan_s if asked is None else None,
+            "cost": list(cost),
+        }
 
     def describe(self) -> list[dict]:
         """The workers for /status: id, pid, requests in flight under delegations, restarts,
         delegations held."""
-        return [{"id": w.index, "pid": w.process.pid if w.process is not None else None, "in_flight": w.in_flight,
-                 "restarts": w.restarts, "delegations": len(self.grants.held_by(w.index))} for w in self.workers]
+        return [
+            {
+                "id": w.index,
+                "pid": w.process.pid if w.process is not None else None,
+                "in_flight": w.in_flight,
+                "restarts": w.restarts,
+                "delegations": len(self.grants.held_by(w.index)),
+            }
+            for w in self.workers
+        ]
 
     def revoker(self, node: str) -> Callable[[list], Awaitable[None]]:
         """The hook ``node``'s cache awaits before an unload (``CacheManager(before_unload=)``)."""
@@ -317,19 +365,27 @@ class WorkerPool:
 
     async def revoke(self, node: str, keys) -> None:
         """Before ``keys`` leave ``node``: every worker holding one stops starting requests on it,
-        waits for those in flight, and acknowledges (a worker that dies meanwhile counts as done)."""
+        waits for those in flight, and acknowledges (a worker that dies meanwhile counts as done).
+        """
         waits = []
         for name, version in keys:
             revocation = self.grants.revoke((node, name, version))
             if revocation.waiting:
-                log.info("revoking model %s version %s on %s from worker(s) %s", name, version, node,
-                         sorted(revocation.waiting))
+                log.info(
+                    "revoking model %s version %s on %s from worker(s) %s",
+                    name,
+                    version,
+                    node,
+                    sorted(revocation.waiting),
+                )
             for index in revocation.waiting:
                 channel = self.workers[index].channel
                 try:
                     if channel is None:
                         raise ChannelClosed("gone")
-                    channel.send({"op": "revoke", "held": [node, name, version], "id": revocation.id})
+                    channel.send(
+                        {"op": "revoke", "held": [node, name, version], "id": revocation.id}
+                    )
                 except ChannelClosed:
                     self._gone(index)
             waits.append(revocation.done.wait())

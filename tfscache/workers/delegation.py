@@ -36,7 +36,8 @@ class Grant:
     held: Held
     grpc: str  # the node's gRPC address
     rest: str | None  # the node's REST address (None: it has none)
-    expires: float | None = None  # monotonic; "latest" grants expire (the repository's rescan interval)
+    # monotonic; "latest" grants expire (the repository's rescan interval)
+    expires: float | None = None
     in_flight: int = 0
     revoked: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)

@@ -26,7 +26,9 @@ from tfscache.workers.delegation import Asked, Delegations, Grant
 
 # The control process's own load report on its answer to the request this task serves (sidecar mode,
 # a request a peer forwarded): what the worker's front end sends back to that peer.
-_load: contextvars.ContextVar[str | None] = contextvars.ContextVar("tfscache_worker_load", default=None)
+_load: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "tfscache_worker_load", default=None
+)
 
 
 def _keep_load(pairs) -> None:
@@ -48,12 +50,17 @@ class ControlBackend:
         return False
 
     async def stream(self, key, path: str, request: bytes, metadata, deadline):
-        async for response in self.upstream.stream(path, request, metadata=metadata, timeout=remaining(deadline)):
+        async for response in self.upstream.stream(
+            path, request, metadata=metadata, timeout=remaining(deadline)
+        ):
             yield response
 
-    async def rest_stream(self, key, method: str, path_qs: str, body: bytes, headers: dict[str, str],
-                          timeout: float):
-        async for part in self.upstream.rest_stream(method, path_qs, body, headers, timeout=timeout):
+    async def rest_stream(
+        self, key, method: str, path_qs: str, body: bytes, headers: dict[str, str], timeout: float
+    ):
+        async for part in self.upstream.rest_stream(
+            method, path_qs, body, headers, timeout=timeout
+        ):
             yield part
 
     async def wait_serving(self, timeout: float) -> bool:
@@ -70,9 +77,16 @@ class WorkerRouter:
     backends: Mapping = MappingProxyType({})
     spread = None
 
-    def __init__(self, control: Upstream, delegations: Delegations, *, want: Callable[[Asked], None],
-                 node_upstream: Callable[[Grant], Upstream], repository=None,
-                 served: Callable[[Grant], None] | None = None) -> None:
+    def __init__(
+        self,
+        control: Upstream,
+        delegations: Delegations,
+        *,
+        want: Callable[[Asked], None],
+        node_upstream: Callable[[Grant], Upstream],
+        repository=None,
+        served: Callable[[Grant], None] | None = None,
+    ) -> None:
         """``want(asked)``: ask the control process for a delegation. ``node_upstream(grant)``: the
         connection to a granted node. ``repository``: version labels (a local ModelRepository).
         ``served(grant)``: a request was answered by the node under ``grant`` (in the request's task:
@@ -112,34 +126,62 @@ class WorkerRouter:
         if asked is not None and self._delegations.want(asked):
             self._want(asked)
 
-    async def grpc(self, path: str, key: RouteKey | None, request: bytes, metadata, deadline: float | None,
-                   forwarded: bool = False, probe=None) -> bytes:
+    async def grpc(
+        self,
+        path: str,
+        key: RouteKey | None,
+        request: bytes,
+        metadata,
+        deadline: float | None,
+        forwarded: bool = False,
+        probe=None,
+    ) -> bytes:
         asked = self._asked(key, forwarded, probe)
         grant = self._delegations.begin(asked) if asked is not None else None
         if grant is not None:
             try:
-                response = await self._node(grant).unary(path, request, metadata=metadata, timeout=remaining(deadline))
+                response = await self._node(grant).unary(
+                    path, request, metadata=metadata, timeout=remaining(deadline)
+                )
                 self._served(grant)
                 return response
             except (errors.Unavailable, errors.NotFound):
-                self._delegations.drop(grant)  # the node went away or lost it: the control process's path
+                # the node went away or lost it: the control process's path
+                self._delegations.drop(grant)
             finally:
                 self._delegations.end(grant)
         if forwarded:
-            _load.set(None)  # an aiohttp connection's requests share a task: no report left from the last one
-        response = await self._control.unary(path, request, metadata=metadata, timeout=remaining(deadline),
-                                             trailers=_keep_load if forwarded else None)
+            # an aiohttp connection's requests share a task: no report left from the last one
+            _load.set(None)
+        response = await self._control.unary(
+            path,
+            request,
+            metadata=metadata,
+            timeout=remaining(deadline),
+            trailers=_keep_load if forwarded else None,
+        )
         self._cold(asked)
         return response
 
-    async def rest(self, key: RouteKey | None, method: str, path_qs: str, body: bytes, headers: dict[str, str],
-                   timeout: float, forwarded: bool = False, probe=None) -> RestReply:
+    async def rest(
+        self,
+        key: RouteKey | None,
+        method: str,
+        path_qs: str,
+        body: bytes,
+        headers: dict[str, str],
+        timeout: float,
+        forwarded: bool = False,
+        probe=None,
+    ) -> RestReply:
         deadline = time.monotonic() + timeout
         asked = self._asked(key, forwarded, probe)
         grant = self._delegations.begin(asked) if asked is not None else None
         if grant is not None and grant.rest is not None:
             try:
-                reply = await self._node(grant).rest(method, path_qs, body, headers, timeout=timeout)
+                reply = await self._node(grant).rest(
+                    method, path_qs, body, headers, timeout=timeout
+                )
                 if reply.status not in (404, 503):
                     self._served(grant)
                     return reply
@@ -152,7 +194,9 @@ class WorkerRouter:
             self._delegations.end(grant)
         if forwarded:
             headers = {**headers, FORWARDED_KEY: "1"}
-        reply = await self._control.rest(method, path_qs, body, headers, timeout=remaining(deadline) or 0.001)
+        reply = await self._control.rest(
+            method, path_qs, body, headers, timeout=remaining(deadline) or 0.001
+        )
         if forwarded:
             _load.set(None)
             _keep_load(reply.headers)

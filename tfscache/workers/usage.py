@@ -36,7 +36,8 @@ class Usage:
         self._nodes = nodes
         self._spread = spread
         self._in_flight: _InFlight = {}  # copies on: what was counted into the copies rule
-        self._reported: dict[int, dict[tuple[str, str, int], int]] = {}  # worker -> node version -> in flight
+        # worker -> node version -> in flight
+        self._reported: dict[int, dict[tuple[str, str, int], int]] = {}
 
     def apply(self, worker: int, rows: list) -> set[tuple[str, str]]:
         """One report's rows ``[node, name, version, requests, last_use, in_flight]``; returns the
@@ -44,8 +45,11 @@ class Usage:
         nodes, seen = self._nodes(), set()
         reported: dict[tuple[str, str], int] = {}
         before = self._reported.get(worker, {})
-        self._reported[worker] = {(node, name, version): in_flight for node, name, version, _, _, in_flight in rows
-                                  if in_flight}
+        self._reported[worker] = {
+            (node, name, version): in_flight
+            for node, name, version, _, _, in_flight in rows
+            if in_flight
+        }
         self._tell_caches(nodes, before.keys() | self._reported[worker].keys())
         for node, name, version, requests, last_use, in_flight in rows:
             backend = nodes.get(node)
@@ -56,7 +60,9 @@ class Usage:
             if self._spread is not None:
                 self._count(worker, node, name, requests, reported[(node, name)])
         if self._spread is not None:  # pairs no longer in its report: nothing in flight there now
-            for (w, node, name) in [k for k in self._in_flight if k[0] == worker and k[1:] not in reported]:
+            for w, node, name in [
+                k for k in self._in_flight if k[0] == worker and k[1:] not in reported
+            ]:
                 self._count(w, node, name, 0, 0)
         return seen
 
@@ -99,7 +105,8 @@ class Usage:
     def moved(self, pairs, router) -> list[tuple[str, str]]:
         """Of delegated (node, model) ``pairs``, those the router would not now send to that node
         alone: the ring changed (another node first), or copies spread the model (an extra copy, or
-        another node picked first: with copies on this is asked as one request routed now would ask)."""
+        another node picked first: with copies on this is asked as one request routed now would ask).
+        """
         moved = []
         for node, name in pairs:
             try:
@@ -116,4 +123,6 @@ class Usage:
         if self._spread is None:
             return 1
         ring = router.ring
-        return len(self._spread.copies.copies(name, ring.order(name, self._spread.rule.max_copies or None)))
+        return len(
+            self._spread.copies.copies(name, ring.order(name, self._spread.rule.max_copies or None))
+        )

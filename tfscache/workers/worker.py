@@ -65,8 +65,11 @@ class Worker:
         self.delegations = Delegations()
         # Its own counts, sent in its reports and merged into the control's /metrics; the request
         # log's rows of what it served under its delegations (tfscache.observe.workermetrics, requestlog).
-        self.metrics = Metrics(per_model=self.server.metrics_per_model, scale=ScaleSection(**config["scale"]),
-                               request_log=RequestLog(config["request_log"]) if config.get("request_log") else None)
+        self.metrics = Metrics(
+            per_model=self.server.metrics_per_model,
+            scale=ScaleSection(**config["scale"]),
+            request_log=RequestLog(config["request_log"]) if config.get("request_log") else None,
+        )
         self._events: dict[str, NodeEvents] = {}
         self.serving = False  # the control process's health, as it last said
         self.stopping = asyncio.Event()
@@ -83,8 +86,12 @@ class Worker:
         upstream = self._nodes.get(grant.grpc)
         if upstream is None:
             upstream = self._nodes[grant.grpc] = Upstream(
-                grant.grpc, grant.rest, self._http, max_send_bytes=self.server.max_receive_message_bytes,
-                max_receive_bytes=self.server.max_send_message_bytes)
+                grant.grpc,
+                grant.rest,
+                self._http,
+                max_send_bytes=self.server.max_receive_message_bytes,
+                max_receive_bytes=self.server.max_send_message_bytes,
+            )
         return upstream
 
     def _want(self, asked) -> None:
@@ -97,10 +104,13 @@ class Worker:
         self.channel.send({"op": "hello", "index": self.index, "pid": os.getpid()})
         self._http = http_session()
         internal = config["internal"]
-        control = Upstream(f"127.0.0.1:{internal['grpc']}",
-                           f"127.0.0.1:{internal['rest']}" if internal.get("rest") else None, self._http,
-                           max_send_bytes=server.max_receive_message_bytes,
-                           max_receive_bytes=server.max_send_message_bytes)
+        control = Upstream(
+            f"127.0.0.1:{internal['grpc']}",
+            f"127.0.0.1:{internal['rest']}" if internal.get("rest") else None,
+            self._http,
+            max_send_bytes=server.max_receive_message_bytes,
+            max_receive_bytes=server.max_send_message_bytes,
+        )
         repository = ModelRepository(config["repository"], rescan_s=config["rescan_s"]) \
             if config.get("repository") else None
         router = WorkerRouter(control, self.delegations, want=self._want, node_upstream=self._node,
@@ -110,26 +120,43 @@ class Worker:
         if self.tls_section.cert_file:
             self.tls = await asyncio.to_thread(ServerTls, self.tls_section)
         ports = config["ports"]
-        self._grpc = GrpcFrontend(router, bind_address=server.bind_address, port=ports["grpc"],
-                                  max_send_bytes=server.max_send_message_bytes,
-                                  max_receive_bytes=server.max_receive_message_bytes, protocol=self.protocol,
-                                  metrics=self.metrics, reuse_port=True,
-                                  credentials=self.tls.grpc_credentials() if self.tls else None)
-        self.health = Health(lambda: self.serving, services=self.protocol.health_services, poll_s=REPORT_S)
+        self._grpc = GrpcFrontend(
+            router,
+            bind_address=server.bind_address,
+            port=ports["grpc"],
+            max_send_bytes=server.max_send_message_bytes,
+            max_receive_bytes=server.max_receive_message_bytes,
+            protocol=self.protocol,
+            metrics=self.metrics,
+            reuse_port=True,
+            credentials=self.tls.grpc_credentials() if self.tls else None,
+        )
+        self.health = Health(
+            lambda: self.serving, services=self.protocol.health_services, poll_s=REPORT_S
+        )
         self._grpc.add_handlers([self.health.handler()])
         await self._grpc.start()
         await self.health.start()
         self._rest = None
         if ports.get("rest") is not None:
-            self._rest = RestFrontend(router, bind_address=server.bind_address, port=ports["rest"],
-                                      max_receive_bytes=server.max_receive_message_bytes,
-                                      timeout_s=server.rest_timeout_s, metrics=self.metrics, protocol=self.protocol,
-                                      ssl_context=self.tls.ssl_context if self.tls else None, reuse_port=True,
-                                      refusal_log_period_s=server.refusal_log_period_s)
+            self._rest = RestFrontend(
+                router,
+                bind_address=server.bind_address,
+                port=ports["rest"],
+                max_receive_bytes=server.max_receive_message_bytes,
+                timeout_s=server.rest_timeout_s,
+                metrics=self.metrics,
+                protocol=self.protocol,
+                ssl_context=self.tls.ssl_context if self.tls else None,
+                reuse_port=True,
+                refusal_log_period_s=server.refusal_log_period_s,
+            )
             await self._rest.start()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, self.stopping.set)
-        loop.add_signal_handler(signal.SIGHUP, lambda: self._spawn(self.tls.reload()) if self.tls else None)
+        loop.add_signal_handler(
+            signal.SIGHUP, lambda: self._spawn(self.tls.reload()) if self.tls else None
+        )
         self.channel.send({"op": "ready", "index": self.index})
         log.info("worker %d serving (pid %d)", self.index, os.getpid())
         reader = asyncio.create_task(self._read())
@@ -185,10 +212,18 @@ class Worker:
                 if op == "grant":
                     ttl = message.get("ttl")
                     node, name, version = message["held"]
-                    self.metrics.costs[(node, (name, version))] = tuple(message.get("cost", (0.0, 0)))
-                    self.delegations.add(Grant((message["name"], message["asked"]), tuple(message["held"]),
-                                               message["grpc"], message.get("rest"),
-                                               expires=None if ttl is None else time.monotonic() + ttl))
+                    self.metrics.costs[(node, (name, version))] = tuple(
+                        message.get("cost", (0.0, 0))
+                    )
+                    self.delegations.add(
+                        Grant(
+                            (message["name"], message["asked"]),
+                            tuple(message["held"]),
+                            message["grpc"],
+                            message.get("rest"),
+                            expires=None if ttl is None else time.monotonic() + ttl,
+                        )
+                    )
                 elif op == "refuse":
                     self.delegations.refused((message["name"], message["asked"]))
                 elif op == "revoke":
@@ -225,7 +260,8 @@ class Worker:
 def main() -> int:
     config = json.loads(os.environ[ENV])
     die_with_parent(config["control_pid"])
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the control process's to handle, from the first instant
+    # the control process's to handle, from the first instant
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logs.setup(config.get("log_level", "INFO"), json_lines=config.get("log_json", False))
     logs.set_worker(config["index"])  # every line it writes names it
     return asyncio.run(Worker(config).run())

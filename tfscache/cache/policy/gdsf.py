@@ -64,12 +64,10 @@ class GDSFPolicy(HeapOrdered, EvictionPolicy):
         self.halflife, self.history = float(halflife), history
         self._clock = 0  # requests seen: L = clock / halflife
         self._init_order()  # resident key -> (H, sequence number)
-        self._freq: OrderedDict[Key, tuple[float, int]] = (
-            OrderedDict()
-        )  # key -> (F, clock when F was set)
-        self._cost: dict[Key, float] = (
-            {}
-        )  # kept after an eviction: a model comes back priced by its own load
+        # key -> (F, clock when F was set)
+        self._freq: OrderedDict[Key, tuple[float, int]] = OrderedDict()
+        # kept after an eviction: a model comes back priced by its own load
+        self._cost: dict[Key, float] = {}
         self._size: dict[Key, int] = {}
         self._cost_sum = self._size_sum = 0.0
         self._cost_n = self._size_n = 0

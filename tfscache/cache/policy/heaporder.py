@@ -36,9 +36,8 @@ class HeapOrdered:
 
     def victims(self, candidates: Iterable[Key], now: float) -> list[Key]:
         prio = self._prio
-        return sorted(
-            set(candidates), key=lambda key: prio.get(key, UNKNOWN)
-        )  # sequence numbers are unique
+        # sequence numbers are unique
+        return sorted(set(candidates), key=lambda key: prio.get(key, UNKNOWN))
 
     def next_victim(self, now: float) -> Key | None:
         """The first of every key with a priority, in eviction order (O(log n) amortised); None when empty."""

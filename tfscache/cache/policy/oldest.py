@@ -54,12 +54,10 @@ class OldestPolicy(EvictionPolicy):
             raise ValueError(f"window_s must be > 0, got {window_s!r}")
         self.window_s = float(window_s)
         self._width = self.window_s / self.BUCKETS
-        self._recent: OrderedDict[Key, int] = (
-            OrderedDict()
-        )  # key -> sequence number of its last use; oldest first
-        self._buckets: dict[Key, deque[list[int]]] = (
-            {}
-        )  # key -> [[bucket, requests], ...], oldest first
+        # key -> sequence number of its last use; oldest first
+        self._recent: OrderedDict[Key, int] = OrderedDict()
+        # key -> [[bucket, requests], ...], oldest first
+        self._buckets: dict[Key, deque[list[int]]] = {}
         self._seq = 0
 
     @classmethod

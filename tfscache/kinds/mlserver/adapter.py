@@ -110,10 +110,8 @@ class MLServerAdapter(OipAdapter):
                 ) from e
             except errors.Unavailable:
                 raise
-            except (
-                errors.Cancelled,
-                errors.DeadlineExceeded,
-            ) as e:  # the channel closed, the node went away
+            # the channel closed, the node went away
+            except (errors.Cancelled, errors.DeadlineExceeded) as e:
                 raise errors.NodeUnavailable(
                     f"node {self.target}: the load of model {name} version {version} ended "
                     f"{e.grpc_code.name} (the node went away?)") from e

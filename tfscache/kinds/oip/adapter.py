@@ -40,9 +40,8 @@ class OipAdapter:
     """One node behind its gRPC repository API (an ``OipRepositoryChannel`` of its kind)."""
 
     sizes_on_disk = False  # whether a model's size on disk predicts its memory (cache.adapter)
-    loads_apart = (
-        True  # each model loads by its own call: a batch's loads end apart (cache.adapter)
-    )
+    # each model loads by its own call: a batch's loads end apart (cache.adapter)
+    loads_apart = True
     product = "the node"  # the server's name in texts ("... cannot cancel a load")
     log = logging.getLogger("tfscache.kinds.oip.adapter")  # a kind keeps its own logger name
 

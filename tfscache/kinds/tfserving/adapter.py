@@ -81,9 +81,8 @@ class TFServingAdapter:
     async def load(self, keys: Sequence[Key], wanted: Sequence[Key],
                    deadline_s: float) -> dict[Key, Exception | None]:
         results: dict[Key, Exception | None] = {}
-        gone = await asyncio.to_thread(
-            self.repository.vanished, keys
-        )  # its directory may have gone since it was asked for
+        # its directory may have gone since it was asked for
+        gone = await asyncio.to_thread(self.repository.vanished, keys)
         for key in gone:
             results[key] = not_found(*key)
         keys = [k for k in keys if k not in gone]
