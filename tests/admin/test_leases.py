@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2
 import pytest
 import pytest_asyncio
 
+from support.waiting import until
 from tfscache import errors
 from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
@@ -103,13 +104,6 @@ async def test_a_process_drain_waits_for_requests_in_flight_then_unloads(apps):
     assert cache.snapshot() == []
 
 
-async def until(predicate, timeout: float = 120.0) -> None:
-    """Wait for a condition of another process (a node restarting); checked every 50 ms."""
-    async with asyncio.timeout(timeout):
-        while not predicate():
-            await asyncio.sleep(0.05)
-
-
 async def test_a_node_drain_cut_short_by_the_node_dying_reports_it_and_can_be_retried(apps):
     app = apps["two nodes"]
     old = app.backends["node1"].cache
@@ -130,7 +124,9 @@ async def test_a_node_drain_cut_short_by_the_node_dying_reports_it_and_can_be_re
         assert info.value.code() == grpc.StatusCode.UNAVAILABLE
         assert info.value.details() == "cache manager for node node1 stopped"
         lease.release()
-        await until(lambda: app.backends["node1"].cache not in (None, old) and app.backends["node1"].healthy)
+        await until(lambda: (app.backends["node1"].cache not in (None, old)
+                             and app.backends["node1"].healthy), 120, "node1 back with a new cache",
+                    interval=0.05)
         progress = [p async for p in drain(admin_pb2.DrainRequest(node="node1"))]  # again: completes
         assert (progress[-1].done, progress[-1].models_left) == (True, 0)
     assert app.router.ring.nodes == ["node0"] and app.backends["node1"].cache.draining

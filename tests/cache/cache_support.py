@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import grpc
@@ -11,6 +10,7 @@ from tensorflow.core.framework import tensor_pb2, types_pb2
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc, predict_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+from support.waiting import until
 from tfscache.kinds.tfserving.client import NodeClient
 
 NUM_MODELS = 12
@@ -66,29 +66,11 @@ class Gate:
         return (self.dir / f"{name}.{version}.waiting").exists()
 
     async def wait_until_waiting(self, name: str, version: int = 1, timeout: float = 30.0) -> None:
-        await wait_for_condition(lambda: self.waiting(name, version), timeout, f"{name} load to reach the gate")
+        await until(lambda: self.waiting(name, version), timeout, f"{name} load to reach the gate")
 
     def clear(self) -> None:
         for path in self.dir.iterdir():
             path.unlink()
-
-
-async def wait_for_condition(predicate, timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll ``predicate`` until true (a wait for a condition with a timeout, not a sleep-and-hope)."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.005)
-
-
-async def wait_until(check, timeout: float = 30.0, what: str = "condition") -> None:
-    """Like ``wait_for_condition`` for an async ``check()``."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.005)
 
 
 def node_status(target: str, name: str) -> dict[int, tuple[int, int, str]]:

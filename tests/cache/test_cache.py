@@ -17,7 +17,8 @@ from tfscache import errors
 from tfscache.cache.policy import POLICIES
 from tfscache.wire import serving_pb2 as pb
 
-from cache.cache_support import MODEL_BYTES, wait_for_condition, wait_until
+from cache.cache_support import MODEL_BYTES
+from support.waiting import until
 
 
 async def not_done_within(awaitable_task: asyncio.Task, seconds: float = 0.3) -> None:
@@ -112,7 +113,7 @@ async def test_cold_models_arriving_during_a_reload_share_the_next(make_cache, g
     first = asyncio.create_task(cache.acquire("addk_1"))
     await gate.wait_until_waiting("addk_1")
     later = [asyncio.create_task(cache.acquire(f"addk_{k}")) for k in (2, 3, 4) for _ in range(2)]
-    await wait_for_condition(lambda: sum(q.waiters for q in cache.queue()) == 6)
+    await until(lambda: sum(q.waiters for q in cache.queue()) == 6, 30, "six requests waiting")
     await not_done_within(later[0], 0.1)
     assert len(cache.node.reloads) == 2  # the clearing one, and the one loading addk_1
     gate.release("addk_1")
@@ -156,7 +157,8 @@ async def test_leased_model_is_never_evicted_and_load_waits_for_room(make_cache,
     held1 = await cache.acquire("addk_1")
     held2 = await cache.acquire("addk_2")
     waiting = asyncio.create_task(cache.acquire("addk_3"))
-    await wait_for_condition(lambda: any(q.waiting_for_room for q in cache.queue()))
+    await until(lambda: any(q.waiting_for_room for q in cache.queue()), 30,
+                "a load waiting for room")
     await not_done_within(waiting, 0.3)
     assert await anode.available(["addk_1", "addk_2", "addk_3"]) == {"addk_1", "addk_2"}
     held2.release()  # now addk_2 is idle: it makes room
@@ -263,11 +265,11 @@ async def test_priority_most_waiters_first_then_oldest(make_cache):
         lease.release()
 
     tasks = [asyncio.create_task(client("addk_2"))]
-    await wait_for_condition(lambda: len(cache.queue()) == 1)
+    await until(lambda: len(cache.queue()) == 1, 30, "one load queued")
     tasks += [asyncio.create_task(client("addk_3")) for _ in range(3)]
-    await wait_for_condition(lambda: len(cache.queue()) == 2)
+    await until(lambda: len(cache.queue()) == 2, 30, "two loads queued")
     tasks += [asyncio.create_task(client("addk_4")) for _ in range(3)]
-    await wait_for_condition(lambda: sum(q.waiters for q in cache.queue()) == 7)
+    await until(lambda: sum(q.waiters for q in cache.queue()) == 7, 30, "seven requests waiting")
     busy.release()
     await asyncio.gather(*tasks)
     assert order == ["addk_3"] * 3 + ["addk_4"] * 3 + ["addk_2"]
@@ -284,7 +286,7 @@ async def test_acquire_timeout_is_deadline_exceeded_and_the_load_goes_on(make_ca
     assert info.value.message == (f"Timed out after 0.2 s waiting for model addk_9 version 1 "
                                   f"to load on node {cache.node.target}")
     gate.release("addk_9")
-    await wait_for_condition(lambda: cache.is_resident("addk_9"))
+    await until(lambda: cache.is_resident("addk_9"), 30, "addk_9 to load")
     assert cache.snapshot()[0].leases == 0  # the late lease went nowhere
 
 
@@ -304,7 +306,7 @@ async def test_reload_past_its_deadline_marks_the_node_unhealthy_then_recovers(m
         await cache.acquire("addk_2")  # no new loads meanwhile
     cache.settings.reload_deadline_s = 60.0
     gate.release("addk_10")
-    await wait_for_condition(lambda: cache.healthy, 30, "recovery")
+    await until(lambda: cache.healthy, 30, "recovery")
     (await cache.acquire("addk_2")).release()
     assert sorted(resident(cache)) == ["addk_1", "addk_2"]  # addk_10's outcome was unknown: dropped
 
@@ -332,7 +334,7 @@ async def test_restart_readopts_what_the_node_still_serves(make_cache, tmp_path,
     (await second.acquire("addk_4")).release()
     (await second.acquire("addk_5")).release()  # evicts addk_2: LRU order survived the restart
     assert sorted(resident(second)) == ["addk_1", "addk_4", "addk_5"]
-    await wait_until(lambda: _is_end(anode, "addk_3"), what="addk_3 to unload")
+    await until(lambda: _is_end(anode, "addk_3"), 30, "addk_3 to unload")
 
 
 async def test_restart_without_state_clears_the_node(make_cache, anode):
@@ -341,7 +343,7 @@ async def test_restart_without_state_clears_the_node(make_cache, anode):
     await first.stop()
     second = await make_cache()
     assert second.snapshot() == [] and second.node.reloads == [{}]
-    await wait_until(lambda: _is_end(anode, "addk_1"), what="addk_1 to unload")
+    await until(lambda: _is_end(anode, "addk_1"), 30, "addk_1 to unload")
 
 
 async def test_stop_fails_waiters_with_unavailable(make_cache, gate):
@@ -406,7 +408,7 @@ async def test_restart_adopts_only_what_the_node_still_serves(make_cache, tmp_pa
     only_1.model_config_list.config.add(name="addk_1", base_path=str(first.repository.base_path("addk_1")),
                                         model_platform="tensorflow").model_version_policy.specific.versions.append(1)
     await first.node.reload(only_1)
-    await wait_until(lambda: _is_end(anode, "addk_2"), what="addk_2 to unload")
+    await until(lambda: _is_end(anode, "addk_2"), 30, "addk_2 to unload")
     second = await make_cache(state_file=state)
     assert [(m.name, m.state) for m in second.snapshot()] == [("addk_1", "available")]
     assert second.node.reloads == [{"addk_1": (1,)}]
@@ -430,9 +432,9 @@ async def test_pins_survive_a_restart(make_cache, tmp_path, anode):
 
     # The node lost the pinned model meanwhile (restarted empty): the next start loads and pins it again.
     await second.node.reload(pb.ModelServerConfig(model_config_list={"config": []}))
-    await wait_until(lambda: _is_end(anode, "addk_1"), what="addk_1 to unload")
+    await until(lambda: _is_end(anode, "addk_1"), 30, "addk_1 to unload")
     third = await make_cache(state_file=state, max_models_per_node=2)
-    await wait_for_condition(lambda: [(m.name, m.state, m.pinned) for m in third.snapshot()] == [
+    await until(lambda: [(m.name, m.state, m.pinned) for m in third.snapshot()] == [
         ("addk_1", "available", True)], 30, "addk_1 to be loaded and pinned again")
     assert await anode.add("addk_1", 1, 1.0) == 2.0
 
@@ -464,5 +466,5 @@ async def test_over_the_memory_cap_after_a_load_it_evicts_once_a_lease_ends(make
     sizes = {m.name: m.bytes for m in cache.snapshot()}
     assert sizes == {"addk_1": disk, "addk_2": 3 * disk} and sum(sizes.values()) > cache.settings.memory_per_node
     first.release()
-    await wait_for_condition(lambda: resident(cache) == {"addk_2": "available"}, 30, "addk_1 to be evicted")
+    await until(lambda: resident(cache) == {"addk_2": "available"}, 30, "addk_1 to be evicted")
     second.release()

@@ -13,8 +13,9 @@ import asyncio
 
 import pytest
 
-from cache.cache_support import NODE_FLAGS, wait_for_condition
+from cache.cache_support import NODE_FLAGS
 from support.node import start_node
+from support.waiting import until
 
 BASE = 1_000_000_000  # the node's memory before any model, as HeldMemory reports it
 
@@ -58,12 +59,13 @@ async def evict_for_the_next(make_cache, repository, anode, **settings):
     memory = HeldMemory(BASE)
     cache = await make_cache(memory_per_node=int(disk * 1.5), memory=memory, **settings)
     load = asyncio.ensure_future(cache.acquire("addk_1"))
-    await wait_for_condition(lambda: cache.state_of("addk_1", 1) == "loading", 30, "addk_1 to load")
+    await until(lambda: cache.state_of("addk_1", 1) == "loading", 30, "addk_1 to load",
+                interval=0.005)  # a state it leaves soon
     memory.value = BASE + disk  # what the load took
     (await load).release()
     assert {m.name: m.bytes for m in cache.snapshot()} == {"addk_1": disk}
     second = asyncio.ensure_future(cache.acquire("addk_2"))
-    await wait_for_condition(lambda: cache.state_of("addk_1", 1) is None, 30, "addk_1 to be unloaded")
+    await until(lambda: cache.state_of("addk_1", 1) is None, 30, "addk_1 to be unloaded")
     assert await anode.state("addk_1") == "END"  # the node says it is gone
     return cache, memory, second, disk
 

@@ -7,8 +7,9 @@ memory across its load, and the cap then holds as the count and memory caps do.
 
 from __future__ import annotations
 
-from cache.cache_support import RecordingClient, wait_for_condition
+from cache.cache_support import RecordingClient
 from support.node import version_status_at
+from support.waiting import until
 from tfscache.kinds.nodepid import NodeMemory
 from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache.cache.manager import CacheManager
@@ -39,8 +40,8 @@ async def test_a_model_s_gpu_size_is_learned_and_the_cap_evicts_for_it(node, rep
     # The node is shared: an earlier test's model this cache's first reload dropped may still be
     # unloading (a reload does not wait for unloads). Measured before it ends, a load would see
     # no growth and learn nothing.
-    await wait_for_condition(lambda: Growing(reader, lambda: node.pid).used() == 0, 30,
-                             "the node to hold none of the test's models")
+    await until(lambda: Growing(reader, lambda: node.pid).used() == 0, 30,
+                "the node to hold none of the test's models")
     try:
         for name in ["addk_1", "addk_2", "addk_1", "addk_2"]:  # learn both sizes; both fit (6 of 7 GiB)
             async with await cache.acquire(name):
@@ -51,7 +52,7 @@ async def test_a_model_s_gpu_size_is_learned_and_the_cap_evicts_for_it(node, rep
         # the node over the cap; once its lease ends an idle model goes (the planner's over-cap rule).
         async with await cache.acquire("addk_3"):
             assert cache.ledger.gpu_estimate(("addk_3", 1)) == 3 * GiB
-        await wait_for_condition(lambda: cache.ledger.gpu_used() <= 7 * GiB, 30, "the GPU cap to hold again")
+        await until(lambda: cache.ledger.gpu_used() <= 7 * GiB, 30, "the GPU cap to hold again")
         assert {m.name for m in cache.snapshot()} == {"addk_2", "addk_3"}  # addk_1, least recently used, went
         # Now every size is known: a load makes room first, so the cap holds at every instant.
         async with await cache.acquire("addk_1"):

@@ -15,8 +15,9 @@ import signal
 
 import pytest
 
-from cache.cache_support import NODE_FLAGS, Gate, RecordingClient, wait_for_condition
+from cache.cache_support import NODE_FLAGS, Gate, RecordingClient
 from support.node import start_node
+from support.waiting import until
 from tfscache import errors
 from tfscache.cache.events import CacheEvents
 from tfscache.cache.manager import CacheManager
@@ -110,9 +111,9 @@ async def test_recover_keeps_the_pin_of_a_model_the_node_lost_and_loads_it_again
     node.gate.unfail("addk_1")
     assert ("addk_1", 1) in events.keys and ("addk_2", 1) not in events.keys
     assert (await saved_pins(cache, state)).get("addk_1") is True  # the pin survives, on disk too
-    await wait_for_condition(lambda: models(cache) == [("addk_1", "available", True),
-                                                       ("addk_2", "available", False)], 60,
-                             "addk_1 to be loaded and pinned again")
+    await until(lambda: models(cache) == [("addk_1", "available", True),
+                                          ("addk_2", "available", False)], 60,
+                "addk_1 to be loaded and pinned again")
     assert (await saved_pins(cache, state)) == {"addk_1": True, "addk_2": False}
 
 
@@ -129,7 +130,7 @@ async def test_resync_keeps_the_pin_of_a_model_the_node_lost_and_loads_it_again(
     node.gate.unfail("addk_1")
     assert ("addk_1", 1) in events.keys
     assert (await saved_pins(cache, state)).get("addk_1") is True
-    await wait_for_condition(lambda: models(cache) == [("addk_1", "available", True)], 60,
-                             "addk_1 to be loaded and pinned again")
+    await until(lambda: models(cache) == [("addk_1", "available", True)], 60,
+                "addk_1 to be loaded and pinned again")
     assert cache.healthy
     assert (await saved_pins(cache, state)) == {"addk_1": True}

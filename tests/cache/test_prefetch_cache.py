@@ -12,6 +12,7 @@ import asyncio
 
 import pytest
 
+from support.waiting import until
 from tfscache import errors
 from tfscache.cache.ledger import LOADING, READY
 from tfscache.cache.manager import CacheManager
@@ -142,7 +143,7 @@ async def test_prefetch_loads_the_follower_after_a_when_there_is_room(made):
     await drain_started(adapter)
     await use(cache, "a")  # a hit: b is its likely follower, cold, and there is room
     assert await next_load(adapter) == ("b", 1)
-    await asyncio.wait_for(_until(lambda: cache.state_of("b", 1) == READY), 5.0)
+    await until(lambda: cache.state_of("b", 1) == READY, 5.0, "b ready", interval=0.005)
     assert cache.prefetch_counts.as_dict() == {"started": 1, "completed": 1, "failed": 0, "used": 0, "wasted": 0}
     loads = adapter.loads_of("b")
     await use(cache, "b")  # a hit on the prefetched model
@@ -185,7 +186,7 @@ async def test_lru_prefetch_takes_only_an_idle_victim(made):
     await drain_started(adapter)
     await use(cache, "a")
     assert await next_load(adapter) == ("b", 1)
-    await asyncio.wait_for(_until(lambda: cache.state_of("b", 1) == READY), 5.0)
+    await until(lambda: cache.state_of("b", 1) == READY, 5.0, "b ready", interval=0.005)
     assert cache.state_of("d", 1) is None and cache.state_of("c", 1) == READY  # the idle one went
     busy.release()
 
@@ -217,7 +218,8 @@ async def test_a_failed_prefetch_does_not_poison_the_model(made):
     adapter.failing.add("b")
     await use(cache, "a")
     assert await next_load(adapter) == ("b", 1)
-    await asyncio.wait_for(_until(lambda: cache.prefetch_counts.as_dict()["failed"] == 1), 5.0)
+    await until(lambda: cache.prefetch_counts.as_dict()["failed"] == 1, 5.0, "a failed prefetch",
+                interval=0.005)
     assert cache.failure("b", 1) is None  # no backoff: failure_backoff_s is 60 s, yet nothing is recorded
     adapter.failing.discard("b")
     await use(cache, "b")  # a real request loads it again
@@ -232,14 +234,9 @@ async def test_an_evicted_unused_prefetch_is_wasted(made):
     await drain_started(adapter)
     await use(cache, "a")
     assert await next_load(adapter) == ("b", 1)
-    await asyncio.wait_for(_until(lambda: cache.state_of("b", 1) == READY), 5.0)
+    await until(lambda: cache.state_of("b", 1) == READY, 5.0, "b ready", interval=0.005)
     await cache.evict("b", 1)
     assert cache.prefetch_counts.as_dict() == {"started": 1, "completed": 1, "failed": 0, "used": 0, "wasted": 1}
-
-
-async def _until(predicate) -> None:
-    while not predicate():
-        await asyncio.sleep(0.005)
 
 
 async def test_a_drain_drops_a_prefetch_that_waits_for_room(made):
@@ -274,7 +271,7 @@ async def test_a_cold_predecessor_loads_its_follower_beside_it_and_is_answered_f
     (await asyncio.wait_for(request, 5.0)).release()  # answered while b still loads
     assert cache.state_of("b", 1) == LOADING
     release_b.set()
-    await asyncio.wait_for(_until(lambda: cache.state_of("b", 1) == READY), 5.0)
+    await until(lambda: cache.state_of("b", 1) == READY, 5.0, "b ready", interval=0.005)
     loads = adapter.loads_of("b")
     await use(cache, "b")  # the pipeline's next stage, sent once a answered: a hit
     assert adapter.loads_of("b") == loads
@@ -288,7 +285,8 @@ async def test_a_failed_prefetch_beside_a_real_load_fails_only_itself(made):
     await cold(cache, "b")
     adapter.failing.add("b")
     await use(cache, "a")  # served: b's failure is b's alone
-    await asyncio.wait_for(_until(lambda: cache.prefetch_counts.as_dict()["failed"] == 1), 5.0)
+    await until(lambda: cache.prefetch_counts.as_dict()["failed"] == 1, 5.0, "a failed prefetch",
+                interval=0.005)
     assert cache.healthy and cache.state_of("a", 1) == READY and cache.state_of("b", 1) is None
     adapter.failing.clear()
     await use(cache, "b")  # no failure backoff after a prefetch: it loads on request

@@ -15,7 +15,8 @@ import time
 
 import pytest
 
-from cache.cache_support import NUM_MODELS, CapSampler, wait_for_condition
+from cache.cache_support import NUM_MODELS, CapSampler
+from support.waiting import until
 from tfscache.cache.policy import POLICIES
 
 NAMES = [f"addk_{k}" for k in range(1, NUM_MODELS + 1)]
@@ -97,7 +98,8 @@ async def test_memory_cap_holds_for_every_load_decision(make_cache, anode, repos
     assert len(at_load) >= 4 and max(at_load) <= cap, at_load
     assert all(m.measured and m.bytes >= disk for m in cache.snapshot())
     assert sampler.peak <= cap // disk  # what the node held, sampled, at the smallest size possible
-    await wait_for_condition(lambda: sum(m.bytes for m in cache.snapshot()) <= cap)
+    await until(lambda: sum(m.bytes for m in cache.snapshot()) <= cap, 30,
+                "the resident bytes within the cap")
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

@@ -23,7 +23,6 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from frontend.serving import link_repository
 from support.requests import predict_request
 from support.etcd import EtcdCluster
 from support.node import PYTHON, REPO, NodeProcess, start_node
+from support.waiting import wait_until
 from tfscache.admin.client import AdminClient
 
 EMPTY = "model_config_list {\n}\n"
@@ -44,18 +44,6 @@ NODE_FLAGS = ["--max_num_load_retries=0", "--num_load_threads=2"]
 MODELS = [f"addk_{k}" for k in range(1, 13)]  # y = x + k: every answer names the model that computed it
 REPLICAS = 2
 BACKENDS = ["static", "consul", "etcd"]
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
-    """Poll ``condition`` until it returns something truthy; AssertionError naming ``what`` after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
 
 
 # -- registries ---------------------------------------------------------------------------------
@@ -288,7 +276,8 @@ class Cluster:
         """Until every live sidecar (or those in ``among``) has exactly ``names`` on its ring."""
         chosen = among if among is not None else self.live()
         wait_until(lambda: all(s.ring() == sorted(names) for s in chosen), timeout,
-                   f"rings {sorted(names)} (have {[(s.name, s.ring()) for s in chosen]})")
+                   f"rings {sorted(names)} (have {[(s.name, s.ring()) for s in chosen]})",
+                   interval=0.05)
 
     def close(self) -> None:
         for sidecar in self.sidecars.values():

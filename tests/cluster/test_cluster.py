@@ -33,9 +33,10 @@ import time
 import urllib.request
 
 from support.node import PYTHON, REPO
+from support.waiting import wait_until
 from tfscache.cluster.ring import Ring
 
-from .conftest import MODELS, REPLICAS, Client, Traffic, wait_until
+from .conftest import MODELS, REPLICAS, Client, Traffic
 
 
 def tfscache(*args: str) -> subprocess.CompletedProcess:

@@ -1,36 +1,19 @@
 """Spread's sweep against a cache stand-in (the real cache and nodes: tests/frontend/test_copies.py).
 
-The stand-in has only what the sweep calls of ``CacheManager`` (``snapshot`` and ``evict``,
-which refuses a leased or pinned model with FailedPrecondition, as the real one does).
+The stand-in (tests/support/fakecache.py) answers what the sweep calls of ``CacheManager``
+(``snapshot`` and ``evict``, which refuses a leased or pinned model with FailedPrecondition, as
+the real one does).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tfscache import errors
-from tfscache.cache.ledger import ResidentModel
+from support.fakecache import FakeCache, resident
 from tfscache.cluster.copies import CopyRule
 from tfscache.cluster.ring import Ring
 from tfscache.cluster.spread import Spread
 from tfscache.frontend.methods import RouteKey
-
-
-class FakeCache:
-    def __init__(self, models: list[ResidentModel]) -> None:
-        self.models = {m.name: m for m in models}
-        self.evicted: list[str] = []
-
-    def snapshot(self) -> list[ResidentModel]:
-        return list(self.models.values())
-
-    async def evict(self, name: str, version: int | None = None) -> list:
-        model = self.models[name]
-        if model.leases or model.pinned:
-            raise errors.FailedPrecondition(f"not evicting {name}")
-        del self.models[name]
-        self.evicted.append(name)
-        return [(name, model.version)]
 
 
 @dataclass
@@ -40,11 +23,7 @@ class FakeNode:
     healthy: bool = True
 
     def holds(self, key) -> bool:
-        return key.name in self.cache.models
-
-
-def resident(name: str, leases: int = 0, pinned: bool = False) -> ResidentModel:
-    return ResidentModel(name, 1, 100, True, leases, 0.0, "available", pinned)
+        return any(m.name == key.name for m in self.cache.models)
 
 
 class Clock:

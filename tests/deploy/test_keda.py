@@ -7,24 +7,14 @@ import re
 import yaml
 from prometheus_client import generate_latest
 
+from support.fakecache import FakeCache
 from tfscache.observe.metrics import Metrics, NodeView
-from tfscache.settings import CacheSection
 
 from . import manifests
 from .test_k8s import OBJECTS, STS, pod_settings
 
 KEDA = manifests.K8S / "keda"
 SCALED = yaml.safe_load((KEDA / "scaledobject.yaml").read_text())
-
-
-class FakeCache:
-    settings = CacheSection()
-
-    def snapshot(self):
-        return []
-
-    def queue(self):
-        return []
 
 
 def exported() -> set[str]:

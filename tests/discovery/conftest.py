@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,15 +38,6 @@ def peer(name: str) -> Peer:
 
 def names(members: list[Peer]) -> set[str]:
     return {p.name for p in members}
-
-
-async def until(condition: Callable[[], bool], timeout: float = WAIT_S, what: str = "condition") -> None:
-    """Poll ``condition`` every 20 ms until true; fails after ``timeout`` s (no fixed sleeps in tests)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 class Harness(ABC):

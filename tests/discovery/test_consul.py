@@ -8,9 +8,10 @@ import aiohttp
 import pytest
 
 from fakes.consul import FakeConsul
+from support.waiting import until
 from tfscache.discovery import DiscoveryError
 
-from .conftest import WAIT_S, ConsulHarness, names, peer, until
+from .conftest import WAIT_S, ConsulHarness, names, peer
 
 
 @pytest.fixture
@@ -38,7 +39,7 @@ async def test_registration_is_the_documented_service_definition(consul, harness
     assert (check["TTL"], check["Status"], check["DeregisterCriticalServiceAfter"]) == (1.5, "passing", 600)
     # The TTL check is passed by its ID at TTL/3: wait for two passes.
     path = f"/v1/agent/check/pass/service:{harness.service}-a"
-    await until(lambda: consul.requests.count(("PUT", path)) >= 2, what="two TTL passes")
+    await until(lambda: consul.requests.count(("PUT", path)) >= 2, WAIT_S, "two TTL passes")
     await made["a"].deregister()
     assert consul.requests[-1] == ("PUT", f"/v1/agent/service/deregister/{harness.service}-a")
     assert not consul.services and not consul.checks
@@ -91,24 +92,27 @@ async def test_an_agent_restarted_without_state_gets_everyone_back(consul, harne
     await consul.stop()
     await consul.start(reset=True)  # a dev-mode agent: empty catalog, index back at 1
     assert consul.index < index_before
-    await until(lambda: len(consul.services) == 3, what="every sidecar registered again (404 on its TTL pass)")
+    await until(lambda: len(consul.services) == 3, WAIT_S,
+                "every sidecar registered again (404 on its TTL pass)")
     for discovery in made.values():
         await discovery.wait_for(lambda m: names(m) == {"a", "b", "c"}, WAIT_S)
-    await until(lambda: all(d.index <= consul.index for d in made.values()), what="indexes reset")
+    await until(lambda: all(d.index <= consul.index for d in made.values()), WAIT_S,
+                "indexes reset")
     assert 0 not in sizes  # the empty catalog in between never reached a listener
 
 
 async def test_index_going_backwards_resets_to_zero(consul, harness) -> None:
     (discovery,) = (await harness.form(("a",))).values()
-    await until(lambda: discovery.index > 1, what="a blocking index")
+    await until(lambda: discovery.index > 1, WAIT_S, "a blocking index")
     high = discovery.index
-    await until(lambda: consul.queries[-1][1].get("index") == str(high), what="a blocking query in flight")
+    await until(lambda: consul.queries[-1][1].get("index") == str(high), WAIT_S,
+                "a blocking query in flight")
     discovery.index = high + 1000  # as if the agent had answered a higher index before losing state
     seen = len(consul.queries)
     other = harness.make()
     await other.register(peer("b"))  # wakes the blocking query with an index below high + 1000
     await discovery.wait_for(lambda m: names(m) == {"a", "b"}, WAIT_S)
-    await until(lambda: len(consul.queries) > seen + 1, what="the next query")
+    await until(lambda: len(consul.queries) > seen + 1, WAIT_S, "the next query")
     assert "index" not in consul.queries[seen][1]  # reset to 0: a non-blocking read, not a wait at high+1000
     assert consul.queries[seen + 1][1]["index"] == str(discovery.index)
 
@@ -131,7 +135,8 @@ async def test_the_requests_are_py_consuls_and_the_fake_reads_them() -> None:
     harness = ConsulHarness(consul)
     try:
         await harness.form(("a",), token="s3cret")
-        await until(lambda: any(c["query"].get("index") for c in consul.calls), what="a blocking query")
+        await until(lambda: any(c["query"].get("index") for c in consul.calls), WAIT_S,
+                    "a blocking query")
     finally:
         await harness.close()
         await consul.stop()
@@ -153,7 +158,8 @@ async def test_the_requests_are_py_consuls_and_the_fake_reads_them() -> None:
 
 async def test_stop_does_not_wait_for_a_blocking_query(consul, harness) -> None:
     (discovery,) = (await harness.form(("a",), wait_s=300.0)).values()
-    await until(lambda: consul.queries[-1][1].get("wait") == "300s", what="a 300 s blocking query in flight")
+    await until(lambda: consul.queries[-1][1].get("wait") == "300s", WAIT_S,
+                "a 300 s blocking query in flight")
     # The query's thread cannot be interrupted; stop() abandons it instead of waiting 300 s.
     await asyncio.wait_for(discovery.stop(), 5.0)
     assert discovery.members() and consul.queries[-1][1].get("wait") == "300s"

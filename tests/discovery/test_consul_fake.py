@@ -12,8 +12,9 @@ import aiohttp
 import pytest
 
 from fakes.consul import FakeConsul, parse_duration
+from support.waiting import until
 
-from .conftest import until
+from .conftest import WAIT_S
 
 
 @pytest.fixture
@@ -110,7 +111,7 @@ async def test_blocking_query_returns_early_on_change(http, consul) -> None:
     _, headers, _ = await health(http, consul)
     index = headers["X-Consul-Index"]
     query = asyncio.create_task(health(http, consul, index=index, wait="30s"))
-    await until(lambda: len(consul.queries) == 2, what="the blocking query to arrive")
+    await until(lambda: len(consul.queries) == 2, WAIT_S, "the blocking query to arrive")
     assert not query.done()
     await put(http, consul, "/v1/agent/service/register", service(sid="web-2", status="passing"))
     _, headers, entries = await asyncio.wait_for(query, 5)
@@ -122,7 +123,7 @@ async def test_a_pass_that_changes_nothing_does_not_wake_a_blocking_query(http, 
     _, headers, _ = await health(http, consul)
     started = time.monotonic()
     query = asyncio.create_task(health(http, consul, index=headers["X-Consul-Index"], wait="400ms"))
-    await until(lambda: len(consul.queries) == 2, what="the blocking query to arrive")
+    await until(lambda: len(consul.queries) == 2, WAIT_S, "the blocking query to arrive")
     await put(http, consul, "/v1/agent/check/pass/service:web-1")
     _, after, _ = await asyncio.wait_for(query, 5)
     assert after["X-Consul-Index"] == headers["X-Consul-Index"]
@@ -158,7 +159,7 @@ async def test_outage_drops_blocking_queries_and_restart_keeps_state(http, consu
     await put(http, consul, "/v1/agent/service/register", service(status="passing"))
     _, headers, _ = await health(http, consul)
     query = asyncio.create_task(health(http, consul, index=headers["X-Consul-Index"], wait="30s"))
-    await until(lambda: len(consul.queries) == 2, what="the blocking query to arrive")
+    await until(lambda: len(consul.queries) == 2, WAIT_S, "the blocking query to arrive")
     port = consul.port
     await consul.stop()
     with pytest.raises(aiohttp.ClientError):

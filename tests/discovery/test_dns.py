@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from support.dnsmasq import Dnsmasq
+from support.waiting import until
 from tfscache import settings as settings_mod
 from tfscache.discovery import DiscoveryError, Peer, from_settings, make_discovery
 from tfscache.discovery.dns import DnsDiscovery
 from tfscache.discovery.static import StaticDiscovery
 
-from .conftest import WAIT_S, names, until
+from .conftest import WAIT_S, names
 
 SERVICE = "pods.tfs.test"
 FAST = {"retry_initial_s": 0.05, "retry_max_s": 0.3, "start_timeout_s": 5.0, "request_timeout_s": 0.5}
@@ -74,7 +75,7 @@ async def test_srv_records_name_peers_by_pod_and_carry_both_ports(dns, made) -> 
     assert seen == [discovery.members()]
     pods(dns, {"tfscache-0": (8500, 8501), "tfscache-1": (9500, 9501)})  # tfscache-2 is gone
     await discovery.wait_for(lambda m: names(m) == {"tfscache-0", "tfscache-1"}, WAIT_S)
-    await until(lambda: names(seen[-1]) == {"tfscache-0", "tfscache-1"}, what="the listener")
+    await until(lambda: names(seen[-1]) == {"tfscache-0", "tfscache-1"}, WAIT_S, "the listener")
     assert not discovery.failing
 
 
@@ -122,7 +123,7 @@ async def test_no_records_at_start_is_an_empty_membership_and_empty_reads_never_
     await discovery.wait_for(lambda m: names(m) == {"tfscache-0"}, WAIT_S)
     pods(dns, {})  # every pod unready at once: the ring stays as it was
     await until(lambda: discovery.activities()["dns discovery: membership read (empty result ignored)"][1] >= 2,
-                what="two empty reads")
+                WAIT_S, "two empty reads")
     assert names(discovery.members()) == {"tfscache-0"}
 
 
@@ -137,12 +138,13 @@ async def test_outage_keeps_the_membership_and_logs_once(dns, made, caplog: pyte
     caplog.clear()
     dns.kill()
     await until(lambda: discovery.failing and discovery.activities()[
-        f"dns discovery (tfscache-0): resolving {SERVICE} (SRV)"][1] >= 3, what="three failed reads")
+        f"dns discovery (tfscache-0): resolving {SERVICE} (SRV)"][1] >= 3, WAIT_S,
+                "three failed reads")
     assert names(discovery.members()) == {"tfscache-0", "tfscache-1"} and changes == []
     failing = [r.getMessage() for r in caplog.records if " failing:" in r.getMessage()]
     assert len(failing) == 1 and "Timeout" in failing[0] and "keeping the last known membership" in failing[0]
     dns.start()
-    await until(lambda: not discovery.failing, what="recovery")
+    await until(lambda: not discovery.failing, WAIT_S, "recovery")
     assert sum(" recovered after " in r.getMessage() for r in caplog.records) == 1
     pods(dns, {"tfscache-0": (8500, 8501)})  # changes are seen again
     await discovery.wait_for(lambda m: names(m) == {"tfscache-0"}, WAIT_S)

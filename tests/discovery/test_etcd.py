@@ -11,10 +11,11 @@ import aiohttp
 import pytest
 
 from support.etcd import EtcdCluster
+from support.waiting import until
 from tfscache.discovery import cancel
 from tfscache.discovery.etcd import EtcdDiscovery, prefix_end
 
-from .conftest import FAST_RETRY, WAIT_S, EtcdHarness, names, peer, until
+from .conftest import FAST_RETRY, WAIT_S, EtcdHarness, names, peer
 
 
 async def _range(endpoint: str, prefix: bytes) -> list[dict]:
@@ -58,8 +59,8 @@ async def test_one_member_of_three_killed_costs_nothing(etcd3: EtcdCluster, capl
         caplog.set_level(logging.INFO, logger="tfscache.discovery")
         etcd3.kill(0)  # a's member (and maybe the leader)
         # a's watch breaks and moves on; nobody's membership changes, for longer than a TTL.
-        await until(lambda: made["a"]._current != 0, what="a to fail over to another member")
-        await until(lambda: not made["a"].failing, what="a's watch to recover on another member")
+        await until(lambda: made["a"]._current != 0, WAIT_S, "a to fail over to another member")
+        await until(lambda: not made["a"].failing, WAIT_S, "a's watch to recover on another member")
         for discovery in made.values():
             assert names(discovery.members()) == {"a", "b", "c"}
         # Leases outlive the election: after two TTLs every sidecar is still there, and changes flow.
@@ -87,11 +88,11 @@ async def test_whole_cluster_down_then_back(etcd3: EtcdCluster) -> None:
         await harness.outage()
         for discovery in made.values():
             await until(lambda: all(f for w, (f, _) in discovery.activities().items() if "empty" not in w),
-                        what="watch and keep-alive failing")
+                        WAIT_S, "watch and keep-alive failing")
             assert names(discovery.members()) == {"a", "b", "c"}
         await harness.recover()
         for discovery in made.values():
-            await until(lambda: not discovery.failing, what="recovery")
+            await until(lambda: not discovery.failing, WAIT_S, "recovery")
         assert changes == []
         await made["c"].deregister()
         for name in "ab":

@@ -9,9 +9,10 @@ from collections import Counter
 
 import pytest
 
+from support.waiting import until
 from tfscache.discovery import Discovery, DiscoveryError, make_discovery
 
-from .conftest import WAIT_S, Harness, names, peer, until
+from .conftest import WAIT_S, Harness, names, peer
 
 
 async def test_three_sidecars_see_each_other(harness: Harness) -> None:
@@ -25,7 +26,8 @@ async def test_three_sidecars_see_each_other(harness: Harness) -> None:
     for discovery in [first, *made.values()]:
         members = await discovery.wait_for(lambda m: names(m) == expected, WAIT_S)
         assert members == sorted(map(peer, expected), key=lambda p: p.name)  # addresses round-trip
-    await until(lambda: seen and names(seen[-1]) == expected, what="the listener to see the last change")
+    await until(lambda: seen and names(seen[-1]) == expected, WAIT_S,
+                "the listener to see the last change")
     assert seen[-1] == first.members()
     assert not any(d.failing for d in made.values())
 
@@ -41,7 +43,7 @@ async def test_listener_may_be_async_and_unsubscribed(harness: Harness) -> None:
     unsubscribe = watcher.subscribe(listener)
     await harness.form(("a", "b", "c"))
     await watcher.start()
-    await until(lambda: calls and calls[-1] == {"a", "b", "c"}, what="the async listener")
+    await until(lambda: calls and calls[-1] == {"a", "b", "c"}, WAIT_S, "the async listener")
     unsubscribe()
     count = len(calls)
     if harness.name == "static":
@@ -104,7 +106,7 @@ async def test_outage_keeps_the_last_membership_and_logs_once(dynamic_harness: H
 
     await dynamic_harness.recover()
     for discovery in made.values():
-        await until(lambda: not discovery.failing, what="recovery")
+        await until(lambda: not discovery.failing, WAIT_S, "recovery")
     messages = [r.getMessage() for r in caplog.records]
     recovered = Counter(m.split(" recovered")[0] for m in messages if " recovered" in m)
     assert recovered == failing_lines
@@ -168,7 +170,7 @@ async def test_removals_after_this_sidecars_registration_lapsed_are_held_for_a_t
     # A member that really went stays until the hold ends; then the latest read applies as it came.
     await discovery._apply([peer("a"), peer("c"), peer("d")])
     assert names(discovery.members()) == {"a", "b", "c", "d"}
-    await until(lambda: seen[-1] == {"a", "c", "d"}, what="the hold to end")
+    await until(lambda: seen[-1] == {"a", "c", "d"}, WAIT_S, "the hold to end")
     assert names(discovery.members()) == {"a", "c", "d"}
     # Without a hold, removals apply at once.
     await discovery._apply([peer("a"), peer("c")])

@@ -14,6 +14,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from frontend.serving import start_serve
 from support.requests import predict_request
+from support.waiting import wait_until
 from tfscache.cluster.ring import Ring
 
 MODELS = [f"addk_{k}" for k in range(1, 7)]
@@ -26,13 +27,6 @@ def serve(frontend_repo, tmp_path_factory):
     with start_serve(tmp_path_factory.mktemp("failover"), frontend_repo, "--local-nodes", "2",
                      "--replicas-per-model", "2", "--set", "node.fork_nodes=false") as process:
         yield process
-
-
-def wait_for(condition, timeout=120.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def test_node_killed_during_traffic_loses_no_request(serve):
@@ -68,13 +62,15 @@ def test_node_killed_during_traffic_loses_no_request(serve):
     for thread in threads:
         thread.start()
     try:
-        wait_for(lambda: counts["ok"] >= 40, what="warm traffic")
+        wait_until(lambda: counts["ok"] >= 40, 120, "warm traffic", interval=0.05)
         os.kill(old_pid, signal.SIGKILL)
         killed_at, killed_time = len(results), time.monotonic()
         # The supervisor restarts the node (a new pid in its ports file), traffic goes on.
-        wait_for(lambda: serve.node_ports(victim).get("pid", old_pid) != old_pid, what="the node's restart")
+        wait_until(lambda: serve.node_ports(victim).get("pid", old_pid) != old_pid, 120,
+                   "the node's restart", interval=0.05)
         restarted_time = time.monotonic()
-        wait_for(lambda: len(results) >= killed_at + 80, what="traffic after the restart")
+        wait_until(lambda: len(results) >= killed_at + 80, 120, "traffic after the restart",
+                   interval=0.05)
     finally:
         stop.set()
         for thread in threads:

@@ -9,17 +9,16 @@ healthy), because what is tested here is the routing, not loading.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import aiohttp
 import grpc
 import pytest
 
+from support.fakecache import FakeCache, resident
 from tfscache import errors
 from tfscache.frontend.backends import NodeBackend
 from tfscache.frontend.grpc_server import GrpcFrontend
 from tfscache.frontend.protocols.tfserving import PROTOCOL
-from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache.frontend.router import Router
 from tfscache.frontend.upstream import Upstream
 from tfscache.cluster.ring import Ring
@@ -65,33 +64,6 @@ class RecordingServer:
         if isinstance(result, errors.TfscacheError):
             await context.abort(result.grpc_code, result.message)
         return result
-
-
-class _Lease(contextlib.AbstractAsyncContextManager):
-    async def __aexit__(self, *exc):
-        return None
-
-
-class FakeCache:
-    """CacheManager's routing interface; every model is loadable at once."""
-
-    def __init__(self) -> None:
-        self.healthy = True
-        self.resident: set[str] = set()
-        self.acquired: list[tuple[str, int | None, float | None]] = []
-
-    draining = False
-    lost_texts = TFServingAdapter.lost_texts  # the node kind's words for a lost model
-
-    def is_resident(self, name, version=None):
-        return name in self.resident
-
-    async def wait_ready(self, timeout):
-        return True
-
-    async def acquire(self, name, version=None, timeout=None):
-        self.acquired.append((name, version, timeout))
-        return _Lease()
 
 
 @pytest.fixture
@@ -143,7 +115,7 @@ async def test_bytes_go_to_the_first_replica_unchanged(world):
 
 async def test_resident_replica_first_and_unhealthy_last(world):
     first, second = replicas(world, "m2")
-    world["backends"][second].cache.resident.add("m2")
+    world["backends"][second].cache.models.append(resident("m2"))
     assert await world["predict"](request_for("m2"), timeout=10) == f"from-{second}".encode()
     world["backends"][second].cache.healthy = False
     assert await world["predict"](request_for("m2"), timeout=10) == f"from-{first}".encode()

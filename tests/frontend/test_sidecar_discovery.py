@@ -13,6 +13,7 @@ from fakes.consul import FakeConsul
 from frontend.test_sidecar import predict
 from support.etcd import EtcdCluster
 from support.sidecars import sidecar_settings
+from support.waiting import until
 from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
 
@@ -22,13 +23,6 @@ def _settings(name, node, repo, state_dir, discovery: dict):
     for key, value in discovery.items():
         setattr(s.discovery, key, value)
     return s
-
-
-async def _until(condition, timeout=20.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.02)
 
 
 @pytest.mark.parametrize("backend", ["consul", "etcd"])
@@ -47,14 +41,15 @@ async def test_sidecars_form_and_survive_a_discovery_outage(backend, nodes, fron
         for app in apps.values():
             await app.start()
         for app in apps.values():
-            await _until(lambda: app.router.ring.nodes == ["a", "b"])
+            await until(lambda: app.router.ring.nodes == ["a", "b"], 20, "the ring [a, b]")
         models = [f"addk_{k}" for k in range(8)]
         for name in models:
             assert (await predict(apps["a"], name, 1.0)).outputs["y"].float_val == [1.0 + int(name[5:])]
         # The outage: requests keep flowing and the ring does not move.
         if cluster is None:
             await consul.stop()
-            await _until(lambda: all(app.discovery.failing for app in apps.values()))
+            await until(lambda: all(app.discovery.failing for app in apps.values()), 20,
+                        "discovery failing on both")
         else:
             cluster.kill(0)  # the first endpoint of both sidecars
         for round_ in range(3):
@@ -66,7 +61,7 @@ async def test_sidecars_form_and_survive_a_discovery_outage(backend, nodes, fron
         if cluster is None:
             await consul.start()
         await apps["b"].stop(grace=1)  # deregisters: a's ring shrinks to itself
-        await _until(lambda: apps["a"].router.ring.nodes == ["a"])
+        await until(lambda: apps["a"].router.ring.nodes == ["a"], 20, "the ring [a]")
     finally:
         for app in apps.values():
             await app.stop(grace=0)

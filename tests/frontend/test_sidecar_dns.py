@@ -3,21 +3,13 @@ Kubernetes Service publishes for a StatefulSet), route to each other, and follow
 
 from __future__ import annotations
 
-import asyncio
-
 from frontend.test_sidecar import predict
 from support.dnsmasq import Dnsmasq
 from support.sidecars import sidecar_settings
+from support.waiting import until
 from tfscache.app import ServeApp
 
 SERVICE = "tfscache-headless.tfs.test"
-
-
-async def _until(condition, timeout=20.0):
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.02)
 
 
 def _records(dns: Dnsmasq, apps: dict[str, ServeApp]) -> None:
@@ -45,7 +37,7 @@ async def test_sidecars_find_each_other_through_dns_and_route(nodes, frontend_re
             assert not registered and message.startswith("dns discovery: nothing to register")
             _records(dns, apps)  # both pods ready
             for app in apps.values():
-                await _until(lambda: app.router.ring.nodes == ["a", "b"])
+                await until(lambda: app.router.ring.nodes == ["a", "b"], 20, "the ring [a, b]")
             assert apps["a"].discovery.members()[1].grpc == f"127.0.0.1:{apps['b'].grpc_port}"
             models = [f"addk_{k}" for k in range(8)]
             assert {apps["a"].router.ring.owner(m) for m in models} == {"a", "b"}
@@ -54,7 +46,7 @@ async def test_sidecars_find_each_other_through_dns_and_route(nodes, frontend_re
                 assert (await predict(entry, name, 1.0)).outputs["y"].float_val == [1.0 + int(name[5:])]
             # b's pod turns unready: Kubernetes drops its records, and a's ring follows.
             _records(dns, {"a": apps["a"]})
-            await _until(lambda: apps["a"].router.ring.nodes == ["a"])
+            await until(lambda: apps["a"].router.ring.nodes == ["a"], 20, "the ring [a]")
             for name in models:
                 assert (await predict(apps["a"], name, 3.0)).outputs["y"].float_val == [3.0 + int(name[5:])]
         finally:

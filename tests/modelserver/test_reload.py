@@ -19,6 +19,7 @@ import pytest
 from support import fixtures
 from support.node import model_config, start_node, version_states, wait_for_states
 from support.requests import predict_request, reload_request, status_request
+from support.waiting import wait_until
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
 from tfscache.errors import DeadlineExceeded, Internal, InvalidArgument, NotFound, Unavailable, code_name
@@ -62,13 +63,6 @@ def predict(channel, name, *, version=None, label=None, x=2.0):
     return response.model_spec.version.value, list(response.outputs["y"].float_val)
 
 
-def wait_for_file(path, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} never appeared"
-        time.sleep(0.01)
-
-
 # -- full replacement, what the RPC waits for -----------------------------------------------
 
 
@@ -90,7 +84,8 @@ def test_config_is_a_full_replacement_and_end_persists(stub, channel, test_model
 def test_reload_waits_for_a_new_model(stub, gate, background, test_models):
     (gate / "wait_new.hold").touch()
     call = background.submit(reload, stub, {"wait_new": test_models / "half_plus_two"})
-    wait_for_file(gate / "wait_new.124.waiting")
+    wait_until((gate / "wait_new.124.waiting").exists, 30, "wait_new 124's load at its gate",
+               interval=0.01)
     assert version_states(stub, "wait_new") == {124: ("LOADING", 0, "")}
     assert not call.done()
     (gate / "wait_new.hold").unlink()
@@ -108,7 +103,8 @@ def test_reload_does_not_wait_for_removed_models_and_transitions_preserve_availa
     reload(stub, {"tr_keep": base, "tr_gone": test_models / "half_plus_three"})
     (gate / "tr_keep.hold").touch()
     shutil.copytree(test_models / "half_plus_two" / "00000123", base / "2")
-    wait_for_file(gate / "tr_keep.2.waiting")
+    wait_until((gate / "tr_keep.2.waiting").exists, 30, "tr_keep 2's load at its gate",
+               interval=0.01)
     reload(stub, {"tr_keep": base}, timeout=10)
     assert version_states(stub, "tr_gone") == {123: ("AVAILABLE", 0, "")}
     assert version_states(stub, "tr_keep") == {1: ("AVAILABLE", 0, ""), 2: ("LOADING", 0, "")}
@@ -339,13 +335,6 @@ def spec(name, version=None):
     return model_spec
 
 
-def wait_until(predicate, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition never held"
-        time.sleep(0.005)
-
-
 def state_of(core, name, version):
     state = core.states(name).get(version)
     return state and state.state.name
@@ -366,7 +355,8 @@ def test_in_flight_handle_keeps_its_version_alive_through_an_unload(versions_dir
         core.reload(config_of({"m": versions_dir("m", 1)}))
         with core.servable(spec("m")) as servable:
             core.reload(config_of({}))  # returns without waiting for the unload
-            wait_until(lambda: state_of(core, "m", 1) == "UNLOADING")
+            wait_until(lambda: state_of(core, "m", 1) == "UNLOADING", 10, "m 1 UNLOADING",
+                       interval=0.005)
             for request, text in ((spec("m"), "Latest(m)"), (spec("m", 1), "Specific(m, 1)")):
                 with pytest.raises(NotFound) as info:
                     with core.servable(request):
@@ -374,7 +364,7 @@ def test_in_flight_handle_keeps_its_version_alive_through_an_unload(versions_dir
                 assert info.value.message == f"Servable not found for request: {text}"
             time.sleep(0.2)  # nothing may happen while the handle is held
             assert state_of(core, "m", 1) == "UNLOADING" and not servable.unloaded
-        wait_until(lambda: state_of(core, "m", 1) == "END")
+        wait_until(lambda: state_of(core, "m", 1) == "END", 10, "m 1 END", interval=0.005)
         assert servable.unloaded
     finally:
         core.stop()
@@ -405,7 +395,8 @@ def test_num_load_threads(versions_dir, threads):
         core.reload(config_of({}))
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             call = pool.submit(core.reload, config_of({"a": versions_dir("a", 1), "b": versions_dir("b", 1)}))
-            wait_until(lambda: loader.entered["a"].is_set() or loader.entered["b"].is_set())
+            wait_until(lambda: loader.entered["a"].is_set() or loader.entered["b"].is_set(), 10,
+                       "a load of a or b to begin", interval=0.005)
             first = "a" if loader.entered["a"].is_set() else "b"
             other = "b" if first == "a" else "a"
             if threads == 0:  # serial: the second load does not start while the first is held

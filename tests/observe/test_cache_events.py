@@ -15,6 +15,7 @@ import pytest
 from prometheus_client import generate_latest
 
 from support import fixtures
+from support.waiting import until
 from tfscache.kinds.nodepid import NodeMemory
 from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache import errors
@@ -110,13 +111,6 @@ def scrape(metrics: Metrics) -> Scrape:
     return Scrape(generate_latest(metrics.registry).decode())
 
 
-async def until(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 async def test_miss_load_hit_then_room_wait_eviction_and_unload(cache_of):
     cache, events, metrics = await cache_of(max_models_per_node=1)
     (await cache.acquire("addk_1")).release()
@@ -124,7 +118,8 @@ async def test_miss_load_hit_then_room_wait_eviction_and_unload(cache_of):
     assert events.take() == [("miss", "addk_1"), ("loaded", "addk_1", True), ("hit", "addk_1")]
     held = await cache.acquire("addk_1")
     waiting = asyncio.create_task(cache.acquire("addk_2"))
-    await until(lambda: any(q.waiting_for_room for q in cache.queue()))
+    await until(lambda: any(q.waiting_for_room for q in cache.queue()), 30,
+                "a load waiting for room", interval=0.01)
     s = scrape(metrics)
     assert s.value("tfscache_leases_in_flight", node="n0") == 1
     assert s.value("tfscache_load_queue_depth", node="n0") == 1
@@ -165,6 +160,7 @@ async def test_a_model_gone_from_the_repository_is_evicted_as_vanished(cache_of,
     (await cache.acquire("addk_1")).release()
     shutil.rmtree(repo_root / "addk_1")
     (await cache.acquire("addk_2")).release()  # the reloader's next step drops addk_1
-    await until(lambda: not cache.is_resident("addk_1") and len(cache.snapshot()) == 1)
+    await until(lambda: not cache.is_resident("addk_1") and len(cache.snapshot()) == 1, 30,
+                "addk_1 to be evicted", interval=0.01)
     assert ("evicted", "addk_1", "vanished") in events.take()
     assert scrape(metrics).value("tfscache_evictions_total", reason="vanished") == 1

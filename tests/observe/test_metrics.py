@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pytest
 from prometheus_client import generate_latest
 
 import tfscache
+from support.fakecache import FakeCache, resident
 from tfscache import errors
 from tfscache.cache.events import CacheEvents
-from tfscache.settings import CacheSection
 from tfscache.observe.metrics import STATES, Metrics, NodeEvents, NodeView
 
 from .promtext import Scrape
@@ -18,32 +16,6 @@ from .promtext import Scrape
 
 def scrape(metrics: Metrics) -> Scrape:
     return Scrape(generate_latest(metrics.registry).decode())
-
-
-@dataclass
-class Resident:
-    name: str
-    version: int
-    bytes: int
-    measured: bool
-    leases: int
-    state: str = "available"
-    last_use: float = 0.0
-    pinned: bool = False
-
-
-class FakeCache:
-    """What the gauges read of a CacheManager: snapshot(), queue() and settings (its caps)."""
-
-    def __init__(self, resident, queued=0, max_models=0, memory_bytes=0) -> None:
-        self.resident, self.queued = resident, queued
-        self.settings = CacheSection(max_models_per_node=max_models, memory_per_node=memory_bytes)
-
-    def snapshot(self):
-        return list(self.resident)
-
-    def queue(self):
-        return [object()] * self.queued
 
 
 def test_node_events_implement_every_cache_event():
@@ -128,7 +100,8 @@ def test_requests_and_their_latency_are_counted_per_label_set(per_model):
 
 def test_gauges_read_the_caches_and_ring_at_scrape_time():
     metrics = Metrics()
-    cache = FakeCache([Resident("a", 1, 1000, True, 2), Resident("b", 1, 300, False, 0)], queued=3)
+    cache = FakeCache([resident("a", 1, 1000, leases=2), resident("b", 1, 300, measured=False)],
+                      queued=3)
     views = [NodeView("node0", cache, True), NodeView("node1", None, False)]
     ring = ["node0", "node1"]
     metrics.watch(lambda: views, lambda: len(ring))
@@ -142,7 +115,7 @@ def test_gauges_read_the_caches_and_ring_at_scrape_time():
     assert s.value("tfscache_node_healthy", node="node1") == 0
     assert s.value("tfscache_resident_models", node="node1") == 0
     assert s.value("tfscache_ring_nodes") == 2
-    cache.resident.pop()  # gauges follow the cache, not a copy
+    cache.models.pop()  # gauges follow the cache, not a copy
     ring.append("node2")
     s = scrape(metrics)
     assert s.value("tfscache_resident_models", node="node0") == 1
@@ -153,9 +126,10 @@ def test_gauges_read_the_caches_and_ring_at_scrape_time():
 def test_resident_models_by_state_with_every_state_always_present():
     """A node capped at 3 swapping models: the states apart show the cap held."""
     metrics = Metrics()
-    cache = FakeCache([Resident("a", 1, 100, True, 1), Resident("b", 1, 200, True, 0),
-                       Resident("c", 1, 400, False, 0, "loading"),
-                       Resident("d", 1, 800, True, 0, "unloading"), Resident("e", 1, 1600, True, 0, "unloading")],
+    cache = FakeCache([resident("a", 1, 100, leases=1), resident("b", 1, 200),
+                       resident("c", 1, 400, measured=False, state="loading"),
+                       resident("d", 1, 800, state="unloading"),
+                       resident("e", 1, 1600, state="unloading")],
                       max_models=3, memory_bytes=5000)
     metrics.watch(lambda: [NodeView("node0", cache, True), NodeView("node1", FakeCache([]), True),
                            NodeView("node2", None, False)], lambda: 3)
@@ -192,7 +166,7 @@ def test_each_metrics_object_has_its_own_registry():
 
 def test_names_follow_prometheus_conventions():
     metrics = Metrics()
-    metrics.watch(lambda: [NodeView("node0", FakeCache([Resident("a", 1, 10, True, 0)]), True)], lambda: 1)
+    metrics.watch(lambda: [NodeView("node0", FakeCache([resident("a", 1, 10)]), True)], lambda: 1)
     s = scrape(metrics)
     types = {name: f.type for name, f in s.families.items()}
     assert {name for name in types if not name.startswith("tfscache_")} <= {"python_info"} | {

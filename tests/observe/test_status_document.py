@@ -5,32 +5,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tfscache.cache.ledger import QueuedLoad, ResidentModel
-
-from tfscache.settings import CacheSection
+from support.fakecache import FakeCache, resident
+from tfscache.cache.ledger import ResidentModel
 from tfscache.discovery import Peer
 from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.observe.metrics import Metrics
 from tfscache.observe.server import status_document
 from tfscache.observe.workermetrics import snapshot
 from tfscache.cluster.topology import Topology
-
-
-class FakeCache:
-    """What /status reads of a CacheManager: snapshot(), queue(), settings (its caps) and prefetch_counts."""
-
-    healthy = True
-    prefetch_counts = None  # prefetch off (docs/prefetch.md)
-
-    def __init__(self, resident: list[ResidentModel], max_models: int = 0, memory_bytes: int = 0) -> None:
-        self.resident = resident
-        self.settings = CacheSection(max_models_per_node=max_models, memory_per_node=memory_bytes)
-
-    def snapshot(self) -> list[ResidentModel]:
-        return list(self.resident)
-
-    def queue(self) -> list[QueuedLoad]:
-        return []
 
 
 @dataclass
@@ -49,7 +31,7 @@ def topology(nodes: list[NodeBackend], peers: tuple[str, ...] = ()) -> Topology:
 
 
 def model(name: str, state: str, size: int = 100, leases: int = 0) -> ResidentModel:
-    return ResidentModel(name, 1, size, True, leases, 1000.0, state)
+    return resident(name, size=size, leases=leases, state=state, last_use=1000.0)
 
 
 def test_a_node_capped_at_three_with_five_in_its_config():

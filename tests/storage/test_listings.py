@@ -15,7 +15,7 @@ import requests
 
 from support.buckets import gets, in_tier, metrics_port, predict, serve_bucket, upload
 from support.holdproxy import HoldProxy
-from support.waiting import wait_until
+from support.waiting import until, wait_until
 from tfscache.admin.client import AdminClient
 from tfscache.storage import open_store
 from tfscache.storage.tier import DiskTier
@@ -24,13 +24,6 @@ from tfscache.storage.tier import DiskTier
 def seed(bucket, name="m", version=1) -> None:
     for rel, data in {"saved_model.pb": b"pb" * 500, "variables/variables.index": b"index"}.items():
         bucket.put(f"{name}/{version}/{rel}", data)
-
-
-async def until(condition, timeout_s: float = 30.0, what: str = "the condition") -> None:
-    """Wait on the loop for ``condition()`` (polled: the refresher runs on this loop)."""
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 def lists_on_request(serve) -> int:
@@ -78,7 +71,8 @@ async def test_after_a_restart_versions_on_disk_answer_before_any_listing(bucket
                 assert set(await asyncio.wait_for(second.versions("m"), 20)) == {1}
                 assert await asyncio.wait_for(second.fetch("m", 1), 20) == root / "m" / "1"
                 assert second.listings.waited == 0 and second.listed("m") is None
-            await until(lambda: second.listed("m") is not None)  # then listed in the background
+            # then listed in the background
+            await until(lambda: second.listed("m") is not None, 30, "m listed")
         finally:
             await second.stop()
     assert bucket.gets("m/1/saved_model.pb") == 1
@@ -91,10 +85,10 @@ async def test_new_and_vanished_versions_show_without_a_request(bucket, root):
     try:
         assert set(await tier.versions("m")) == {1}  # asked for: kept fresh from now on
         seed(bucket, version=2)
-        await until(lambda: set(tier.listed("m")) == {1, 2})
+        await until(lambda: set(tier.listed("m")) == {1, 2}, 30, "versions 1 and 2 listed")
         for key in ("m/1/saved_model.pb", "m/1/variables/variables.index"):
             bucket.delete(key)
-        await until(lambda: set(tier.listed("m")) == {2})
+        await until(lambda: set(tier.listed("m")) == {2}, 30, "version 2 alone listed")
         assert tier.listings.waited == 1 and tier.listings.refreshed >= 2
     finally:
         await tier.stop()

@@ -2,12 +2,18 @@
 
     wait_until(lambda: health_check(target) == SERVING, 60, "health SERVING")
     wait_until(lambda: process_ended(pid), 30, f"node {pid} to exit")
+    await until(lambda: cache.is_resident("addk_1"), 30, "addk_1 to load")  # on the event loop
 
-``wait_until`` polls; it never sleeps in the hope that something has happened.
+``wait_until`` polls; it never sleeps in the hope that something has happened. ``until`` is its
+twin for a test on the event loop: the loop runs between polls, and ``condition`` may be async.
+These are the tests' only polling helpers: a wait with more to it (a node's version states, a
+log line) is built on them or has its own name.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,8 +31,27 @@ def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: 
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {value!r})")
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}"
+                                 f" (last: {value!r})")
         time.sleep(interval)  # polling a condition with a deadline
+
+
+async def until(condition: Callable[[], object], timeout: float, what: str,
+                interval: float = 0.02):
+    """``wait_until`` on the event loop: poll ``condition`` (a function, or one returning an
+    awaitable) until its value is truthy, and return that; AssertionError naming ``what`` (and
+    the last value) once ``timeout`` s have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}"
+                                 f" (last: {value!r})")
+        await asyncio.sleep(interval)  # polling a condition with a deadline
 
 
 def process_ended(pid: int) -> bool:

@@ -24,6 +24,7 @@ import tritonclient.grpc as tritongrpc
 from frontend.serving import start_serve
 from support.triton import OipTraffic, resident_models, serve_triton_nodes
 from support.models.triton import build_addk, write_model
+from support.waiting import wait_until
 
 MODELS = ["addk_1", "addk_2", "addk_3", "addk_4"]
 
@@ -49,13 +50,6 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse(output_tensors=[y]))
         return responses
 '''
-
-
-def wait_for(condition, timeout: float = 120.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)  # polling a condition with a deadline
 
 
 def stubs_of(server_pid: int) -> list[int]:
@@ -105,20 +99,21 @@ def test_a_triton_node_killed_under_traffic_fails_no_request(one_node, gate):
 
     with OipTraffic(serve.grpc_target, f"127.0.0.1:{serve.rest_port}", MODELS, clients=8,
                     timeout=120.0) as traffic:
-        wait_for(lambda: traffic.ok() >= 40, what="warm traffic")
+        wait_until(lambda: traffic.ok() >= 40, 120, "warm traffic")
         assert resident_models(f"127.0.0.1:{old['grpc']}") == set(MODELS)
         thread = threading.Thread(target=gated_request)
         thread.start()
-        wait_for(lambda: list(gate.glob("executing.*")), what="the gated request inside the node")
+        wait_until(lambda: list(gate.glob("executing.*")), 120, "the gated request inside the node")
         first_stub = {p.name for p in gate.glob("executing.*")}
         os.kill(old["pid"], signal.SIGKILL)
         killed_at = time.monotonic()
-        wait_for(lambda: serve_triton_nodes(serve)["node0"]["pid"] != old["pid"], what="the node's restart")
+        wait_until(lambda: serve_triton_nodes(serve)["node0"]["pid"] != old["pid"], 120,
+                   "the node's restart")
         restarted_at = time.monotonic()
         (gate / "release").touch()
         thread.join(120)
         count = traffic.done()
-        wait_for(lambda: traffic.done() >= count + 80, what="traffic after the restart")
+        wait_until(lambda: traffic.done() >= count + 80, 120, "traffic after the restart")
     new = serve_triton_nodes(serve)["node0"]
     traffic.check()
     # The request inside the dead node was sent again to the restarted one (a new stub ran it).
@@ -130,7 +125,7 @@ def test_a_triton_node_killed_under_traffic_fails_no_request(one_node, gate):
     # The killed server's model stubs (one process per loaded model) do not outlive it. (They
     # are in its process group: tritonserver was started as a session leader.)
     try:
-        wait_for(lambda: not stubs_of(old["pid"]), timeout=30, what="the killed node's stubs to exit")
+        wait_until(lambda: not stubs_of(old["pid"]), 30, "the killed node's stubs to exit")
     finally:
         left = stubs_of(old["pid"])
         for pid in left:  # this test's own leftovers, by pid

@@ -14,13 +14,12 @@ eviction runs on the package's ``gate_app``; the drain stops its process, so it 
 from __future__ import annotations
 
 import asyncio
-import time
 
 import grpc
 import pytest
 from support.node import version_status_at
 from support.requests import float_tensor, predict_request
-from support.waiting import process_ended
+from support.waiting import process_ended, until
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from tfscache.app import ServeApp
@@ -44,15 +43,6 @@ def release(target: str, value: float) -> None:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         stub.Predict(predict_request("gate", version=1, signature="release",
                                      inputs={"value": float_tensor([value], shape=[])}), timeout=60)
-
-
-async def until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)  # polling a condition with a deadline
-    return value
 
 
 @pytest.mark.asyncio(loop_scope="package")

@@ -29,7 +29,6 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -42,6 +41,7 @@ from support.netns import Host as NetHost
 from support.netns import Network
 from support.node import PYTHON
 from support.process import REPO, wait_for_ports
+from support.waiting import wait_until
 from tfscache.admin.client import AdminClient, AdminError
 
 GRPC, REST, ADMIN, METRICS = 8500, 8501, 8502, 8503
@@ -50,17 +50,6 @@ TOKEN = "netns-test-token"
 DOMAIN = "pods.tfs.test"
 HERE = Path(__file__).resolve().parent
 ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{REPO / 'tests'}"}
-
-
-def wait_until(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)  # polling a condition with a deadline
 
 
 def _toml(value) -> str:
@@ -107,7 +96,7 @@ class Discovery:
             "--initial-advertise-peer-urls", "http://127.0.0.1:2380", "--initial-cluster", "e0=http://127.0.0.1:2380",
             "--initial-cluster-state", "new", "--log-level", "warn"], self.directory / "etcd.log")
         self.dns.start()
-        wait_until(self.etcd_healthy, 30, "etcd to be healthy")
+        wait_until(self.etcd_healthy, 30, "etcd to be healthy", interval=0.05)
 
     def etcd_healthy(self) -> bool:
         if self.etcd.poll() is not None:

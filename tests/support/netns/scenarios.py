@@ -18,7 +18,8 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from support.netns.cluster import NetCluster, wait_until
+from support.netns.cluster import NetCluster
+from support.waiting import wait_until
 from tfscache.cluster.ring import Ring
 
 HOSTS = ["a", "b", "c", "d"]
@@ -224,7 +225,8 @@ class Scenarios:
         c.discovery.net.heal()
         healed = time.monotonic()
         # Back: every sidecar's registration is renewed (etcd) or the records answer (dns).
-        wait_until(lambda: c.discovery.registered() >= len(HOSTS), 60, "every host registered again")
+        wait_until(lambda: c.discovery.registered() >= len(HOSTS), 60,
+                   "every host registered again", interval=0.05)
         converge = time.monotonic() - healed
         settle_end = time.monotonic() + 3 * max(c.ttl_s, 1.0)
         while time.monotonic() < settle_end:
