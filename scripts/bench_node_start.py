@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import psutil  # noqa: E402
-from frontend.serving import link_repository, start_serve  # noqa: E402
+from support.serving import link_repository, start_serve  # noqa: E402
 from support.node import PYTHON  # noqa: E402
 from tfscache.modelserver import template  # noqa: E402
 from support.models.tfserving import build_test_models  # noqa: E402

@@ -35,7 +35,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 import grpc  # noqa: E402
 import requests  # noqa: E402
-from frontend.serving import link_repository, start_serve  # noqa: E402
+from support.serving import link_repository, start_serve  # noqa: E402
 from support.requests import predict_request  # noqa: E402
 from tensorflow_serving.apis import prediction_service_pb2_grpc  # noqa: E402
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.serving import link_repository
+from support.serving import link_repository
 
 ADDK = range(1, 7)
 

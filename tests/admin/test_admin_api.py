@@ -13,7 +13,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 import pytest
 
-from admin.serving import health_check, predict, start_admin_serve
+from support.admin import health_check, predict, start_admin_serve
 from support import fixtures
 from support.node import PYTHON, REPO, version_status_at
 from tfscache.admin.client import AdminClient, AdminError

@@ -19,7 +19,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 import pytest
 
-from admin.serving import health_check, predict, start_admin_serve
+from support.admin import health_check, predict, start_admin_serve
 from support.process import started_together
 from tfscache.admin.client import AdminClient
 from tfscache.cluster.ring import Ring

@@ -17,8 +17,8 @@ import grpc
 import requests
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import link_repository, serve_command
-from cache.cache_support import Gate
+from support.serving import link_repository, serve_command
+from support.cache import Gate
 from support.node import PYTHON, REPO
 from support.process import ServerProcess, launch, wait_for_ports
 from support.requests import predict_request
@@ -44,7 +44,7 @@ def start_default_serve(directory: Path, repository: Path, xdg_state_home: Path,
                         *args: str) -> DefaultStateServe:
     """`tfscache serve --local-nodes 1` over ``repository``, its state where XDG_STATE_HOME says.
 
-    Unlike frontend.serving.start_serve, no ``--set node.state_dir``: the default is under test.
+    Unlike support.serving.start_serve, no ``--set node.state_dir``: the default is under test.
     ``args`` are more flags.
     """
     ports_file = directory / f"ports-{run}.json"

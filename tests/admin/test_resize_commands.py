@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from admin.serving import start_admin_serve
+from support.admin import start_admin_serve
 from support.node import PYTHON, REPO
 from support.process import started_together
 from tfscache.admin.client import AdminClient

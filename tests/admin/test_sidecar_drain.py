@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 import pytest
 
-from frontend.test_sidecar import node_holds, predict
+from support.sidecars import node_holds, predict
 from support.node import started_nodes
 from support.sidecars import EMPTY, NODE_FLAGS
 from tfscache import settings as settings_mod

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cache.cache_support import MODEL_BYTES, NODE_FLAGS, NUM_MODELS, AsyncNode, Gate, RecordingClient
+from support.cache import MODEL_BYTES, NODE_FLAGS, NUM_MODELS, AsyncNode, Gate, RecordingClient
 from support.node import start_node
 from tfscache.kinds.nodepid import NodeMemory
 from tfscache.cache.manager import CacheManager

@@ -17,7 +17,7 @@ from tfscache import errors
 from tfscache.cache.policy import POLICIES
 from tfscache.wire import serving_pb2 as pb
 
-from cache.cache_support import MODEL_BYTES
+from support.cache import MODEL_BYTES
 from support.waiting import until
 
 

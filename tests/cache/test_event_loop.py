@@ -17,7 +17,7 @@ import pytest
 from tfscache.kinds.nodepid import NodeMemory
 from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache import errors
-from cache.cache_support import RecordingClient
+from support.cache import RecordingClient
 from tfscache.cache.manager import CacheManager
 from tfscache.settings import CacheSection
 from tfscache.repository.local import ModelRepository

@@ -13,7 +13,7 @@ import asyncio
 
 import pytest
 
-from cache.cache_support import NODE_FLAGS
+from support.cache import NODE_FLAGS
 from support.node import start_node
 from support.waiting import until
 

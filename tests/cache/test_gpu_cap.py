@@ -7,7 +7,7 @@ memory across its load, and the cap then holds as the count and memory caps do.
 
 from __future__ import annotations
 
-from cache.cache_support import RecordingClient
+from support.cache import RecordingClient
 from support.node import version_status_at
 from support.waiting import until
 from tfscache.kinds.nodepid import NodeMemory

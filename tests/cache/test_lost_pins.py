@@ -15,7 +15,7 @@ import signal
 
 import pytest
 
-from cache.cache_support import NODE_FLAGS, Gate, RecordingClient
+from support.cache import NODE_FLAGS, Gate, RecordingClient
 from support.node import start_node
 from support.waiting import until
 from tfscache import errors

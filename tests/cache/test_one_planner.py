@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from cache.cache_support import RecordingClient
+from support.cache import RecordingClient
 from tfscache.kinds.nodepid import NodeMemory
 from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache.cache.events import CacheEvents

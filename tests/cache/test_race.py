@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from cache.cache_support import NUM_MODELS, CapSampler
+from support.cache import NUM_MODELS, CapSampler
 from support.waiting import until
 from tfscache.cache.policy import POLICIES
 

@@ -32,7 +32,7 @@ import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from fakes.consul import FakeConsul
-from frontend.serving import link_repository
+from support.serving import link_repository
 from support.requests import predict_request
 from support.etcd import EtcdCluster
 from support.node import PYTHON, REPO, NodeProcess, start_node

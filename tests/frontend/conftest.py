@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import grpc
 import pytest
-from cache.cache_support import Gate
+from support.cache import Gate
 from support.node import started_nodes, version_status
 from support.requests import reload_request
 from support.sidecars import EMPTY, NODE_FLAGS
 from support.waiting import wait_until
 from tensorflow_serving.apis import model_service_pb2_grpc
 
-from frontend.serving import link_repository
+from support.serving import link_repository
 
 ADDK = range(8)
 

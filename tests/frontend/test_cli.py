@@ -8,7 +8,7 @@ import grpc
 import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import serve_command, start_serve
+from support.serving import serve_command, start_serve
 from support.node import PYTHON, REPO
 from support.requests import predict_request
 

@@ -23,7 +23,8 @@ import pytest
 from prometheus_client import generate_latest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from cache.cache_support import Gate, wait_for_condition
+from support.cache import Gate
+from support.waiting import until
 from support.node import start_node, version_status_at
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS, running_sidecars
@@ -110,12 +111,12 @@ async def send_until_spread(apps, via, model, tasks, limit=8) -> None:
     for _ in range(limit):
         if app.spread.counts().get(model):
             return
-        await wait_for_condition(lambda: served(apps, model) == len(tasks), what="every request at its node")
+        await until(lambda: served(apps, model) == len(tasks), 30.0, "every request at its node")
         before = sent(app, model)
         task = asyncio.create_task(predict(app, model))
         tasks.append(task)
-        await wait_for_condition(lambda task=task: served(apps, model) == len(tasks) or task.done(),
-                                 what="the request at its node")
+        await until(lambda task=task: served(apps, model) == len(tasks) or task.done(), 30.0,
+                    "the request at its node")
         if task.done():  # it should be held in flight: say how it ended
             raise AssertionError(f"a held request for {model} through {via} ended: {task.result()}")
         assert sent(app, model) == before + 1
@@ -376,7 +377,7 @@ async def test_embedded_a_hot_model_spreads_then_shrinks_back(embedded):
     assert 'tfscache_copies_added_total{node="node1"} 1.0' in scrape
     assert 'tfscache_copy_spills_total{node="node1"} 1.0' in scrape
     assert "tfscache_extra_copies 1.0" in scrape
-    await wait_for_condition(lambda: embedded_state(app, "node1", E_HOT) == "loading", what="the copy loading")
+    await until(lambda: embedded_state(app, "node1", E_HOT) == "loading", 30.0, "the copy loading")
     assert embedded_state(app, "node1", E_IDLE) in (None, "unloading")  # the idle model made room
     assert held_at(app, "node1") <= 1  # the cap holds
     gate.release(E_HOT)

@@ -18,7 +18,7 @@ from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (classification_pb2, get_model_status_pb2, model_management_pb2,
                                      model_service_pb2_grpc, predict_pb2, regression_pb2)
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support import fixtures
 from support.requests import (example_request, float_tensor, metadata_request, predict_request,
                               regress_and_classify_request)

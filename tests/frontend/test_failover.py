@@ -12,7 +12,7 @@ import psutil
 import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.requests import predict_request
 from support.waiting import wait_until
 from tfscache.cluster.ring import Ring

@@ -14,7 +14,7 @@ import pytest
 from support.requests import predict_request, status_request
 from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_pb2_grpc
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 
 LONG = "m" * 16384
 LONG_NAME_ERROR = f"Invalid model name '{'m' * 200}...': a model name must be at most 255 bytes, got 16384"

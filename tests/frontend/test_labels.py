@@ -18,7 +18,7 @@ import requests
 from tensorflow_serving.apis import (classification_pb2, get_model_status_pb2, model_service_pb2_grpc, predict_pb2,
                                      regression_pb2)
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from frontend.test_embedded import assert_spec
 from support import fixtures
 from support.requests import example_request, metadata_request, predict_request, regress_and_classify_request

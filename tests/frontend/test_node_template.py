@@ -14,7 +14,7 @@ import urllib.request
 
 import psutil
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.waiting import wait_until
 
 

@@ -9,7 +9,7 @@ import pytest
 import requests
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import link_repository, start_serve, wait_for_log_rows
+from support.serving import link_repository, start_serve, wait_for_log_rows
 from support.requests import predict_request
 from support.waiting import wait_until
 

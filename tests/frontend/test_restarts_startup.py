@@ -20,8 +20,8 @@ import pytest
 import requests
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from admin.serving import health_check
-from frontend.serving import start_serve
+from support.admin import health_check
+from support.serving import start_serve
 from support.node import start_node
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS

@@ -15,7 +15,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from support.node import version_status_at
 from support.requests import predict_request
-from support.sidecars import running_sidecars, sidecar_settings
+from support.sidecars import node_holds, predict, running_sidecars, sidecar_settings
 from tfscache.discovery import Peer
 from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.cluster.ring import Ring
@@ -25,17 +25,6 @@ from tfscache.app import ServeApp
 async def sidecars(nodes, frontend_repo, tmp_path):
     async with running_sidecars(nodes, frontend_repo, tmp_path) as apps:
         yield apps
-
-
-def node_holds(node, name) -> bool:
-    """Whether ``node`` itself has a version of ``name`` AVAILABLE (state 30)."""
-    return any(s.state == 30 for s in version_status_at(node.grpc_target, name))
-
-
-async def predict(app, name, x, metadata=None):
-    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        return await stub.Predict(predict_request(name, x), timeout=60, metadata=metadata)
 
 
 async def test_requests_go_to_the_owning_sidecar(sidecars, nodes):

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from fakes.consul import FakeConsul
-from frontend.test_sidecar import predict
+from support.sidecars import predict
 from support.etcd import EtcdCluster
 from support.sidecars import sidecar_settings
 from support.waiting import until

@@ -3,7 +3,7 @@ Kubernetes Service publishes for a StatefulSet), route to each other, and follow
 
 from __future__ import annotations
 
-from frontend.test_sidecar import predict
+from support.sidecars import predict
 from support.dnsmasq import Dnsmasq
 from support.sidecars import sidecar_settings
 from support.waiting import until

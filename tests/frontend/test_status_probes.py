@@ -22,8 +22,8 @@ import pytest
 import requests
 from tensorflow_serving.apis import get_model_status_pb2, model_service_pb2_grpc
 
-from cache.cache_support import Gate
-from frontend.serving import link_repository, start_serve
+from support.cache import Gate
+from support.serving import link_repository, start_serve
 from observe.promtext import Scrape
 from support import fixtures
 from support.node import version_states

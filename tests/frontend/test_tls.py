@@ -20,7 +20,7 @@ import requests
 import trustme
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import serve_command, start_serve
+from support.serving import serve_command, start_serve
 from support.certs import Leaf, write_ca, write_leaf
 from support.node import REPO, version_status_at
 from support.requests import predict_request

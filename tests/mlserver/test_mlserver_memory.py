@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import tritonclient.grpc as tritongrpc
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.mlserver import PYTHON, IndexSampler, mlserver_infer, serve_nodes
 from support.oip import tree_rss
 from support.models.mlserver import build_mlserver_models

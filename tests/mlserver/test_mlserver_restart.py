@@ -20,7 +20,7 @@ import pytest
 import tritonclient.grpc as tritongrpc
 from tritonclient.utils import InferenceServerException
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.mlserver import mlserver_infer, serve_nodes, start_mlserver
 from support.process import started_together
 from support.traffic import ClientLoop

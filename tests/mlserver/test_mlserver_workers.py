@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.mlserver import PATIENT, serve_nodes
 
 from .test_serve_mlserver import churn_holds_the_cap

@@ -26,7 +26,7 @@ import tritonclient.grpc as tritongrpc
 import tritonclient.http as tritonhttp
 from tritonclient.utils import InferenceServerException
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.mlserver import PATIENT, IndexSampler, index_states, mlserver_infer, resident_models, serve_nodes
 from support.traffic import ClientLoop
 from support.oip import client_pairs

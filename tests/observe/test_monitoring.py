@@ -25,9 +25,9 @@ import pytest
 import requests
 import yaml
 
-from admin.serving import start_admin_serve
+from support.admin import start_admin_serve
 from deploy import manifests
-from frontend.serving import add_broken_model, link_repository
+from support.serving import add_broken_model, link_repository
 from support import fixtures
 from support.node import PYTHON, REPO
 from support.requests import predict_request

@@ -11,7 +11,7 @@ import grpc
 import pytest
 import requests
 
-from frontend.serving import link_repository, start_serve
+from support.serving import link_repository, start_serve
 from support import fixtures
 from support.requests import predict_request
 

@@ -15,7 +15,7 @@ from tfscache.observe.requestlog import COLUMNS, RequestLog, RequestLogError
 from tfscache.sim.trace import read_trace
 
 from .promtext import Scrape
-from .test_metrics import Resident
+from support.fakecache import resident as entry
 
 
 def one_request(metrics: Metrics, served=None, code: str = "OK") -> None:
@@ -91,9 +91,9 @@ def test_latency_carries_the_model_only_when_asked():
 
 
 def test_the_lru_idle_age_is_of_the_oldest_idle_model_that_may_be_evicted():
-    resident = [Resident("a", 1, 1, True, 0, last_use=90.0), Resident("b", 1, 1, True, 1, last_use=10.0),
-                Resident("c", 1, 1, True, 0, "loading", last_use=5.0), Resident("d", 1, 1, True, 0, last_use=20.0,
-                                                                                  pinned=True)]
+    resident = [entry("a", size=1, last_use=90.0), entry("b", size=1, leases=1, last_use=10.0),
+                entry("c", size=1, state="loading", last_use=5.0),
+                entry("d", size=1, last_use=20.0, pinned=True)]
     assert lru_idle_age(resident, now=100.0) == 10.0  # b is leased, c loading, d pinned
     assert lru_idle_age(resident[1:], now=100.0) is None
 

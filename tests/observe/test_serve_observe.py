@@ -15,7 +15,7 @@ import grpc
 import pytest
 import requests
 
-from frontend.serving import add_broken_model, link_repository, start_serve
+from support.serving import add_broken_model, link_repository, start_serve
 from support import fixtures
 from support.node import PYTHON, REPO
 from support.requests import predict_request

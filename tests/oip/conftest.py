@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from frontend.serving import start_serve
+from support.serving import start_serve
 from mlserver.conftest import mlserver, mlserver_bin, mlserver_repository  # noqa: F401 (fixtures)
 from support.mlserver import PATIENT
 from triton.conftest import served, triton, triton_markers, triton_repository  # noqa: F401 (fixtures)

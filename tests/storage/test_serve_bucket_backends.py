@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import tritonclient.grpc as tritongrpc
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support import azure
 from support.buckets import MARKER, in_tier, predict
 from support.mlserver import MLSERVER, PYTHON, SKIP_REASON, mlserver_infer, serve_nodes

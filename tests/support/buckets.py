@@ -17,7 +17,7 @@ import grpc
 import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.requests import predict_request
 
 MARKER = ".tfscache-complete"

@@ -13,6 +13,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from support.node import version_status_at
+from support.requests import predict_request
 from tfscache import settings as settings_mod
 from tfscache.discovery import Peer
 from tfscache.app import ServeApp
@@ -45,3 +50,15 @@ async def running_sidecars(nodes: dict, repo: Path, state_dir: Path,
     finally:
         for app in apps.values():
             await app.stop(grace=1)
+
+
+def node_holds(node, name) -> bool:
+    """Whether ``node`` itself has a version of ``name`` AVAILABLE (state 30)."""
+    return any(s.state == 30 for s in version_status_at(node.grpc_target, name))
+
+
+async def predict(app, name, x, metadata=None):
+    """Predict ``name`` on ``x`` through an in-process sidecar's gRPC port."""
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{app.grpc_port}") as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        return await stub.Predict(predict_request(name, x), timeout=60, metadata=metadata)

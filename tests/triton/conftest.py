@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.triton import TritonProcess, beside_raw_triton, start_triton
 
 from support.models import triton as tritonmodels

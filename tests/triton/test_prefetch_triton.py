@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tritongrpc
 
-from frontend.serving import start_serve, wait_for_log_rows
+from support.serving import start_serve, wait_for_log_rows
 from support.waiting import wait_until
 
 A, B, C, D = "addk_1", "addk_2", "addk_3", "addk_4"

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 import tritonclient.grpc as triton_grpc
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.triton import oip_infer, start_triton
 from support.waiting import wait_until
 

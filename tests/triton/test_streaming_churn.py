@@ -28,7 +28,7 @@ import pytest
 import requests
 import tritonclient.grpc as tritongrpc
 
-from admin.serving import start_admin_serve
+from support.admin import start_admin_serve
 from support.node import PYTHON
 from support.triton import IndexSampler, resident_models, serve_triton_nodes
 from support.waiting import wait_until

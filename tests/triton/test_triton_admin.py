@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from admin.serving import start_admin_serve
+from support.admin import start_admin_serve
 from support.node import PYTHON
 from support.triton import oip_infer, resident_models, serve_triton_nodes
 from tfscache.cluster.ring import Ring

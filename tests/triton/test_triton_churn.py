@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.triton import IndexSampler, OipTraffic, serve_triton_nodes
 
 from .conftest import ADDK_COUNT

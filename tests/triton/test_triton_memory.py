@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as tritongrpc
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.oip import tree_rss
 from support.triton import IndexSampler, index_states, oip_infer, resident_models, serve_triton_nodes
 from support.models.triton import build_addk, build_late_free

@@ -21,7 +21,7 @@ import psutil
 import pytest
 import tritonclient.grpc as tritongrpc
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.triton import OipTraffic, resident_models, serve_triton_nodes
 from support.models.triton import build_addk, write_model
 from support.waiting import wait_until

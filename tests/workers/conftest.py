@@ -17,7 +17,7 @@ import threading
 import psutil
 import pytest
 import pytest_asyncio
-from frontend.serving import link_repository
+from support.serving import link_repository
 from support.node import version_status
 
 from tfscache import settings as settings_mod
@@ -76,7 +76,7 @@ class StatusSampler:
     One sample is a forward sweep over the models followed at once by a backward sweep; a model
     seen resident (START, LOADING, AVAILABLE or UNLOADING) in both was resident at the instant the
     forward sweep ended, so a sample's size is a sound lower bound on what the node held then
-    (the argument of tests/cache/cache_support.py's CapSampler).
+    (the argument of tests/support/cache.py's CapSampler).
     """
 
     RESIDENT = frozenset({10, 20, 30, 40})

@@ -13,7 +13,7 @@ import json
 import subprocess
 
 import pytest
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.tfs_traffic import Traffic
 
 from workers.conftest import StatusSampler, worker_pids

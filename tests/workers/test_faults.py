@@ -11,7 +11,7 @@ from collections import Counter
 
 import grpc
 import pytest
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.node import start_node
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS

@@ -9,7 +9,7 @@ import json
 import grpc
 import pytest
 import requests
-from frontend.serving import link_repository, start_serve
+from support.serving import link_repository, start_serve
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support.requests import predict_request, status_request
 from tensorflow_serving.apis import (

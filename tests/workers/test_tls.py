@@ -10,7 +10,7 @@ import grpc
 import pytest
 import requests
 import trustme
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.certs import write_ca, write_leaf
 from support.requests import predict_request
 from tensorflow_serving.apis import prediction_service_pb2_grpc

@@ -16,7 +16,7 @@ import contextlib
 import subprocess
 
 import pytest
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.triton import IndexSampler, OipTraffic, oip_infer, serve_triton_nodes
 
 from support.models import triton as tritonmodels

@@ -23,7 +23,7 @@ import pytest
 import requests
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import start_serve
+from support.serving import start_serve
 from support.node import PYTHON
 from support.requests import predict_request
 from support.waiting import wait_until

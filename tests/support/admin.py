@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health_pb2
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from frontend.serving import ServeProcess, start_serve
+from support.serving import ServeProcess, start_serve
 from support.requests import predict_request
 
 
