@@ -3,7 +3,8 @@
 ``acquire(name, version)`` returns a ``Lease`` once that version is AVAILABLE on the
 node; a model with a lease is never unloaded. A hit takes no lock and awaits nothing; for
 ``Latest(NAME)`` it reads the repository's remembered newest version, so it lists the model's
-directory (off the loop) only once per ``rescan_s``. A cold model joins the ledger's pending set and wakes the reloader,
+directory (off the loop) only once per ``rescan_s``. A cold model joins the ledger's pending set and
+wakes the reloader,
 which plans (``tfscache.cache.planner``), unloads victims and loads batches through the
 node's adapter (``tfscache.cache.adapter``). The pieces:
 
@@ -27,7 +28,16 @@ from tfscache import errors, logs
 from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.events import CacheEvents
 from tfscache.cache.lease import Lease, Leases
-from tfscache.cache.ledger import LOADING, READY, UNLOADING, Entry, Key, Ledger, QueuedLoad, ResidentModel
+from tfscache.cache.ledger import (
+    LOADING,
+    READY,
+    UNLOADING,
+    Entry,
+    Key,
+    Ledger,
+    QueuedLoad,
+    ResidentModel,
+)
 from tfscache.cache.planner import Caps
 from tfscache.cache.prefetcher import Prefetcher
 from tfscache.cache.policy import EvictionPolicy, make_policy
@@ -43,19 +53,31 @@ log = logging.getLogger("tfscache.cache")
 class CacheManager:
     """Owns one node's wanted set: loads on demand, evicts idle models under the caps."""
 
-    def __init__(self, adapter: NodeAdapter, repository: ModelRepository, settings: CacheSection,
-                 policy: EvictionPolicy | None = None, state_file: Path | None = None,
-                 events: CacheEvents | None = None, gpu=None, gpu_cap: int = 0, before_unload=None) -> None:
+    def __init__(
+        self,
+        adapter: NodeAdapter,
+        repository: ModelRepository,
+        settings: CacheSection,
+        policy: EvictionPolicy | None = None,
+        state_file: Path | None = None,
+        events: CacheEvents | None = None,
+        gpu=None,
+        gpu_cap: int = 0,
+        before_unload=None,
+    ) -> None:
         """``adapter``: the node, as its kind drives it (tfscache.kinds.table). ``gpu`` and ``gpu_cap``:
         with a GPU cap in force (tfscache.kinds.gpumem.gpu_cap), the node's GPU memory
         (``NodeGpuMemory``), read around each load to learn each model's GPU size, and the cap in bytes.
-        ``before_unload(keys)``: awaited before the node is told to unload ``keys`` (tfscache.workers)."""
+        ``before_unload(keys)``: awaited before the node is told to unload ``keys`` (tfscache.workers).
+        """
         self.node = adapter.client
         self.target = adapter.target
         self.events = events or CacheEvents()
         self.repository = repository
         self.settings = settings
-        self.caps = Caps(settings.max_models_per_node, settings.memory_per_node, gpu_bytes=gpu_cap if gpu else 0)
+        self.caps = Caps(
+            settings.max_models_per_node, settings.memory_per_node, gpu_bytes=gpu_cap if gpu else 0
+        )
         self.policy = policy or make_policy(settings.policy, settings)
         self.policy.set_caps(settings.max_models_per_node, settings.memory_per_node)
         self.ledger = Ledger(self.policy)  # the policy hears of each transition from the ledger
@@ -126,7 +148,9 @@ class CacheManager:
             except asyncio.CancelledError:
                 pass
             self._task = None
-        sig.fail_all(self.ledger, errors.NodeUnavailable(f"cache manager for node {self.target} stopped"))
+        sig.fail_all(
+            self.ledger, errors.NodeUnavailable(f"cache manager for node {self.target} stopped")
+        )
         self._save()
         await self._state_file.close()  # nothing is saved after the last write
 
@@ -151,9 +175,12 @@ class CacheManager:
 
     # -- requests ------------------------------------------------------------------------
 
-    async def acquire(self, name: str, version: int | None = None, timeout: float | None = None) -> Lease:
+    async def acquire(
+        self, name: str, version: int | None = None, timeout: float | None = None
+    ) -> Lease:
         """A lease on ``name`` at ``version`` (None: the highest on disk), loading it if needed."""
-        if self._signals.starting:  # re-adopting what the node serves: its first answer comes within seconds
+        # re-adopting what the node serves: its first answer comes within seconds
+        if self._signals.starting:
             await self.wait_ready(timeout)
         # A hit: the remembered latest version (listed at most once per rescan_s), no await.
         latest = version if version is not None else self.repository.remembered_latest(name)
@@ -165,9 +192,11 @@ class CacheManager:
             if self._prefetcher is not None:
                 self._prefetcher.after(entry.key)
             return self._prefetch_used(self._leases.grant(entry))
-        prefetcher, guess = self._prefetcher, (name, latest)  # its followers load beside it: docs/prefetch.md
+        # its followers load beside it: docs/prefetch.md
+        prefetcher, guess = self._prefetcher, (name, latest)
         follow = prefetcher.wanted(guess) if prefetcher is not None and latest is not None else []
-        found, sizes, follow_sizes = await asyncio.to_thread(self._resolve, name, version, follow)  # one trip
+        # one trip
+        found, sizes, follow_sizes = await asyncio.to_thread(self._resolve, name, version, follow)
         key = (found.name, found.version)
         self.events.miss(key)
         fut = await self._enqueue(key, sizes)
@@ -191,7 +220,8 @@ class CacheManager:
             raise
 
     def in_flight_elsewhere(self, name: str, version: int, count: int) -> None:
-        """Worker processes run ``count`` requests on ``(name, version)`` now (tfscache.workers): no victim."""
+        """Worker processes run ``count`` requests on ``(name, version)`` now (tfscache.workers): no
+        victim."""
         self.ledger.in_flight_elsewhere((name, version), count)
         if count == 0 and (self.ledger.pending or self._signals.over_cap):
             self._signals.wake()  # a load waiting for room may find it now
@@ -228,8 +258,12 @@ class CacheManager:
 
     def queue(self) -> list[QueuedLoad]:
         """Cold model versions waiting for a reload, with their waiting requests."""
-        return [QueuedLoad(p.key[0], p.key[1], len(p.live()), p.estimate, p.blocked_since is not None)
-                for p in self.ledger.pending.values() if p.live() or not p.prefetch]  # not a prefetch alone
+        return [
+            QueuedLoad(p.key[0], p.key[1], len(p.live()), p.estimate, p.blocked_since is not None)
+            # not a prefetch alone
+            for p in self.ledger.pending.values()
+            if p.live() or not p.prefetch
+        ]
 
     def snapshot(self) -> list[ResidentModel]:
         return [self._describe(e) for e in self.ledger.entries.values()]
@@ -241,14 +275,18 @@ class CacheManager:
         """True once ``drain`` was called: every new acquire gets UNAVAILABLE."""
         return self._signals.draining
 
-    async def preload(self, name: str, version: int | None = None, timeout: float | None = None) -> ResidentModel:
+    async def preload(
+        self, name: str, version: int | None = None, timeout: float | None = None
+    ) -> ResidentModel:
         """Load ``name`` (version None: the highest on disk) unless resident; errors as ``acquire``'s."""
         lease = await self.acquire(name, version, timeout)
         lease.release()
         await self._durable(f"loaded model {lease.name} version {lease.version}")
         return self._resident((lease.name, lease.version))
 
-    async def pin(self, name: str, version: int | None = None, timeout: float | None = None) -> ResidentModel:
+    async def pin(
+        self, name: str, version: int | None = None, timeout: float | None = None
+    ) -> ResidentModel:
         """Load if needed and keep resident: the policy never chooses a pinned version as a victim."""
         lease = await self.acquire(name, version, timeout)
         self.ledger.pin((lease.name, lease.version))
@@ -261,7 +299,9 @@ class CacheManager:
         """Make pinned versions of ``name`` (all when ``version`` is None) evictable again."""
         keys = sorted(k for k in self.ledger.pinned if k[0] == name and version in (None, k[1]))
         if not keys:
-            raise errors.NotFound(f"model {name}{_version(version)} is not pinned on node {self.target}")
+            raise errors.NotFound(
+                f"model {name}{_version(version)} is not pinned on node {self.target}"
+            )
         self.ledger.unpin(keys)
         self._lost_pins.unpinned(keys)
         self._save()
@@ -273,17 +313,30 @@ class CacheManager:
         """Unload idle resident versions of ``name`` (all when ``version`` is None) now; wait until gone."""
         check_name(name)
         entries = self.ledger.entries
-        keys = [k for k, e in entries.items() if k[0] == name and version in (None, k[1]) and e.state != UNLOADING]
+        keys = [
+            k
+            for k, e in entries.items()
+            if k[0] == name and version in (None, k[1]) and e.state != UNLOADING
+        ]
         if not keys:
-            raise errors.NotFound(f"model {name}{_version(version)} is not resident on node {self.target}")
+            raise errors.NotFound(
+                f"model {name}{_version(version)} is not resident on node {self.target}"
+            )
         busy = [entries[k] for k in keys if entries[k].state != READY or entries[k].leases
                 or k in self.ledger.pinned]
         if busy:
-            raise errors.FailedPrecondition(f"not evicting from node {self.target}: " + "; ".join(
-                f"model {e.key[0]} version {e.key[1]} " + (
-                    f"is held by {e.leases} lease{'s' if e.leases != 1 else ''} (requests in flight)"
-                    if e.leases else "is loading" if e.state == LOADING else "is pinned (unpin it first)")
-                for e in busy))
+            raise errors.FailedPrecondition(
+                f"not evicting from node {self.target}: "
+                + "; ".join(
+                    f"model {e.key[0]} version {e.key[1]} "
+                    + (
+                        f"is held by {e.leases} lease{'s' if e.leases != 1 else ''} (requests in flight)"
+                        if e.leases
+                        else "is loading" if e.state == LOADING else "is pinned (unpin it first)"
+                    )
+                    for e in busy
+                )
+            )
         futures = []
         for key in keys:
             self.ledger.retire(key)
@@ -343,8 +396,11 @@ class CacheManager:
                      self.target, key[0], key[1])
 
     def _resident(self, key: Key) -> ResidentModel:
-        if key not in self.ledger.entries:  # evicted between the lease and now: only under extreme churn
-            raise errors.Aborted(f"model {key[0]} version {key[1]} was unloaded again before it could be reported")
+        # evicted between the lease and now: only under extreme churn
+        if key not in self.ledger.entries:
+            raise errors.Aborted(
+                f"model {key[0]} version {key[1]} was unloaded again before it could be reported"
+            )
         return self._describe(self.ledger.entries[key])
 
     def _describe(self, e: Entry) -> ResidentModel:
@@ -372,7 +428,9 @@ class CacheManager:
         except errors.TfscacheError as exc:
             return found, exc, follow_sizes
 
-    async def _enqueue(self, key: Key, sizes: tuple[int, int] | Exception | None = None) -> asyncio.Future:
+    async def _enqueue(
+        self, key: Key, sizes: tuple[int, int] | Exception | None = None
+    ) -> asyncio.Future:
         """A future for a lease on cold ``key``, joined to its load (one load per key)."""
         self._check_loadable(key)
         estimate = disk = 0
@@ -420,7 +478,11 @@ class CacheManager:
                 f"memory_bytes={cap} of node {self.target}")
         size = self.ledger.learned.get(key)
         if size is None:  # never loaded here: its size on disk, or what models here typically take
-            size = estimate if self.adapter.sizes_on_disk else max(estimate, self.ledger.typical_size())
+            size = (
+                estimate
+                if self.adapter.sizes_on_disk
+                else max(estimate, self.ledger.typical_size())
+            )
         return (min(size, cap) if cap else size), disk
 
     def _save(self) -> None:

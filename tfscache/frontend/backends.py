@@ -6,7 +6,8 @@ sidecar that owns the model: requests go to its front end marked as forwarded, a
 serves them from its own node without routing again (at most one extra hop).
 
 A node that answers NOT_FOUND for the model a lease is held on, in its kind's words (the
-adapter's ``lost_texts``), has lost it (it restarted behind a sidecar, at the same address): the cache rechecks and restores what it
+adapter's ``lost_texts``), has lost it (it restarted behind a sidecar, at the same address): the
+cache rechecks and restores what it
 lost, and the request is sent once more.
 A status probe (``Method.probe``) takes no lease and loads nothing (``tfscache.frontend.probe``).
 Streams (``stream``, ``rest_stream``: 0..N messages for one request) hold the lease
@@ -55,7 +56,8 @@ class _LostReply(errors.NotFound):
     """A REST 404 with a "not found" body for a leased model, raised to be rechecked like gRPC's."""
 
     def __init__(self, reply: RestReply, text: str) -> None:
-        super().__init__(text)  # the kind's words the body holds: ``_forward`` matches them to recheck
+        # the kind's words the body holds: ``_forward`` matches them to recheck
+        super().__init__(text)
         self.reply = reply
 
 
@@ -92,7 +94,9 @@ class Backend(Protocol):
                    probe: Callable[[ProbeAnswer], RestReply] | None = None) -> RestReply:
         """Forward a REST request; the reply as it came."""
 
-    def stream(self, key: RouteKey | None, path: str, request: bytes, metadata, deadline) -> AsyncIterator[bytes]:
+    def stream(
+        self, key: RouteKey | None, path: str, request: bytes, metadata, deadline
+    ) -> AsyncIterator[bytes]:
         """Forward one request to a streaming gRPC method; its responses' bytes as they come."""
 
     def rest_stream(self, key: RouteKey | None, method: str, path_qs: str, body: bytes,
@@ -150,7 +154,8 @@ class NodeBackend:
                         connected = await upstream.wait_ready(timeout)
                         if self.upstream is upstream:
                             return connected
-                        continue  # its process was replaced meanwhile (the old channel closed): the new one
+                        # its process was replaced meanwhile (the old channel closed): the new one
+                        continue
                     if self.cache is cache:
                         raise errors.NodeUnavailable(f"node {self.name} stopped")
                     # its process exited and the cache with it: wait for the restarted one
@@ -168,7 +173,8 @@ class NodeBackend:
 
     async def _lease(self, key: RouteKey | None, deadline: float | None):
         """The node's upstream and a lease on ``key`` (None when no model is named: the node answers
-        with TF Serving's own error). No generator-based context manager: every warm request comes here."""
+        with TF Serving's own error). No generator-based context manager: every warm request comes here.
+        """
         cache, upstream = self.cache, self.upstream
         if cache is None or upstream is None:
             raise errors.NodeUnavailable(f"node {self.name} is not running")
@@ -208,7 +214,9 @@ class NodeBackend:
             async with asyncio.timeout(self.load_timeout_s if left is None else left):
                 await cache.recheck()
         except TimeoutError:
-            raise errors.DeadlineExceeded(f"Timed out waiting for node {self.name} to restore its models") from None
+            raise errors.DeadlineExceeded(
+                f"Timed out waiting for node {self.name} to restore its models"
+            ) from None
         upstream, lease = await self._lease(key, deadline)
         async with lease:
             return await send(upstream)
@@ -229,7 +237,9 @@ class NodeBackend:
             answer = await self._probe(key)
             if answer is not None:
                 return probe(answer)
-            return await self.upstream.unary(path, request, metadata=metadata, timeout=remaining(deadline))
+            return await self.upstream.unary(
+                path, request, metadata=metadata, timeout=remaining(deadline)
+            )
         return await self._forward(key, deadline, lambda upstream: upstream.unary(
             path, request, metadata=metadata, timeout=remaining(deadline)))
 
@@ -260,13 +270,24 @@ class NodeBackend:
     async def stream(self, key: RouteKey | None, path: str, request: bytes, metadata,
                      deadline) -> AsyncIterator[bytes]:
         """The node's responses to one streamed request, the model leased until the last one."""
-        async with self._leased(key, deadline) as upstream, contextlib.aclosing(
-                upstream.stream(path, request, metadata=metadata, timeout=remaining(deadline))) as responses:
+        async with (
+            self._leased(key, deadline) as upstream,
+            contextlib.aclosing(
+                upstream.stream(path, request, metadata=metadata, timeout=remaining(deadline))
+            ) as responses,
+        ):
             async for response in responses:
                 yield response
 
-    async def rest_stream(self, key: RouteKey | None, method: str, path_qs: str, body: bytes,
-                          headers: dict[str, str], timeout: float) -> AsyncIterator[RestReply | bytes]:
+    async def rest_stream(
+        self,
+        key: RouteKey | None,
+        method: str,
+        path_qs: str,
+        body: bytes,
+        headers: dict[str, str],
+        timeout: float,
+    ) -> AsyncIterator[RestReply | bytes]:
         """The node's streamed REST reply (head, then chunks), the model leased until its end."""
         async with self._leased(key, time.monotonic() + timeout) as upstream, contextlib.aclosing(
                 upstream.rest_stream(method, path_qs, body, headers, timeout=timeout)) as parts:
@@ -302,7 +323,9 @@ class PeerBackend:
         """Wait up to ``timeout`` s for the peer to accept connections again."""
         return await self.upstream.wait_ready(timeout)
 
-    async def grpc(self, key, path: str, request: bytes, metadata, deadline, *, probe=None) -> bytes:
+    async def grpc(
+        self, key, path: str, request: bytes, metadata, deadline, *, probe=None
+    ) -> bytes:
         """``probe`` is the peer's to answer: it owns the model's node."""
         return await self.upstream.unary(path, request, metadata=(*metadata, self._marker),
                                          timeout=remaining(deadline),
@@ -320,8 +343,9 @@ class PeerBackend:
 
     async def rest(self, key, method: str, path_qs: str, body: bytes, headers: dict[str, str],
                    timeout: float, *, probe=None) -> RestReply:
-        reply = await self.upstream.rest(method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]},
-                                         timeout=timeout)
+        reply = await self.upstream.rest(
+            method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]}, timeout=timeout
+        )
         if not reply.headers:
             return reply
         kept = tuple((h, v) for h, v in reply.headers if h != LOAD_KEY)
@@ -329,18 +353,28 @@ class PeerBackend:
             return reply
         if self._on_load is not None:
             self._report(dict(reply.headers)[LOAD_KEY])
-        return dataclasses.replace(reply, headers=kept)  # the report is for this sidecar, not its client
+        # the report is for this sidecar, not its client
+        return dataclasses.replace(reply, headers=kept)
 
-    async def stream(self, key, path: str, request: bytes, metadata, deadline) -> AsyncIterator[bytes]:
-        async with contextlib.aclosing(self.upstream.stream(path, request, metadata=(*metadata, self._marker),
-                                                            timeout=remaining(deadline))) as responses:
+    async def stream(
+        self, key, path: str, request: bytes, metadata, deadline
+    ) -> AsyncIterator[bytes]:
+        async with contextlib.aclosing(
+            self.upstream.stream(
+                path, request, metadata=(*metadata, self._marker), timeout=remaining(deadline)
+            )
+        ) as responses:
             async for response in responses:
                 yield response
 
-    async def rest_stream(self, key, method: str, path_qs: str, body: bytes, headers: dict[str, str],
-                          timeout: float) -> AsyncIterator[RestReply | bytes]:
-        async with contextlib.aclosing(self.upstream.rest_stream(
-                method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]}, timeout=timeout)) as parts:
+    async def rest_stream(
+        self, key, method: str, path_qs: str, body: bytes, headers: dict[str, str], timeout: float
+    ) -> AsyncIterator[RestReply | bytes]:
+        async with contextlib.aclosing(
+            self.upstream.rest_stream(
+                method, path_qs, body, {**headers, FORWARDED_KEY: self._marker[1]}, timeout=timeout
+            )
+        ) as parts:
             async for part in parts:
                 yield part
 

@@ -48,7 +48,9 @@ def grpc_message(message: str) -> str:
     """The message as sent: cut to MAX_ERROR_BYTES once encoded, marked as TF Serving marks cuts."""
     size = 0
     for index, char in enumerate(message):
-        size += 1 if " " <= char <= "~" and char != "%" else 3 * len(char.encode("utf-8", "replace"))
+        size += (
+            1 if " " <= char <= "~" and char != "%" else 3 * len(char.encode("utf-8", "replace"))
+        )
         if size > MAX_ERROR_BYTES:
             return message[:index] + "...TRUNCATED"
     return message
@@ -65,10 +67,18 @@ def new_request_id() -> str:
 
 
 class _Handlers(grpc.GenericRpcHandler):
-    def __init__(self, router: Router, metrics, methods: Mapping[str, Method],
-                 refused: Mapping[str, errors.TfscacheError], streams: Mapping[str, StreamHandler]) -> None:
+
+    def __init__(
+        self,
+        router: Router,
+        metrics,
+        methods: Mapping[str, Method],
+        refused: Mapping[str, errors.TfscacheError],
+        streams: Mapping[str, StreamHandler],
+    ) -> None:
         self._router = router
-        self._metrics = metrics  # tfscache.observe.metrics.Metrics: requests counted by method and code
+        # tfscache.observe.metrics.Metrics: requests counted by method and code
+        self._metrics = metrics
         self._handlers = {path: grpc.unary_unary_rpc_method_handler(self._behavior(method))
                           for path, method in methods.items()}
         for path, error in refused.items():
@@ -109,22 +119,34 @@ class _Handlers(grpc.GenericRpcHandler):
                 deadline = None if timeout is None else time.monotonic() + timeout
                 try:
                     if method.send is None:
-                        response = await router.grpc(method.path, key, request, outgoing, deadline, forwarded,
-                                                     probe=method.probe)
+                        response = await router.grpc(
+                            method.path,
+                            key,
+                            request,
+                            outgoing,
+                            deadline,
+                            forwarded,
+                            probe=method.probe,
+                        )
                     else:
-                        response = await method.send(router, method.path, key, request, outgoing, deadline,
-                                                     forwarded)
+                        response = await method.send(
+                            router, method.path, key, request, outgoing, deadline, forwarded
+                        )
                 except errors.ModelNotFound as missing:
                     if key is not None and method.not_found is not None:  # the method's own texts
                         raise method.not_found(key) from missing
                     if method.unknown is None or key is None:
                         raise
-                    response = await _unknown_model(router, method, key, request, outgoing, deadline, forwarded,
-                                                    missing)
-                if forwarded and (load := router.own_load()) is not None:  # for the peer's copies rule
+                    response = await _unknown_model(
+                        router, method, key, request, outgoing, deadline, forwarded, missing
+                    )
+                # for the peer's copies rule
+                if forwarded and (load := router.own_load()) is not None:
                     context.set_trailing_metadata(((REQUEST_ID_KEY, request_id), (LOAD_KEY, load)))
                 if debug():
-                    log.debug("%s: OK", name, extra={"version": key.version} if key is not None else None)
+                    log.debug(
+                        "%s: OK", name, extra={"version": key.version} if key is not None else None
+                    )
                 if metrics is not None:
                     metrics.request("grpc", name, "OK", started)
                 return response
@@ -136,7 +158,10 @@ class _Handlers(grpc.GenericRpcHandler):
                     raise  # the client cancelled, its deadline passed, or the server is stopping
                 # Not ours: re-raised, gRPC would send the client nothing until its deadline.
                 log.error("%s: cancelled inside tfscache, not by its client", method.path)
-                code, message = grpc.StatusCode.UNAVAILABLE, "request cancelled inside tfscache; retry it"
+                code, message = (
+                    grpc.StatusCode.UNAVAILABLE,
+                    "request cancelled inside tfscache; retry it",
+                )
             except Exception:  # noqa: BLE001 - the one place unknown errors become INTERNAL
                 log.exception("%s failed", method.path)
                 code, message = grpc.StatusCode.INTERNAL, "internal error in tfscache front end"
@@ -154,8 +179,16 @@ class _Handlers(grpc.GenericRpcHandler):
         return refuse
 
 
-async def _unknown_model(router: Router, method: Method, key: RouteKey, request: bytes, metadata,
-                         deadline: float | None, forwarded: bool, missing: errors.ModelNotFound) -> bytes:
+async def _unknown_model(
+    router: Router,
+    method: Method,
+    key: RouteKey,
+    request: bytes,
+    metadata,
+    deadline: float | None,
+    forwarded: bool,
+    missing: errors.ModelNotFound,
+) -> bytes:
     """A model the repository lacks, for a node that words that error itself (``Method.unknown``):
     a node's own answer, asked without a lease (it has no such model: the cache alone loads);
     the method's text when no node answers. A version it lacks of a model it has: the method's
@@ -174,9 +207,19 @@ async def _unknown_model(router: Router, method: Method, key: RouteKey, request:
 class GrpcFrontend:
     """The gRPC server; ``start()`` returns once serving with the bound port."""
 
-    def __init__(self, router: Router, *, bind_address: str, port: int, max_send_bytes: int,
-                 max_receive_bytes: int, protocol: Protocol, metrics=None,
-                 credentials: grpc.ServerCredentials | None = None, reuse_port: bool = False) -> None:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        bind_address: str,
+        port: int,
+        max_send_bytes: int,
+        max_receive_bytes: int,
+        protocol: Protocol,
+        metrics=None,
+        credentials: grpc.ServerCredentials | None = None,
+        reuse_port: bool = False,
+    ) -> None:
         """``protocol``: the API served, its methods, the ones refused and its streaming methods
         (the node kind's). ``credentials``: TLS (``tfscache.tls.ServerTls``); None: plaintext.
         ``reuse_port``: SO_REUSEPORT, so that worker processes share the port (tfscache.workers)."""
@@ -187,8 +230,17 @@ class GrpcFrontend:
             ("grpc.so_reuseport", int(reuse_port)),
             *PEER_PING_SERVER_OPTIONS,  # peer sidecars ping while their calls are in flight
         ])
-        self._server.add_generic_rpc_handlers([_Handlers(router, metrics, protocol.grpc_methods,
-                                                         protocol.grpc_refused, protocol.grpc_streams)])
+        self._server.add_generic_rpc_handlers(
+            [
+                _Handlers(
+                    router,
+                    metrics,
+                    protocol.grpc_methods,
+                    protocol.grpc_refused,
+                    protocol.grpc_streams,
+                )
+            ]
+        )
         self._address = f"{bind_address}:{port}"
         self.port: int | None = None
 

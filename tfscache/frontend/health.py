@@ -5,7 +5,8 @@ SERVING while the process is not draining and ``serving()`` says so (serve.py pa
 its nodes (embedded) is healthy); NOT_SERVING otherwise. Load balancers and
 Kubernetes readiness probes ask service ``""``; clients may ask for the protocol's
 services (``Protocol.health_services``: TF Serving's PredictionService and ModelService, or
-``inference.GRPCInferenceService``), which share that status. Another name gets NOT_FOUND from Check and SERVICE_UNKNOWN from
+``inference.GRPCInferenceService``), which share that status. Another name gets NOT_FOUND from Check
+and SERVICE_UNKNOWN from
 Watch, as from gRPC's own servicer (which this is: ``grpc_health.v1``'s asyncio
 ``HealthServicer``).
 
@@ -58,7 +59,9 @@ class _Servicer(health.aio.HealthServicer):
 class Health:
     """Health status of one process, and the gRPC handler that reports it."""
 
-    def __init__(self, serving: Callable[[], bool], *, services: tuple[str, ...], poll_s: float = 1.0) -> None:
+    def __init__(
+        self, serving: Callable[[], bool], *, services: tuple[str, ...], poll_s: float = 1.0
+    ) -> None:
         """``services``: the names answered (the protocol's ``health_services``; "" is the server)."""
         self._serving = serving
         self._services = services
@@ -79,7 +82,9 @@ class Health:
             return
         log.info("health: NOT_SERVING (draining)")
         self._draining = True
-        self._shutdown = asyncio.get_running_loop().create_task(self._servicer.enter_graceful_shutdown())
+        self._shutdown = asyncio.get_running_loop().create_task(
+            self._servicer.enter_graceful_shutdown()
+        )
 
     def status(self, service: str = "") -> int:
         """The ServingStatus of ``service``; SERVICE_UNKNOWN for a name this server does not serve."""

@@ -66,7 +66,9 @@ def select_fields(request: bytes, fields: frozenset[int]) -> bytes:
     """The records of ``fields`` only (tags included, in order): a message a small head message
     parses as it would the whole request, without copying the fields it skips (the tensors)."""
     view = memoryview(request)
-    return b"".join(view[start:end] for field, _, start, _, end in records(request) if field in fields)
+    return b"".join(
+        view[start:end] for field, _, start, _, end in records(request) if field in fields
+    )
 
 
 def varint(view: memoryview, pos: int) -> tuple[int, int]:
@@ -117,7 +119,9 @@ class Method:
         except DecodeError as exc:
             raise errors.InvalidArgument(f"Failed to parse request as {self.request_type}") from exc
 
-    def with_versions(self, request: bytes, key: RouteKey, resolve: LabelResolver) -> tuple[RouteKey, bytes]:
+    def with_versions(
+        self, request: bytes, key: RouteKey, resolve: LabelResolver
+    ) -> tuple[RouteKey, bytes]:
         """For a request naming a version label: its key and bytes with the label's version instead.
 
         Any other request (and GetModelStatus, which ignores labels as TF Serving does)
@@ -127,7 +131,8 @@ class Method:
             return key, request
         version = resolve(key.name, key.label)
 
-        def resolve_once(name: str, label: str) -> int:  # the bytes name the version the key routes to
+        # the bytes name the version the key routes to
+        def resolve_once(name: str, label: str) -> int:
             return version if (name, label) == (key.name, key.label) else resolve(name, label)
 
         try:

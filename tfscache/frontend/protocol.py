@@ -3,7 +3,8 @@
 Each package under ``tfscache/frontend/protocols/`` exports one ``PROTOCOL``. The generic
 servers take it whole and never default to one: the gRPC front end serves
 ``grpc_methods`` (``Method`` rows, each with its routing key, status probe and texts) and
-refuses ``grpc_refused``, and serves ``grpc_streams`` (streaming methods); the REST front end answers every URL with ``rest_api``; health
+refuses ``grpc_refused``, and serves ``grpc_streams`` (streaming methods); the REST front end
+answers every URL with ``rest_api``; health
 (grpc.health.v1) reports ``health_services``. A kind whose node speaks a protocol with
 differences (headers, extensions, texts) names its own variant of it.
 """

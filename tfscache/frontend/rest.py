@@ -25,16 +25,28 @@ class RestFrontend(WebServer):
 
     what = "REST front end"
 
-    def __init__(self, router: Router, *, bind_address: str, port: int, max_receive_bytes: int,
-                 timeout_s: float, protocol: Protocol, metrics=None, ssl_context=None, reuse_port: bool = False,
-                 refusal_log_period_s: float = REFUSAL_LOG_PERIOD_S) -> None:
+    def __init__(
+        self,
+        router: Router,
+        *,
+        bind_address: str,
+        port: int,
+        max_receive_bytes: int,
+        timeout_s: float,
+        protocol: Protocol,
+        metrics=None,
+        ssl_context=None,
+        reuse_port: bool = False,
+        refusal_log_period_s: float = REFUSAL_LOG_PERIOD_S,
+    ) -> None:
         """``protocol``: the API served (the node kind's); its ``rest_api(router, max_receive_bytes=,
         timeout_s=)`` answers every request. ``ssl_context``: HTTPS (``tfscache.tls.ServerTls``).
         ``refusal_log_period_s``: ``server.refusal_log_period_s``."""
         super().__init__(bind_address, port, ssl_context, reuse_port=reuse_port,
                          refusal_log_period_s=refusal_log_period_s)
         self._router = router
-        self._metrics = metrics  # tfscache.observe.metrics.Metrics: requests counted by method and status
+        # tfscache.observe.metrics.Metrics: requests counted by method and status
+        self._metrics = metrics
         self._max_receive = max_receive_bytes
         self._api_respond = protocol.rest_api(router, max_receive_bytes=max_receive_bytes,
                                               timeout_s=timeout_s).respond

@@ -36,9 +36,11 @@ from tfscache.cluster.ring import Ring
 
 log = logging.getLogger("tfscache.frontend.router")
 
-_WAIT_SLICE_S = 2.0  # wait this long for a replica, then look at the ring again (it may have changed)
+# wait this long for a replica, then look at the ring again (it may have changed)
+_WAIT_SLICE_S = 2.0
 _MAX_BACKOFF_S = 1.0
-_READY_RETRIES = 3  # rounds in which a replica said it could serve and then failed again; then give up
+# rounds in which a replica said it could serve and then failed again; then give up
+_READY_RETRIES = 3
 
 
 class _Unavailable503(errors.NodeUnavailable):
@@ -54,8 +56,10 @@ class Router:
 
     def __init__(self, ring: Ring, backends: dict, local: str | None = None, repository=None,
                  wait_s: float = 600.0, metrics=None, spread=None) -> None:
-        self.spread = spread  # tfscache.cluster.spread.Spread: copies that follow load (None: fixed replicas)
-        self.metrics = metrics  # tfscache.observe.metrics.Metrics: forwards to peers and retries counted per backend
+        # tfscache.cluster.spread.Spread: copies that follow load (None: fixed replicas)
+        self.spread = spread
+        # tfscache.observe.metrics.Metrics: forwards to peers and retries counted per backend
+        self.metrics = metrics
         self.ring = ring
         self.backends = backends  # ring node name -> Backend (tfscache.frontend.backends)
         self.local = local  # sidecar mode: the name of this sidecar's own node
@@ -97,7 +101,9 @@ class Router:
         """Backends to try, best first (at most two are ever tried)."""
         if forwarded or (key is None and self.local):
             if self.local is None:
-                raise errors.FailedPrecondition("request forwarded to a tfscache that has no node of its own")
+                raise errors.FailedPrecondition(
+                    "request forwarded to a tfscache that has no node of its own"
+                )
             return [self.backends[self.local]]
         if key is None:  # no model named: any healthy node reports TF Serving's error
             nodes = [b for b in self.backends.values() if b.healthy] or list(self.backends.values())
@@ -110,14 +116,28 @@ class Router:
                 raise errors.NodeUnavailable("no nodes in the ring")
             return replicas
         # Stable sort keeps ring order within each class.
-        return sorted(replicas, key=lambda b: (not b.healthy, b.name != self.local and not b.holds(key)))
+        return sorted(
+            replicas, key=lambda b: (not b.healthy, b.name != self.local and not b.holds(key))
+        )
 
-    async def grpc(self, path: str, key: RouteKey | None, request: bytes, metadata, deadline: float | None,
-                   forwarded: bool = False, probe: Callable[[ProbeAnswer], bytes] | None = None) -> bytes:
+    async def grpc(
+        self,
+        path: str,
+        key: RouteKey | None,
+        request: bytes,
+        metadata,
+        deadline: float | None,
+        forwarded: bool = False,
+        probe: Callable[[ProbeAnswer], bytes] | None = None,
+    ) -> bytes:
         """Forward a gRPC request's bytes; the response bytes of the serving node. ``probe``: the
         request is a status probe, answered so for a version not on its node (no load)."""
-        return await self._call(key, forwarded, deadline,
-                                lambda backend: backend.grpc(key, path, request, metadata, deadline, probe=probe))
+        return await self._call(
+            key,
+            forwarded,
+            deadline,
+            lambda backend: backend.grpc(key, path, request, metadata, deadline, probe=probe),
+        )
 
     async def open(self, key: RouteKey | None, forwarded: bool, deadline: float | None,
                    send: Callable[[object], Awaitable]):
@@ -134,7 +154,9 @@ class Router:
         """
         tried: set[str] = set()
         rounds = 0
-        limit = time.monotonic() + (self.wait_s if deadline is None else max(0.0, deadline - time.monotonic()))
+        limit = time.monotonic() + (
+            self.wait_s if deadline is None else max(0.0, deadline - time.monotonic())
+        )
         while True:
             candidates = self.candidates(key, forwarded)
             backend = next((b for b in candidates if b.name not in tried), None)
@@ -149,7 +171,8 @@ class Router:
                 continue
             logs.bind(node=backend.name)
             if self.metrics is not None and self.local is not None and backend.name != self.local:
-                self.metrics.forwarded(backend.name)  # sidecar mode: any backend but its own node is a peer
+                # sidecar mode: any backend but its own node is a peer
+                self.metrics.forwarded(backend.name)
             try:
                 if self.spread is None or key is None:
                     return await send(backend)
@@ -170,8 +193,12 @@ class Router:
             return None
         if rounds:  # it said it could serve and failed again: back off
             await asyncio.sleep(min(left, _MAX_BACKOFF_S, 0.1 * 2 ** (rounds - 1)))
-        waits = [asyncio.ensure_future(b.wait_serving(min(max(0.0, limit - time.monotonic()), _WAIT_SLICE_S)))
-                 for b in candidates]
+        waits = [
+            asyncio.ensure_future(
+                b.wait_serving(min(max(0.0, limit - time.monotonic()), _WAIT_SLICE_S))
+            )
+            for b in candidates
+        ]
         try:
             for done in asyncio.as_completed(waits):
                 with contextlib.suppress(errors.Unavailable):  # that one will not come back
@@ -186,15 +213,30 @@ class Router:
             return None
         return False
 
-    async def rest(self, key: RouteKey, method: str, path_qs: str, body: bytes, headers: dict[str, str],
-                   timeout: float, forwarded: bool = False,
-                   probe: Callable[[ProbeAnswer], RestReply] | None = None) -> RestReply:
+    async def rest(
+        self,
+        key: RouteKey,
+        method: str,
+        path_qs: str,
+        body: bytes,
+        headers: dict[str, str],
+        timeout: float,
+        forwarded: bool = False,
+        probe: Callable[[ProbeAnswer], RestReply] | None = None,
+    ) -> RestReply:
         """Forward a REST request; the serving node's reply, unchanged. ``probe``: as for ``grpc``."""
         deadline = time.monotonic() + timeout
 
         async def send(backend) -> RestReply:
-            reply = await backend.rest(key, method, path_qs, body, headers, max(0.001, deadline - time.monotonic()),
-                                       probe=probe)
+            reply = await backend.rest(
+                key,
+                method,
+                path_qs,
+                body,
+                headers,
+                max(0.001, deadline - time.monotonic()),
+                probe=probe,
+            )
             if reply.status == 503:
                 raise _Unavailable503(reply)
             return reply

@@ -55,8 +55,12 @@ def forwardable_metadata(metadata) -> tuple[tuple[str, str | bytes], ...]:
 
 # A peer that stops answering mid-call (its host cut off: no reset, packets just dropped) is
 # found within about 3 s: a ping after 1 s without a frame from it, unanswered after 2 s more.
-PEER_KEEPALIVE_OPTIONS = (("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_timeout_ms", 2000),
-                          ("grpc.keepalive_permit_without_calls", 0), ("grpc.http2.max_pings_without_data", 0))
+PEER_KEEPALIVE_OPTIONS = (
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 2000),
+    ("grpc.keepalive_permit_without_calls", 0),
+    ("grpc.http2.max_pings_without_data", 0),
+)
 # What a front end must allow for those pings (gRPC's default answers a ping more often than
 # every 5 minutes without data with GOAWAY "too_many_pings", which would fail a long cold load).
 PEER_PING_SERVER_OPTIONS = (("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
@@ -71,9 +75,13 @@ PEER_PING_SERVER_OPTIONS = (("grpc.http2.min_recv_ping_interval_without_data_ms"
 # both cases (with it set, it also decides when the unanswered probes give up): the request ends
 # UNAVAILABLE, retried on another replica, 5 to ~10 s after the cut instead of at its timeout. It
 # would also end a connection whose server kept its receive window shut for 5 s.
-REST_KEEPALIVE = ((socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1),
-                  (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1), (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2),
-                  (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 5000))
+REST_KEEPALIVE = (
+    (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1),
+    (socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2),
+    (socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 5000),
+)
 
 
 def _keepalive_socket(addr_info) -> socket.socket:
@@ -86,10 +94,15 @@ def _keepalive_socket(addr_info) -> socket.socket:
 
 def http_session() -> aiohttp.ClientSession:
     """The HTTP client of a front end's REST hops (nodes and peers): bytes as they came (no
-    decompression, no added headers), unlimited connections, TCP keep-alive probes (``REST_KEEPALIVE``)."""
-    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=None,
-                                                                socket_factory=_keepalive_socket),
-                                 auto_decompress=False, skip_auto_headers=("User-Agent", "Accept-Encoding"))
+    decompression, no added headers), unlimited connections, TCP keep-alive probes (``REST_KEEPALIVE``).
+    """
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(
+            limit=0, ttl_dns_cache=None, socket_factory=_keepalive_socket
+        ),
+        auto_decompress=False,
+        skip_auto_headers=("User-Agent", "Accept-Encoding"),
+    )
 
 
 @dataclass(frozen=True)
@@ -111,7 +124,8 @@ class Upstream:
         """``tls``: reach the server over TLS (a peer sidecar whose front ends use it); None: plaintext.
         ``keepalive``: while calls are in flight, ping the server (a peer sidecar, whose front end allows
         it: ``PEER_PING_SERVER_OPTIONS``) and end them UNAVAILABLE when it stops answering, so a peer
-        cut off mid-call is retried on another replica instead of holding the call to its deadline."""
+        cut off mid-call is retried on another replica instead of holding the call to its deadline.
+        """
         self.grpc_address = grpc_address
         self.rest_address = rest_address
         self._http = http
@@ -163,8 +177,10 @@ class Upstream:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise  # our own caller cancelled: let the cancellation through
-            raise errors.NodeUnavailable(f"the call to {self.grpc_address} ended: its channel was closed "
-                                         "(the server left the ring or stopped)") from None
+            raise errors.NodeUnavailable(
+                f"the call to {self.grpc_address} ended: its channel was closed "
+                "(the server left the ring or stopped)"
+            ) from None
         finally:
             self._in_flight -= 1
             if not self._in_flight:
@@ -180,7 +196,9 @@ class Upstream:
         self._idle.clear()
         call = None
         try:
-            call = self.channel.unary_stream(path)(request, timeout=timeout, metadata=metadata or None)
+            call = self.channel.unary_stream(path)(
+                request, timeout=timeout, metadata=metadata or None
+            )
             while (response := await call.read()) is not grpc.aio.EOF:
                 yield response
         except grpc.aio.AioRpcError as exc:
@@ -191,8 +209,10 @@ class Upstream:
             task = asyncio.current_task()
             if task is not None and task.cancelling():
                 raise
-            raise errors.NodeUnavailable(f"the stream from {self.grpc_address} ended: its channel was closed "
-                                         "(the server left the ring or stopped)") from None
+            raise errors.NodeUnavailable(
+                f"the stream from {self.grpc_address} ended: its channel was closed "
+                "(the server left the ring or stopped)"
+            ) from None
         finally:
             if call is not None:
                 call.cancel()  # no-op once it ended; else the server learns the client went away
@@ -208,21 +228,42 @@ class Upstream:
         if not self.rest_address:
             raise errors.NodeUnavailable(f"node {self.grpc_address} has no REST port")
         url = f"{'http' if self._tls is None else 'https'}://{self.rest_address}{path_qs}"
-        tls = {} if self._tls is None else {"ssl": self._tls.ssl_context, "server_hostname": self._tls.server_name}
+        tls = (
+            {}
+            if self._tls is None
+            else {"ssl": self._tls.ssl_context, "server_hostname": self._tls.server_name}
+        )
         try:
-            async with self._http.request(method, url, data=body or None, headers=headers,
-                                          timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout,
-                                                                        sock_read=timeout),
-                                          allow_redirects=False, **tls) as reply:
-                passed = [h for h in _REPLY_HEADERS if h != "Content-Encoding" or not self._http.auto_decompress]
-                yield RestReply(reply.status, b"", reply.headers.get("Content-Type", "application/json"),
-                                tuple((h, reply.headers[h]) for h in passed if h in reply.headers))
+            async with self._http.request(
+                method,
+                url,
+                data=body or None,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout),
+                allow_redirects=False,
+                **tls,
+            ) as reply:
+                passed = [
+                    h
+                    for h in _REPLY_HEADERS
+                    if h != "Content-Encoding" or not self._http.auto_decompress
+                ]
+                yield RestReply(
+                    reply.status,
+                    b"",
+                    reply.headers.get("Content-Type", "application/json"),
+                    tuple((h, reply.headers[h]) for h in passed if h in reply.headers),
+                )
                 async for chunk in reply.content.iter_any():
                     yield chunk
         except TimeoutError as exc:
-            raise errors.DeadlineExceeded(f"REST stream from {self.rest_address} sent nothing for {timeout} s") from exc
+            raise errors.DeadlineExceeded(
+                f"REST stream from {self.rest_address} sent nothing for {timeout} s"
+            ) from exc
         except aiohttp.ClientError as exc:
-            raise errors.NodeUnavailable(f"REST stream from {self.rest_address} failed: {exc}") from exc
+            raise errors.NodeUnavailable(
+                f"REST stream from {self.rest_address} failed: {exc}"
+            ) from exc
 
     async def rest(self, method: str, path_qs: str, body: bytes, headers: dict[str, str], *,
                    timeout: float) -> RestReply:
@@ -230,20 +271,36 @@ class Upstream:
         if not self.rest_address:
             raise errors.NodeUnavailable(f"node {self.grpc_address} has no REST port")
         url = f"{'http' if self._tls is None else 'https'}://{self.rest_address}{path_qs}"
-        tls = {} if self._tls is None else {"ssl": self._tls.ssl_context, "server_hostname": self._tls.server_name}
+        tls = (
+            {}
+            if self._tls is None
+            else {"ssl": self._tls.ssl_context, "server_hostname": self._tls.server_name}
+        )
         try:
             async with self._http.request(method, url, data=body or None, headers=headers,
                                           timeout=aiohttp.ClientTimeout(total=timeout),
                                           allow_redirects=False, **tls) as reply:
                 payload = await reply.read()
                 # The body's Content-Encoding goes back only with the body as the server sent it.
-                passed = [h for h in _REPLY_HEADERS if h != "Content-Encoding" or not self._http.auto_decompress]
-                return RestReply(reply.status, payload, reply.headers.get("Content-Type", "application/json"),
-                                 tuple((h, reply.headers[h]) for h in passed if h in reply.headers))
+                passed = [
+                    h
+                    for h in _REPLY_HEADERS
+                    if h != "Content-Encoding" or not self._http.auto_decompress
+                ]
+                return RestReply(
+                    reply.status,
+                    payload,
+                    reply.headers.get("Content-Type", "application/json"),
+                    tuple((h, reply.headers[h]) for h in passed if h in reply.headers),
+                )
         except TimeoutError as exc:
-            raise errors.DeadlineExceeded(f"REST request to {self.rest_address} timed out after {timeout} s") from exc
+            raise errors.DeadlineExceeded(
+                f"REST request to {self.rest_address} timed out after {timeout} s"
+            ) from exc
         except aiohttp.ClientError as exc:
-            raise errors.NodeUnavailable(f"REST request to {self.rest_address} failed: {exc}") from exc
+            raise errors.NodeUnavailable(
+                f"REST request to {self.rest_address} failed: {exc}"
+            ) from exc
 
     async def wait_ready(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the gRPC channel to connect (the server listening again);
@@ -257,12 +314,17 @@ class Upstream:
             return False
 
     async def retire(self, grace: float) -> None:
-        """Close once the calls in flight have finished (at most ``grace`` s); calls may still start until then."""
+        """Close once the calls in flight have finished (at most ``grace`` s); calls may still start
+        until then."""
         try:
             await asyncio.wait_for(self._idle.wait(), grace)
         except TimeoutError:
-            log.info("closing the channel to %s with %d call(s) still in flight after %.0f s", self.grpc_address,
-                     self._in_flight, grace)
+            log.info(
+                "closing the channel to %s with %d call(s) still in flight after %.0f s",
+                self.grpc_address,
+                self._in_flight,
+                grace,
+            )
         await self.close()
 
     async def close(self) -> None:

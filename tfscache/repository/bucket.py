@@ -66,7 +66,8 @@ class RemoteRepository(ModelRepository):
 
     async def prepare(self, name: str, version: int) -> None:
         """Download the version into the tier unless it is there and current (one download however
-        many ask). The cache calls it for a version it admitted (in its ledger: ``in_use`` keeps it)."""
+        many ask). The cache calls it for a version it admitted (in its ledger: ``in_use`` keeps it).
+        """
         await self.tier.fetch(name, version)
 
     def versions(self, name: str) -> dict[int, Path]:
@@ -117,7 +118,8 @@ class RemoteRepository(ModelRepository):
         """Copy the bucket's labels.json beside the versions (if listed or changed), then read it."""
         check_name(name)
         try:
-            await self.tier.model_file(name, LABELS_FILE)  # one listing per rescan_s; a download if changed
+            # one listing per rescan_s; a download if changed
+            await self.tier.model_file(name, LABELS_FILE)
         except errors.Unavailable:
             if not await asyncio.to_thread((self.root / name / LABELS_FILE).is_file):
                 raise
@@ -133,6 +135,8 @@ class RemoteRepository(ModelRepository):
         loop = self._loop
         if loop is None or threading.get_ident() == self._loop_thread:
             coro.close()
-            raise errors.Internal(f"repository {self.url}: listed before start() or on the event loop "
-                                  "(the listing is awaited from a worker thread)")
+            raise errors.Internal(
+                f"repository {self.url}: listed before start() or on the event loop "
+                "(the listing is awaited from a worker thread)"
+            )
         return asyncio.run_coroutine_threadsafe(coro, loop).result()

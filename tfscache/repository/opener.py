@@ -22,7 +22,9 @@ STORAGE_EXTRA = "pip install 'tfscache[storage]'"
 
 def tier_dir(settings: Settings, state_dir: Path) -> Path:
     """The disk tier's directory: ``storage.cache_dir``, else ``STATE_DIR/disk-tier``."""
-    return Path(settings.storage.cache_dir) if settings.storage.cache_dir else state_dir / "disk-tier"
+    return (
+        Path(settings.storage.cache_dir) if settings.storage.cache_dir else state_dir / "disk-tier"
+    )
 
 
 def open_repository(settings: Settings, state_dir: Path, *, events=None) -> ModelRepository:
@@ -36,10 +38,18 @@ def open_repository(settings: Settings, state_dir: Path, *, events=None) -> Mode
         from tfscache.storage.tier import DiskTier  # noqa: PLC0415
         store = open_store(url)  # obstore's store classes are imported here
     except ImportError as exc:
-        raise SettingsError(f"bad value for setting model_repository: {url!r} (a bucket needs the storage "
-                            f"extra, which is not installed: {exc.name}; install it with: {STORAGE_EXTRA})") from None
-    tier = DiskTier(tier_dir(settings, state_dir), settings.storage.cache_bytes, store,
-                    parallel=settings.storage.parallel_downloads, rescan_s=settings.storage.list_interval_s,
-                    list_rate=settings.storage.list_rate, list_active_s=settings.storage.list_active_s,
-                    events=events)
+        raise SettingsError(
+            f"bad value for setting model_repository: {url!r} (a bucket needs the storage "
+            f"extra, which is not installed: {exc.name}; install it with: {STORAGE_EXTRA})"
+        ) from None
+    tier = DiskTier(
+        tier_dir(settings, state_dir),
+        settings.storage.cache_bytes,
+        store,
+        parallel=settings.storage.parallel_downloads,
+        rescan_s=settings.storage.list_interval_s,
+        list_rate=settings.storage.list_rate,
+        list_active_s=settings.storage.list_active_s,
+        events=events,
+    )
     return RemoteRepository(url, tier, rescan_s=settings.storage.list_interval_s)

@@ -7,4 +7,6 @@ from tfscache.frontend.protocols.oip.methods import METHODS, REFUSED, SERVICE
 from tfscache.frontend.protocols.oip.rest import OipRestApi
 from tfscache.frontend.protocols.oip.stream import STREAMS
 
-PROTOCOL = Protocol("Open Inference Protocol", METHODS, REFUSED, OipRestApi, ("", SERVICE), grpc_streams=STREAMS)
+PROTOCOL = Protocol(
+    "Open Inference Protocol", METHODS, REFUSED, OipRestApi, ("", SERVICE), grpc_streams=STREAMS
+)

@@ -52,10 +52,15 @@ async def generate_stream(router: Router, request: web.Request, key: RouteKey | 
         head: RestReply = await anext(parts)
         if head.status != 200:  # an error: whole, as it came
             rest = b"".join([chunk async for chunk in parts])
-            return web.Response(status=head.status, body=rest, headers={"Content-Type": head.content_type,
-                                                                         **dict(head.headers), **reply_headers})
-        response = web.StreamResponse(status=head.status, headers={"Content-Type": head.content_type,
-                                                                   **dict(head.headers), **reply_headers})
+            return web.Response(
+                status=head.status,
+                body=rest,
+                headers={"Content-Type": head.content_type, **dict(head.headers), **reply_headers},
+            )
+        response = web.StreamResponse(
+            status=head.status,
+            headers={"Content-Type": head.content_type, **dict(head.headers), **reply_headers},
+        )
         await response.prepare(request)
         relay = asyncio.ensure_future(_relay(parts, response))
         watch = asyncio.ensure_future(_client_gone(request))
@@ -82,8 +87,12 @@ async def _relay(parts, response: web.StreamResponse) -> None:
         log.info("generate_stream ended early after %d chunk(s): %s", sent, exc.message)
         message = exc.message
         if isinstance(exc, errors.Unavailable):
-            message = f"the node serving this request became unavailable after {sent} chunk(s): {message}"
-        await response.write(b"data: " + json.dumps({"error": message}, separators=(",", ":")).encode() + b"\n\n")
+            message = (
+                f"the node serving this request became unavailable after {sent} chunk(s): {message}"
+            )
+        await response.write(
+            b"data: " + json.dumps({"error": message}, separators=(",", ":")).encode() + b"\n\n"
+        )
 
 
 async def _client_gone(request: web.Request) -> None:

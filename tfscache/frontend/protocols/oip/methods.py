@@ -50,9 +50,11 @@ SERVICE = "inference.GRPCInferenceService"
 MODEL_READY_PATH = f"/{SERVICE}/ModelReady"
 REPOSITORY_PATHS = tuple(f"/{SERVICE}/{name}" for name in
                          ("RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload"))
-REPOSITORY_REFUSED = ("tfscache manages the models of its nodes: the model repository API is not accepted; "
-                      "a model loads on its first request (tfscache preload / evict on the admin port "
-                      "manage them by hand)")
+REPOSITORY_REFUSED = (
+    "tfscache manages the models of its nodes: the model repository API is not accepted; "
+    "a model loads on its first request (tfscache preload / evict on the admin port "
+    "manage them by hand)"
+)
 
 _HEAD_FIELDS = frozenset({1, 2})
 # std::stol: leading white space, a sign, digits; anything after them is ignored.
@@ -66,8 +68,10 @@ def parse_version(text: str) -> int | None:
         return None
     match = _STOL.match(text)
     if match is None or not -_LONG <= int(match.group(1)) < _LONG:
-        raise errors.InvalidArgument(f"failed to get model version from specified version string '{text}' "
-                                     "(details: stol), version should be an integral value > 0")
+        raise errors.InvalidArgument(
+            f"failed to get model version from specified version string '{text}' "
+            "(details: stol), version should be an integral value > 0"
+        )
     version = int(match.group(1))
     if version < 0:
         raise errors.InvalidArgument(f"invalid model version specified '{text}' , "
@@ -94,12 +98,16 @@ def unknown_model(key: RouteKey) -> errors.NotFound:
 
 def version_not_found(key: RouteKey) -> errors.NotFound:
     """Triton's NOT_FOUND text for a version a model it serves lacks (ModelLifecycle::GetModel)."""
-    return errors.NotFound(f"Request for unknown model: '{key.name}' version {key.version} is not found")
+    return errors.NotFound(
+        f"Request for unknown model: '{key.name}' version {key.version} is not found"
+    )
 
 
 def statistics_version_unavailable(key: RouteKey) -> errors.InvalidArgument:
     """ModelStatistics' text for a version a model it serves lacks (tritonserver.cc)."""
-    return errors.InvalidArgument(f"requested model version is not available for model '{key.name}'")
+    return errors.InvalidArgument(
+        f"requested model version is not available for model '{key.name}'"
+    )
 
 
 def version_not_ready(key: RouteKey) -> bytes:
@@ -109,9 +117,13 @@ def version_not_ready(key: RouteKey) -> bytes:
 
 # A version the repository lacks of a model it has, answered as Triton serving that model answers
 # (measured on tritonserver 2.51): by method name (the REST routes use the same names).
-_UNKNOWN_VERSION = {"ModelInfer": version_not_found, "ModelMetadata": version_not_found,
-                    "ModelConfig": version_not_found, "ModelStatistics": statistics_version_unavailable,
-                    "ModelReady": version_not_ready}
+_UNKNOWN_VERSION = {
+    "ModelInfer": version_not_found,
+    "ModelMetadata": version_not_found,
+    "ModelConfig": version_not_found,
+    "ModelStatistics": statistics_version_unavailable,
+    "ModelReady": version_not_ready,
+}
 
 
 def unknown_version(method: str, key: RouteKey) -> errors.TfscacheError | bytes:
@@ -146,7 +158,9 @@ def _ready_probe(answer: ProbeAnswer) -> bytes:
 
 def _method(name: str, read_key, probe=None, send=None) -> Method:
     if read_key is not _name_head:
-        return Method(f"/{SERVICE}/{name}", f"inference.{name}Request", read_key, probe=probe, send=send)
+        return Method(
+            f"/{SERVICE}/{name}", f"inference.{name}Request", read_key, probe=probe, send=send
+        )
     return Method(f"/{SERVICE}/{name}", f"inference.{name}Request", read_key, unknown=unknown_model,
                   unknown_version=lambda key: unknown_version(name, key), probe=probe, send=send)
 

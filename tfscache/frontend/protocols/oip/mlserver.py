@@ -36,10 +36,16 @@ def unknown_model(key: RouteKey) -> errors.NotFound:
     return errors.NotFound(f"Model {key.name} with version {key.version} not found")
 
 
-METHODS = {path: dataclasses.replace(method, unknown=unknown_model if method.unknown is not None else None,
-                                     unknown_version=None)  # MLServer words an unknown version itself
-           for path, method in oip.METHODS.items()
-           if path.rpartition("/")[2] not in _UNSERVED}
+METHODS = {
+    path: dataclasses.replace(
+        method,
+        unknown=unknown_model if method.unknown is not None else None,
+        # MLServer words an unknown version itself
+        unknown_version=None,
+    )
+    for path, method in oip.METHODS.items()
+    if path.rpartition("/")[2] not in _UNSERVED
+}
 REFUSED = oip.REFUSED
 
 
@@ -53,5 +59,11 @@ class MLServerRestApi(OipRestApi):
     unknown_version = None  # asked of a node, for MLServer's own words
 
 
-PROTOCOL = Protocol("Open Inference Protocol (MLServer)", METHODS, REFUSED, MLServerRestApi, ("", oip.SERVICE),
-                    grpc_streams=STREAMS)
+PROTOCOL = Protocol(
+    "Open Inference Protocol (MLServer)",
+    METHODS,
+    REFUSED,
+    MLServerRestApi,
+    ("", oip.SERVICE),
+    grpc_streams=STREAMS,
+)

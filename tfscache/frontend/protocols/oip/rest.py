@@ -43,8 +43,16 @@ from tfscache import errors, logs
 from tfscache.frontend.backends import FORWARDED_KEY
 from tfscache.frontend.grpc_server import REQUEST_ID_KEY, new_request_id
 from tfscache.frontend.methods import RouteKey
-from tfscache.frontend.protocols.oip.methods import (METHODS, MODEL_READY_PATH, REPOSITORY_REFUSED, name_request,
-                                                    parse_version, read_ready, unknown_model, unknown_version)
+from tfscache.frontend.protocols.oip.methods import (
+    METHODS,
+    MODEL_READY_PATH,
+    REPOSITORY_REFUSED,
+    name_request,
+    parse_version,
+    read_ready,
+    unknown_model,
+    unknown_version,
+)
 from tfscache.frontend.rest import REQUEST_ID_HEADER
 from tfscache.frontend.protocols.oip import stats
 from tfscache.frontend.protocols.oip.generate import generate_stream
@@ -58,11 +66,19 @@ _MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
 _REPOSITORY = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
 _UNSERVED = re.compile(r"/v2/(?:systemsharedmemory|cudasharedmemory|trace|logging)(?:/.*)?")
 _ALL_STATS = "/v2/models/stats"
-_FORWARD_HEADERS = ("Content-Type", "Accept", "Accept-Encoding", "Content-Encoding", "Inference-Header-Content-Length")
+_FORWARD_HEADERS = (
+    "Content-Type",
+    "Accept",
+    "Accept-Encoding",
+    "Content-Encoding",
+    "Inference-Header-Content-Length",
+)
 NOT_READY = "Model version not ready"
 BINARY_HEADER = "Inference-Header-Content-Length"
-BINARY_REFUSED = ("the binary tensor extension is not served by this kind of node: send the tensors as JSON "
-                  "(tritonclient.http: binary_data=False)")
+BINARY_REFUSED = (
+    "the binary tensor extension is not served by this kind of node: send the tensors as JSON "
+    "(tritonclient.http: binary_data=False)"
+)
 
 
 @dataclass(frozen=True)
@@ -75,9 +91,15 @@ class OipRoute:
 
 
 _SERVER_METHODS = {None: "ServerMetadata", "live": "ServerLive", "ready": "ServerReady"}
-_MODEL_METHODS = {None: ("ModelMetadata", "GET"), "ready": ("ModelReady", "GET"), "config": ("ModelConfig", "GET"),
-                  "stats": ("ModelStatistics", "GET"), "infer": ("ModelInfer", "POST"),
-                  "generate": ("ModelGenerate", "POST"), "generate_stream": ("ModelGenerateStream", "POST")}
+_MODEL_METHODS = {
+    None: ("ModelMetadata", "GET"),
+    "ready": ("ModelReady", "GET"),
+    "config": ("ModelConfig", "GET"),
+    "stats": ("ModelStatistics", "GET"),
+    "infer": ("ModelInfer", "POST"),
+    "generate": ("ModelGenerate", "POST"),
+    "generate_stream": ("ModelGenerateStream", "POST"),
+}
 
 
 def parse_url(path: str) -> OipRoute:
@@ -91,28 +113,37 @@ def parse_url(path: str) -> OipRoute:
         if kind not in _MODEL_METHODS:
             raise errors.Unimplemented(f"{kind} is not served by tfscache")
         method, http_method = _MODEL_METHODS[kind]
-        return OipRoute(method, http_method, RouteKey(unquote(name), version=parse_version(version or "")))
+        return OipRoute(
+            method, http_method, RouteKey(unquote(name), version=parse_version(version or ""))
+        )
     if _REPOSITORY.fullmatch(path):
         raise errors.FailedPrecondition(REPOSITORY_REFUSED)
     if _UNSERVED.fullmatch(path):
-        raise errors.Unimplemented("shared memory, trace and log settings are per node: tfscache routes each "
-                                   "request to one of several nodes and does not serve them")
+        raise errors.Unimplemented(
+            "shared memory, trace and log settings are per node: tfscache routes each "
+            "request to one of several nodes and does not serve them"
+        )
     raise errors.NotFound("Not Found")
 
 
 def error_response(status: int, message: str) -> web.Response:
     """Triton's REST error body, with Triton's ``Content-Type: application/json`` (no charset)."""
-    return web.Response(status=status, body=json.dumps({"error": message}, separators=(",", ":")).encode(),
-                        headers={"Content-Type": "application/json"})
+    return web.Response(
+        status=status,
+        body=json.dumps({"error": message}, separators=(",", ":")).encode(),
+        headers={"Content-Type": "application/json"},
+    )
 
 
 class OipRestApi:
     """The /v2 URLs over the router; ``respond`` is RestFrontend's one handler for every request."""
 
     # What a node kind's variant of the protocol changes (tfscache.frontend.protocols.mlserver):
-    binary_tensors = True  # the binary tensor extension (Inference-Header-Content-Length) goes to the node
+    # the binary tensor extension (Inference-Header-Content-Length) goes to the node
+    binary_tensors = True
     default_content_type = ""  # a POST body without Content-Type goes with this one ("": none)
-    unserved = frozenset()  # model URLs' methods the node does not have: 404 "Not Found", nothing loaded
+    # model URLs' methods the node does not have: 404 "Not Found", nothing loaded
+    unserved = frozenset()
     unknown = staticmethod(unknown_model)  # a model the repository lacks, when no node answers
     # a version the repository lacks of a model it has: answered here in the node's words
     # (None: asked of a node without a lease, for its own answer)
@@ -145,7 +176,9 @@ class OipRestApi:
         log.debug("%s %s: %s", request.method, path, response.status)
         return response, method
 
-    async def _send(self, request: web.Request, route: OipRoute, request_id: str) -> web.StreamResponse:
+    async def _send(
+        self, request: web.Request, route: OipRoute, request_id: str
+    ) -> web.StreamResponse:
         forwarded = FORWARDED_KEY in request.headers
         if route.method in self.unserved:
             raise errors.NotFound("Not Found")
@@ -156,7 +189,9 @@ class OipRestApi:
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
-            raise errors.ResourceExhausted(f"request body larger than the limit of {self._max_receive} bytes") from exc
+            raise errors.ResourceExhausted(
+                f"request body larger than the limit of {self._max_receive} bytes"
+            ) from exc
         headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
         headers[REQUEST_ID_HEADER] = request_id
         if self.default_content_type and request.method == "POST" and "Content-Type" not in headers:
@@ -164,13 +199,35 @@ class OipRestApi:
 
         def send(route_key: RouteKey | None):
             if route.method == "ModelGenerateStream":
-                return generate_stream(self._router, request, route_key, body, headers, self._timeout_s, forwarded,
-                                       {REQUEST_ID_HEADER: request_id})
+                return generate_stream(
+                    self._router,
+                    request,
+                    route_key,
+                    body,
+                    headers,
+                    self._timeout_s,
+                    forwarded,
+                    {REQUEST_ID_HEADER: request_id},
+                )
             if route.method == "ModelStatistics" and route_key is not None:
-                return stats.rest_statistics(self._router, route_key, request.raw_path, headers, self._timeout_s,
-                                             forwarded, stats.is_held_only(request.headers.keys()))
-            return self._router.rest(route_key, request.method, request.raw_path, body, headers, self._timeout_s,
-                                     forwarded=forwarded)
+                return stats.rest_statistics(
+                    self._router,
+                    route_key,
+                    request.raw_path,
+                    headers,
+                    self._timeout_s,
+                    forwarded,
+                    stats.is_held_only(request.headers.keys()),
+                )
+            return self._router.rest(
+                route_key,
+                request.method,
+                request.raw_path,
+                body,
+                headers,
+                self._timeout_s,
+                forwarded=forwarded,
+            )
 
         try:
             reply = await send(route.key)
@@ -189,8 +246,15 @@ class OipRestApi:
         request, metadata = name_request(key), ((REQUEST_ID_KEY, request_id),)
 
         def ask(route_key: RouteKey | None):
-            return self._router.grpc(MODEL_READY_PATH, route_key, request, metadata, deadline, forwarded,
-                                     probe=METHODS[MODEL_READY_PATH].probe)
+            return self._router.grpc(
+                MODEL_READY_PATH,
+                route_key,
+                request,
+                metadata,
+                deadline,
+                forwarded,
+                probe=METHODS[MODEL_READY_PATH].probe,
+            )
 
         try:
             reply = await ask(key)

@@ -44,7 +44,8 @@ from tfscache.wire import oip_stats_pb2
 
 log = logging.getLogger("tfscache.frontend.protocols.oip.stats")
 
-HELD_ONLY_KEY = "x-tfscache-held-only"  # gRPC metadata key / HTTP header: answer only if the node holds it
+# gRPC metadata key / HTTP header: answer only if the node holds it
+HELD_ONLY_KEY = "x-tfscache-held-only"
 PEER_TIMEOUT_S = 30.0  # how long peers are asked when the request has no deadline
 _KEYED_LISTS = {"batch_stats": "batch_size"}
 
@@ -55,7 +56,9 @@ def merge(answers: list[dict]) -> dict:
     for answer in answers:
         for stats in answer.get("model_stats", []):
             key = (stats.get("name", ""), str(stats.get("version", "")))
-            merged[key] = copy.deepcopy(stats) if key not in merged else _merge_model(merged[key], stats)
+            merged[key] = (
+                copy.deepcopy(stats) if key not in merged else _merge_model(merged[key], stats)
+            )
     return {"model_stats": list(merged.values())}
 
 
@@ -98,7 +101,9 @@ def _sum(into, other):
 
 def _holders(router: Router, key: RouteKey, forwarded: bool) -> list:
     """The backends whose own cache holds ``key`` now (a peer sidecar never says it does)."""
-    backends = [router.backends[router.local]] if forwarded and router.local else router.backends.values()
+    backends = (
+        [router.backends[router.local]] if forwarded and router.local else router.backends.values()
+    )
     return [b for b in backends if b.upstream is not None and b.holds(key)]
 
 
@@ -117,8 +122,9 @@ def is_held_only(pairs) -> bool:
 async def _gather(holders: list, ask) -> list:
     answers = await asyncio.gather(*(ask(b.upstream) for b in holders), return_exceptions=True)
     for answer in answers:
-        if isinstance(answer, BaseException) and not isinstance(answer, (errors.NotFound, errors.Unavailable,
-                                                                         errors.DeadlineExceeded)):
+        if isinstance(answer, BaseException) and not isinstance(
+            answer, (errors.NotFound, errors.Unavailable, errors.DeadlineExceeded)
+        ):
             raise answer
     return [a for a in answers if not isinstance(a, BaseException)]
 
@@ -144,8 +150,12 @@ async def _gather_peers(peers: list, ask) -> list:
 def _merged_grpc(answers: list[bytes]) -> bytes:
     if len(answers) == 1:
         return answers[0]
-    dicts = [MessageToDict(oip_stats_pb2.ModelStatisticsResponse.FromString(a), preserving_proto_field_name=True)
-             for a in answers]
+    dicts = [
+        MessageToDict(
+            oip_stats_pb2.ModelStatisticsResponse.FromString(a), preserving_proto_field_name=True
+        )
+        for a in answers
+    ]
     return ParseDict(merge(dicts), oip_stats_pb2.ModelStatisticsResponse()).SerializeToString()
 
 
@@ -162,23 +172,40 @@ async def grpc_statistics(router: Router, path: str, key: RouteKey | None, reque
         return await peer.grpc(key, path, request, asked, peer_deadline)
 
     local, remote = await asyncio.gather(
-        _gather(holders, lambda upstream: upstream.unary(path, request, metadata=metadata, timeout=remaining(deadline))),
-        _gather_peers(peers, ask_peer))
+        _gather(
+            holders,
+            lambda upstream: upstream.unary(
+                path, request, metadata=metadata, timeout=remaining(deadline)
+            ),
+        ),
+        _gather_peers(peers, ask_peer),
+    )
     answers = [*local, *remote]
     if answers:
         return _merged_grpc(answers)
     if held_only:
-        raise errors.NotFound(f"model '{key.name if key else ''}' is not held by this sidecar's node")
+        raise errors.NotFound(
+            f"model '{key.name if key else ''}' is not held by this sidecar's node"
+        )
     return await router.grpc(path, key, request, metadata, deadline, forwarded)
 
 
-async def rest_statistics(router: Router, key: RouteKey, path_qs: str, headers: dict[str, str], timeout: float,
-                          forwarded: bool, held_only: bool = False) -> RestReply:
+async def rest_statistics(
+    router: Router,
+    key: RouteKey,
+    path_qs: str,
+    headers: dict[str, str],
+    timeout: float,
+    forwarded: bool,
+    held_only: bool = False,
+) -> RestReply:
     """``GET .../stats``: every holding node's answer, merged (Triton's JSON)."""
     deadline = time.monotonic() + timeout
 
     async def ask(upstream) -> RestReply:
-        reply = await upstream.rest("GET", path_qs, b"", headers, timeout=max(0.001, deadline - time.monotonic()))
+        reply = await upstream.rest(
+            "GET", path_qs, b"", headers, timeout=max(0.001, deadline - time.monotonic())
+        )
         if reply.status != 200:
             raise errors.NotFound(reply.body[:200].decode("utf-8", "replace"))
         return reply
@@ -189,16 +216,22 @@ async def rest_statistics(router: Router, key: RouteKey, path_qs: str, headers: 
         if reply.status == 404:
             raise errors.NotFound(reply.body[:200].decode("utf-8", "replace"))
         if reply.status != 200:
-            raise errors.Unavailable(f"HTTP {reply.status}: {reply.body[:200].decode('utf-8', 'replace')}")
+            raise errors.Unavailable(
+                f"HTTP {reply.status}: {reply.body[:200].decode('utf-8', 'replace')}"
+            )
         return reply
 
     holders = _holders(router, key, forwarded)
-    local, remote = await asyncio.gather(_gather(holders, ask), _gather_peers(_peers(router, forwarded), ask_peer))
+    local, remote = await asyncio.gather(
+        _gather(holders, ask), _gather_peers(_peers(router, forwarded), ask_peer)
+    )
     answers = [*local, *remote]
     if len(answers) == 1:
         return answers[0]
     if answers:
-        body = json.dumps(merge([json.loads(a.body) for a in answers]), separators=(",", ":")).encode()
+        body = json.dumps(
+            merge([json.loads(a.body) for a in answers]), separators=(",", ":")
+        ).encode()
         return RestReply(200, body, "application/json")
     if held_only and forwarded:
         raise errors.NotFound(f"model '{key.name}' is not held by this sidecar's node")

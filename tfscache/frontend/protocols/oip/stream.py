@@ -75,7 +75,9 @@ def read_head(request: bytes) -> tuple[RouteKey | None, str]:
     try:
         head = oip_heads_pb2.InferHead.FromString(select_fields(request, _HEAD_FIELDS))
     except DecodeError as exc:
-        raise errors.InvalidArgument("Failed to parse request as inference.ModelInferRequest") from exc
+        raise errors.InvalidArgument(
+            "Failed to parse request as inference.ModelInferRequest"
+        ) from exc
     if not head.model_name:
         return None, head.id
     return RouteKey(head.model_name, version=parse_version(head.model_version)), head.id
@@ -120,7 +122,9 @@ class StreamInfer:
 class _Session:
     """One client stream: the requests being served and the responses waiting for the client."""
 
-    def __init__(self, method: StreamInfer, deadline: float | None, metadata, forwarded: bool) -> None:
+    def __init__(
+        self, method: StreamInfer, deadline: float | None, metadata, forwarded: bool
+    ) -> None:
         self.method = method
         self.deadline = deadline
         self.metadata = metadata
@@ -170,14 +174,17 @@ class _Session:
         except errors.TfscacheError as exc:
             code, message = exc.grpc_code, exc.message
             if sent[0] and isinstance(exc, errors.Unavailable):
-                message = (f"the node serving this request became unavailable after {sent[0]} response(s) "
-                           f"({logs.node.get()}): {message}")
+                message = (
+                    f"the node serving this request became unavailable after {sent[0]} response(s) "
+                    f"({logs.node.get()}): {message}"
+                )
             log.debug("ModelStreamInfer: %s: %s", code.name, message)
             await self.queue.put(error_response(message, request_id))
         except asyncio.CancelledError:
             code = grpc.StatusCode.CANCELLED
             raise
-        except Exception:  # noqa: BLE001 - one request's unknown error: INTERNAL, the stream goes on
+        except Exception:  # noqa: BLE001
+            # one request's unknown error: INTERNAL, the stream goes on
             log.exception("ModelStreamInfer request failed")
             code = grpc.StatusCode.INTERNAL
             await self.queue.put(error_response("internal error in tfscache front end", request_id))
@@ -191,7 +198,9 @@ class _Session:
         def start(backend):
             return backend.stream(key, PATH, request, metadata, deadline)
 
-        async with contextlib.aclosing(open_stream(router, key, self.forwarded, deadline, start)) as responses:
+        async with contextlib.aclosing(
+            open_stream(router, key, self.forwarded, deadline, start)
+        ) as responses:
             async for response in responses:
                 await self.queue.put(response)
                 sent[0] += 1

@@ -21,8 +21,10 @@ from tfscache.wire import serving_pb2
 PREDICTION_SERVICE = "tensorflow.serving.PredictionService"
 MODEL_SERVICE = "tensorflow.serving.ModelService"
 
-RELOAD_REFUSED = ("tfscache manages the model configs of its nodes: HandleReloadConfigRequest is not "
-                  "accepted; put models in the model repository and request them by name")
+RELOAD_REFUSED = (
+    "tfscache manages the model configs of its nodes: HandleReloadConfigRequest is not "
+    "accepted; put models in the model repository and request them by name"
+)
 
 
 def _spec_key(spec: serving_pb2.ModelSpec) -> RouteKey | None:
@@ -88,18 +90,41 @@ def status_not_found(key: RouteKey) -> errors.NotFound:
 
 
 def _method(service: str, name: str, request_type: str, read_key, rewrite=None, **status) -> Method:
-    return Method(f"/{service}/{name}", f"tensorflow.serving.{request_type}", read_key, rewrite, **status)
+    return Method(
+        f"/{service}/{name}", f"tensorflow.serving.{request_type}", read_key, rewrite, **status
+    )
 
 
 METHODS: dict[str, Method] = {
-    m.path: m for m in (
+    m.path: m
+    for m in (
         _method(PREDICTION_SERVICE, "Predict", "PredictRequest", _head, _head_with_versions),
-        _method(PREDICTION_SERVICE, "Classify", "ClassificationRequest", _head, _head_with_versions),
+        _method(
+            PREDICTION_SERVICE, "Classify", "ClassificationRequest", _head, _head_with_versions
+        ),
         _method(PREDICTION_SERVICE, "Regress", "RegressionRequest", _head, _head_with_versions),
-        _method(PREDICTION_SERVICE, "MultiInference", "MultiInferenceRequest", _multi, _multi_with_versions),
-        _method(PREDICTION_SERVICE, "GetModelMetadata", "GetModelMetadataRequest", _head, _head_with_versions),
-        _method(MODEL_SERVICE, "GetModelStatus", "GetModelStatusRequest", _head,  # labels ignored
-                probe=grpc_status, not_found=status_not_found),
+        _method(
+            PREDICTION_SERVICE,
+            "MultiInference",
+            "MultiInferenceRequest",
+            _multi,
+            _multi_with_versions,
+        ),
+        _method(
+            PREDICTION_SERVICE,
+            "GetModelMetadata",
+            "GetModelMetadataRequest",
+            _head,
+            _head_with_versions,
+        ),
+        _method(
+            MODEL_SERVICE,
+            "GetModelStatus",
+            "GetModelStatusRequest",
+            _head,  # labels ignored
+            probe=grpc_status,
+            not_found=status_not_found,
+        ),
     )
 }
 

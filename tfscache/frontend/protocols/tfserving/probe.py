@@ -16,7 +16,9 @@ from tfscache.frontend.upstream import RestReply
 from tfscache.wire import serving_pb2 as pb
 
 
-def status_response(version: int, failure: errors.TfscacheError | None) -> pb.GetModelStatusResponse:
+def status_response(
+    version: int, failure: errors.TfscacheError | None
+) -> pb.GetModelStatusResponse:
     """The GetModelStatusResponse of a version that is on disk but not on its node."""
     response = pb.GetModelStatusResponse()
     entry = response.model_version_status.add(version=version)

@@ -37,8 +37,12 @@ from tfscache.frontend.router import Router
 log = logging.getLogger("tfscache.frontend.protocols.tfserving.rest")
 
 _V1 = re.compile(r"(?i)/v1/.*")
-_POST = re.compile(r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)")
-_GET = re.compile(r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?")
+_POST = re.compile(
+    r"(?i)/v1/models/([^/:]+)(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?:(classify|regress|predict)"
+)
+_GET = re.compile(
+    r"(?i)/v1/models(?:/([^/:]+))?(?:(?:/versions/(\d+))|(?:/labels/([^/:]+)))?(?:/(metadata))?"
+)
 _FORWARD_HEADERS = ("Content-Type", "Accept")
 # REST verbs counted under the name of the gRPC method they stand for.
 _METHOD_NAMES = {"predict": "Predict", "classify": "Classify", "regress": "Regress",
@@ -58,7 +62,10 @@ class RestRoute:
         if self.label_span is None or self.verb == "status":
             return self.key, path
         start, end = self.label_span
-        return RouteKey(self.key.name, version=version), f"{path[:start]}/versions/{version}{path[end:]}"
+        return (
+            RouteKey(self.key.name, version=version),
+            f"{path[:start]}/versions/{version}{path[end:]}",
+        )
 
 
 def parse_url(method: str, path: str) -> RestRoute:
@@ -119,9 +126,15 @@ class TfServingRestApi:
             method = _METHOD_NAMES[route.verb]
             logs.bind(model=route.key.name)
             key, path_qs = route.key, request.raw_path
-            if route.label_span is not None and route.verb != "status" and self._router.resolves_labels:
+            if (
+                route.label_span is not None
+                and route.verb != "status"
+                and self._router.resolves_labels
+            ):
                 await self._router.read_labels(key.name)  # labels.json, off the event loop
-                key, node_path = route.with_version(path, self._router.label_version(key.name, key.label))
+                key, node_path = route.with_version(
+                    path, self._router.label_version(key.name, key.label)
+                )
                 path_qs = node_path + sep + query
             try:
                 body = await request.read()
@@ -132,15 +145,25 @@ class TfServingRestApi:
             headers[REQUEST_ID_HEADER] = request_id
             forwarded = FORWARDED_KEY in request.headers
             try:
-                reply = await self._router.rest(key, request.method, path_qs, body, headers, self._timeout_s,
-                                                forwarded=forwarded,
-                                                probe=rest_status if route.verb == "status" else None)
+                reply = await self._router.rest(
+                    key,
+                    request.method,
+                    path_qs,
+                    body,
+                    headers,
+                    self._timeout_s,
+                    forwarded=forwarded,
+                    probe=rest_status if route.verb == "status" else None,
+                )
             except errors.ModelNotFound as missing:
-                if route.verb == "status":  # GET /v1/models/NAME[/versions/V]: GetModelStatus's texts
+                # GET /v1/models/NAME[/versions/V]: GetModelStatus's texts
+                if route.verb == "status":
                     raise status_not_found(key) from missing
                 if route.verb == "metadata":
                     raise
-                reply = await self._unknown_model(missing, request.method, path_qs, body, headers, forwarded)
+                reply = await self._unknown_model(
+                    missing, request.method, path_qs, body, headers, forwarded
+                )
         except errors.TfscacheError as exc:
             log.debug("%s %s: %s", request.method, path, exc.http_status)
             return error_response(exc), method
@@ -152,13 +175,24 @@ class TfServingRestApi:
         return web.Response(status=reply.status, body=reply.body,
                             headers={"Content-Type": reply.content_type}), method
 
-    async def _unknown_model(self, missing: errors.ModelNotFound, method: str, path_qs: str, body: bytes,
-                             headers: dict[str, str], forwarded: bool):
+    async def _unknown_model(
+        self,
+        missing: errors.ModelNotFound,
+        method: str,
+        path_qs: str,
+        body: bytes,
+        headers: dict[str, str],
+        forwarded: bool,
+    ):
         """TF Serving parses a predict/classify/regress body before it looks the model up, so bad
         JSON is 400 even for an unknown model: a node answers as it would (its JSON error, else
         the same 404; the cache, its config's only writer, never gave it that model)."""
         try:
-            return await self._router.rest(None, method, path_qs, body, headers, self._timeout_s, forwarded=forwarded)
+            return await self._router.rest(
+                None, method, path_qs, body, headers, self._timeout_s, forwarded=forwarded
+            )
         except errors.TfscacheError as exc:
-            log.debug("no node to check the body of a request for an unknown model: %s", exc.message)
+            log.debug(
+                "no node to check the body of a request for an unknown model: %s", exc.message
+            )
             raise missing from None
