@@ -5,6 +5,7 @@ requests count for the policy and the entry's last use (``CacheManager.used_else
 
 from __future__ import annotations
 
+from tfscache.cache.lease import Leases
 from tfscache.cache.ledger import Ledger
 from tfscache.cache.manager import CacheManager
 from tfscache.repository.local import ModelRepository
@@ -83,3 +84,15 @@ def test_a_workers_requests_reach_the_policy_and_the_last_use(tmp_path):
     cache.used_elsewhere("addk_9", 1, 5, 300.0)  # not resident: nothing
     cache.used_elsewhere(*OTHER, 0, 300.0)  # no requests: nothing
     assert len(policy.calls) == 3 and cache.ledger.entries[OTHER].last_use == 100.0
+
+
+def test_a_workers_request_is_released_as_a_local_lease_is(tmp_path, monkeypatch):
+    """``used_elsewhere`` gives each lease back through ``Leases.release``, the release a local
+    lease runs (it wakes the reloader when a load or the caps wait for room), not the ledger's."""
+    released = []
+    release = Leases.release
+    monkeypatch.setattr(Leases, "release", lambda self, key: (released.append(key), release(self, key)))
+    cache, _ = cache_with_two(tmp_path)
+    cache.used_elsewhere(*KEY, 2, 250.0)
+    assert released == [KEY]  # one lease stands for the worker's requests since its last report
+    assert cache.ledger.entries[KEY].leases == 0
