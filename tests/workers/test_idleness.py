@@ -91,7 +91,8 @@ def test_a_workers_request_is_released_as_a_local_lease_is(tmp_path, monkeypatch
     lease runs (it wakes the reloader when a load or the caps wait for room), not the ledger's."""
     released = []
     release = Leases.release
-    monkeypatch.setattr(Leases, "release", lambda self, key: (released.append(key), release(self, key)))
+    monkeypatch.setattr(Leases, "release",
+                        lambda self, key: (released.append(key), release(self, key)))
     cache, _ = cache_with_two(tmp_path)
     cache.used_elsewhere(*KEY, 2, 250.0)
     assert released == [KEY]  # one lease stands for the worker's requests since its last report
