@@ -77,7 +77,17 @@ class NotFound(TfscacheError):
 
 
 class ModelNotFound(NotFound):
-    """No such model (or version) in the model repository."""
+    """No such model (or version) in the model repository.
+
+    ``name`` and ``version`` (None: the latest was asked for) are the facts when the generic
+    repository raised it (``neutral``: its message is tfscache's own words); each node kind words
+    a neutral one as its server would (``NodeAdapter.missing``), and each protocol's methods may
+    word it again for their clients."""
+
+    def __init__(self, message: str, *, name: str | None = None, version: int | None = None,
+                 neutral: bool = False) -> None:
+        super().__init__(message)
+        self.name, self.version, self.neutral = name, version, neutral
 
 
 class VersionNotFound(ModelNotFound):

@@ -12,7 +12,9 @@ from tfscache.settings import ScaleSection
 
 from .promtext import Scrape
 from .test_metrics import scrape
-from .test_status_document import FakeCache, FakeUpstream, topology
+from support.fakecache import FakeCache
+
+from .test_status_document import FakeUpstream, topology
 
 
 class Clock:
@@ -61,7 +63,7 @@ def test_the_advice_to_remove_a_node_when_the_resident_set_fits_on_fewer():
     caches = {f"node{i}": FakeCache(resident(2) + resident(3, "unloading"), max_models=4) for i in range(3)}
     metrics = metrics_with(clock, caches, headroom=0.25)
     assert scrape(metrics).value("tfscache_scale_advice") == -1
-    caches["node0"].resident += resident(1, "loading")
+    caches["node0"].models += resident(1, "loading")
     assert scrape(metrics).value("tfscache_scale_advice") == 0
 
 

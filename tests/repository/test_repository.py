@@ -6,6 +6,8 @@ import grpc
 import pytest
 
 from tfscache import errors
+from tfscache.kinds.oip.adapter import OipAdapter
+from tfscache.kinds.tfserving.adapter import TFServingAdapter
 from tfscache.repository.local import ModelRepository, check_name, parse_version
 
 
@@ -74,19 +76,29 @@ def test_resolve_latest_and_specific(repo):
     assert repo.resolve("m", 123).path == repo.root / "m" / "00000123"
 
 
-@pytest.mark.parametrize("name, version, text", [
-    ("missing", None, "Servable not found for request: Latest(missing)"),
-    ("empty", None, "Servable not found for request: Latest(empty)"),
-    ("only_files", None, "Servable not found for request: Latest(only_files)"),
-    ("m", 2, "Servable not found for request: Specific(m, 2)"),
-    ("m", 999, "Servable not found for request: Specific(m, 999)"),
-    ("missing", 1, "Servable not found for request: Specific(missing, 1)"),
+@pytest.mark.parametrize("name, version, text, tf_text", [
+    ("missing", None, "model missing is not in the model repository", "Latest(missing)"),
+    ("empty", None, "model empty is not in the model repository", "Latest(empty)"),
+    ("only_files", None, "model only_files is not in the model repository", "Latest(only_files)"),
+    ("m", 2, "version 2 of model m is not in the model repository", "Specific(m, 2)"),
+    ("m", 999, "version 999 of model m is not in the model repository", "Specific(m, 999)"),
+    ("missing", 1, "version 1 of model missing is not in the model repository",
+     "Specific(missing, 1)"),
 ])
-def test_not_found_has_tf_serving_text(repo, name, version, text):
+def test_not_found_is_neutral_and_each_kind_words_it(repo, name, version, text, tf_text):
+    """The generic repository's NOT_FOUND names the facts in tfscache's words; the TF Serving
+    kind words it as TF Serving does (ServableRequest's DebugString), the OIP kinds leave it to
+    their protocols' methods."""
     with pytest.raises(errors.ModelNotFound) as info:
         repo.resolve(name, version)
     assert info.value.message == text
+    assert (info.value.name, info.value.version, info.value.neutral) == (name, version, True)
     assert info.value.grpc_code == grpc.StatusCode.NOT_FOUND
+    worded = TFServingAdapter.missing(info.value)
+    assert worded.message == f"Servable not found for request: {tf_text}"
+    assert type(worded) is type(info.value) and not worded.neutral
+    assert TFServingAdapter.missing(worded) is worded  # a worded one is left alone
+    assert OipAdapter.missing(info.value) is info.value
     # A version missing from a model with others is told apart by its class (Triton words it apart).
     assert isinstance(info.value, errors.VersionNotFound) == (name == "m")
 
@@ -108,7 +120,7 @@ def test_remembered_latest_that_vanished_is_rescanned(tmp_path):
     (tmp_path / "m" / "2").rmdir()
     assert repo.resolve("m").version == 1
     (tmp_path / "m" / "1").rmdir()
-    with pytest.raises(errors.ModelNotFound, match=r"^Servable not found for request: Latest\(m\)$"):
+    with pytest.raises(errors.ModelNotFound, match=r"^model m is not in the model repository$"):
         repo.resolve("m")
 
 

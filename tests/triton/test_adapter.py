@@ -160,7 +160,8 @@ async def test_a_model_not_in_the_nodes_repository_is_not_found(triton, oip, tmp
 async def test_a_version_not_on_disk_is_not_found_without_a_load(adapter, oip):
     error = (await adapter.load([("addk_1", 7)], [("addk_1", 7)], 30))[("addk_1", 7)]
     assert isinstance(error, errors.ModelNotFound)
-    assert error.message == "Servable not found for request: Specific(addk_1, 7)"
+    # the repository's neutral words: the OIP front ends word it for their clients
+    assert error.message == "version 7 of model addk_1 is not in the model repository"
     assert not await oip.index(ready=True)
 
 

@@ -174,4 +174,7 @@ def test_a_killed_worker_is_restarted_and_no_counter_goes_back(serve):
         assert predict_fresh(serve, "addk_3", float(i)) == i + 3.0
     after = settled(serve, 4 + SPREAD, "tfscache_request_duration_seconds_count", model="addk_3")
     assert after.value("tfscache_request_duration_seconds_count", model="addk_3") == 4 + SPREAD
-    assert requests_total(after) == totals["tfscache_requests_total"] + SPREAD
+    # Counted once each: addk_3's own count above is exact (its baseline settled on it). The
+    # total has no model label, and a worker's late report of the module's earlier requests
+    # (reports lag by about 0.5 s, more under load) may land after its baseline was read.
+    assert requests_total(after) >= totals["tfscache_requests_total"] + SPREAD

@@ -145,8 +145,9 @@ class AdminOperations:
             if cache is not None and _has(cache, name, version):
                 caches[target] = cache
         if not caches:
-            # NOT_FOUND for an unknown model first (it lists the repository: off the event loop)
-            await asyncio.to_thread(self.repository.resolve, name, version)
+            # NOT_FOUND for an unknown model first, in the node kind's words (a node's cache
+            # lists the repository off the event loop)
+            await self._on_disk(name, version, node)
             where = f"node {node}" if node else "any node of this tfscache"
             raise errors.NotFound(f"model {name}{_version(version)} is not resident on {where}")
         before = {
@@ -175,6 +176,16 @@ class AdminOperations:
             return await join()
         except DiscoveryError as exc:  # the registry did not take the registration: try again later
             raise errors.Unavailable(f"join: {exc}") from exc
+
+    async def _on_disk(self, name: str, version: int | None, node: str) -> None:
+        """NOT_FOUND unless the repository has ``name`` (at ``version``), as a node's cache
+        words it; the repository's own words while no local node is running."""
+        for target in self._all_targets(node):
+            cache = self._optional_cache(target, node)
+            if cache is not None:
+                await cache.version_on_disk(name, version)
+                return
+        await asyncio.to_thread(self.repository.resolve, name, version)
 
     def _optional_cache(self, target: str, node: str) -> CacheManager | None:
         if node:

@@ -13,6 +13,10 @@ reloader then marks it unhealthy and recovers it):
 * ``client``: the node's client (the kind's), for the cache's and the admin's questions.
 * ``lost_texts``: how the node's NOT_FOUND message starts for a model it does not serve
   (it restarted and lost it): a request under a lease that gets one makes the cache recheck.
+* ``missing(error) -> ModelNotFound``: the repository's neutral NOT_FOUND (``error.neutral``;
+  ``error.name``, ``error.version``) in the words this kind's server uses for a model or version
+  it does not have; any other error unchanged. The CacheManager words every NOT_FOUND it raises
+  so (its requests, preloads, pins and probes), so clients of the kind hear their server's text.
 * ``sizes_on_disk``: whether a model's size on disk predicts its memory (TF Serving: its
   variables; a Triton Python-backend model allocates in ``initialize()``). When False, a model
   never loaded before is estimated at least at the node's typical learned size.
@@ -43,6 +47,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from tfscache import errors
 from tfscache.cache.ledger import Key
 
 
@@ -70,4 +75,6 @@ class NodeAdapter(Protocol):
     def memory(self) -> int | None: ...
 
     def restarted(self) -> bool: ...
+
+    def missing(self, error: errors.ModelNotFound) -> errors.ModelNotFound: ...
 

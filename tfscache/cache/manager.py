@@ -178,7 +178,18 @@ class CacheManager:
     async def acquire(
         self, name: str, version: int | None = None, timeout: float | None = None
     ) -> Lease:
-        """A lease on ``name`` at ``version`` (None: the highest on disk), loading it if needed."""
+        """A lease on ``name`` at ``version`` (None: the highest on disk), loading it if needed.
+        A model or version the repository lacks is NOT_FOUND in the node kind's words."""
+        try:
+            return await self._acquire(name, version, timeout)
+        except errors.ModelNotFound as missing:
+            raise self._worded(missing) from None
+
+    def _worded(self, missing: errors.ModelNotFound) -> errors.ModelNotFound:
+        """The repository's neutral NOT_FOUND in the node kind's words (``NodeAdapter.missing``)."""
+        return self.adapter.missing(missing)
+
+    async def _acquire(self, name: str, version: int | None, timeout: float | None) -> Lease:
         # re-adopting what the node serves: its first answer comes within seconds
         if self._signals.starting:
             await self.wait_ready(timeout)
@@ -253,8 +264,10 @@ class CacheManager:
         return self.ledger.state_of((name, version))
 
     def failure(self, name: str, version: int) -> errors.TfscacheError | None:
-        """The error of the version's last load while requests still get it (``failure_backoff_s``)."""
-        return self.ledger.failure((name, version), time.monotonic())
+        """The error of the version's last load while requests still get it (``failure_backoff_s``),
+        a NOT_FOUND in the node kind's words."""
+        failure = self.ledger.failure((name, version), time.monotonic())
+        return self._worded(failure) if isinstance(failure, errors.ModelNotFound) else failure
 
     def queue(self) -> list[QueuedLoad]:
         """Cold model versions waiting for a reload, with their waiting requests."""
@@ -517,7 +530,10 @@ class CacheManager:
         """The version a request for ``name`` at ``version`` (None: the highest on disk) would
         load, read off the loop (it lists the model's directory); it loads nothing. Raises
         ``ModelNotFound`` or ``UnsafeModelName`` as ``acquire`` does."""
-        found = await asyncio.to_thread(self.repository.resolve, name, version)
+        try:
+            found = await asyncio.to_thread(self.repository.resolve, name, version)
+        except errors.ModelNotFound as missing:
+            raise self._worded(missing) from None
         return found.version
 
     @property

@@ -10,6 +10,7 @@ The manager (``tfscache.cache.manager``) asks (``request_evict``, ``request_drai
 from __future__ import annotations
 
 import asyncio
+import copy
 
 from tfscache import errors
 from tfscache.cache.ledger import Key, Ledger
@@ -171,8 +172,11 @@ class Signals:
 
 
 def copy_error(error: errors.TfscacheError) -> errors.TfscacheError:
-    """A fresh instance for each caller, so tracebacks do not pile up on one object."""
-    return type(error)(error.message)
+    """A fresh instance for each caller, so tracebacks do not pile up on one object (with the
+    same attributes: a NOT_FOUND keeps its facts for the kind to word it)."""
+    fresh = copy.copy(error)
+    fresh.__traceback__ = fresh.__cause__ = fresh.__context__ = None
+    return fresh
 
 
 def fail(waiters: list[asyncio.Future], error: errors.TfscacheError) -> None:

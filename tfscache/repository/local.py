@@ -68,11 +68,12 @@ def _name_problem(name: str) -> str | None:
 
 
 def not_found(name: str, version: int | None, *, model_known: bool = False) -> errors.ModelNotFound:
-    """TF Serving's NOT_FOUND for a ModelSpec that names no servable; ``model_known``: the model has
-    other versions (``VersionNotFound``, same text)."""
-    spec = f"Latest({name})" if version is None else f"Specific({name}, {version})"
+    """The repository's neutral NOT_FOUND for a model (``version`` None: any version) or a version
+    it lacks; ``model_known``: the model has other versions (``VersionNotFound``). Each node kind
+    words it as its server would (``NodeAdapter.missing``)."""
     kind = errors.VersionNotFound if model_known else errors.ModelNotFound
-    return kind(f"Servable not found for request: {spec}")
+    what = f"model {name}" if version is None else f"version {version} of model {name}"
+    return kind(f"{what} is not in the model repository", name=name, version=version, neutral=True)
 
 
 def parse_version(dirname: str) -> int | None:

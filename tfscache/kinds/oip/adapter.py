@@ -135,6 +135,12 @@ class OipAdapter:
         """The error of a key whose directory vanished from the repository."""
         raise NotImplementedError
 
+    @staticmethod
+    def missing(error: errors.ModelNotFound) -> errors.ModelNotFound:
+        """The repository's NOT_FOUND as it is: the Open Inference Protocol's methods word a model
+        or version the repository lacks for their clients (tfscache.frontend.protocols.oip)."""
+        return error
+
     def _late(self, name: str, version: int, within: float) -> errors.DeadlineExceeded:
         """The error of a load that passed its deadline (and was handed to ``_abandon``)."""
         return errors.DeadlineExceeded(

@@ -56,6 +56,17 @@ class TFServingAdapter:
         self.rpc_deadline_s = rpc_deadline_s
         self._memory = memory or NodeMemory(None)
 
+    @staticmethod
+    def missing(error: errors.ModelNotFound) -> errors.ModelNotFound:
+        """TF Serving's NOT_FOUND for a ModelSpec that names no servable (ServableRequest's
+        DebugString: ``Latest(NAME)`` or ``Specific(NAME, V)``), for a repository's neutral one."""
+        if not getattr(error, "neutral", False):
+            return error
+        spec = (f"Latest({error.name})" if error.version is None
+                else f"Specific({error.name}, {error.version})")
+        return type(error)(f"Servable not found for request: {spec}", name=error.name,
+                           version=error.version)
+
     def config(self, wanted: Sequence[Key]) -> pb.ModelServerConfig:
         """The node config serving exactly ``wanted``: one entry per name, its specific versions."""
         versions: dict[str, list[int]] = {}
@@ -84,7 +95,7 @@ class TFServingAdapter:
         # its directory may have gone since it was asked for
         gone = await asyncio.to_thread(self.repository.vanished, keys)
         for key in gone:
-            results[key] = not_found(*key)
+            results[key] = self.missing(not_found(*key))
         keys = [k for k in keys if k not in gone]
         wanted = [k for k in wanted if k not in gone]
         if not keys:
