@@ -327,6 +327,7 @@ LAYERS = [
     {"", "errors", "units", "logs", "importer", "extras", "wire", "webserver"},
     {"discovery.peer", "discovery.table", "cache.policy", "kinds.table"},
     {"settings", "tls"},
+    {"dataplane"},
     {"storage", "repository", "discovery", "modelserver", "sim.trace"},
     {"cache", "cluster.ring"},
     {"kinds"},
