@@ -64,3 +64,10 @@ def _config(tmp_path, haproxy_binary: str) -> str:
     path = tmp_path / "tfscache.toml"
     path.write_text(f'[server]\nhaproxy_binary = "{haproxy_binary}"\n')
     return str(path)
+
+
+def test_new_enough_binary_is_still_refused_until_the_data_plane_lands(tmp_path):
+    new = _fake_haproxy(tmp_path, "2.8.3")
+    done = _serve(tmp_path, "--data-plane", "haproxy", "--config", _config(tmp_path, new))
+    assert done.returncode == 2
+    assert "not available yet" in done.stderr and "--data-plane python" in done.stderr
