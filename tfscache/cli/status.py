@@ -262,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        doc = fetch(args.address, args.timeout, args.token)
+        doc = fetch(args.address, args.timeout, token=args.token)
     except (OSError, urllib.error.URLError, ValueError) as exc:
         print(f"tfscache status: cannot read http://{args.address}/status: {exc}", file=sys.stderr)
         return 1

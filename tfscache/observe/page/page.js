@@ -217,6 +217,9 @@ $("node-filter").addEventListener("change", () => {
   view.page = 0;
   renderModels();
 });
-$("prev").addEventListener("click", () => { view.page = Math.max(0, view.page - 1); renderModels(); });
+$("prev").addEventListener("click", () => {
+  view.page = Math.max(0, view.page - 1);
+  renderModels();
+});
 $("next").addEventListener("click", () => { view.page += 1; renderModels(); });
 tick();
