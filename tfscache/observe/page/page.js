@@ -98,7 +98,9 @@ function renderNodes(doc) {
       const caps = node.caps || {};
       barCell(row, count, caps.max_models, String);
       barCell(row, held, caps.memory_bytes, bytes);
-      if (node.gpu) barCell(row, node.gpu.bytes, node.gpu.cap_bytes, bytes); else cell(row, "-");
+      const gpu = node.gpu || { bytes: 0, cap_bytes: 0 };  // no GPU cap and nothing measured: "-"
+      if (gpu.cap_bytes || gpu.bytes) barCell(row, gpu.bytes, gpu.cap_bytes, bytes);
+      else cell(row, "-");
       cell(row, node.leases);
       cell(row, (node.queue || []).length);
     } else {
