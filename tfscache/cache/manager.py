@@ -281,6 +281,11 @@ class CacheManager:
     def snapshot(self) -> list[ResidentModel]:
         return [self._describe(e) for e in self.ledger.entries.values()]
 
+    def gpu_usage(self) -> tuple[int, int]:
+        """(GPU bytes of the versions in the node's config, as learned at their loads; the GPU cap
+        in force, 0 = none): docs/gpu.md."""
+        return self.ledger.gpu_used(), self.caps.gpu_bytes
+
     # -- admin operations (tfscache.admin) -----------------------------------------------
 
     @property
