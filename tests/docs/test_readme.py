@@ -5,7 +5,8 @@ The first command block's venv and install steps are what the test environment a
 serve`` starts with the README's exact flags except the ports: gRPC/REST are bound to free ports
 (port 0, read back) and ``--admin-port``/``--metrics-port`` are rewritten to 0. Each curl in the
 block that follows runs with the real ``curl`` binary, on the rewritten port, and its output is
-compared to the JSON the README prints in its comment. The Triton and MLServer sections are not
+compared to the JSON the README prints in its comment; the gRPC Python snippet runs with the
+official ``tensorflow_serving.apis`` stubs and prints what its comment says. The Triton and MLServer sections are not
 covered yet.
 """
 
@@ -72,5 +73,11 @@ def test_readme_tfserving_curls(tmp_path):
                        for a in command]
             out = subprocess.run(command, capture_output=True, text=True, timeout=120, check=True)
             assert json.loads(out.stdout) == expected, (command, out.stdout)
+        snippet = re.search(r"```python\n(.*?)```", README, re.S).group(1)
+        expected = re.search(r"# (\[.*?\])", snippet).group(1)
+        snippet = snippet.replace("127.0.0.1:8500", f"127.0.0.1:{serve.grpc_port}")
+        out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True,
+                             timeout=180, check=True)
+        assert out.stdout.strip().splitlines()[-1] == expected, out.stdout
     finally:
         serve.stop()
