@@ -6,8 +6,8 @@ serve`` starts with the README's exact flags except the ports: gRPC/REST are bou
 (port 0, read back) and ``--admin-port``/``--metrics-port`` are rewritten to 0. Each curl in the
 block that follows runs with the real ``curl`` binary, on the rewritten port, and its output is
 compared to the JSON the README prints in its comment; the gRPC Python snippet runs with the
-official ``tensorflow_serving.apis`` stubs and prints what its comment says. The Triton and MLServer sections are not
-covered yet.
+official ``tensorflow_serving.apis`` stubs and prints what its comment says. The Triton and
+MLServer sections are not covered yet.
 """
 
 from __future__ import annotations
