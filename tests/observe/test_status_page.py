@@ -74,7 +74,7 @@ async def test_events_since_a_sequence_number_and_a_bad_one_is_400(cache):
 
 
 async def test_status_keeps_its_document_and_adds_the_gpu(cache):
-    cache.gpu = (512, 4096)
+    cache.gpu_reading = (512, 4096)
     server, url = await serving(cache)
     try:
         async with aiohttp.ClientSession() as session:
