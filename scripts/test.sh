@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine (the README's second command, and CI's):
 # Debian's etcd-server and dnsmasq-base for the discovery tests (a real etcd and DNS server; Consul is a
-# fake in tests/fakes),
+# fake in tests/fakes), chromium and chromium-driver for the status page's browser test,
 # Debian's libpython3.11 for Triton's python backend stub (it embeds libpython3.11.so.1.0, which
 # Debian's python3.11 does not ship: its binary is linked statically), the virtual environment
 # in .venv with the test extra, then pytest. Triton's binary comes from the nvidia-pytriton
@@ -12,6 +12,9 @@ packages=()
 command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)
 # Debian's dnsmasq (the binary alone, no system service) as a real DNS server for the dns discovery tests
 command -v dnsmasq >/dev/null 2>&1 || [ -x /usr/sbin/dnsmasq ] || packages+=(dnsmasq-base)
+# Debian's headless chromium and its chromedriver for the status page's browser test (docs/status-page.md)
+command -v chromium >/dev/null 2>&1 || packages+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || packages+=(chromium-driver)
 python3.11 - <<'PY' || packages+=(libpython3.11)
 import ctypes.util, pathlib, sys, sysconfig
 lib = pathlib.Path(sysconfig.get_config_var("LIBDIR") or "/", sysconfig.get_config_var("INSTSONAME") or "-")

@@ -324,7 +324,7 @@ def test_one_loader_imports_by_name():
 # Packages from the bottom up: each imports only from those before it (and itself). A package
 # named here with a dot is a unit of its own (a kind, a protocol, the policies).
 LAYERS = [
-    {"", "errors", "units", "logs", "importer", "extras", "wire", "webserver"},
+    {"", "errors", "units", "logs", "importer", "extras", "wire", "webserver", "auth"},
     {"discovery.peer", "discovery.table", "cache.policy", "kinds.table"},
     {"settings", "tls"},
     {"dataplane"},

@@ -35,7 +35,25 @@ word for word because clients match on it.
 
 from __future__ import annotations
 
+import re
+
 import grpc
+
+# What model servers say when a device or host runs out of memory, in their own words: CUDA's
+# runtime and driver, PyTorch (Triton's PyTorch and Python backends), ONNX Runtime's arena,
+# TensorFlow's ResourceExhausted ("OOM when allocating tensor"), Python's MemoryError (MLServer
+# and Triton's Python backend pass it on), and Triton's Python backend short of shared memory.
+_OUT_OF_MEMORY = re.compile(
+    r"out of memory|CUDA_ERROR_OUT_OF_MEMORY|cudaErrorMemoryAllocation|OutOfMemoryError"
+    r"|OOM when allocating|Failed to allocate memory|MemoryError"
+    r"|Failed to increase the shared memory pool size",
+    re.IGNORECASE,
+)
+
+
+def is_out_of_memory(text: str) -> bool:
+    """Whether a node's error text says it ran out of memory (module constant's sources)."""
+    return _OUT_OF_MEMORY.search(text) is not None
 
 
 class TfscacheError(Exception):

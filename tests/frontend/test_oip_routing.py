@@ -221,9 +221,15 @@ async def test_an_unknown_model_with_no_node_answering_gets_tritons_text(world):
 
 
 async def test_server_requests_go_to_a_node_without_a_lease(world):
-    for method, request in (("ServerLive", triton.ServerLiveRequest()), ("ServerReady", triton.ServerReadyRequest()),
-                            ("ServerMetadata", triton.ServerMetadataRequest())):
+    for method, request in (("ServerLive", triton.ServerLiveRequest()), ("ServerReady", triton.ServerReadyRequest())):
         assert (await world["call"](method, request.SerializeToString())).startswith(b"from-")
+    for name, server in world["grpc"].items():
+        server.reply = lambda request, name=name: triton.ServerMetadataResponse(
+            name=f"from-{name}", extensions=["model_repository", "statistics", "trace"]).SerializeToString()
+    answer = triton.ServerMetadataResponse.FromString(
+        await world["call"]("ServerMetadata", triton.ServerMetadataRequest().SerializeToString()))
+    # the node's answer, less the extensions tfscache does not serve
+    assert answer.name.startswith("from-") and list(answer.extensions) == ["statistics"]
     assert sum(len(calls(world, node)) for node in "ab") == 3
     assert not any(b.cache.acquired for b in world["backends"].values())
 

@@ -119,7 +119,7 @@ def test_status_cannot_reach_a_server():
 
 
 def test_json_round_trips_the_document(monkeypatch, capsys):
-    monkeypatch.setattr(status, "fetch", lambda address, timeout: DOC)
+    monkeypatch.setattr(status, "fetch", lambda address, timeout, token="": DOC)
     assert status.main(["--address", "h:1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == DOC
 

@@ -56,9 +56,13 @@ class FakeCache:
         self.draining = False
         self.acquired: list[tuple[str, int | None, float | None]] = []  # acquire's arguments
         self.evicted: list[str] = []  # the names evict dropped
+        self.gpu_reading = (0, 0)  # gpu_usage(): (GPU bytes, GPU cap); no GPU cap by default
 
     def snapshot(self) -> list[ResidentModel]:
         return list(self.models)
+
+    def gpu_usage(self) -> tuple[int, int]:
+        return self.gpu_reading
 
     def queue(self) -> list[QueuedLoad]:
         return [QueuedLoad(f"queued{i}", 1, 1, 0, False) for i in range(self.queued)]

@@ -25,6 +25,8 @@ import tritonclient.http as tritonhttp
 from google.protobuf.json_format import MessageToDict
 from tritonclient.utils import InferenceServerException
 
+from tfscache.frontend.protocols.oip.server_metadata import UNSERVED_EXTENSIONS
+
 from support.oip import client_pairs
 from support.triton import index_states, resident_models, serve_triton_nodes
 from support.waiting import wait_until
@@ -86,14 +88,23 @@ def as_dict(message) -> dict:
 def test_server_live_ready_and_metadata(serve, triton, clients):
     tfs, raw = clients["tfs"][0], clients["raw"][0]
     assert tfs.is_server_live() and tfs.is_server_ready()
-    assert as_dict(tfs.get_server_metadata()) == as_dict(raw.get_server_metadata())
-    assert as_dict(tfs.get_server_metadata())["version"] == "2.51.0"
+    served, node = as_dict(tfs.get_server_metadata()), as_dict(raw.get_server_metadata())
+    assert served["version"] == "2.51.0"
+    # the node's answer less what tfscache refuses (repository API) or does not serve
+    assert "model_repository" in node["extensions"]
+    assert served == {**node, "extensions": [
+        e for e in node["extensions"] if e not in UNSERVED_EXTENSIONS]}
+    assert "model_repository" not in served["extensions"]
+    assert "binary_tensor_data" in served["extensions"]
     for path in ("/v2/health/live", "/v2/health/ready"):
         reply = requests.get(f"{serve.rest_url}{path}", timeout=30)
         assert (reply.status_code, reply.text) == (200, "")
     reply = requests.get(f"{serve.rest_url}/v2", timeout=30)
     assert reply.status_code == 200
-    assert reply.json() == requests.get(f"{triton.http_url}/v2", timeout=30).json()
+    node = requests.get(f"{triton.http_url}/v2", timeout=30).json()
+    assert "model_repository" in node["extensions"]
+    assert reply.json() == {**node, "extensions": [
+        e for e in node["extensions"] if e not in UNSERVED_EXTENSIONS]}
     assert reply.json()["name"] == "triton"
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections import Counter
 
 import grpc
@@ -44,17 +45,21 @@ def test_a_killed_worker_is_restarted_and_only_its_requests_fail(serve):
         wait_until(lambda: traffic.ok() >= 200, 120, "warm traffic")
         os.kill(before[0], signal.SIGKILL)
         wait_until(lambda: process_ended(before[0]), 30, "the killed worker to go")
+        gone = time.monotonic()  # its sockets are closed: no connection can reach it from now on
         wait_until(lambda: len(worker_pids(serve.pid)) == 2, 60, "the worker's restart")
         after = worker_pids(serve.pid)
         count = len(traffic.results)
         wait_until(lambda: len(traffic.results) >= count + 300, 120, "traffic after the restart")
     assert before[0] not in after and before[1] in after  # the other worker was untouched
     failures = [r for r in traffic.results if isinstance(r[2], BaseException)]
-    # A client's connection is to one worker; the killed one's clients lose the request they had in
-    # flight on it (at most one each), and reconnect to a live worker. Nobody else loses any.
-    per_client = Counter(int(r[1] // 1000) for r in failures)
+    # A gRPC client's one connection is to one worker: the killed one's clients lose the request
+    # they had in flight on it (at most one each) and reconnect to a live worker. A REST client
+    # (every fourth: support.tfs_traffic) opens a connection a request, and until the killed
+    # process is gone the kernel may still queue a new one on its listening socket (SO_REUSEPORT),
+    # so it may lose more than one in that window. No request started after it was gone fails.
+    assert all(r[3] < gone for r in failures), [(r[1], r[3] - gone) for r in failures]
+    per_client = Counter(int(r[1] // 1000) for r in failures if int(r[1] // 1000) % 4 != 3)
     assert all(n == 1 for n in per_client.values()), per_client
-    assert len(failures) <= CLIENTS
     wrong = [(name, x, y) for name, x, y, _, _ in traffic.results
              if not isinstance(y, BaseException) and y != [x + float(name.rsplit("_", 1)[1])]]
     assert not wrong

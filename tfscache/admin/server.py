@@ -17,12 +17,12 @@ anything else is INTERNAL with a generic message, logged with its traceback.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 
 import grpc
 
 from tfscache import errors
+from tfscache.auth import BearerToken
 from tfscache.admin.drain import Drainer
 from tfscache.admin.operations import AdminOperations, NodeState
 from tfscache.cache.ledger import ResidentModel
@@ -140,7 +140,7 @@ class _Handlers(grpc.GenericRpcHandler):
 
     def __init__(self, service: AdminService, token: str) -> None:
         self._service = service
-        self._expected = f"Bearer {token}".encode() if token else None
+        self._token = BearerToken(token)
         self._handlers = {}
         for name, (request_type, streaming) in _METHODS.items():
             make = (
@@ -159,16 +159,8 @@ class _Handlers(grpc.GenericRpcHandler):
         return self._handlers.get(handler_call_details.method)
 
     def _authenticate(self, context: grpc.aio.ServicerContext) -> None:
-        if self._expected is None:
-            return
         values = [v for k, v in context.invocation_metadata() or () if k == "authorization"]
-        if not values:
-            raise errors.Unauthenticated(
-                "admin token required: send metadata 'authorization: Bearer <token>'"
-            )
-        given = values[0].encode() if isinstance(values[0], str) else values[0]
-        if not hmac.compare_digest(given, self._expected):
-            raise errors.Unauthenticated("invalid admin token")
+        self._token.check(values[0] if values else None)
 
     def _unary(self, name, method):
         async def behavior(request, context: grpc.aio.ServicerContext):

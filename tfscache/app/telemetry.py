@@ -36,7 +36,8 @@ class Telemetry:
         if self._server.metrics_port >= 0:
             self._observe = ObserveServer(self.metrics, self._topology,
                                           bind_address=self._server.bind_address,
-                                          port=self._server.metrics_port, tier=tier, spread=spread)
+                                          port=self._server.metrics_port, tier=tier, spread=spread,
+                                          token=self._server.admin_token)
             self.port = await self._observe.start()
         return self.port
 

@@ -38,6 +38,7 @@ class Entry:
         "waiters",
         "gpu",
         "prefetched",
+        "retried",
     )
 
     def __init__(self, key: Key, state: str, size: int, measured: bool, last_use: float,
@@ -54,6 +55,7 @@ class Entry:
         self.gpu = 0
         # loaded by a prefetch and not requested since (tfscache.cache.prefetch)
         self.prefetched = False
+        self.retried = False  # loading again after the node ran out of memory on a first try
 
 
 class Pending:
@@ -68,6 +70,7 @@ class Pending:
         "blocked_since",
         "prefetch",
         "after",
+        "room",
     )
 
     def __init__(self, key: Key, estimate: int, disk: int, now: float) -> None:
@@ -79,6 +82,9 @@ class Pending:
         self.blocked_since: float | None = None  # monotonic; set while it waits for room
         # a prefetch (loads with idle room) and its predecessor
         self.prefetch, self.after = False, None
+        # bytes of idle versions to unload before it loads, caps or not: set when its first
+        # load ran the node out of memory (``retry_load``)
+        self.room = 0
 
     def live(self) -> list[asyncio.Future]:
         """The waiters whose callers still wait."""
@@ -316,6 +322,7 @@ class Ledger:
         entry.waiters = pending.live()
         entry.gpu = self.gpu_estimate(key)
         entry.prefetched = pending.prefetch and not entry.waiters
+        entry.retried = pending.room > 0
         self.entries[key] = entry
         return entry
 
@@ -366,6 +373,25 @@ class Ledger:
             self._policy.record_load(key, size, 0.0, now)
         if pinned:
             self.pinned.add(key)
+
+    def grew(self, key: Key, size: int) -> None:
+        """The node ran out of memory with ``key``: it is taken to need ``size`` bytes from now
+        on (resident, it counts them at once; remembered across evictions)."""
+        self.learned[key] = size
+        entry = self.entries.get(key)
+        if entry is not None and entry.state != UNLOADING:
+            entry.bytes = size
+
+    def retry_load(self, key: Key, size: int, now: float) -> Pending:
+        """LOADING ``key`` failed for want of memory: it waits again, with its waiters, to load
+        once ``size`` bytes of idle versions are unloaded (``Pending.room``) and counting
+        ``size`` bytes."""
+        entry = self.entries.pop(key)
+        self.learned[key] = size
+        pending = self.pending[key] = Pending(key, size, entry.disk, now)
+        pending.waiters, pending.room = entry.waiters, size
+        entry.waiters = []
+        return pending
 
     def retire(self, key: Key) -> list[asyncio.Future]:
         """``key`` leaves the node's config (evicted: capacity, admin, drain, vanished): UNLOADING,

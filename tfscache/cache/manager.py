@@ -38,7 +38,7 @@ from tfscache.cache.ledger import (
     QueuedLoad,
     ResidentModel,
 )
-from tfscache.cache.planner import Caps
+from tfscache.cache.planner import Caps, grown, oom_message, room_victims
 from tfscache.cache.prefetcher import Prefetcher
 from tfscache.cache.policy import EvictionPolicy, make_policy
 from tfscache.cache.reloader import Reloader
@@ -281,6 +281,11 @@ class CacheManager:
     def snapshot(self) -> list[ResidentModel]:
         return [self._describe(e) for e in self.ledger.entries.values()]
 
+    def gpu_usage(self) -> tuple[int, int]:
+        """(GPU bytes of the versions in the node's config, as learned at their loads; the GPU cap
+        in force, 0 = none): docs/gpu.md."""
+        return self.ledger.gpu_used(), self.caps.gpu_bytes
+
     # -- admin operations (tfscache.admin) -----------------------------------------------
 
     @property
@@ -358,6 +363,35 @@ class CacheManager:
         await asyncio.gather(*futures)
         await self._durable(f"evicted model {name}{_version(version)}")
         return sorted(keys)
+
+    async def out_of_memory(self, name: str, version: int) -> list[Key]:
+        """The node ran out of memory running a request of ``(name, version)`` (leased by the
+        caller): from now on it counts half as much again, and idle versions other than it are
+        unloaded, in the policy's order, until their bytes reach that (at least one; never one
+        with a lease, a pin or loading). Returns those versions once the node reports them gone,
+        for the caller to try the request once more (tfscache.frontend.backends)."""
+        key, ledger = (name, version), self.ledger
+        entry = ledger.entries.get(key)
+        size = grown(entry.bytes if entry is not None and entry.bytes else ledger.typical_size())
+        ledger.grew(key, size)
+        victims = room_victims(ledger, self.policy, key, size, time.monotonic())
+        log.warning("node %s: out of memory running %s version %s; unloading %s", self.target,
+                    name, version, ", ".join(f"{n} version {v}" for n, v in victims) or "nothing",
+                    extra={"model": name, "version": version, "node": self.target})
+        futures = []
+        for victim in victims:
+            ledger.retire(victim)
+            futures.append(self._signals.request_evict(victim, "out_of_memory"))
+        self._save()
+        self._signals.wake()
+        await asyncio.gather(*futures)
+        return victims
+
+    def oom_message(self, name: str, version: int, unloaded: list[Key]) -> str:
+        """RESOURCE_EXHAUSTED text for a request that ran the node out of memory again after
+        ``out_of_memory`` unloaded ``unloaded``: the caps and what holds the node."""
+        return oom_message(self.ledger, self.caps, (name, version), self.target, "running",
+                           unloaded)
 
     async def drain(self) -> None:
         """Refuse new acquires, let leases and queued loads finish, then unload every model."""

@@ -10,7 +10,10 @@ the live cache (the simulator and the cache cannot disagree). The rules:
    while the caps allow, taking idle victims in the policy's order; the first that cannot
    fit even with every idle model gone blocks itself and every load behind it (it waits
    for a lease to end, up to ``room_timeout_s``);
-3. only READY models without a lease or a pin are ever victims, and a model's bytes count
+3. a load retried because the node ran out of memory on its first try (``Pending.room``)
+   also takes idle victims, in the policy's order, until their bytes reach its own, whether
+   or not a cap needs them (the node's memory, not a cap, ran out; docs/tiers.md);
+4. only READY models without a lease or a pin are ever victims, and a model's bytes count
    until the node reports it gone, so the caps hold at every instant; after that, under a
    memory or GPU cap, they count until measured free (``waits_for_freed_memory``: the
    admitted loads wait for them, no further victim is taken).
@@ -30,6 +33,7 @@ from tfscache.cache.ledger import READY, UNLOADING, Key, Ledger, Pending
 from tfscache.cache.policy import EvictionPolicy
 
 _MAX_HOLDERS_NAMED = 20
+OOM_GROWTH = 1.5  # a version the node ran out of memory with is taken to need this much more
 
 
 @dataclass(frozen=True)
@@ -75,11 +79,14 @@ def plan(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float) -> Plan
     for pending in ledger.queue():
         if not blocked:
             need = ledger.gpu_estimate(pending.key)
-            take, c, u, g, q = [], count, used, gpu, pos
-            while not caps.fit(c + 1, u + pending.estimate, g + need) and q < len(order):
+            take, c, u, g, q, freed = [], count, used, gpu, pos, 0
+            while (
+                not caps.fit(c + 1, u + pending.estimate, g + need) or freed < pending.room
+            ) and q < len(order):
                 victim = entries[order[q]]
                 take.append(order[q])
                 c, u, g, q = c - 1, u - victim.bytes, g - victim.gpu, q + 1
+                freed += victim.bytes
             blocked = not caps.fit(c + 1, u + pending.estimate, g + need)
         if blocked:  # it, and everything behind it, waits for room
             result.blocked.append(pending.key)
@@ -153,21 +160,66 @@ def room_message(ledger: Ledger, caps: Caps, pending: Pending, node: str, timeou
     if caps.gpu_bytes and ledger.gpu_used() + need > caps.gpu_bytes:
         reached.append(f"gpu_bytes={caps.gpu_bytes} reached ({ledger.gpu_used()} GPU bytes in use, "
                        f"{need} more needed)")
-    holders = [
+    name, version = pending.key
+    return (f"No room on node {node} to load model {name} version {version} "
+            f"within {timeout_s} s: {' and '.join(reached) or 'a cap was reached'}; "
+            f"held by {holders(ledger)}")
+
+
+def room_victims(ledger: Ledger, policy: EvictionPolicy, key: Key, need: int,
+                 now: float) -> list[Key]:
+    """Idle versions other than ``key``, in the policy's order, until their bytes reach ``need``
+    (at least one, if any is idle): the room made when the node ran out of memory serving
+    ``key`` (tfscache.cache.manager.CacheManager.out_of_memory)."""
+    idle = [k for k in ledger.idle() if k != key]
+    taken, freed = [], 0
+    for victim in policy.victims(idle, now) if idle else ():
+        if taken and freed >= need:
+            break
+        taken.append(victim)
+        freed += ledger.entries[victim].bytes
+    return taken
+
+
+def grown(size: int) -> int:
+    """The bytes a version is taken to need after the node ran out of memory with ``size``."""
+    return int(size * OOM_GROWTH) + 1
+
+
+def oom_message(ledger: Ledger, caps: Caps, key: Key, node: str, doing: str,
+                unloaded: list[Key] | None) -> str:
+    """RESOURCE_EXHAUSTED text when the node ran out of memory ``doing`` ``key`` a second time,
+    after ``unloaded`` were unloaded to make room (None: idle versions, as planner rule 3 took
+    them): the caps and what holds the node, never the node's own (CUDA) text."""
+    name, version = key
+    if unloaded is None:
+        made = "after idle models were unloaded to make room"
+    elif unloaded:
+        made = f"after unloading {', '.join(f'{n} version {v}' for n, v in unloaded)}"
+    else:
+        made = "with no idle model to unload"
+    limits = ", ".join(f"{field}={value}" for field, value in (
+        ("max_models", caps.max_models), ("memory_bytes", caps.memory_bytes),
+        ("gpu_bytes", caps.gpu_bytes)) if value) or "none set"
+    return (f"Out of memory on node {node} {doing} model {name} version {version}: it ran out "
+            f"again {made}; caps: {limits}; held by {holders(ledger)}")
+
+
+def holders(ledger: Ledger) -> str:
+    """The versions on the node and what holds each, the first 20 by name."""
+    entries = ledger.entries
+    named = [
         f"{n} version {v} ({_holding(e)})"
         for (n, v), e in list(entries.items())[:_MAX_HOLDERS_NAMED]
     ]
     if len(entries) > _MAX_HOLDERS_NAMED:
-        holders.append(f"and {len(entries) - _MAX_HOLDERS_NAMED} more")
-    holders += [
+        named.append(f"and {len(entries) - _MAX_HOLDERS_NAMED} more")
+    named += [
         f"{', '.join(f'{n} version {v}' for n, v in f.keys)} (unloaded, {f.bytes} bytes not yet "
         f"measured free)"
         for f in ledger.freeing()
     ]
-    name, version = pending.key
-    return (f"No room on node {node} to load model {name} version {version} "
-            f"within {timeout_s} s: {' and '.join(reached) or 'a cap was reached'}; "
-            f"held by {', '.join(holders) or 'nothing'}")
+    return ", ".join(named) or "nothing"
 
 
 def _holding(entry) -> str:

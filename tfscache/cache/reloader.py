@@ -32,6 +32,8 @@ from tfscache.cache.planner import (
     Caps,
     plan,
     plan_prefetch,
+    grown,
+    oom_message,
     room_message,
     share_growth,
     waits_for_freed_memory,
@@ -229,7 +231,8 @@ class Reloader:
         """Versions ``evict`` marked UNLOADING, and while draining every idle one (pinned or
         not)."""
         sig, entries = self.signals, self.ledger.entries
-        keys = sig.take_evictions()
+        asked = sig.take_evictions()
+        keys, reasons = [k for k, _ in asked], dict(asked)
         if sig.draining:
             for key, entry in list(entries.items()):
                 if entry.state == READY and entry.leases == 0:
@@ -239,7 +242,7 @@ class Reloader:
                 log.info("node %s draining: unloading %s", self.node, names(keys))
         keys = [k for k in keys if k in entries]
         for key in keys:
-            self.evictions.evicted(key, "drain" if sig.draining else "admin")
+            self.evictions.evicted(key, "drain" if sig.draining else reasons.get(key, "admin"))
         return keys
 
     def look(self, keys: list[Key]) -> tuple[list[Key], bool]:
@@ -394,6 +397,19 @@ class Reloader:
                     entry.key[0], entry.key[1], load_s, error.grpc_code.name, error.message,
                     extra={"model": entry.key[0], "version": entry.key[1], "node": self.node,
                            "duration_s": round(load_s, 6), "bytes": entry.bytes})
+        if errors.is_out_of_memory(error.message) and not entry.prefetched:
+            if not entry.retried:  # make room (planner rule 3) and load it once more
+                size = grown(entry.bytes or self.ledger.typical_size())
+                log.warning("node %s: out of memory loading %s version %s; unloading idle "
+                            "models for %d bytes and loading it again", self.node,
+                            entry.key[0], entry.key[1], size,
+                            extra={"model": entry.key[0], "version": entry.key[1],
+                                   "node": self.node, "bytes": size})
+                self.ledger.retry_load(entry.key, size, now)
+                self.signals.wake()
+                return
+            error = errors.ResourceExhausted(
+                oom_message(self.ledger, self.caps, entry.key, self.node, "loading", None))
         self.events.load_failed(entry.key, load_s, error)
         if entry.prefetched:  # counted apart, and no backoff: the next request loads it again
             self.prefetched.count("failed")

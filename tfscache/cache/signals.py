@@ -35,7 +35,8 @@ class Signals:
         self._draining = False
         # over a cap with nothing idle to unload: a release must wake the reloader
         self._over_cap = False
-        self._evictions: list[Key] = []  # retired by ``evict``, for the next step
+        # retired by ``evict`` (with the reason), for the next step
+        self._evictions: list[tuple[Key, str]] = []
         self._unload_waiters: dict[Key, list[asyncio.Future]] = {}
         self._drained: list[asyncio.Future] = []
         self._rechecks: list[asyncio.Future] = []  # ``recheck`` callers
@@ -113,16 +114,16 @@ class Signals:
 
     # -- requests and their answers --------------------------------------------------------
 
-    def request_evict(self, key: Key) -> asyncio.Future:
-        """``evict`` retired ``key``: the reloader unloads it; the future is done once it is
-        gone."""
+    def request_evict(self, key: Key, reason: str = "admin") -> asyncio.Future:
+        """``evict`` retired ``key`` (for ``reason``: ``admin``, or ``out_of_memory``): the
+        reloader unloads it; the future is done once it is gone."""
         future = asyncio.get_running_loop().create_future()
-        self._evictions.append(key)
+        self._evictions.append((key, reason))
         self._unload_waiters.setdefault(key, []).append(future)
         return future
 
-    def take_evictions(self) -> list[Key]:
-        """The keys ``request_evict`` asked for since the last call."""
+    def take_evictions(self) -> list[tuple[Key, str]]:
+        """The keys ``request_evict`` asked for since the last call, each with its reason."""
         keys, self._evictions = self._evictions, []
         return keys
 

@@ -14,7 +14,9 @@ format is in tfscache/sim/trace.py and the cache model in tfscache/sim/engine.py
 progress bar and the summary line go to stderr (``--progress``/``--no-progress``/``--quiet``:
 tfscache.cli.options). ``--prefetch`` replays each combination with co-access prefetch off and on
 (tfscache/sim/prefetch.py: loads take time there) and reports cold requests, cold follower requests,
-load seconds and wait instead. ``--plot`` needs the ``[sim]`` extra (matplotlib): without it the command
+load seconds and wait instead. ``--tiers`` replays each combination with a
+GPU tier only (drop on evict) and with demotion to a host tier (tfscache/sim/tiers.py).
+``--plot`` needs the ``[sim]`` extra (matplotlib): without it the command
 exits 2 before simulating.
 """
 
@@ -145,6 +147,29 @@ def _parser() -> argparse.ArgumentParser:
         help="copies settings to run against copies off (default on: the [copies] defaults), "
         "e.g. on,on:balance=0.25:hot_share=0.3",
     )
+    tiers = parser.add_argument_group(
+        "tiers",
+        "--tiers: GPU and host tiers, drop-on-evict against demotion to host memory "
+        "(tfscache/sim/tiers.py, docs/tiers.md); --max-models caps the GPU tier's models",
+    )
+    tiers.add_argument(
+        "--tiers", action="store_true", help="replay with cache.demote none and host"
+    )
+    tiers.add_argument("--gpu-memory", type=_list(parse_bytes, "size"), default=[0],
+                       help="comma-separated GPU caps in bytes per node (default 0: no cap)")
+    tiers.add_argument("--host-memory", type=_list(parse_bytes, "size"), default=[0],
+                       help="comma-separated host-tier caps in bytes per node (default 0: no cap)")
+    tiers.add_argument("--host-models", type=_count, default=0,
+                       help="cap on the host tier's models per node (default 0: no cap)")
+    tiers.add_argument("--promote-ratio", type=float, default=0.1,
+                       help="a promotion from host memory takes this share of the version's "
+                       "load seconds (default 0.1)")
+    tiers.add_argument("--host-slowdown", type=float, default=4.0,
+                       help="a request answered from host memory takes this many times the GPU's "
+                       "service time (default 4)")
+    tiers.add_argument("--promote-horizon-s", type=float, default=60.0,
+                       help="promote when the service seconds saved over this horizon at the "
+                       "model's rate reach the promotion's (default 60)")
     parser.add_argument(
         "--prefetch",
         action="store_true",
@@ -199,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--copies: {e}")
         if args.concurrency < 1 or args.service_ms < 0:
             parser.error("--concurrency must be at least 1 and --service-ms not negative")
+    if args.tiers and not (
+        args.promote_ratio >= 0 and args.host_slowdown >= 0 and args.promote_horizon_s > 0
+    ):
+        parser.error("--promote-ratio and --host-slowdown must not be negative, "
+                     "--promote-horizon-s must be above 0")
     started = time.perf_counter()
     try:
         trace = read_trace(args.log)
@@ -209,6 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         return _load(args, trace, rules, started)
     if args.prefetch:
         return _prefetch(args, trace, started)
+    if args.tiers:
+        return _tiers(args, trace, started)
     configs = [
         Config(policy, nodes, max_models, memory)
         for nodes, max_models, memory in itertools.product(args.nodes, args.max_models, args.memory)
@@ -289,6 +321,35 @@ def _load(args, trace, rules, started: float) -> int:
             f"simulated under load in {wall:.1f} s",
             file=sys.stderr,
         )
+    return 0
+
+
+def _tiers(args, trace, started: float) -> int:
+    """``--tiers``: every combination with demotion off and on, one table (or JSON)."""
+    from tfscache.sim.tiers import TierConfig, simulate_tiers, table
+
+    configs = [
+        TierConfig(policy, nodes, demote, gpu_models=max_models, gpu_bytes=gpu,
+                   host_models=args.host_models, host_bytes=host,
+                   promote_ratio=args.promote_ratio, host_slowdown=args.host_slowdown,
+                   service_s=args.service_ms / 1000, horizon_s=args.promote_horizon_s)
+        for policy in args.policies
+        for nodes, max_models, gpu, host in itertools.product(
+            args.nodes, args.max_models, args.gpu_memory, args.host_memory)
+        for demote in ("none", "host")
+    ]
+    results = simulate_tiers(trace, configs, build_policy)
+    wall = time.perf_counter() - started
+    if args.json:
+        json.dump({"log": str(args.log), "requests": len(trace), "models": len(trace.models),
+                   "wall_seconds": round(wall, 3), "results": [r.as_dict() for r in results]},
+                  sys.stdout, indent=1)
+        print()
+    else:
+        print(table(results))
+    if not args.quiet:
+        print(f"{len(configs)} tier configurations of {len(trace)} requests for "
+              f"{len(trace.models)} models simulated in {wall:.1f} s", file=sys.stderr)
     return 0
 
 

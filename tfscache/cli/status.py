@@ -30,15 +30,18 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from tfscache.cli.options import Parser, host_port, positive
+from tfscache.cli.options import Parser, add_token_flag, host_port, positive
 from tfscache.units import format_bytes
 
 DEFAULT_ADDRESS = os.environ.get("TFSCACHE_STATUS_ADDRESS", "127.0.0.1:8503")
 
 
-def fetch(address: str, timeout: float = 10.0) -> dict[str, Any]:
-    """The /status document of the serve whose metrics port is ``address`` (HOST:PORT)."""
-    with urllib.request.urlopen(f"http://{address}/status", timeout=timeout) as reply:
+def fetch(address: str, timeout: float = 10.0, token: str = "") -> dict[str, Any]:
+    """The /status document of the serve whose metrics port is ``address`` (HOST:PORT);
+    ``token``: the admin token, when the serve has one (server.admin_token)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://{address}/status", headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
         return json.loads(reply.read())
 
 
@@ -249,6 +252,7 @@ def _parser() -> argparse.ArgumentParser:
         "or $TFSCACHE_STATUS_ADDRESS)",
     )
     parser.add_argument("--json", action="store_true", help="print the raw /status document")
+    add_token_flag(parser)
     parser.add_argument(
         "--timeout", type=positive(float), default=10.0, help="seconds to wait for the answer"
     )
@@ -258,7 +262,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        doc = fetch(args.address, args.timeout)
+        doc = fetch(args.address, args.timeout, token=args.token)
     except (OSError, urllib.error.URLError, ValueError) as exc:
         print(f"tfscache status: cannot read http://{args.address}/status: {exc}", file=sys.stderr)
         return 1

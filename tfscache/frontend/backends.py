@@ -9,6 +9,9 @@ A node that answers NOT_FOUND for the model a lease is held on, in its kind's wo
 adapter's ``lost_texts``), has lost it (it restarted behind a sidecar, at the same address): the
 cache rechecks and restores what it
 lost, and the request is sent once more.
+A node that runs out of memory running a request (its kind's out-of-memory text, in a gRPC error
+or a REST error body) gets room made on it (idle models unloaded) and the request once more;
+the client sees the answer, or RESOURCE_EXHAUSTED naming the caps and what holds the node.
 A status probe (``Method.probe``) takes no lease and loads nothing (``tfscache.frontend.probe``).
 Streams (``stream``, ``rest_stream``: 0..N messages for one request) hold the lease
 until the node's last message, an error, or the caller closing the stream (its client
@@ -39,6 +42,7 @@ FORWARDED_KEY = "x-tfscache-forwarded"  # gRPC metadata key / HTTP header on a f
 # Trailing metadata key / HTTP header on the answer to a forwarded request: the serving sidecar's
 # own node's load, in its copies signal (docs/copies.md, "Sidecars").
 LOAD_KEY = "x-tfscache-load"
+_OOM_TEXT_BYTES = 4096  # of a REST error's body, read for a node's out-of-memory text
 
 
 def parse_load(value: str | None) -> float | None:
@@ -202,7 +206,7 @@ class NodeBackend:
             return await send(upstream)
         async with lease:
             try:
-                return await send(upstream)
+                return await self._answer(lease, upstream, send)
             except errors.NotFound as exc:
                 if not exc.message.startswith(self.cache.lost_texts):
                     raise
@@ -219,7 +223,25 @@ class NodeBackend:
             ) from None
         upstream, lease = await self._lease(key, deadline)
         async with lease:
+            return await self._answer(lease, upstream, send)
+
+    async def _answer(self, lease, upstream: Upstream, send: Callable[[Upstream], Awaitable]):
+        """``send(upstream)``; if the node ran out of memory running it, make room
+        (``CacheManager.out_of_memory``) and send once more: the answer, or RESOURCE_EXHAUSTED
+        naming the caps and what holds the node, never the node's own out-of-memory text."""
+        try:
             return await send(upstream)
+        except errors.TfscacheError as exc:
+            if isinstance(exc, errors.NotFound) or not errors.is_out_of_memory(exc.message):
+                raise
+        cache = self.cache
+        unloaded = await cache.out_of_memory(lease.name, lease.version)
+        try:
+            return await send(upstream)
+        except errors.TfscacheError as exc:
+            if isinstance(exc, errors.NotFound) or not errors.is_out_of_memory(exc.message):
+                raise
+        raise errors.ResourceExhausted(cache.oom_message(lease.name, lease.version, unloaded))
 
     async def _probe(self, key: RouteKey) -> ProbeAnswer | None:
         """A status request for a version not on the node, answered without loading it; else None."""
@@ -255,6 +277,10 @@ class NodeBackend:
 
         async def send(upstream: Upstream) -> RestReply:
             reply = await upstream.rest(method, path_qs, body, headers, timeout=remaining(deadline))
+            if reply.status >= 500 or reply.status in (400, 429):
+                text = reply.body[:_OOM_TEXT_BYTES].decode("utf-8", "replace")
+                if errors.is_out_of_memory(text):
+                    raise errors.ResourceExhausted(text)  # _answer makes room and sends again
             if reply.status == 404:
                 head = reply.body[:200]
                 lost = next((t for t in self.cache.lost_texts if t.encode() in head), None)

@@ -74,6 +74,9 @@ unloads it.
 A ``RequestLog`` (``tfscache serve --request-log``) given to ``Metrics`` gets one row per
 request that took a lease on a local node, at the end of the request, with the load
 seconds and bytes last measured for its model (tfscache.observe.requestlog).
+
+``Metrics.timeline`` keeps the last few hundred loads, failed loads, evictions and unloads the
+nodes reported, for the status page (tfscache.observe.timeline, docs/status-page.md).
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ from tfscache.observe import requestlog
 from tfscache.cache.ledger import UNLOADING
 from tfscache.observe.gauges import STATES, NodeView, Sources, StateCollector, by_state, caps
 from tfscache.observe.scale import Advice, NodeLoad, UnloadRate, advise
+from tfscache.observe.timeline import Timeline
 from tfscache.observe.workermetrics import WorkerMetrics
 from tfscache.settings import ScaleSection
 
@@ -146,6 +150,8 @@ class Metrics:
         self.scale = scale if scale is not None else ScaleSection()
         self.unload_rate = UnloadRate(self.scale.window_s, clock)
         self.request_log = request_log
+        # the last few hundred loads, unloads, evictions and failures (the status page's timeline)
+        self.timeline = Timeline()
         # (node, key) -> last load's (seconds, bytes)
         self.costs: dict[tuple[str, Key], tuple[float, int]] = {}
         # requests counted so far (a worker's snapshots skip when it did not move)
@@ -395,24 +401,29 @@ class NodeEvents:
     def loaded(self, key: Key, seconds: float, size: int, measured: bool) -> None:
         self.metrics.loads.labels(*self._labels(key)).inc()
         self.metrics.load_duration.labels(*self._labels(key)).observe(seconds)
+        self.metrics.timeline.record(self.node, "loaded", *key, size=size, seconds=seconds)
         if self.metrics.request_log is not None:
             self.metrics.costs[(self.node, key)] = (seconds, size)
 
     def load_failed(self, key: Key, seconds: float, error: Exception) -> None:
         self.metrics.loads.labels(*self._labels(key)).inc()
         self.metrics.load_failures.labels(*self._labels(key)).inc()
+        self.metrics.timeline.record(self.node, "load_failed", *key, reason=str(error)[:500],
+                                     seconds=seconds)
 
     def room_waited(self, key: Key, seconds: float) -> None:
         self.metrics.room_wait.labels(*self._labels(key)).observe(seconds)
 
     def evicted(self, key: Key, reason: str, size: int) -> None:
         self.metrics.evictions.labels(*self._labels(key), reason).inc()
+        self.metrics.timeline.record(self.node, "evicted", *key, reason=reason, size=size)
         if reason == "capacity":  # the scaling signal: room a cap needed (tfscache.observe.scale)
             self.metrics.unload_rate.record(self.node)
 
     def unloaded(self, key: Key, seconds: float, size: int) -> None:
         self.metrics.unloads.labels(self.node).inc()
         self.metrics.unload_duration.labels(*self._labels(key)).observe(seconds)
+        self.metrics.timeline.record(self.node, "unloaded", *key, size=size, seconds=seconds)
 
 
 class _ScaleCollector:

@@ -1,4 +1,12 @@
-"""The metrics port of ``tfscache serve``: ``/metrics`` (Prometheus) and ``/status`` (JSON).
+"""The metrics port of ``tfscache serve``: ``/metrics`` (Prometheus), ``/status`` (JSON),
+``/status/events`` (the timeline's JSON, tfscache.observe.timeline) and the status page at ``/``
+(plain HTML, CSS and script from tfscache/observe/page, docs/status-page.md).
+
+With ``server.admin_token`` set, ``/status`` and ``/status/events`` ask for it as the admin API
+does (tfscache.auth): header ``Authorization: Bearer <token>``, else 401 with a JSON
+``{"error": ...}`` and ``WWW-Authenticate: Bearer``. The page's own files carry no data and are
+served to anyone (the page asks for the token when its JSON answers 401); ``/metrics`` stays open
+for Prometheus.
 
 An aiohttp server on the same event loop as the front ends. Both pages are computed
 when asked, from the ``Metrics`` registry and from what the ``Topology`` holds now:
@@ -24,6 +32,10 @@ its backends (local nodes with their CacheManager, peer sidecars) and its ring.
      "copies": {"min": 1, "max": 4, "models": {"a": ["node0", "node1"]}},   # with copies on
      "workers": [{"id": 0, "pid": 4242, "in_flight": 3, "restarts": 0, "delegations": 2,  # --workers N
                   "requests": 1200}]}
+
+Per local node, ``gpu``: ``{"bytes", "cap_bytes"}``, the GPU bytes its models hold (learned at
+their loads) against the GPU cap in force (0 = none; docs/gpu.md), null while the node is down.
+A node entry may carry a ``tier`` ("gpu", "host") once nodes have tiers; the status page shows it.
 
 Per local node, ``prefetch``: its co-access prefetch loads (started, completed, failed, used,
 wasted; docs/prefetch.md), or null with prefetch off.
@@ -55,15 +67,20 @@ now, with every copy in ring order; every other model has its first ``min`` ring
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
+from pathlib import Path
+
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from tfscache import errors
+from tfscache.auth import BearerToken
 from tfscache.frontend.backends import NodeBackend
 from tfscache.observe.gauges import NodeView, by_state, caps
 from tfscache.observe.metrics import Metrics
@@ -170,36 +187,85 @@ def _local_node(cache) -> dict[str, Any]:
         "model_states": states,
         "caps": limits,
         "prefetch": prefetch_counts(cache),
+        "gpu": _gpu(cache),
         "models": sorted(models, key=lambda m: (m["name"], m["version"])),
     }
 
 
+def _gpu(cache) -> dict[str, int] | None:
+    """A node's GPU bytes against its GPU cap (docs/gpu.md); null while the node is down."""
+    if cache is None:
+        return None
+    used, cap = cache.gpu_usage()
+    return {"bytes": used, "cap_bytes": cap}
+
+
+PAGE = Path(__file__).resolve().parent / "page"
+PAGE_FILES = {"/": ("index.html", "text/html"), "/page.css": ("page.css", "text/css"),
+              "/page.js": ("page.js", "text/javascript")}
+
+
 class ObserveServer(WebServer):
-    """``/metrics`` and ``/status`` on their own port; ``start()`` returns the bound port."""
+    """``/metrics``, ``/status``, ``/status/events`` and the status page on their own port;
+    ``start()`` returns the bound port. ``token``: ``server.admin_token`` ("" = none)."""
 
     what = "metrics and status"
 
     def __init__(self, metrics: Metrics, topology: Topology, *, bind_address: str, port: int,
-                 tier=None, spread=None) -> None:
+                 tier=None, spread=None, token: str = "") -> None:
         super().__init__(bind_address, port)
         self._spread = spread  # tfscache.cluster.spread.Spread when copies follow load, else None
         self.metrics = metrics
         self._topology = topology
         self._tier = tier  # tfscache.storage.tier.DiskTier of a bucket's repository, else None
+        self._token = BearerToken(token)
 
     def web_app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/status", self._status)
+        app.router.add_get("/status/events", self._events)
+        for route in PAGE_FILES:
+            app.router.add_get(route, self._page)
         return app
 
     async def _metrics(self, request: web.Request) -> web.Response:
         body = generate_latest(self.metrics.exported)  # on the loop: the gauges read the caches
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    def _refused(self, request: web.Request) -> web.Response | None:
+        """The 401 of a JSON request without the admin token (None: it may pass)."""
+        try:
+            self._token.check(request.headers.get("Authorization"), "header")
+        except errors.TfscacheError as exc:
+            return web.json_response({"error": exc.message}, status=exc.http_status,
+                                     headers={"WWW-Authenticate": "Bearer"})
+        return None
+
     async def _status(self, request: web.Request) -> web.Response:
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
         return web.json_response(
             status_document(
                 self.metrics, self._topology, self._tier, self._spread, self.metrics.exported.status
             )
         )
+
+    async def _events(self, request: web.Request) -> web.Response:
+        """The timeline after ``?since=SEQ`` (default 0: every kept event)."""
+        refused = self._refused(request)
+        if refused is not None:
+            return refused
+        raw = request.query.get("since", "0")
+        if not (raw.isascii() and raw.isdigit()):
+            return web.json_response(
+                {"error": f"since must be a sequence number (an integer >= 0), got {raw!r}"},
+                status=400)
+        return web.json_response(self.metrics.timeline.since(int(raw)))
+
+    async def _page(self, request: web.Request) -> web.Response:
+        name, content_type = PAGE_FILES[request.path]
+        body = await asyncio.to_thread((PAGE / name).read_bytes)  # never block the loop on disk
+        return web.Response(body=body, content_type=content_type, charset="utf-8",
+                            headers={"Cache-Control": "no-cache"})

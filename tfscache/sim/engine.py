@@ -120,7 +120,7 @@ def _chunks(
             progress(len(chunk))
 
 
-class _Waiting:
+class Waiting:
     """The one request waiting for a missed model (replayed requests never overlap)."""
 
     @staticmethod
@@ -128,7 +128,7 @@ class _Waiting:
         return False
 
 
-_WAITING = _Waiting()
+WAITING = Waiting()
 
 
 def replay(requests: list[Request], policy: EvictionPolicy, max_models: int, memory_bytes: int,
@@ -155,7 +155,7 @@ def replay(requests: list[Request], policy: EvictionPolicy, max_models: int, mem
             if memory_bytes and size > memory_bytes:
                 uncacheable += 1
                 continue
-            ledger.requested(key, _WAITING, size, size, now)
+            ledger.requested(key, WAITING, size, size, now)
             decided = plan(ledger, caps, policy, now)
             for victim in decided.victims:
                 if record is not None:

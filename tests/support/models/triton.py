@@ -185,6 +185,54 @@ class TritonPythonModel:
 '''
 
 
+_OOM_PY = '''\
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+# PyTorch's words when CUDA runs out of memory (torch.cuda.OutOfMemoryError)
+OOM = ("CUDA out of memory. Tried to allocate 20.00 MiB (GPU 0; 15.78 GiB total capacity; "
+       "14.92 GiB already allocated; 3.75 MiB free; 15.01 GiB reserved in total by PyTorch)")
+
+
+def short(path):
+    """A test-controlled file says memory is short N more times: take one (True) if N > 0."""
+    try:
+        with open(path) as f:
+            left = int(f.read() or "0")
+    except FileNotFoundError:
+        return False
+    if left <= 0:
+        return False
+    with open(path + ".tmp", "w") as f:
+        f.write(str(left - 1))
+    os.replace(path + ".tmp", path)
+    return True
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"])["parameters"]
+        self.k = np.float32(float(parameters["k"]["string_value"]))
+        self.short = parameters["short_file"]["string_value"]
+        if short(self.short + ".load"):
+            raise RuntimeError(OOM)  # as torch.cuda.OutOfMemoryError (a RuntimeError) would
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            if short(self.short + ".infer"):
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError(OOM)))
+                continue
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            y = pb_utils.Tensor("y", (x + self.k).astype(np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[y]))
+        return responses
+'''
+
+
 def write_model(dest: Path, name: str, source: str, parameters: dict[str, str], decoupled: bool = False) -> Path:
     """Write DEST/NAME/config.pbtxt and DEST/NAME/1/model.py; returns DEST/NAME."""
     model = Path(dest) / name
@@ -198,6 +246,14 @@ def build_addk(dest: Path, k: int, padding_bytes: int = 0, name: str | None = No
     """``addk_K`` (or ``name``): y = x + k, holding ``padding_bytes`` while loaded."""
     return write_model(dest, name or f"addk_{k}", _ADDK_PY,
                        {"k": str(k), "padding_bytes": str(int(padding_bytes))})
+
+
+def build_oom(dest: Path, k: int, short_file: Path, name: str) -> Path:
+    """``name``: y = x + k, except that while ``SHORT_FILE.load`` holds N > 0 a load fails, and
+    while ``SHORT_FILE.infer`` does a request fails, with PyTorch's CUDA out-of-memory text (N
+    counts down by one a failure). It stands in for a model on a device that runs out of memory:
+    the test says when memory is short."""
+    return write_model(dest, name, _OOM_PY, {"k": str(k), "short_file": str(short_file)})
 
 
 def build_sleep(dest: Path, sleep_ms: int, name: str = "sleep_ms") -> Path:

@@ -206,7 +206,9 @@ class ClusterHost:
         return AdminClient(f"{self.address}:{ADMIN}", token=TOKEN, timeout_s=timeout_s)
 
     def status(self, timeout: float = 2.0) -> dict:
-        with urllib.request.urlopen(f"http://{self.address}:{METRICS}/status", timeout=timeout) as reply:
+        request = urllib.request.Request(f"http://{self.address}:{METRICS}/status",
+                                         headers={"Authorization": f"Bearer {TOKEN}"})
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
             return json.loads(reply.read())
 
     def ring(self) -> list[str]:

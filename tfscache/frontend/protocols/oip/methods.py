@@ -10,8 +10,10 @@ it is read as Triton reads it (``std::stol``) into ``RouteKey.version``, with Tr
 INVALID_ARGUMENT texts.
 
 * ServerLive, ServerReady, ServerMetadata name no model: any healthy node answers (a
-  sidecar's own node), as TF Serving's requests without a model. An empty model name
-  (ModelStatistics' "all models") is answered the same way: by one node, for its models.
+  sidecar's own node), as TF Serving's requests without a model. ServerMetadata's
+  extensions are the node's less those not served here (``oip/server_metadata``). An empty
+  model name (ModelStatistics' "all models") is answered the same way: by one node, for
+  its models.
 * ModelReady is a readiness probe and never loads or evicts (``frontend/probe.py``): a
   version on disk but on no node is ready (a request loads it), or not ready while its
   failed load backs off; a version loading or resident is answered by its node.
@@ -42,7 +44,7 @@ from google.protobuf.message import DecodeError
 from tfscache import errors
 from tfscache.frontend.methods import Method, RouteKey, select_fields
 from tfscache.frontend.probe import ProbeAnswer
-from tfscache.frontend.protocols.oip import stats
+from tfscache.frontend.protocols.oip import server_metadata, stats
 from tfscache.wire import oip_heads_pb2
 
 SERVICE = "inference.GRPCInferenceService"
@@ -169,7 +171,7 @@ METHODS: dict[str, Method] = {
     m.path: m for m in (
         _method("ServerLive", _no_model),
         _method("ServerReady", _no_model),
-        _method("ServerMetadata", _no_model),
+        _method("ServerMetadata", _no_model, send=server_metadata.grpc_server_metadata),
         _method("ModelReady", _name_head, _ready_probe),
         _method("ModelMetadata", _name_head),
         _method("ModelConfig", _name_head),

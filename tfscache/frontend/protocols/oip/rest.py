@@ -54,7 +54,7 @@ from tfscache.frontend.protocols.oip.methods import (
     unknown_version,
 )
 from tfscache.frontend.rest import REQUEST_ID_HEADER
-from tfscache.frontend.protocols.oip import stats
+from tfscache.frontend.protocols.oip import server_metadata, stats
 from tfscache.frontend.protocols.oip.generate import generate_stream
 from tfscache.frontend.router import Router
 
@@ -237,7 +237,10 @@ class OipRestApi:
             reply = await self._unknown(route.key, missing, send, route.method)
         if isinstance(reply, web.StreamResponse):  # a stream, relayed already
             return reply
-        return web.Response(status=reply.status, body=reply.body,
+        body = reply.body
+        if route.method == "ServerMetadata" and reply.status == 200:
+            body = server_metadata.served_rest(body)
+        return web.Response(status=reply.status, body=body,
                             headers={"Content-Type": reply.content_type, **dict(reply.headers)})
 
     async def _ready(self, key: RouteKey, request_id: str, forwarded: bool) -> web.Response:
