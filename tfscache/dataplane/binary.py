@@ -44,3 +44,12 @@ def check(binary: str = "haproxy") -> tuple[int, int]:
         raise HaproxyUnavailable(
             f"data plane haproxy needs haproxy >= {want}, {path} is {have}: {INSTALL}")
     return version
+
+
+def available(binary: str = "haproxy") -> bool:
+    """Whether ``check`` passes (for callers that choose, not fail)."""
+    try:
+        check(binary)
+    except HaproxyUnavailable:
+        return False
+    return True
