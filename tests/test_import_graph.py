@@ -335,7 +335,7 @@ LAYERS = [
     {"frontend.protocols.tfserving", "frontend.protocols.oip"},
     {"kinds.tfserving", "kinds.triton", "kinds.mlserver"},
     {"cluster", "sim", "observe", "admin"},
-    {"app", "workers"},
+    {"app", "workers", "dataplane.control"},
     {"cli", "__main__"},
 ]
 

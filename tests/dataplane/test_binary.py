@@ -66,8 +66,9 @@ def _config(tmp_path, haproxy_binary: str) -> str:
     return str(path)
 
 
-def test_new_enough_binary_is_still_refused_until_the_data_plane_lands(tmp_path):
-    new = _fake_haproxy(tmp_path, "2.8.3")
+def test_a_haproxy_that_cannot_serve_fails_start_up_naming_its_log(tmp_path):
+    new = _fake_haproxy(tmp_path, "2.8.3")  # new enough, but it exits at once
     done = _serve(tmp_path, "--data-plane", "haproxy", "--config", _config(tmp_path, new))
-    assert done.returncode == 2
-    assert "not available yet" in done.stderr and "--data-plane python" in done.stderr
+    assert done.returncode == 1
+    assert "haproxy exited with 0 while starting" in done.stderr
+    assert "haproxy.log" in done.stderr

@@ -34,6 +34,7 @@ from tfscache.dataplane import binary, config
 from tfscache.dataplane.process import Supervisor
 from tfscache.dataplane.routes import Routes
 from tfscache.dataplane.runtime import Runtime
+from tfscache.frontend.protocols.tfserving import DATA_PLANE
 
 pytestmark = pytest.mark.skipif(
     not binary.available(), reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)")
@@ -75,7 +76,7 @@ class Plane:
             grpc_fd=self.grpc_socket.fileno(), rest_fd=self.rest_socket.fileno(),
             fallback_grpc=self.fallback.grpc_target,
             fallback_rest=f"127.0.0.1:{self.fallback.rest_port}", nodes=nodes,
-            state_dir=self.state, runtime_socket=self.state / "runtime.sock")
+            state_dir=self.state, runtime_socket=self.state / "runtime.sock", rules=DATA_PLANE)
 
     def predict(self, n: int = 1, version: int | None = None, label: str | None = None,
                 compression=None) -> float:
@@ -116,7 +117,8 @@ def test_the_rendered_configuration_is_valid(tmp_path):
         plan = config.Plan(grpc_fd=g.fileno(), rest_fd=r.fileno(), fallback_grpc="127.0.0.1:1",
                            fallback_rest="127.0.0.1:2",
                            nodes=[config.Node("n0", "127.0.0.1:3", "127.0.0.1:4")],
-                           state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock")
+                           state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock",
+                           rules=DATA_PLANE)
         (tmp_path / "haproxy.cfg").write_text(config.render(plan))
         (tmp_path / config.MAP).write_text("")
         check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")],

@@ -95,8 +95,6 @@ def main(argv: list[str] | None = None) -> int:
         preflight.check(settings)
         if settings.server.data_plane == "haproxy":
             haproxy.check(settings.server.haproxy_binary)
-            raise HaproxyUnavailable("data plane haproxy is not available yet (issue 31): "
-                                     "use --data-plane python")
     except (settings_mod.SettingsError, MissingExtra, HaproxyUnavailable) as exc:
         print(f"tfscache serve: {exc}", file=sys.stderr)
         return 2

@@ -24,14 +24,47 @@ from pathlib import Path
 
 MAP = "routes.map"
 TABLE = "inflight"
-# TF Serving's PredictionService methods whose request's field 1 is a ModelSpec (name = 1,
-# version = 2, signature_name = 3, version_label = 4): tensorflow_serving/apis/*.proto.
-TFS_METHODS = ("Predict", "Classify", "Regress", "GetModelMetadata")
-TFS_REST_VERBS = ("predict", "classify", "regress")
 # The part of a gRPC message waited for before its fields are read. protobuf() parses what is
 # buffered, so a large message is routed by its first bytes, where encoders put field 1.
 BODY_AT_LEAST = "16k"
-_SPEC = "req.body,bytes(5),protobuf(1)"  # the gRPC message after its 5-byte prefix; field 1
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How one protocol's hot requests name their model, for HAProxy (the protocol's package
+    writes them with ``grpc_rules`` and ``rest_rules``): the gRPC lines set ``txn.name`` and
+    the acl ``pinned`` (a version or label named: the slow path), the REST lines ``txn.model``."""
+
+    grpc: tuple[str, ...]
+    rest: tuple[str, ...]
+
+
+def field_of(path: tuple[int, ...]) -> str:
+    """The sample of a gRPC message's field at ``path`` (field numbers, outermost first).
+
+    Each level is its own protobuf() converter: HAProxy 2.6 finds a dotted path's nested field
+    only when it is the first field of its message."""
+    return "req.body,bytes(5)," + ",".join(f"protobuf({number})" for number in path)
+
+
+def grpc_rules(methods: tuple[str, ...], name: tuple[int, ...],
+               pins: tuple[tuple[tuple[int, ...], str], ...]) -> tuple[str, ...]:
+    """Hot gRPC ``methods`` (paths) name their model at field path ``name``; each of ``pins``
+    (a field path, an acl match such as ``-m found``) pins a request to the slow path."""
+    lines = [f"    acl hot path {' '.join(methods)}",
+             f"    http-request wait-for-body time 1s at-least {BODY_AT_LEAST} if hot",
+             f"    http-request set-var(txn.name) {field_of(name)} if hot"]
+    for index, (path, match) in enumerate(pins):
+        lines += [f"    http-request set-var(txn.pin{index}) {field_of(path)} if hot",
+                  f"    acl pinned var(txn.pin{index}) {match}"]
+    return tuple(lines)
+
+
+def rest_rules(path_regex: str, name: str) -> tuple[str, ...]:
+    """Hot REST requests: a POST whose path matches ``path_regex``; ``name``: the sample that
+    reads the model's name from it (such as ``path,field(4,/)``)."""
+    return (f"    acl hot path_reg {path_regex}",
+            f"    http-request set-var(txn.model) {name} if METH_POST hot")
 
 
 @dataclass(frozen=True)
@@ -48,12 +81,13 @@ class Plan:
     """Everything the configuration says; a new Plan means a reload."""
 
     grpc_fd: int
-    rest_fd: int
+    rest_fd: int | None  # None: no REST port (server.rest_port < 0)
     fallback_grpc: str  # tfscache's Python front end, host:port
-    fallback_rest: str
+    fallback_rest: str | None
     nodes: Sequence[Node]
     state_dir: Path  # routes.map lives here
     runtime_socket: Path  # the runtime API (mode 0600, level admin)
+    rules: Rules  # the node kind's protocol's
 
     @property
     def map_path(self) -> Path:
@@ -68,8 +102,6 @@ def backend(protocol: str, node: str) -> str:
 def render(plan: Plan) -> str:
     """The whole haproxy.cfg for ``plan``."""
     routes = str(plan.map_path)
-    methods = " ".join(f"/tensorflow.serving.PredictionService/{m}" for m in TFS_METHODS)
-    verbs = "|".join(TFS_REST_VERBS)
     lines = [
         "global",
         "    nbthread 1",
@@ -82,50 +114,56 @@ def render(plan: Plan) -> str:
         "    timeout client 1h",
         "    timeout server 1h",
         "    timeout http-request 60s",
+        # a node that refuses a connection is marked down at once and the request goes once
+        # more, to the backend's backup: the Python front end, which knows what to do
+        "    retries 1",
+        "    option redispatch 1",
+        "    retry-on conn-failure empty-response",
         "",
         f"backend {TABLE}",
         "    stick-table type string len 512 size 1m expire 1h store conn_cur,http_req_cnt",
         "",
         "frontend grpc",
         f"    bind fd@{plan.grpc_fd} proto h2",
-        f"    acl hot path {methods}",
-        f"    http-request wait-for-body time 1s at-least {BODY_AT_LEAST} if hot",
+        *plan.rules.grpc,
         # byte 0 of a gRPC message is its compressed flag; a compressed body cannot be parsed
         "    acl plain req.body,bytes(0,1),hex -m str 00",
-        # A version (model_spec.version) or a label pins the request: the slow path. Each level
-        # is its own protobuf(): HAProxy 2.6 finds a dotted path's nested field only when it
-        # is the first of its message.
-        f"    http-request set-var(txn.spec) {_SPEC} if hot",
-        "    http-request set-var(txn.version) var(txn.spec),protobuf(2) if hot",
-        "    http-request set-var(txn.label) var(txn.spec),protobuf(4) if hot",
-        "    acl pinned var(txn.version) -m found",
-        "    acl labelled var(txn.label) -m found",
-        "    http-request set-var(txn.model) var(txn.spec),protobuf(1) "
-        "if hot plain !pinned !labelled",
+        "    http-request set-var(txn.model) var(txn.name) if plain !pinned",
         *_lookup(routes),
         "    use_backend grpc_%[var(txn.node)] if { var(txn.node) -m found }",
         "    default_backend python_grpc",
         "",
-        "frontend rest",
-        f"    bind fd@{plan.rest_fd}",
-        f"    acl hot path_reg ^/v1/models/[^/:]+:({verbs})$",
-        "    http-request set-var(txn.model) path,field(4,/),field(1,:) if METH_POST hot",
-        *_lookup(routes),
-        "    use_backend rest_%[var(txn.node)] if { var(txn.node) -m found }",
-        "    default_backend python_rest",
-        "",
         "backend python_grpc",
         f"    server python {plan.fallback_grpc} proto h2",
-        "",
-        "backend python_rest",
-        f"    server python {plan.fallback_rest}",
     ]
+    if plan.rest_fd is not None:
+        lines += [
+            "",
+            "frontend rest",
+            f"    bind fd@{plan.rest_fd}",
+            *plan.rules.rest,
+            *_lookup(routes),
+            "    use_backend rest_%[var(txn.node)] if { var(txn.node) -m found }",
+            "    default_backend python_rest",
+            "",
+            "backend python_rest",
+            f"    server python {plan.fallback_rest}",
+        ]
     for node in plan.nodes:
-        lines += ["", f"backend {backend('grpc', node.name)}",
-                  f"    server {node.name} {node.grpc} proto h2",
-                  "", f"backend {backend('rest', node.name)}",
-                  f"    server {node.name} {node.rest}"]
+        lines += _node(node, "grpc", node.grpc, plan.fallback_grpc, " proto h2")
+        if plan.rest_fd is not None:
+            lines += _node(node, "rest", node.rest, plan.fallback_rest, "")
     return "\n".join(lines) + "\n"
+
+
+def _node(node: Node, protocol: str, address: str, fallback: str, options: str) -> list[str]:
+    """One node's backend: the node, and the Python front end as the backup it falls back to
+    once the node refuses a connection (marked down on the first error, up again on its check).
+    """
+    return ["", f"backend {backend(protocol, node.name)}",
+            f"    server {node.name} {address}{options} check inter 1s "
+            "observe layer4 error-limit 1 on-error mark-down",
+            f"    server python {fallback}{options} backup"]
 
 
 def _lookup(routes: str) -> list[str]:

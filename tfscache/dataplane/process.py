@@ -97,16 +97,23 @@ class Supervisor:
         if self.process is not None and self.process.returncode is None:
             self.process.send_signal(signal.SIGUSR2)
 
-    async def stop(self) -> None:
+    async def stop(self, grace: float = 0.0) -> None:
+        """A soft stop (SIGUSR1: no new connections, the requests in flight finish) for
+        ``grace`` s, then a hard one."""
         self._stopping = True
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watch
-        if self.process is not None and self.process.returncode is None:
-            self.process.terminate()
-            try:
-                await asyncio.wait_for(self.process.wait(), 10)
-            except asyncio.TimeoutError:
-                self.process.kill()
-                await self.process.wait()
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        for sig, wait_s in ((signal.SIGUSR1, grace), (signal.SIGTERM, 10.0)):
+            if wait_s > 0:
+                process.send_signal(sig)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(process.wait(), wait_s)
+                if process.returncode is not None:
+                    return
+        process.kill()
+        await process.wait()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from tfscache.dataplane.config import TABLE
@@ -43,15 +44,26 @@ class Routes:
         text = "".join(f"{m} {n}\n" for m, n in sorted(self._routes.items()))
         await asyncio.to_thread(_replace, self.map_path, text)
 
-    async def grant(self, model: str, node: str) -> bool:
-        """Send ``model``'s warm requests to ``node``; False if the name cannot be routed."""
+    async def grant(self, model: str, node: str,
+                    still: Callable[[], bool] = lambda: True) -> bool:
+        """Send ``model``'s warm requests to ``node``, if ``still()`` holds once the routes are
+        this caller's (a revocation that came first has the last word); False if not routed."""
         if not routable(model):
             return False
         async with self._lock:
+            if not still():
+                return False
             self._routes[model] = node
             await self.write_file()
             await self.runtime.set_map(self.map_path, model, node)
         return True
+
+    async def withdraw(self, model: str) -> None:
+        """No route for ``model`` (its requests in flight finish where they are)."""
+        async with self._lock:
+            if self._routes.pop(model, None) is not None:
+                await self.write_file()
+                await self.runtime.del_map(self.map_path, model)
 
     async def revoke(self, model: str, node: str, deadline_s: float | None = None) -> None:
         """No route for ``model`` to ``node``, and none of its routed requests still in flight.

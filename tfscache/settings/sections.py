@@ -351,8 +351,8 @@ class ServerSection:
     )
     data_plane: str = setting(
         "python",
-        "who answers the public ports: python (the front end) or haproxy (not yet "
-        "available: refused at start-up; docs/data-plane.md)",
+        "who answers the public ports: python (the front end) or haproxy (warm TF Serving "
+        "requests routed natively, the front end behind it: docs/data-plane.md)",
         check=lambda v: None if v in DATA_PLANES else f"must be {one_of(DATA_PLANES)}",
         flag="--data-plane",
     )
