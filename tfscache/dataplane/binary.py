@@ -21,12 +21,18 @@ def parse_version(text: str) -> tuple[int, int] | None:
     return (int(match.group(1)), int(match.group(2))) if match else None
 
 
+def locate(binary: str = "haproxy") -> str | None:
+    """The path of ``binary``: on PATH, or (a bare name) in /usr/sbin, where Debian puts it."""
+    return shutil.which(binary) or (shutil.which(binary, path="/usr/sbin:/sbin")
+                                    if "/" not in binary else None)
+
+
 def check(binary: str = "haproxy") -> tuple[int, int]:
     """The version of ``binary``; HaproxyUnavailable if it is missing or too old.
 
     Called once at start-up, before the event loop runs (so it may block).
     """
-    path = shutil.which(binary)
+    path = locate(binary)
     if path is None:
         raise HaproxyUnavailable(
             f"data plane haproxy needs the haproxy binary ({binary!r} not found): {INSTALL}")

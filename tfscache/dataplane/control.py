@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tfscache.dataplane import config
+from tfscache.dataplane import binary, config
 from tfscache.dataplane.process import Supervisor
 from tfscache.dataplane.routes import Routes, routable
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
@@ -92,7 +92,8 @@ class DataPlane:
         self.routes = Routes(Runtime(plan.runtime_socket), plan.map_path)
         await asyncio.to_thread(self._state.mkdir, parents=True, exist_ok=True)
         await self.routes.write_file()  # none yet: a map left from a previous run is dropped
-        self.supervisor = Supervisor(server.haproxy_binary, self._state, plan)
+        executable = binary.locate(server.haproxy_binary) or server.haproxy_binary
+        self.supervisor = Supervisor(executable, self._state, plan)
         await self.supervisor.start()
         self._task = asyncio.create_task(self._loop(), name="dataplane")
         log.info("data plane haproxy serving gRPC port %s, REST port %s", self.ports["grpc"],
