@@ -3,7 +3,8 @@
 naive grpc.aio byte hop, same run.
 
     .venv/bin/python scripts/bench_frontend.py [--requests 2000] [--seconds 10] [--concurrency 16,64]
-        [--client-processes 4] [--workers 1,2,4] [--baseline-tree DIR] [--quick] [--out results.json]
+        [--client-processes 4] [--workers 1,2,4] [--data-plane python,haproxy]
+        [--baseline-tree DIR] [--quick] [--out results.json]
 
 1. Builds half_plus_two and ``slow_5ms`` (a graph of chained 256x256 matmuls taking
    about 5 ms per call, calibrated here) into a temporary repository.
@@ -93,7 +94,8 @@ with g.as_default(), tf1.Session(graph=g) as s:
     testmodels._save_graph(s, root / "slow_5ms" / "1", {{"serving_default": sig}})
 print(n)
 """
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    # the test models live in tests/support/models (not in the wheel)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
     out = subprocess.run([PYTHON, "-c", code], cwd=REPO, env=env, check=True, capture_output=True, text=True)
     print(f"built models ({out.stdout.strip()} chained matmuls in slow_5ms)", file=sys.stderr)
 
@@ -446,6 +448,10 @@ def main() -> int:
     parser.add_argument("--workers", default="1",
                         help="comma-separated worker counts (tfscache serve --workers N), each its own front end "
                              "in the same run, e.g. 1,2,4")
+    parser.add_argument("--data-plane", default="python",
+                        help="comma-separated data planes (python, haproxy): haproxy adds a path "
+                             "'tfscache haproxy' (serve --data-plane haproxy; its CPU is the serve "
+                             "process with its children, HAProxy included)")
     parser.add_argument("--only", help="comma-separated models (half_plus_two, slow_5ms); default both")
     parser.add_argument("--quick", action="store_true",
                         help="a short run: 400 requests at c=1, 3 s per path, half_plus_two, no start-up test")
@@ -476,6 +482,8 @@ def main() -> int:
             pids = {"node": node["pid"], "naive hop": hop.pid}
             # Every front end is a sidecar of the same node, so all paths use the same node process.
             fronts = [(front_label(n, workers), REPO, ("--workers", str(n)) if n != 1 else ()) for n in workers]
+            if "haproxy" in args.data_plane.split(","):
+                fronts.append(("tfscache haproxy", REPO, ("--data-plane", "haproxy")))
             if args.baseline_tree is not None:
                 fronts.insert(0, ("tfscache (baseline tree)", args.baseline_tree.resolve(), ()))
             for i, (label, tree, extra) in enumerate(fronts):

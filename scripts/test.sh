@@ -12,6 +12,8 @@ packages=()
 command -v etcd >/dev/null 2>&1 || packages+=(etcd-server)
 # Debian's dnsmasq (the binary alone, no system service) as a real DNS server for the dns discovery tests
 command -v dnsmasq >/dev/null 2>&1 || [ -x /usr/sbin/dnsmasq ] || packages+=(dnsmasq-base)
+# Debian's haproxy (>= 2.6) for the haproxy data plane's tests (docs/data-plane.md)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || packages+=(haproxy)
 # Debian's headless chromium and its chromedriver for the status page's browser test (docs/status-page.md)
 command -v chromium >/dev/null 2>&1 || packages+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || packages+=(chromium-driver)

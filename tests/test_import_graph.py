@@ -327,6 +327,7 @@ LAYERS = [
     {"", "errors", "units", "logs", "importer", "extras", "wire", "webserver", "auth"},
     {"discovery.peer", "discovery.table", "cache.policy", "kinds.table"},
     {"settings", "tls"},
+    {"dataplane"},
     {"storage", "repository", "discovery", "modelserver", "sim.trace"},
     {"cache", "cluster.ring"},
     {"kinds"},
@@ -334,7 +335,7 @@ LAYERS = [
     {"frontend.protocols.tfserving", "frontend.protocols.oip"},
     {"kinds.tfserving", "kinds.triton", "kinds.mlserver"},
     {"cluster", "sim", "observe", "admin"},
-    {"app", "workers"},
+    {"app", "workers", "dataplane.control"},
     {"cli", "__main__"},
 ]
 

@@ -32,6 +32,7 @@ from tfscache.app.nodes import Nodes
 from tfscache.app.telemetry import Telemetry
 from tfscache.app.routing import Routing, spread_from
 from tfscache.cluster.topology import Topology
+from tfscache.dataplane.control import DataPlane
 from tfscache.discovery import Discovery, Peer
 from tfscache.kinds.supervisor import Supervisor
 from tfscache.kinds.table import KINDS
@@ -84,8 +85,15 @@ class ServeApp:
                                   health=lambda: self.lifecycle and self.lifecycle.health,
                                   spread=self.spread, metrics=self.metrics) \
             if s.server.workers > 1 else None
+        # server.data_plane = haproxy: HAProxy answers the public ports, warm requests go from
+        # it straight to their node, the front ends here are its fallback (docs/data-plane.md).
+        self.dataplane = DataPlane(s, nodes=lambda: {n.name: n for n in self.topology.nodes()},
+                                   router=lambda: self.router, spread=self.spread,
+                                   rules=self.protocol.data_plane) \
+            if s.server.data_plane == "haproxy" else None
         self._frontends = Frontends(s.server, protocol=self.protocol, metrics=self.metrics,
-                                    credentials=self._credentials, workers=self.workers)
+                                    credentials=self._credentials, workers=self.workers,
+                                    dataplane=self.dataplane)
         self._nodes: Nodes | None = None  # built in start(), once the state directory is known
 
     # -- what tests, the CLI and the admin server read ----------------------------------------
@@ -148,7 +156,7 @@ class ServeApp:
             await self._credentials.load()
             self._nodes = Nodes(s, self.kind, self.topology, repository, state_dir,
                                 metrics=self.metrics, hops=self._hops, gpu=self._gpu,
-                                workers=self.workers, fail=self.fail)
+                                revoking=self.workers or self.dataplane, fail=self.fail)
             await self._nodes.start()
             router = self._routing.start(repository)
             if s.sidecar:

@@ -1,6 +1,7 @@
 """The front ends of one `tfscache serve`: gRPC and REST over the router, speaking the node
 kind's protocol. With ``server.workers`` > 1 these are the control process's internal
-listeners (127.0.0.1, plain, uncounted) and the workers serve the public ports (docs/workers.md)."""
+listeners (127.0.0.1, plain, uncounted) and the workers serve the public ports (docs/workers.md);
+with ``server.data_plane = haproxy`` HAProxy does (docs/data-plane.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import grpc
 
 from tfscache.app.credentials import Credentials
+from tfscache.dataplane.control import DataPlane
 from tfscache.frontend.grpc_server import GrpcFrontend
 from tfscache.frontend.rest import RestFrontend
 from tfscache.frontend.router import Router
@@ -22,12 +24,14 @@ class Frontends:
     < 0."""
 
     def __init__(self, server: ServerSection, *, protocol, metrics: Metrics,
-                 credentials: Credentials, workers: WorkerPool | None) -> None:
+                 credentials: Credentials, workers: WorkerPool | None,
+                 dataplane: DataPlane | None = None) -> None:
         self._server = server
         self._protocol = protocol  # the API the front ends speak (the node kind's)
         self._metrics = metrics
         self._credentials = credentials
         self._workers = workers
+        self._dataplane = dataplane
         self._grpc: GrpcFrontend | None = None
         self._rest: RestFrontend | None = None
 
@@ -36,8 +40,12 @@ class Frontends:
         """Serve ``router``; ``state_dir`` and the repository's ``rescan_s``: what the workers are
         told."""
         s = self._server
-        fe, tls, metrics = (internal(s, self._metrics) if self._workers
-                            else (s, self._credentials.server, self._metrics))
+        if self._workers:
+            fe, tls, metrics = internal(s, self._metrics)
+        elif self._dataplane:  # behind HAProxy: internal, plain, each request counted here
+            fe, tls, metrics = internal(s, self._metrics)[0], None, self._metrics
+        else:
+            fe, tls, metrics = s, self._credentials.server, self._metrics
         self._grpc = GrpcFrontend(router, bind_address=fe.bind_address, port=fe.grpc_port,
                                   max_send_bytes=s.max_send_message_bytes,
                                   max_receive_bytes=s.max_receive_message_bytes,
@@ -55,6 +63,9 @@ class Frontends:
         if self._workers is not None:  # the public ports, served by the workers from now on
             grpc_port, rest_port = await self._workers.start(grpc_port, rest_port,
                                                              state_dir=state_dir, rescan_s=rescan_s)
+        if self._dataplane is not None:  # HAProxy on the public ports, these behind it
+            grpc_port, rest_port = await self._dataplane.start(grpc_port, rest_port,
+                                                               state_dir=state_dir)
         return grpc_port, rest_port
 
     def add_handlers(self, handlers: list[grpc.GenericRpcHandler]) -> None:
@@ -66,6 +77,8 @@ class Frontends:
         workers first."""
         if self._workers is not None:
             await self._workers.stop(grace)
+        if self._dataplane is not None:
+            await self._dataplane.stop(grace)
         if self._grpc is not None:
             await self._grpc.stop(grace)
         if self._rest is not None:

@@ -5,8 +5,9 @@ which is no child of ours. Each node gets one CacheManager over the kind's clien
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Protocol
 
 from tfscache.app.host import GpuCap
 from tfscache.app.hops import Hops
@@ -18,7 +19,13 @@ from tfscache.kinds.supervisor import NodeProcess, Supervisor
 from tfscache.observe.metrics import Metrics
 from tfscache.repository.local import ModelRepository
 from tfscache.settings import Settings
-from tfscache.workers.control import WorkerPool
+
+
+class Revoking(Protocol):
+    """What takes back the requests handed elsewhere before a node unloads (workers'
+    delegations, the data plane's routes)."""
+
+    def revoker(self, node: str) -> Callable[[list], Awaitable[None]]: ...
 
 
 class Nodes:
@@ -26,7 +33,7 @@ class Nodes:
 
     def __init__(self, settings: Settings, kind, topology: Topology, repository: ModelRepository,
                  state_dir: Path, *, metrics: Metrics, hops: Hops, gpu: GpuCap,
-                 workers: WorkerPool | None, fail: Callable[[str], None]) -> None:
+                 revoking: Revoking | None, fail: Callable[[str], None]) -> None:
         self._settings = settings
         self._kind = kind  # the node kind: its launcher, client and adapter
         self._topology = topology
@@ -35,7 +42,7 @@ class Nodes:
         self._metrics = metrics
         self._hops = hops
         self._gpu = gpu
-        self._workers = workers
+        self._revoking = revoking
         self._fail = fail
         self.supervisor: Supervisor | None = None  # embedded mode
         self._watchdog: asyncio.Task | None = None  # sidecar mode
@@ -90,7 +97,7 @@ class Nodes:
         adapter = self._kind.part("adapter")(client, self._repository,
                                              rpc_deadline_s=client.rpc_deadline_s,
                                              memory=NodeMemory(node_pid, find_node_pid))
-        revoker = self._workers.revoker(backend.name) if self._workers else None
+        revoker = self._revoking.revoker(backend.name) if self._revoking else None
         cache = CacheManager(adapter, self._repository, s.cache, state_file=state_file,
                              events=self._metrics.cache_events(backend.name),
                              gpu=self._gpu.for_node(lambda: adapter.node_pid),

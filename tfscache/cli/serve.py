@@ -4,8 +4,8 @@ The process itself is ``tfscache.app.ServeApp``. SIGTERM/SIGINT: health NOT_SERV
 discovery, then requests in flight finish; SIGHUP: static discovery re-reads its peers, and
 the [tls] files are read again.
 Exit status: 0 after a clean stop, 1 when start-up failed or a sidecar's node never came up,
-2 for a bad flag or setting, or an extra the settings need that is not installed (before
-anything starts: tfscache.kinds.preflight).
+2 for a bad flag or setting, a missing or too old haproxy (--data-plane haproxy), or an extra
+the settings need that is not installed (before anything starts: tfscache.kinds.preflight).
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from tfscache.kinds import preflight
 from tfscache import settings as settings_mod
 from tfscache.cli.options import Parser, log_level
 from tfscache.extras import MissingExtra
+from tfscache.dataplane import binary as haproxy
+from tfscache.dataplane.binary import HaproxyUnavailable
 from tfscache.app import ServeApp
 from tfscache.settings import Settings
 
@@ -91,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_mod.from_args(args)
         preflight.check(settings)
-    except (settings_mod.SettingsError, MissingExtra) as exc:
+        if settings.server.data_plane == "haproxy":
+            haproxy.check(settings.server.haproxy_binary)
+    except (settings_mod.SettingsError, MissingExtra, HaproxyUnavailable) as exc:
         print(f"tfscache serve: {exc}", file=sys.stderr)
         return 2
     logs.setup(args.log_level, json_lines=settings.log_json)

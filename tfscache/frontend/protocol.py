@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tfscache import errors
+from tfscache.dataplane.config import Rules
 from tfscache.frontend.methods import Method
 
 
@@ -31,3 +32,5 @@ class Protocol:
     health_services: tuple[str, ...]  # grpc.health.v1 service names answered ("" is the server)
     # streaming methods: path -> handler factory (router, metrics) -> grpc.RpcMethodHandler
     grpc_streams: Mapping[str, Callable[..., object]] = field(default_factory=dict)
+    # how HAProxy reads the model of a hot request (server.data_plane = haproxy)
+    data_plane: Rules | None = None

@@ -20,6 +20,7 @@ from tfscache.kinds.table import DEFAULT_KIND, KINDS
 from tfscache.units import parse_bytes
 
 MiB = 1 << 20
+DATA_PLANES = ("python", "haproxy")
 
 
 def setting(default: Any, doc: str, *, parse: Callable[[Any], Any] | None = None,
@@ -348,6 +349,14 @@ class ServerSection:
         check=_at_least(1),
         flag="--workers",
     )
+    data_plane: str = setting(
+        "python",
+        "who answers the public ports: python (the front end) or haproxy (warm TF Serving "
+        "requests routed natively, the front end behind it: docs/data-plane.md)",
+        check=lambda v: None if v in DATA_PLANES else f"must be {one_of(DATA_PLANES)}",
+        flag="--data-plane",
+    )
+    haproxy_binary: str = setting("haproxy", "the haproxy binary the haproxy data plane runs")
 
 
 @dataclass

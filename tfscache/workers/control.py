@@ -28,12 +28,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from tfscache import errors
-from tfscache.frontend.backends import NodeBackend
 from tfscache.frontend.health import SERVING, Health
-from tfscache.frontend.methods import RouteKey
 from tfscache.workers.channel import Channel, ChannelClosed
 from tfscache.workers.delegation import Grants
-from tfscache.workers.usage import Usage
+from tfscache.workers.usage import Usage, sole_resident
 from tfscache.workers.worker import ENV, REPORT_S
 
 log = logging.getLogger("tfscache.workers.control")
@@ -316,22 +314,11 @@ class WorkerPool:
 
     def grantable(self, name: str, asked: int | None) -> dict | None:
         """The delegation for a request naming ``name`` at ``asked`` (None: latest), or None."""
-        try:
-            candidates = self._router().candidates(RouteKey(name, asked))
-        except errors.TfscacheError:
+        found = sole_resident(self._router(), self.usage, name, asked)
+        if found is None:
             return None
-        backend = candidates[0] if candidates else None
-        if not isinstance(backend, NodeBackend):
-            return None
-        cache, upstream = backend.cache, backend.upstream
-        if cache is None or upstream is None or cache.draining or not cache.healthy:
-            return None
-        version = cache.resident_version(name, asked)  # READY (AVAILABLE on the node)
-        if version is None:
-            return None
-        # copies: picked by load, request by request
-        if self.usage.spread_over(name, self._router()) > 1:
-            return None
+        backend, version = found
+        upstream = backend.upstream
         cost = (
             self.metrics.costs.get((backend.name, (name, version)), (0.0, 0))
             if self.metrics

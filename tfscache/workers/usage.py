@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tfscache import errors
+from tfscache.frontend.backends import NodeBackend
 from tfscache.frontend.methods import RouteKey
 
 # (worker, node, model) -> requests in flight as last reported
@@ -126,3 +127,25 @@ class Usage:
         return len(
             self._spread.copies.copies(name, ring.order(name, self._spread.rule.max_copies or None))
         )
+
+
+def sole_resident(router, usage: Usage, name: str, asked: int | None
+                  ) -> tuple[NodeBackend, int] | None:
+    """The local node and version that alone would serve a request for ``name`` at ``asked``
+    (None: latest) warm now: the router's first choice, healthy, not draining, the version
+    AVAILABLE there, copies not spread. None otherwise. What a worker's delegation and a data
+    plane's route may be given (tfscache.workers.control, tfscache.dataplane.control)."""
+    try:
+        candidates = router.candidates(RouteKey(name, asked))
+    except errors.TfscacheError:
+        return None
+    backend = candidates[0] if candidates else None
+    if not isinstance(backend, NodeBackend):
+        return None
+    cache = backend.cache
+    if cache is None or backend.upstream is None or cache.draining or not cache.healthy:
+        return None
+    version = cache.resident_version(name, asked)  # READY (AVAILABLE on the node)
+    if version is None or usage.spread_over(name, router) > 1:
+        return None
+    return backend, version

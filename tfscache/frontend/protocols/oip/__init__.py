@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from tfscache.frontend.protocol import Protocol
-from tfscache.frontend.protocols.oip.methods import METHODS, REFUSED, SERVICE
+from tfscache.frontend.protocols.oip.methods import DATA_PLANE, METHODS, REFUSED, SERVICE
 from tfscache.frontend.protocols.oip.rest import OipRestApi
 from tfscache.frontend.protocols.oip.stream import STREAMS
 
 PROTOCOL = Protocol(
-    "Open Inference Protocol", METHODS, REFUSED, OipRestApi, ("", SERVICE), grpc_streams=STREAMS
+    "Open Inference Protocol", METHODS, REFUSED, OipRestApi, ("", SERVICE), grpc_streams=STREAMS,
+    data_plane=DATA_PLANE,
 )

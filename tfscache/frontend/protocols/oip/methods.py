@@ -42,12 +42,20 @@ import re
 from google.protobuf.message import DecodeError
 
 from tfscache import errors
+from tfscache.dataplane.config import Rules, grpc_rules, rest_rules
 from tfscache.frontend.methods import Method, RouteKey, select_fields
 from tfscache.frontend.probe import ProbeAnswer
 from tfscache.frontend.protocols.oip import server_metadata, stats
 from tfscache.wire import oip_heads_pb2
 
 SERVICE = "inference.GRPCInferenceService"
+
+# The data plane's hot method: ModelInferRequest's model_name = 1, model_version = 2 (a version
+# named: the slow path); REST /v2/models/NAME/infer without a version.
+DATA_PLANE = Rules(
+    grpc=grpc_rules((f"/{SERVICE}/ModelInfer",), name=(1,), pins=(((2,), "-m len gt 0"),)),
+    rest=rest_rules("^/v2/models/[^/]+/infer$", "path,field(4,/)"),
+)
 
 MODEL_READY_PATH = f"/{SERVICE}/ModelReady"
 REPOSITORY_PATHS = tuple(f"/{SERVICE}/{name}" for name in

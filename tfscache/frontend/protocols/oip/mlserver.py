@@ -66,4 +66,5 @@ PROTOCOL = Protocol(
     MLServerRestApi,
     ("", oip.SERVICE),
     grpc_streams=STREAMS,
+    data_plane=oip.DATA_PLANE,
 )

@@ -1,0 +1,227 @@
+"""The data plane's parts against real HAProxy and real `tfscache node` processes: the rendered
+configuration, routing TF Serving's hot methods by the model named in the gRPC body or the REST
+path, routes taken away only once their requests in flight are done, restarts and reloads.
+
+Two nodes serve a model named ``m``: node A computes x + 1, node B x + 2. B stands in for
+tfscache's Python front end (the fallback every unrouted request goes to), so each answer says
+which way a request went: 2.0 routed to A, 3.0 the slow path. The official TF Serving stubs are
+the client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import threading
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import grpc
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from support.holdproxy import HoldProxy
+from support.models import tfserving
+from support.node import start_node
+from support.waiting import until
+from tfscache.dataplane import binary, config
+from tfscache.dataplane.process import Supervisor
+from tfscache.dataplane.routes import Routes
+from tfscache.dataplane.runtime import Runtime
+from tfscache.frontend.protocols.tfserving import DATA_PLANE
+
+pytestmark = pytest.mark.skipif(
+    not binary.available(), reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)")
+
+ROUTED, FALLBACK = 2.0, 3.0  # node A answers x + 1, node B x + 2 (x = 1)
+
+
+def _config(base) -> str:
+    return ('model_config_list { config { name: "m" base_path: "%s" '
+            'model_platform: "tensorflow" } }' % base)
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("dataplane")
+    a, b = tfserving.build_addk(tmp / "a", 1), tfserving.build_addk(tmp / "b", 2)
+    with start_node(tmp, config=_config(a)) as node_a, start_node(tmp, config=_config(b)) as node_b:
+        yield node_a, node_b
+
+
+class Plane:
+    """A Supervisor on public sockets bound here, its Routes, and clients of both ports."""
+
+    def __init__(self, tmp_path, routed_to: str, fallback) -> None:
+        self.grpc_socket = socket.create_server(("127.0.0.1", 0))
+        self.rest_socket = socket.create_server(("127.0.0.1", 0))
+        self.state = tmp_path / "dataplane"
+        self.fallback = fallback
+        self.plan = self.plan_for([config.Node("a", routed_to.grpc_target,
+                                               f"127.0.0.1:{routed_to.rest_port}")])
+        self.supervisor = Supervisor("haproxy", self.state, self.plan)
+        self.runtime = Runtime(self.plan.runtime_socket)
+        self.routes = Routes(self.runtime, self.plan.map_path)
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_socket.getsockname()[1]}")
+        self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
+
+    def plan_for(self, nodes) -> config.Plan:
+        return config.Plan(
+            grpc_fd=self.grpc_socket.fileno(), rest_fd=self.rest_socket.fileno(),
+            fallback_grpc=self.fallback.grpc_target,
+            fallback_rest=f"127.0.0.1:{self.fallback.rest_port}", nodes=nodes,
+            state_dir=self.state, runtime_socket=self.state / "runtime.sock", rules=DATA_PLANE)
+
+    def predict(self, n: int = 1, version: int | None = None, label: str | None = None,
+                compression=None) -> float:
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name = "m"
+        if version is not None:
+            request.model_spec.version.value = version
+        if label is not None:
+            request.model_spec.version_label = label
+        request.inputs["x"].CopyFrom(tf.make_tensor_proto([1.0] * n, dtype=tf.float32))
+        reply = self.stub.Predict(request, timeout=30, compression=compression)
+        return reply.outputs["y"].float_val[0]
+
+    def rest(self, path: str = "/v1/models/m:predict") -> float:
+        port = self.rest_socket.getsockname()[1]
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method="POST",
+                                         data=json.dumps({"instances": [1.0]}).encode())
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return json.loads(reply.read())["predictions"][0]
+
+    async def __aenter__(self):
+        await self.supervisor.start()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.supervisor.stop()
+        self.channel.close()
+        self.grpc_socket.close()
+        self.rest_socket.close()
+
+
+def _call(fn, *args, **kwargs):
+    return asyncio.to_thread(fn, *args, **kwargs)
+
+
+def test_the_rendered_configuration_is_valid(tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as g, socket.create_server(("127.0.0.1", 0)) as r:
+        plan = config.Plan(grpc_fd=g.fileno(), rest_fd=r.fileno(), fallback_grpc="127.0.0.1:1",
+                           fallback_rest="127.0.0.1:2",
+                           nodes=[config.Node("n0", "127.0.0.1:3", "127.0.0.1:4")],
+                           state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock",
+                           rules=DATA_PLANE)
+        (tmp_path / "haproxy.cfg").write_text(config.render(plan))
+        (tmp_path / config.MAP).write_text("")
+        check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")],
+                               capture_output=True, text=True, pass_fds=(g.fileno(), r.fileno()))
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+async def test_hot_methods_are_routed_by_the_model_in_the_body_or_path(nodes, tmp_path):
+    node_a, node_b = nodes
+    async with Plane(tmp_path, node_a, node_b) as plane:
+        assert await _call(plane.predict) == FALLBACK  # no route yet: the slow path
+        assert await plane.routes.grant("m", "a")
+        assert await _call(plane.predict) == ROUTED
+        assert await _call(plane.rest) == ROUTED
+        # 4 MB: routed from the part of the body HAProxy buffered
+        assert await _call(plane.predict, 1_000_000) == ROUTED
+        # a pinned version, a label or a compressed message take the slow path
+        assert await _call(plane.predict, version=1) == FALLBACK
+        with pytest.raises(grpc.RpcError) as label:
+            await _call(plane.predict, label="stable")
+        assert "label" in label.value.details()  # node B's answer: it has no labels
+        # (gRPC sends a message uncompressed when gzip would not shrink it: 1,000 ones shrink)
+        assert await _call(plane.predict, 1000, compression=grpc.Compression.Gzip) == FALLBACK
+        assert await _call(plane.rest, "/v1/models/m/versions/1:predict") == FALLBACK
+        use = await plane.routes.usage()
+        assert use[("m", "a")].requests == 3 and use[("m", "a")].in_flight == 0
+        await plane.routes.revoke("m", "a", deadline_s=10)
+        assert await _call(plane.predict) == FALLBACK
+        assert await _call(plane.rest) == FALLBACK
+
+
+async def test_a_route_is_revoked_only_once_its_request_in_flight_is_answered(nodes, tmp_path):
+    node_a, node_b = nodes
+    with HoldProxy(("127.0.0.1", int(node_a.grpc_target.rsplit(":", 1)[1]))) as proxy:
+        held_a = type("Held", (), {"grpc_target": f"127.0.0.1:{proxy.port}",
+                                   "rest_port": node_a.rest_port})
+        async with Plane(tmp_path, held_a, node_b) as plane:
+            await plane.routes.grant("m", "a")
+            with ThreadPoolExecutor(1) as pool:
+                with proxy.holding():
+                    request = pool.submit(plane.predict)
+                    await until(lambda: proxy.held_chunks > 0, 30, "the request held")
+                    assert await plane.routes.in_flight("m@a") == 1
+                    revoke = asyncio.create_task(plane.routes.revoke("m", "a"))
+                    await until(lambda: "m" not in plane.routes.current, 30, "route dropped")
+                    assert await plane.runtime.show_map(plane.plan.map_path) == {}
+                    # the route is gone, new requests take the slow path ...
+                    assert await _call(plane.predict) == FALLBACK
+                    # ... and the revocation still waits for the one held on the data plane
+                    assert await plane.routes.in_flight("m@a") == 1
+                    assert not revoke.done()
+                await asyncio.wait_for(revoke, 30)
+                assert request.result(30) == ROUTED
+
+
+async def test_a_killed_haproxy_is_restarted_on_the_same_ports_with_its_routes(nodes, tmp_path):
+    node_a, node_b = nodes
+    async with Plane(tmp_path, node_a, node_b) as plane:
+        await plane.routes.grant("m", "a")
+        assert await _call(plane.predict) == ROUTED
+        os.killpg(plane.supervisor.process.pid, signal.SIGKILL)
+        await until(lambda: plane.supervisor.restarts == 1, 30, "haproxy restarted")
+        # the port never closed (tfscache holds it) and the map file held the route
+        assert await _call(plane.predict) == ROUTED
+        assert await _call(plane.rest) == ROUTED
+
+
+async def test_a_reload_adds_a_node_while_requests_keep_being_answered(nodes, tmp_path):
+    node_a, node_b = nodes
+    async with Plane(tmp_path, node_a, node_b) as plane:
+        await plane.routes.grant("m", "a")
+        answers, failures, stop = [], [], threading.Event()
+
+        def traffic():
+            while not stop.is_set():
+                try:
+                    answers.append(plane.predict())
+                except grpc.RpcError as e:
+                    failures.append(e)
+
+        thread = threading.Thread(target=traffic)
+        thread.start()
+        try:
+            await until(lambda: len(answers) >= 5, 30, "traffic through the data plane")
+            b = config.Node("b", node_b.grpc_target, f"127.0.0.1:{node_b.rest_port}")
+            await plane.supervisor.reload(plane.plan_for([*plane.plan.nodes, b]))
+            await until(lambda: plane.plan.runtime_socket.exists(), 30, "reloaded")
+            await until(_backend_known(plane, "grpc_b"), 30, "the new node's backend")
+            await plane.routes.grant("m", "b")
+            seen = len(answers)
+            await until(lambda: len(answers) > seen + 5, 30, "traffic after the reload")
+        finally:
+            stop.set()
+            await asyncio.to_thread(thread.join, 30)
+        assert failures == []
+        assert answers[-1] == 3.0  # node B (x + 2) now holds the route
+        assert plane.supervisor.restarts == 0
+
+
+def _backend_known(plane, name):
+    async def known():
+        try:
+            return name in await plane.runtime.command("show backend")
+        except Exception:
+            return False
+    return known

@@ -1,0 +1,184 @@
+"""`tfscache serve --data-plane haproxy`: real HAProxy on the public ports, a real `tfscache
+node`, the official TF Serving client.
+
+The control plane runs in this test's process (``ServeApp``), so the test can read its routes
+and HAProxy's stick table and evict through the cache as the admin API does. The ``gate`` model's
+requests block inside the node until released (at the node itself), which holds a request in
+flight on the data plane without timing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+
+import grpc
+import pytest
+import pytest_asyncio
+from support.models.tfserving import build_gate
+from support.node import version_status_at
+from support.requests import float_tensor, predict_request
+from support.serving import link_repository
+from support.waiting import until
+from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+from tfscache import settings as settings_mod
+from tfscache.app import ServeApp
+from tfscache.dataplane import binary
+from workers.conftest import StatusSampler
+
+pytestmark = [
+    pytest.mark.skipif(not binary.available(),
+                       reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)"),
+    pytest.mark.asyncio(loop_scope="module"),
+]
+
+AVAILABLE = 30
+CAP = 2
+MODELS = [f"addk_{k}" for k in range(1, 6)]
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory, synthetic_models):
+    root = tmp_path_factory.mktemp("dataplane-repo")
+    build_gate(root / "built")
+    return link_repository(root / "models", [root / "built" / "gate", *synthetic_models(5)])
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def app(repo, tmp_path_factory):
+    settings = settings_mod.load(None, {}, {
+        "model_repository": str(repo), "node.local_nodes": 1, "server.data_plane": "haproxy",
+        "cache.max_models_per_node": CAP, "server.grpc_port": 0, "server.rest_port": 0,
+        "server.bind_address": "127.0.0.1",
+        "node.state_dir": str(tmp_path_factory.mktemp("dataplane-app") / "state")})
+    app = ServeApp(settings)
+    grpc_port, _ = await app.start()
+    app.target = f"127.0.0.1:{grpc_port}"
+    try:
+        yield app
+    finally:
+        await app.stop(0)
+
+
+def predict(target: str, name: str, x: float = 1.0) -> float:
+    with grpc.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        return stub.Predict(predict_request(name, x), timeout=120).outputs["y"].float_val[0]
+
+
+def predict_gate(target: str) -> float:
+    with grpc.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        reply = stub.Predict(predict_request("gate", inputs={}), timeout=120)
+        return reply.outputs["value"].float_val[0]
+
+
+def release(target: str, value: float) -> None:
+    """Let one held gate request go, at the node itself."""
+    with grpc.insecure_channel(target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        stub.Predict(predict_request("gate", signature="release",
+                                     inputs={"value": float_tensor([value], shape=[])}), timeout=60)
+
+
+def routed(app, name: str) -> bool:
+    return name in app.dataplane.routes.current
+
+
+async def routed_count(app, name: str) -> int:
+    return sum(use.requests for (model, _), use in (await app.dataplane.routes.usage()).items()
+               if model == name)
+
+
+async def evict_all(app) -> None:
+    cache = app.backends["node0"].cache
+    for model in {m.name for m in cache.snapshot()}:
+        await cache.evict(model)
+
+
+async def test_warm_requests_are_routed_by_haproxy_and_counted_by_the_cache(app):
+    await evict_all(app)
+    cache = app.backends["node0"].cache
+    assert await asyncio.to_thread(predict, app.target, "addk_1") == 2.0  # cold: the slow path
+    await until(lambda: routed(app, "addk_1"), 30, "addk_1 routed")
+    before = await routed_count(app, "addk_1")
+    for x in range(10):
+        assert await asyncio.to_thread(predict, app.target, "addk_1", float(x)) == x + 1.0
+    assert await routed_count(app, "addk_1") == before + 10  # all ten went through HAProxy
+    # ... and the cache heard of them, as of a lease taken and given back
+    used = lambda: [m.last_use for m in cache.snapshot() if m.name == "addk_1"]
+    first = used()
+    for x in range(3):
+        await asyncio.to_thread(predict, app.target, "addk_1", float(x))
+    await until(lambda: used() != first, 10, "addk_1's last use moved by routed requests")
+
+
+async def test_routed_requests_keep_a_model_recent_for_the_policy(app):
+    """LRU under a cap of 2: addk_2 is loaded after addk_1, then only addk_1 is used, through
+    HAProxy. A third model must push out addk_2, which a cache blind to the data plane would
+    keep."""
+    await evict_all(app)
+    cache = app.backends["node0"].cache
+    await asyncio.to_thread(predict, app.target, "addk_1")
+    await asyncio.to_thread(predict, app.target, "addk_2")
+    await until(lambda: routed(app, "addk_1"), 30, "addk_1 routed")
+    last = lambda name: max((m.last_use for m in cache.snapshot() if m.name == name), default=0)
+    before = await routed_count(app, "addk_1")
+
+    async def addk_1_more_recent() -> bool:  # one more routed request per try
+        await asyncio.to_thread(predict, app.target, "addk_1")
+        return last("addk_1") > last("addk_2")
+
+    await until(addk_1_more_recent, 30, "addk_1 used after addk_2, through HAProxy")
+    assert await routed_count(app, "addk_1") > before
+    assert await asyncio.to_thread(predict, app.target, "addk_3") == 4.0
+    assert {m.name for m in cache.snapshot() if m.state == "available"} == {"addk_1", "addk_3"}
+
+
+async def test_an_eviction_waits_for_a_request_in_flight_on_the_data_plane(app):
+    await evict_all(app)
+    cache = app.backends["node0"].cache
+    node = app.backends["node0"].upstream.grpc_address
+    first = asyncio.ensure_future(asyncio.to_thread(predict_gate, app.target))  # cold: loads it
+    await until(lambda: cache.is_resident("gate", 1), 60, "gate loaded")
+    await asyncio.to_thread(release, node, 1.0)
+    assert await first == 1.0
+    await until(lambda: routed(app, "gate"), 30, "gate routed")
+    held = asyncio.ensure_future(asyncio.to_thread(predict_gate, app.target))
+    await until(lambda: app.dataplane.routes.in_flight("gate@node0"), 30, "held on HAProxy")
+    assert all(m.leases == 0 for m in cache.snapshot() if m.name == "gate")  # not via Python
+    evict = asyncio.ensure_future(cache.evict("gate", 1))
+    await until(lambda: not routed(app, "gate"), 30, "the route taken away")
+    assert cache.state_of("gate", 1) == "unloading"
+    assert not evict.done() and not held.done()  # the unload waits for the request in flight
+    states = [s.state for s in await asyncio.to_thread(version_status_at, node, "gate")]
+    assert states == [AVAILABLE]  # ... and the node was not told to unload it
+    await asyncio.to_thread(release, node, 42.0)
+    assert await asyncio.wait_for(held, 60) == 42.0  # the held request succeeds
+    assert await asyncio.wait_for(evict, 60) == [("gate", 1)]  # then the unload goes ahead
+
+
+async def test_churn_over_more_models_than_fit_fails_no_request(app):
+    await evict_all(app)
+    node = app.backends["node0"].upstream.grpc_address
+    failures, answers, lock = [], [], threading.Lock()
+
+    def client(offset: int) -> None:
+        for i in range(24):
+            name = MODELS[(i + offset) % len(MODELS)]
+            try:
+                y = predict(app.target, name)
+                with lock:
+                    answers.append(y == 1.0 + int(name.split("_")[1]))
+            except grpc.RpcError as e:
+                with lock:
+                    failures.append(f"{name}: {e.code()} {e.details()}")
+
+    with StatusSampler(node, MODELS) as sampler:
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            await asyncio.gather(*(asyncio.wrap_future(pool.submit(client, o)) for o in range(3)))
+    assert failures == []
+    assert len(answers) == 72 and all(answers)
+    assert sampler.peak <= CAP

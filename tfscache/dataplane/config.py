@@ -1,0 +1,177 @@
+"""haproxy.cfg for the data plane, from what the control plane knows (pure: text in, text out).
+
+HAProxy answers the public gRPC and REST ports on sockets tfscache bound itself and handed over
+(``bind fd@N``), so port 0 works, and the port stays open while HAProxy restarts. A request for
+a hot method names its model in the gRPC body or the REST path; the model's name is looked up in
+one map, ``routes.map`` (model name -> node name, written through the runtime API), and a hit
+goes straight to that node, counted in the stick table ``inflight`` under ``MODEL@NODE``. A
+miss, a pinned version or label, a compressed message, or a request HAProxy cannot parse goes
+unchanged to tfscache's Python front end (``default_backend``), which stays the slow path.
+
+Why a route can be taken away safely: the configuration runs one thread (``nbthread 1``), which
+also answers the runtime API. A request's lookup and its ``track-sc0`` are consecutive rules of
+one evaluation with nothing between them that yields, so when ``del map`` returns every request
+that found the route is already counted, and every later request misses. The control plane
+therefore deletes a route, then waits for ``conn_cur`` of ``MODEL@NODE`` to reach 0, then
+unloads (docs/data-plane.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+MAP = "routes.map"
+TABLE = "inflight"
+# The part of a gRPC message waited for before its fields are read. protobuf() parses what is
+# buffered, so a large message is routed by its first bytes, where encoders put field 1.
+BODY_AT_LEAST = "16k"
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How one protocol's hot requests name their model, for HAProxy (the protocol's package
+    writes them with ``grpc_rules`` and ``rest_rules``): the gRPC lines set ``txn.name`` and
+    the acl ``pinned`` (a version or label named: the slow path), the REST lines ``txn.model``."""
+
+    grpc: tuple[str, ...]
+    rest: tuple[str, ...]
+
+
+def field_of(path: tuple[int, ...]) -> str:
+    """The sample of a gRPC message's field at ``path`` (field numbers, outermost first).
+
+    Each level is its own protobuf() converter: HAProxy 2.6 finds a dotted path's nested field
+    only when it is the first field of its message."""
+    return "req.body,bytes(5)," + ",".join(f"protobuf({number})" for number in path)
+
+
+def grpc_rules(methods: tuple[str, ...], name: tuple[int, ...],
+               pins: tuple[tuple[tuple[int, ...], str], ...]) -> tuple[str, ...]:
+    """Hot gRPC ``methods`` (paths) name their model at field path ``name``; each of ``pins``
+    (a field path, an acl match such as ``-m found``) pins a request to the slow path."""
+    lines = [f"    acl hot path {' '.join(methods)}",
+             f"    http-request wait-for-body time 1s at-least {BODY_AT_LEAST} if hot",
+             f"    http-request set-var(txn.name) {field_of(name)} if hot"]
+    for index, (path, match) in enumerate(pins):
+        lines += [f"    http-request set-var(txn.pin{index}) {field_of(path)} if hot",
+                  f"    acl pinned var(txn.pin{index}) {match}"]
+    return tuple(lines)
+
+
+def rest_rules(path_regex: str, name: str) -> tuple[str, ...]:
+    """Hot REST requests: a POST whose path matches ``path_regex``; ``name``: the sample that
+    reads the model's name from it (such as ``path,field(4,/)``)."""
+    return (f"    acl hot path_reg {path_regex}",
+            f"    http-request set-var(txn.model) {name} if METH_POST hot")
+
+
+@dataclass(frozen=True)
+class Node:
+    """One model server: its name (the ring's) and its gRPC and REST addresses (host:port)."""
+
+    name: str
+    grpc: str
+    rest: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything the configuration says; a new Plan means a reload."""
+
+    grpc_fd: int
+    rest_fd: int | None  # None: no REST port (server.rest_port < 0)
+    fallback_grpc: str  # tfscache's Python front end, host:port
+    fallback_rest: str | None
+    nodes: Sequence[Node]
+    state_dir: Path  # routes.map lives here
+    runtime_socket: Path  # the runtime API (mode 0600, level admin)
+    rules: Rules  # the node kind's protocol's
+
+    @property
+    def map_path(self) -> Path:
+        return self.state_dir / MAP
+
+
+def backend(protocol: str, node: str) -> str:
+    """The backend that carries ``protocol`` ("grpc" or "rest") to ``node``."""
+    return f"{protocol}_{node}"
+
+
+def render(plan: Plan) -> str:
+    """The whole haproxy.cfg for ``plan``."""
+    routes = str(plan.map_path)
+    lines = [
+        "global",
+        "    nbthread 1",
+        f"    stats socket {plan.runtime_socket} mode 600 level admin expose-fd listeners",
+        "    tune.bufsize 65536",
+        "",
+        "defaults",
+        "    mode http",
+        "    timeout connect 5s",
+        "    timeout client 1h",
+        "    timeout server 1h",
+        "    timeout http-request 60s",
+        # a node that refuses a connection is marked down at once and the request goes once
+        # more, to the backend's backup: the Python front end, which knows what to do
+        "    retries 1",
+        "    option redispatch 1",
+        "    retry-on conn-failure empty-response",
+        "",
+        f"backend {TABLE}",
+        "    stick-table type string len 512 size 1m expire 1h store conn_cur,http_req_cnt",
+        "",
+        "frontend grpc",
+        f"    bind fd@{plan.grpc_fd} proto h2",
+        *plan.rules.grpc,
+        # byte 0 of a gRPC message is its compressed flag; a compressed body cannot be parsed
+        "    acl plain req.body,bytes(0,1),hex -m str 00",
+        "    http-request set-var(txn.model) var(txn.name) if plain !pinned",
+        *_lookup(routes),
+        "    use_backend grpc_%[var(txn.node)] if { var(txn.node) -m found }",
+        "    default_backend python_grpc",
+        "",
+        "backend python_grpc",
+        f"    server python {plan.fallback_grpc} proto h2",
+    ]
+    if plan.rest_fd is not None:
+        lines += [
+            "",
+            "frontend rest",
+            f"    bind fd@{plan.rest_fd}",
+            *plan.rules.rest,
+            *_lookup(routes),
+            "    use_backend rest_%[var(txn.node)] if { var(txn.node) -m found }",
+            "    default_backend python_rest",
+            "",
+            "backend python_rest",
+            f"    server python {plan.fallback_rest}",
+        ]
+    for node in plan.nodes:
+        lines += _node(node, "grpc", node.grpc, plan.fallback_grpc, " proto h2")
+        if plan.rest_fd is not None:
+            lines += _node(node, "rest", node.rest, plan.fallback_rest, "")
+    return "\n".join(lines) + "\n"
+
+
+def _node(node: Node, protocol: str, address: str, fallback: str, options: str) -> list[str]:
+    """One node's backend: the node, and the Python front end as the backup it falls back to
+    once the node refuses a connection (marked down on the first error, up again on its check).
+    """
+    return ["", f"backend {backend(protocol, node.name)}",
+            f"    server {node.name} {address}{options} check inter 1s "
+            "observe layer4 error-limit 1 on-error mark-down",
+            f"    server python {fallback}{options} backup"]
+
+
+def _lookup(routes: str) -> list[str]:
+    """The model -> node lookup and its count, consecutive so nothing runs between them."""
+    found = "if { var(txn.model) -m found }"
+    routed = "if { var(txn.node) -m found }"
+    return [
+        f"    http-request set-var(txn.node) var(txn.model),map({routes}) {found}",
+        f"    http-request set-var(txn.key) var(txn.model),concat(@,txn.node) {routed}",
+        f"    http-request track-sc0 var(txn.key) table {TABLE} {routed}",
+    ]

@@ -1,0 +1,214 @@
+"""tfscache as the control plane of HAProxy (``server.data_plane = "haproxy"``; docs/data-plane.md).
+
+``DataPlane`` binds the public gRPC and REST ports, hands them to HAProxy (process.py), and
+keeps tfscache's own front ends on internal ports as HAProxy's fallback: the slow path for
+every request HAProxy does not route. Every ``POLL_S`` it
+
+* reads HAProxy's stick table and gives the caches what their policies need, as workers'
+  reports are given (tfscache.workers.usage): each routed request as a lease taken and given
+  back, and the requests in flight (a version busy on the data plane is no victim);
+* routes each model that a local node alone would serve warm now (``sole_resident``: AVAILABLE,
+  healthy, not draining, the router's first choice, copies not spread) to that node, and
+  withdraws the routes of the others;
+* follows the nodes' addresses (a restarted node child has new ports) with a reload.
+
+Before a cache unloads a version, its ``revoker`` hook takes the model's route from that node and
+waits until HAProxy counts none of its requests in flight there (routes.py). A version being
+unloaded is UNLOADING in its ledger already, so the next poll does not route it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import re
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from tfscache.dataplane import binary, config
+from tfscache.dataplane.process import Supervisor
+from tfscache.dataplane.routes import Routes, routable
+from tfscache.dataplane.runtime import Runtime, RuntimeApiError
+from tfscache.workers.usage import Usage, sole_resident
+
+log = logging.getLogger("tfscache.dataplane")
+
+POLL_S = 0.1
+# Usage.apply's rows are per reporter; the data plane reports as one (workers are 0..N-1).
+REPORTER = -1
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+def listening(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (0: a free port) for HAProxy to inherit."""
+    sock = socket.create_server((host, port), family=socket.AF_INET6 if ":" in host
+                                else socket.AF_INET, backlog=1024, reuse_port=False)
+    sock.set_inheritable(True)
+    return sock
+
+
+class DataPlane:
+    def __init__(self, settings, *, nodes: Callable[[], dict], router: Callable[[], object],
+                 spread=None, rules: config.Rules) -> None:
+        """``nodes()``: local node backends by name; ``router()``: the router (which backend a
+        request goes to first); ``spread``: copies that follow load, None when off;
+        ``rules``: how the node kind's protocol names a hot request's model (its data_plane)."""
+        self.settings = settings
+        self.rules = rules
+        self._nodes = nodes
+        self._router = router
+        self.usage = Usage(nodes, spread)
+        self.supervisor: Supervisor | None = None
+        self.routes: Routes | None = None
+        self.ports: dict[str, int | None] = {}
+        self._sockets: list[socket.socket] = []
+        self._ids: dict[str, str] = {}  # node name -> its name in haproxy.cfg
+        self._versions: dict[tuple[str, str], int] = {}  # (node, model) -> version routed
+        self._counted: dict[str, int] = {}  # stick-table key -> http_req_cnt last read
+        self._last_use: dict[tuple[str, str], float] = {}
+        self._task: asyncio.Task | None = None
+
+    async def start(self, internal_grpc: int, internal_rest: int | None, *,
+                    state_dir: Path) -> tuple[int, int | None]:
+        """Bind the public ports, start HAProxy on them with the internal front ends behind it;
+        returns the public (gRPC, REST) ports."""
+        server = self.settings.server
+        grpc = listening(server.bind_address, server.grpc_port)
+        self._sockets.append(grpc)
+        rest = None
+        if internal_rest is not None:
+            rest = listening(server.bind_address, server.rest_port)
+            self._sockets.append(rest)
+        self.ports = {"grpc": grpc.getsockname()[1], "rest": rest.getsockname()[1] if rest else None}
+        self._internal = (f"127.0.0.1:{internal_grpc}",
+                          f"127.0.0.1:{internal_rest}" if internal_rest else None)
+        self._fds = (grpc.fileno(), rest.fileno() if rest else None)
+        self._state = Path(state_dir) / "dataplane"
+        plan = self._plan()
+        self.routes = Routes(Runtime(plan.runtime_socket), plan.map_path)
+        await asyncio.to_thread(self._state.mkdir, parents=True, exist_ok=True)
+        await self.routes.write_file()  # none yet: a map left from a previous run is dropped
+        executable = binary.locate(server.haproxy_binary) or server.haproxy_binary
+        self.supervisor = Supervisor(executable, self._state, plan)
+        await self.supervisor.start()
+        self._task = asyncio.create_task(self._loop(), name="dataplane")
+        log.info("data plane haproxy serving gRPC port %s, REST port %s", self.ports["grpc"],
+                 self.ports["rest"])
+        return self.ports["grpc"], self.ports["rest"]
+
+    def _plan(self) -> config.Plan:
+        nodes = []
+        for name, backend in sorted(self._nodes().items()):
+            upstream = getattr(backend, "upstream", None)
+            if upstream is None or not upstream.rest_address:
+                continue
+            node_id = self._ids.setdefault(name, _UNSAFE.sub("_", name))
+            nodes.append(config.Node(node_id, upstream.grpc_address,
+                                     upstream.rest_address.removeprefix("http://")))
+        return config.Plan(grpc_fd=self._fds[0], rest_fd=self._fds[1],
+                           fallback_grpc=self._internal[0], fallback_rest=self._internal[1],
+                           nodes=tuple(nodes), state_dir=self._state,
+                           runtime_socket=self._state / "runtime.sock", rules=self.rules)
+
+    async def stop(self, grace: float) -> None:
+        """Stop routing and let HAProxy finish the requests it carries (``grace`` s at most)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if self.supervisor is not None:
+            await self.supervisor.stop(grace)
+        for sock in self._sockets:
+            sock.close()
+
+    # -- the poll ------------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except RuntimeApiError as e:  # HAProxy restarting: the next poll finds it again
+                log.debug("data plane poll: %s", e)
+            except Exception:
+                log.exception("data plane poll failed")
+            await asyncio.sleep(POLL_S)
+
+    async def poll(self) -> None:
+        """One round: usage back to the caches, the plan's nodes, the routes."""
+        await self._report()
+        plan = self._plan()
+        if plan.nodes != self.supervisor.plan.nodes:
+            log.info("data plane: nodes changed, reloading haproxy")
+            await self.supervisor.reload(plan)
+        await self._route()
+
+    async def _report(self) -> None:
+        by_id = {v: k for k, v in self._ids.items()}
+        rows, now = [], time.time()
+        for (model, node_id), use in (await self.routes.usage()).items():
+            node = by_id.get(node_id)
+            version = self._versions.get((node, model))
+            if node is None or version is None:
+                continue
+            key = f"{model}@{node_id}"
+            counted = self._counted.get(key, 0)
+            # a restarted HAProxy starts its table from zero
+            requests = use.requests - counted if use.requests >= counted else use.requests
+            self._counted[key] = use.requests
+            if requests:
+                self._last_use[(node, model)] = now
+            rows.append([node, model, version, requests, self._last_use.get((node, model), now),
+                         use.in_flight])
+        self.usage.apply(REPORTER, rows)
+
+    async def _route(self) -> None:
+        router = self._router()
+        if router is None:
+            return
+        wanted: dict[str, tuple[str, int]] = {}
+        nodes = self._nodes()
+        for backend in nodes.values():
+            cache = getattr(backend, "cache", None)
+            if cache is None:
+                continue
+            for resident in cache.snapshot():
+                name = resident.name
+                if name in wanted or not routable(name) or resident.state != "available":
+                    continue
+                target = sole_resident(router, self.usage, name, None)
+                if target is not None and target[0].name in self._ids:
+                    wanted[name] = (target[0].name, target[1])
+        current = self.routes.current
+        for name, node_id in current.items():
+            if name not in wanted or self._ids[wanted[name][0]] != node_id:
+                await self.routes.withdraw(name)
+        for name, (node, version) in wanted.items():
+            self._versions[(node, name)] = version
+            if current.get(name) != self._ids[node]:
+                cache = nodes[node].cache
+                await self.routes.grant(name, self._ids[node], still=functools.partial(
+                    _still_resident, nodes[node], cache, name, version))
+
+    # -- before an unload ------------------------------------------------------------------------
+
+    def revoker(self, node: str) -> Callable[[list], Awaitable[None]]:
+        """The hook ``node``'s cache awaits before an unload (``CacheManager(before_unload=)``)."""
+        return functools.partial(self.revoke, node)
+
+    async def revoke(self, node: str, keys) -> None:
+        """Before ``keys`` leave ``node``: their models' routes to it are gone and none of their
+        routed requests is still in flight there."""
+        node_id = self._ids.get(node)
+        if node_id is None or self.routes is None:
+            return
+        names = sorted({name for name, _ in keys if routable(name)})
+        await asyncio.gather(*(self.routes.revoke(name, node_id) for name in names))
+
+
+def _still_resident(backend, cache, name: str, version: int) -> bool:
+    """The version routed is still AVAILABLE on the same cache (not retired meanwhile)."""
+    return backend.cache is cache and cache.is_resident(name, version)

@@ -1,0 +1,119 @@
+"""HAProxy as tfscache's child: started, restarted when it dies, reloaded, stopped.
+
+tfscache binds the public sockets itself and hands them over (``bind fd@N``; config.py), so the
+ports exist before HAProxy does and stay open while it restarts: the kernel queues connections
+until the new HAProxy accepts them. HAProxy runs in master-worker mode in the foreground
+(``-W -db``); a reload is SIGUSR2 to the master, which starts new workers on the new
+configuration and lets the old ones finish their requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from pathlib import Path
+
+from tfscache.dataplane import config
+
+log = logging.getLogger(__name__)
+
+
+class HaproxyStartError(Exception):
+    """HAProxy exited, or its runtime socket did not appear, while starting."""
+
+
+class Supervisor:
+    def __init__(self, binary: str, state_dir: Path, plan: config.Plan,
+                 start_timeout_s: float = 30.0) -> None:
+        self.binary = binary
+        self.state_dir = Path(state_dir)
+        self.plan = plan
+        self.start_timeout_s = start_timeout_s
+        self.config_path = self.state_dir / "haproxy.cfg"
+        self.log_path = self.state_dir / "haproxy.log"
+        self.process: asyncio.subprocess.Process | None = None
+        self.restarts = 0
+        self._watch: asyncio.Task | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._write_files)
+        await self._spawn()
+        self._watch = asyncio.create_task(self._watch_loop(), name="haproxy-watch")
+
+    def _write_files(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        if not self.plan.map_path.exists():
+            self.plan.map_path.write_text("")
+        scratch = self.config_path.with_suffix(".new")
+        scratch.write_text(config.render(self.plan))
+        os.replace(scratch, self.config_path)
+
+    async def _spawn(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.plan.runtime_socket.unlink()
+        logfile = await asyncio.to_thread(open, self.log_path, "ab")
+        try:
+            self.process = await asyncio.create_subprocess_exec(
+                self.binary, "-W", "-db", "-f", str(self.config_path),
+                stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,
+                pass_fds=(self.plan.grpc_fd, self.plan.rest_fd), start_new_session=True)
+        finally:
+            logfile.close()
+        await self._until_serving()
+
+    async def _until_serving(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout_s
+        while not await asyncio.to_thread(self.plan.runtime_socket.exists):
+            if self.process.returncode is not None:
+                raise HaproxyStartError(f"haproxy exited with {self.process.returncode} while "
+                                        f"starting; see {self.log_path}")
+            if loop.time() > deadline:
+                raise HaproxyStartError(f"haproxy opened no runtime socket in "
+                                        f"{self.start_timeout_s} s; see {self.log_path}")
+            await asyncio.sleep(0.02)
+
+    async def _watch_loop(self) -> None:
+        while not self._stopping:
+            code = await self.process.wait()
+            if self._stopping:
+                return
+            self.restarts += 1
+            log.warning("haproxy exited with %s; restarting it (restart %d)", code, self.restarts)
+            try:
+                await self._spawn()
+            except HaproxyStartError as e:
+                log.error("%s", e)
+                await asyncio.sleep(1.0)
+
+    async def reload(self, plan: config.Plan) -> None:
+        """Serve ``plan`` from now on, without closing a port or failing a request."""
+        self.plan = plan
+        await asyncio.to_thread(self._write_files)
+        if self.process is not None and self.process.returncode is None:
+            self.process.send_signal(signal.SIGUSR2)
+
+    async def stop(self, grace: float = 0.0) -> None:
+        """A soft stop (SIGUSR1: no new connections, the requests in flight finish) for
+        ``grace`` s, then a hard one."""
+        self._stopping = True
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        for sig, wait_s in ((signal.SIGUSR1, grace), (signal.SIGTERM, 10.0)):
+            if wait_s > 0:
+                process.send_signal(sig)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(process.wait(), wait_s)
+                if process.returncode is not None:
+                    return
+        process.kill()
+        await process.wait()

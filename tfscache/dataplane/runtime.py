@@ -1,0 +1,90 @@
+"""HAProxy's runtime API over its unix socket: one command per connection, async.
+
+The management guide's commands used here: ``add map``, ``set map``, ``del map``, ``show map``
+and ``show table``. HAProxy answers a command and closes the connection (no ``prompt``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_ENTRY = re.compile(r"^0x[0-9a-f]+: key=(\S+) use=\d+ exp=\d+(?: shard=\d+)?(.*)$")
+_FIELD = re.compile(r"(\w+)=(\d+)")
+
+
+class RuntimeApiError(Exception):
+    """HAProxy refused a runtime command, or its socket did not answer."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    """One stick-table entry: requests in flight now, and requests counted since it was made."""
+
+    in_flight: int
+    requests: int
+
+
+class Runtime:
+    def __init__(self, socket_path: Path, timeout_s: float = 5.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout_s = timeout_s
+
+    async def command(self, line: str) -> str:
+        """Send one command and return HAProxy's whole answer."""
+        if "\n" in line or ";" in line:
+            raise ValueError(f"one runtime command at a time: {line!r}")
+        try:
+            return await asyncio.wait_for(self._send(line), self.timeout_s)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise RuntimeApiError(f"haproxy runtime API {self.socket_path}: {e!r}") from e
+
+    async def _send(self, line: str) -> str:
+        reader, writer = await asyncio.open_unix_connection(str(self.socket_path))
+        try:
+            writer.write(line.encode() + b"\n")
+            await writer.drain()
+            return (await reader.read()).decode(errors="replace")
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    async def set_map(self, map_path: Path, key: str, value: str) -> None:
+        """``key`` -> ``value`` in the map, in one step whether or not ``key`` was there."""
+        answer = await self.command(f"set map {map_path} {key} {value}")
+        if "entry not found" in answer.lower():
+            answer = await self.command(f"add map {map_path} {key} {value}")
+        _check(answer, f"map {map_path} {key} -> {value}")
+
+    async def del_map(self, map_path: Path, key: str) -> None:
+        """Drop ``key`` from the map; nothing to do if it is not there."""
+        answer = await self.command(f"del map {map_path} {key}")
+        if "not found" not in answer.lower():
+            _check(answer, f"del map {map_path} {key}")
+
+    async def show_map(self, map_path: Path) -> dict[str, str]:
+        entries = {}
+        for line in (await self.command(f"show map {map_path}")).splitlines():
+            parts = line.split()
+            if len(parts) == 3 and parts[0].startswith("0x"):
+                entries[parts[1]] = parts[2]
+        return entries
+
+    async def table(self, name: str) -> dict[str, Usage]:
+        """Each key of stick table ``name`` with its ``conn_cur`` and ``http_req_cnt``."""
+        usage = {}
+        for line in (await self.command(f"show table {name}")).splitlines():
+            match = _ENTRY.match(line.strip())
+            if match:
+                fields = {k: int(v) for k, v in _FIELD.findall(match.group(2))}
+                usage[match.group(1)] = Usage(fields.get("conn_cur", 0),
+                                              fields.get("http_req_cnt", 0))
+        return usage
+
+
+def _check(answer: str, what: str) -> None:
+    text = answer.strip()
+    if text and not text.lower().startswith("done"):
+        raise RuntimeApiError(f"haproxy refused {what}: {text}")
