@@ -107,7 +107,9 @@ class CacheSection:
         check=lambda v: None if v in ("none", "host") else "must be one of host, none",
     )
     demote_cpu_instances: int = setting(
-        1, "demote host: the count of KIND_CPU instances a demoted Triton model runs on",
+        1,
+        "demote host: the count of CPU instances a model demoted in place runs on "
+        "(docs/tiers.md)",
         check=_at_least(1),
     )
     load_timeout_s: float = setting(
