@@ -45,8 +45,9 @@ def test_render_lists_nodes_models_and_the_hit_ratio():
     assert not any(line.startswith("scale advice") for line in lines)
     assert "model versions (2)" in lines
     model_rows = [line.split() for line in lines[lines.index("model versions (2)"):] if line.startswith("  a  ")]
-    assert model_rows == [["a", "m", "2", "available", "2", "MiB", "10.0", "s", "ago", "1"],
-                          ["a", "n", "7", "loading", "1", "MiB", "(estimated)", "10", "min", "ago", "0"]]
+    assert model_rows == [["a", "m", "2", "available", "-", "2", "MiB", "10.0", "s", "ago", "1"],
+                          ["a", "n", "7", "loading", "-", "1", "MiB", "(estimated)", "10", "min", "ago",
+                           "0"]]  # "-": DOC is from a serve older than the tiers
     assert lines[-1] == "hit ratio: 75.0% (3 hits, 1 miss)"
 
 
@@ -155,3 +156,15 @@ def test_render_lists_the_workers_of_a_serve_with_several():
 def test_render_with_one_process_has_no_workers_section():
     assert status.render(DOC) == status.render({**DOC, "workers": []})
     assert "workers" not in status.render(DOC)
+
+
+def test_render_shows_each_versions_tier_and_a_move():
+    node = {**DOC["nodes"][0], "models": [
+        {**DOC["nodes"][0]["models"][0], "tier": "gpu", "moving": ""},
+        {**DOC["nodes"][0]["models"][1], "state": "available", "tier": "gpu", "moving": "host"}]}
+    lines = status.render({**DOC, "nodes": [node]}).splitlines()
+    assert lines[lines.index("model versions (2)") + 1].split()[:5] == [
+        "NODE", "MODEL", "VERSION", "STATE", "TIER"]
+    models = lines[lines.index("model versions (2)"):]
+    rows = [line.split()[:5] for line in models if line.startswith("  a  ")]
+    assert rows == [["a", "m", "2", "available", "gpu"], ["a", "n", "7", "available", "gpu->host"]]

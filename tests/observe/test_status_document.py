@@ -46,7 +46,8 @@ def test_a_node_capped_at_three_with_five_in_its_config():
     assert (node["resident_models"], node["resident_bytes"]) == (2, 300)  # available only
     assert node["caps"] == {"max_models": 3, "memory_bytes": 10_000}
     assert node["models"][0] == {"name": "a", "version": 1, "bytes": 100, "measured": True, "leases": 2,
-                                 "last_use": 1000.0, "state": "available", "pinned": False}
+                                 "last_use": 1000.0, "state": "available", "pinned": False,
+                                 "tier": "gpu", "moving": ""}
     assert [m["state"] for m in node["models"]] == ["available", "available", "loading", "unloading", "unloading"]
     assert node["leases"] == 2
     states = node["model_states"]

@@ -8,6 +8,11 @@ An ``Entry`` is a version in the node's config: LOADING (sent, not yet AVAILABLE
 READY (AVAILABLE; leases may be taken) or UNLOADING (left the config; counts against
 the caps until the node reports it gone). A ``Pending`` is a cold version that
 requests wait for and the planner has not admitted yet.
+
+A resident entry has a tier (tfscache.cache.tiers): ``gpu`` or ``host`` (loaded on CPU
+instances, still answering; docs/tiers.md). Its GPU bytes count against the GPU cap only on the
+GPU tier, and while it moves to or from there (``moving``): a version counts against both
+tiers while it moves. Its host bytes and the count cap count it on either tier.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass
 from tfscache import errors
 from tfscache.cache.freeing import Freeing
 from tfscache.cache.policy import EvictionPolicy
+from tfscache.cache.tiers import GPU, HOST
 
 Key = tuple[str, int]
 
@@ -39,6 +45,9 @@ class Entry:
         "gpu",
         "prefetched",
         "retried",
+        "tier",
+        "moving",
+        "load_s",
     )
 
     def __init__(self, key: Key, state: str, size: int, measured: bool, last_use: float,
@@ -56,6 +65,14 @@ class Entry:
         # loaded by a prefetch and not requested since (tfscache.cache.prefetch)
         self.prefetched = False
         self.retried = False  # loading again after the node ran out of memory on a first try
+        self.tier = GPU  # where it is resident (tfscache.cache.tiers): GPU or HOST
+        self.moving: str | None = None  # the tier it is moving to (demoted or promoted), if any
+        self.load_s = 0.0  # seconds its last cold load took (0: adopted, not measured)
+
+    @property
+    def gpu_held(self) -> int:
+        """The GPU bytes it counts against the GPU cap: on the GPU tier, or moving to or from it."""
+        return self.gpu if self.tier == GPU or self.moving is not None else 0
 
 
 class Pending:
@@ -115,6 +132,7 @@ class Ledger:
         # bytes measured on an earlier load, kept across evictions
         self.learned: dict[Key, int] = {}
         self.learned_gpu: dict[Key, int] = {}  # GPU bytes measured on an earlier load, likewise
+        self.promoted_s: dict[Key, float] = {}  # seconds of the last promotion from host memory
         self._failed: dict[Key, tuple[float, errors.TfscacheError]] = {}
         self._freeing: list[Freeing] = []  # gone from the node, memory not measured free yet
         # READY keys' requests in flight in workers, as last reported
@@ -131,8 +149,8 @@ class Ledger:
         return sum(e.bytes for e in self.entries.values())
 
     def gpu_used(self) -> int:
-        """GPU bytes of every entry, leaving ones included."""
-        return sum(e.gpu for e in self.entries.values())
+        """GPU bytes of every entry on the GPU tier or moving, leaving ones included."""
+        return sum(e.gpu_held for e in self.entries.values())
 
     def freeing(self) -> list[Freeing]:
         """Versions the node reported gone whose memory still counts (tfscache.cache.freeing)."""
@@ -173,13 +191,14 @@ class Ledger:
         return entry if entry is not None and entry.state == READY else None
 
     def idle(self) -> list[Key]:
-        """READY entries with no lease, no pin, none in flight in a worker: the policy's victims to
-        choose from."""
+        """READY entries with no lease, no pin, none in flight in a worker, not moving between
+        tiers: the policy's victims to choose from."""
         return [
             k
             for k, e in self.entries.items()
             if e.state == READY
             and e.leases == 0
+            and e.moving is None
             and k not in self.pinned
             and k not in self.elsewhere
         ]
@@ -348,7 +367,7 @@ class Ledger:
     def loaded(self, key: Key, load_s: float, now: float) -> list[asyncio.Future]:
         """``key`` is AVAILABLE after ``load_s`` s; its waiters, taken from it (each gets a lease)."""
         entry = self.entries[key]
-        entry.state = READY
+        entry.state, entry.load_s = READY, load_s
         if self._policy is not None:
             self._policy.record_load(key, entry.bytes, load_s, now)
         waiters, entry.waiters = entry.waiters, []
@@ -392,6 +411,33 @@ class Ledger:
         pending.waiters, pending.room = entry.waiters, size
         entry.waiters = []
         return pending
+
+    def on_tier(self, tier: str) -> list[Key]:
+        """The resident (READY) keys on ``tier``, moving ones included (by the tier they leave)."""
+        return [k for k, e in self.entries.items() if e.state == READY and e.tier == tier]
+
+    def moving_to(self, key: Key, tier: str) -> None:
+        """READY ``key`` starts moving to ``tier`` (demoted to HOST, promoted to GPU): it keeps
+        answering, is no victim, and counts against both tiers until ``moved``."""
+        if tier not in (GPU, HOST):
+            raise ValueError(f"no tier {tier!r}")
+        self.entries[key].moving = tier
+
+    def moved(self, key: Key, seconds: float) -> None:
+        """``key`` is on the tier it was moving to (after ``seconds``); a promotion's seconds are
+        remembered (``promote_s``)."""
+        entry = self.entries.get(key)
+        if entry is None or entry.moving is None:
+            return
+        if entry.moving == GPU:
+            self.promoted_s[key] = seconds
+        entry.tier, entry.moving = entry.moving, None
+
+    def move_failed(self, key: Key) -> None:
+        """Moving ``key`` failed: it stays on the tier it was on."""
+        entry = self.entries.get(key)
+        if entry is not None:
+            entry.moving = None
 
     def retire(self, key: Key) -> list[asyncio.Future]:
         """``key`` leaves the node's config (evicted: capacity, admin, drain, vanished): UNLOADING,
@@ -475,6 +521,8 @@ class ResidentModel:
     last_use: float  # wall-clock seconds
     state: str  # "loading", "available" or "unloading"
     pinned: bool = False  # never chosen as a victim (``CacheManager.pin``)
+    tier: str = GPU  # "gpu" or "host" (docs/tiers.md)
+    moving: str = ""  # the tier it is moving to, "" when it is not moving
 
 
 @dataclass(frozen=True)

@@ -452,7 +452,7 @@ class CacheManager:
 
     def _describe(self, e: Entry) -> ResidentModel:
         return ResidentModel(e.key[0], e.key[1], e.bytes, e.measured, e.leases, e.last_use, e.state,
-                             e.key in self.ledger.pinned)
+                             e.key in self.ledger.pinned, e.tier, e.moving or "")
 
     def _prefetch_used(self, lease: Lease) -> Lease:
         if lease.prefetched:  # told in the request's task: the request log marks it

@@ -18,6 +18,15 @@ the live cache (the simulator and the cache cannot disagree). The rules:
    memory or GPU cap, they count until measured free (``waits_for_freed_memory``: the
    admitted loads wait for them, no further victim is taken).
 
+With demotion on (``cache.demote = "host"``, docs/tiers.md), the caller names the idle
+versions that may leave the GPU for host memory (``demotable``: on the GPU tier, a kind that can
+run them on CPU, ``tiers.demote_pays``). A victim taken only for GPU room (the count and host
+caps fit without it) that is demotable is demoted (``Plan.demote``) instead of unloaded: it
+frees its GPU bytes and keeps its host bytes and its place under the count cap. A victim of
+another cap, or of the host tier, is unloaded. ``promote`` names host-tier versions to bring
+back to the GPU (``tiers.PromoteRule``): after the pending loads, each goes while GPU room can be
+made for it (``Plan.promote``); one that cannot waits. With neither, the plan is today's.
+
 A third cap, ``gpu_bytes``, bounds the GPU memory of the models (``Entry.gpu``, learned from
 the growth across a load; tfscache.kinds.gpumem). A model never loaded before counts 0 GPU bytes
 until its first load is measured; if that load takes the node over the GPU cap, rule 1
@@ -26,7 +35,7 @@ unloads idle models until it fits again.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tfscache.cache.ledger import READY, UNLOADING, Key, Ledger, Pending
@@ -59,42 +68,93 @@ class Plan:
     victims: list[Key] = field(default_factory=list)
     admit: list[Key] = field(default_factory=list)
     blocked: list[Key] = field(default_factory=list)  # pending loads waiting for room
+    demote: list[Key] = field(default_factory=list)  # GPU victims that go to host memory instead
+    promote: list[Key] = field(default_factory=list)  # host-tier versions to move to the GPU
     over_cap: bool = False  # still over a cap with nothing idle to unload: the next release matters
 
 
-def plan(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float) -> Plan:
-    """Choose victims and admit pending loads, in priority order, within ``caps``."""
+def plan(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float, *,
+         demotable: Collection[Key] = (), promote: Sequence[Key] = ()) -> Plan:
+    """Choose victims and admit pending loads, in priority order, within ``caps``; demote the
+    ``demotable`` victims taken for GPU room only, and promote ``promote`` where room is made."""
     entries = ledger.entries
-    count, used, gpu = len(entries), ledger.used(), ledger.gpu_used()
-    idle = ledger.idle()
-    order = list(policy.victims(idle, now)) if idle else []
+    room = _Room(caps, entries, demotable, len(entries), ledger.used(), ledger.gpu_used())
+    idle = [k for k in ledger.idle() if k not in promote]
+    room.order = list(policy.victims(idle, now)) if idle else []
     result = Plan()
-    pos = 0
-    while not caps.fit(count, used, gpu) and pos < len(order):  # over a cap already
-        victim = entries[order[pos]]
-        result.victims.append(order[pos])
-        count, used, gpu, pos = count - 1, used - victim.bytes, gpu - victim.gpu, pos + 1
-    result.over_cap = not caps.fit(count, used, gpu)
+    while not room.fits() and room.more():  # over a cap already
+        room.take()
+    room.commit(result)
+    result.over_cap = not room.fits()
     blocked = False
     for pending in ledger.queue():
         if not blocked:
-            need = ledger.gpu_estimate(pending.key)
-            take, c, u, g, q, freed = [], count, used, gpu, pos, 0
-            while (
-                not caps.fit(c + 1, u + pending.estimate, g + need) or freed < pending.room
-            ) and q < len(order):
-                victim = entries[order[q]]
-                take.append(order[q])
-                c, u, g, q = c - 1, u - victim.bytes, g - victim.gpu, q + 1
-                freed += victim.bytes
-            blocked = not caps.fit(c + 1, u + pending.estimate, g + need)
+            trial = room.trial(1, pending.estimate, ledger.gpu_estimate(pending.key))
+            while (not trial.fits() or trial.freed < pending.room) and trial.more():
+                trial.take(unload=trial.freed < pending.room and trial.fits())
+            blocked = not trial.fits()
         if blocked:  # it, and everything behind it, waits for room
             result.blocked.append(pending.key)
             continue
-        result.victims += take
-        count, used, gpu, pos = c + 1, u + pending.estimate, g + need, q
+        room = trial.commit(result)
         result.admit.append(pending.key)
+    for key in promote if not blocked else ():
+        trial = room.trial(0, 0, entries[key].gpu)
+        while not trial.fits() and trial.more():
+            trial.take()
+        if trial.fits():
+            room = trial.commit(result)
+            result.promote.append(key)
     return result
+
+
+class _Room:
+    """What the node holds while a plan is made: count, host and GPU bytes, the victims taken so
+    far (``order[:pos]``), and what one more load or promotion would add (``add``)."""
+
+    def __init__(self, caps: Caps, entries, demotable, count: int, used: int, gpu: int) -> None:
+        self.caps, self.entries, self.demotable = caps, entries, demotable
+        self.count, self.used, self.gpu = count, used, gpu
+        self.order: list[Key] = []
+        self.pos, self.freed, self.add = 0, 0, (0, 0, 0)
+        self.unloads: list[Key] = []
+        self.demotes: list[Key] = []
+
+    def trial(self, count: int, used: int, gpu: int) -> _Room:
+        """A copy with nothing taken yet that would add ``count`` models and those bytes."""
+        other = _Room(self.caps, self.entries, self.demotable, self.count, self.used, self.gpu)
+        other.order, other.pos, other.add = self.order, self.pos, (count, used, gpu)
+        return other
+
+    def fits(self, gpu: bool = True) -> bool:
+        c, u, g = self.add
+        return self.caps.fit(self.count + c, self.used + u, self.gpu + g if gpu else 0)
+
+    def more(self) -> bool:
+        return self.pos < len(self.order)
+
+    def take(self, unload: bool = False) -> None:
+        """The next victim in the policy's order: demoted when only the GPU cap needs room and it
+        may be (``unload``: never, the node's memory needs its bytes), else unloaded."""
+        key = self.order[self.pos]
+        victim, self.pos = self.entries[key], self.pos + 1
+        if not unload and key in self.demotable and self.fits(gpu=False):
+            self.demotes.append(key)
+            self.gpu -= victim.gpu_held
+            return
+        self.unloads.append(key)
+        self.count, self.used, self.gpu = (self.count - 1, self.used - victim.bytes,
+                                           self.gpu - victim.gpu_held)
+        self.freed += victim.bytes
+
+    def commit(self, result: Plan) -> _Room:
+        """Record the victims taken in ``result``; this room, with what it adds, from now on."""
+        result.victims += self.unloads
+        result.demote += self.demotes
+        c, u, g = self.add
+        self.count, self.used, self.gpu = self.count + c, self.used + u, self.gpu + g
+        self.add, self.unloads, self.demotes = (0, 0, 0), [], []
+        return self
 
 
 def plan_prefetch(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float, *,
@@ -112,7 +172,7 @@ def plan_prefetch(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float
     if ledger.queue() or ledger.freeing():
         return None
     staying = [e for e in ledger.entries.values() if e.state != UNLOADING]
-    base = (len(staying), sum(e.bytes for e in staying), sum(e.gpu for e in staying))
+    base = (len(staying), sum(e.bytes for e in staying), sum(e.gpu_held for e in staying))
     for pending in ledger.prefetches():
         count, used, gpu = (
             base[0] + 1,
@@ -127,7 +187,7 @@ def plan_prefetch(ledger: Ledger, caps: Caps, policy: EvictionPolicy, now: float
                 break
             take.append(victim)
             entry = ledger.entries[victim]
-            count, used, gpu = count - 1, used - entry.bytes, gpu - entry.gpu
+            count, used, gpu = count - 1, used - entry.bytes, gpu - entry.gpu_held
         if caps.fit(count, used, gpu):
             return pending.key, take
     return None

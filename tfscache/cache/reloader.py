@@ -267,7 +267,7 @@ class Reloader:
         that). Under a memory or GPU cap their bytes keep counting until measured free
         (cache/freeing.py)."""
         started, sizes = time.monotonic(), {k: self.ledger.entries[k].bytes for k in leaving}
-        gpu = sum(self.ledger.entries[k].gpu for k in leaving)
+        gpu = sum(self.ledger.entries[k].gpu_held for k in leaving)
         before = await asyncio.to_thread(self.memory_now) if self.holds_freed_memory() else None
         done = False
         try:

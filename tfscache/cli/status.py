@@ -5,7 +5,7 @@
 
 Prints the nodes, the worker processes (``--workers N``: pid, requests in flight under its
 delegations, restarts, delegations held, requests answered), every model version in a node's config
-with its state, size, last use
+with its state, tier (docs/tiers.md), size, last use
 and leases, and the hit ratio. Exit status 1 when the server cannot be read. Only the
 standard library: no tensorflow, no aiohttp. It shows no progress, so it has no
 ``--quiet``/``--progress`` (tfscache.cli.options); bad flags exit 2.
@@ -142,11 +142,11 @@ def render(doc: dict[str, Any]) -> str:
     for node in doc["nodes"]:
         for m in node.get("models", []):
             size = format_bytes(m["bytes"]) + ("" if m["measured"] else " (estimated)")
-            rows.append([node["name"], m["name"], str(m["version"]), m["state"], size,
+            rows.append([node["name"], m["name"], str(m["version"]), m["state"], _tier(m), size,
                          ago(doc["time"] - m["last_use"]), str(m["leases"])])
     lines += ["", f"model versions ({len(rows)})"]
     lines += (
-        _table(["NODE", "MODEL", "VERSION", "STATE", "SIZE", "LAST USE", "LEASES"], rows)
+        _table(["NODE", "MODEL", "VERSION", "STATE", "TIER", "SIZE", "LAST USE", "LEASES"], rows)
         if rows
         else ["  none"]
     )
@@ -179,6 +179,13 @@ def render(doc: dict[str, Any]) -> str:
     lines += ["", f"hit ratio: {shown} ({hits} hit{'s' if hits != 1 else ''}, "
                   f"{misses} miss{'es' if misses != 1 else ''})"]
     return "\n".join(lines)
+
+
+def _tier(model: dict[str, Any]) -> str:
+    """Where a version is resident (docs/tiers.md), "gpu->host" while it moves; "-" from a serve
+    older than the tiers."""
+    tier, moving = model.get("tier"), model.get("moving")
+    return "-" if tier is None else f"{tier}->{moving}" if moving else tier
 
 
 def _workers(doc: dict[str, Any]) -> list[str]:

@@ -25,7 +25,7 @@ its backends (local nodes with their CacheManager, peer sidecars) and its ring.
                 "caps": {"max_models": 2, "memory_bytes": 0},
                 "models": [{"name": "a", "version": 1, "bytes": 240000, "measured": true,
                             "leases": 0, "last_use": 1767225599.5, "state": "available",
-                            "pinned": false}]},
+                            "pinned": false, "tier": "gpu", "moving": ""}]},
                {"name": "b", "kind": "peer", "address": "10.0.0.2:8500", "healthy": true}],
      "scale": {"advice": 0, "reason": "0.2 unloads per minute per node > 0", "window_s": 300.0,
                "unloads_per_minute": {"node0": 0.2}},
@@ -35,6 +35,8 @@ its backends (local nodes with their CacheManager, peer sidecars) and its ring.
 
 Per local node, ``gpu``: ``{"bytes", "cap_bytes"}``, the GPU bytes its models hold (learned at
 their loads) against the GPU cap in force (0 = none; docs/gpu.md), null while the node is down.
+Each model's ``tier`` is where it is resident, "gpu" or "host" (docs/tiers.md), and
+``moving`` the tier it is moving to ("" when it is not).
 A node entry may carry a ``tier`` ("gpu", "host") once nodes have tiers; the status page shows it.
 
 Per local node, ``prefetch``: its co-access prefetch loads (started, completed, failed, used,

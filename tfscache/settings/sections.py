@@ -101,6 +101,18 @@ class CacheSection:
         parse=parse_bytes,
         flag="--gpu-memory-per-node",
     )
+    demote: str = setting(
+        "none",
+        "what a GPU victim does: none (it is unloaded) or host (it moves to host memory and "
+        "keeps answering, where the kind can: docs/tiers.md)",
+        check=lambda v: None if v in ("none", "host") else "must be one of host, none",
+    )
+    demote_cpu_instances: int = setting(
+        1,
+        "demote host: the count of CPU instances a model demoted in place runs on "
+        "(docs/tiers.md)",
+        check=_at_least(1),
+    )
     load_timeout_s: float = setting(
         600.0,
         "longest a request without a deadline waits for its model to load",
