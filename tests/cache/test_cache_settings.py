@@ -30,7 +30,7 @@ def test_every_cache_field_can_be_set(source, tmp_path):
               "estimate_factor": 1.5, "health_retry_s": 0.5, "policy_window_s": 30.0, "gpu_memory_per_node": 1 << 33,
               "policy_halflife_requests": 500.0, "free_wait_s": 2.5, "prefetch": True, "prefetch_window_s": 2.0,
               "prefetch_confidence": 0.6, "prefetch_min_support": 4.0, "prefetch_halflife_requests": 300.0,
-              "prefetch_followers": 2, "prefetch_max_models": 1000, "demote": "host",
+              "prefetch_followers": 2, "prefetch_max_models": 1000, "demote": "none",
               "demote_cpu_instances": 2}
     assert set(values) == {f.name for f in dataclasses.fields(CacheSection)}  # every field
     if source == "env":
@@ -67,3 +67,10 @@ def test_a_bad_demotion_setting_fails_naming_the_field_and_the_default_is_none(f
     assert (CacheSection().demote, CacheSection().demote_cpu_instances) == ("none", 1)
     with pytest.raises(SettingsError, match=rf"cache\.{field}"):
         settings_mod.load(env={}, overrides={"model_repository": "/m", f"cache.{field}": value})
+
+
+def test_demote_host_is_refused_until_the_reloader_moves_versions(tmp_path):
+    from tfscache import settings as settings_mod
+
+    with pytest.raises(settings_mod.SettingsError, match="cache.demote: 'host' .not built yet"):
+        settings_mod.load(None, {}, {"model_repository": str(tmp_path), "cache.demote": "host"})

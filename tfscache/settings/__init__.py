@@ -234,6 +234,9 @@ def _check_whole(s: Settings) -> None:
         raise SettingsError(
             f"bad value for setting tls.{problem[0]}: {problem[1]!r} ({problem[2]})"
         )
+    if s.cache.demote != "none":  # the ledger and planner know tiers; the reloader does not move
+        raise SettingsError(f"bad value for setting cache.demote: {s.cache.demote!r} (not built "
+                            "yet: the live cache does not demote; docs/tiers.md)")
     if s.server.data_plane == "haproxy":
         if s.server.workers > 1:
             raise SettingsError(f"bad value for setting server.workers: {s.server.workers!r} "
