@@ -149,7 +149,7 @@ def read_ready(response: bytes) -> bool:
 
 def name_request(key: RouteKey) -> bytes:
     """A ModelReadyRequest (or Metadata/Config/Statistics request) for ``key``."""
-    version = "" if key.version is None else str(key.version)
+    version = key.label if key.label is not None else "" if key.version is None else str(key.version)
     return oip_heads_pb2.ModelNameHead(name=key.name, version=version).SerializeToString()
 
 
