@@ -85,7 +85,8 @@ def test_mlservers_version_names_reach_the_model(serve, grpc_client):
 def test_a_wrong_version_name_is_mlservers_not_found(serve, grpc_client, node_url):
     before = resident_models(node_url)
     reply = requests.post(infer_url(serve, "addk_2", "v2"), json=BODY, timeout=60)
-    assert (reply.status_code, reply.json()) == (404, {"error": "Model addk_2 with version v2 not found"})
+    expected = {"error": "Model addk_2 with version v2 not found"}
+    assert (reply.status_code, reply.json()) == (404, expected)
     with pytest.raises(InferenceServerException) as caught:
         mlserver_infer(tritongrpc, grpc_client, "addk_2", 5.0, version="v2")
     assert (caught.value.status(), caught.value.message()) == (
@@ -99,6 +100,7 @@ def test_a_mixed_repository_and_the_count_cap_hold_under_churn(serve, node_url, 
     with IndexSampler({"node0": node_url}) as sampler:
         for _ in range(3):
             for name, version, expected in rounds:
-                assert mlserver_infer(tritongrpc, grpc_client, name, 5.0, version=version) == [expected]
+                answer = mlserver_infer(tritongrpc, grpc_client, name, 5.0, version=version)
+                assert answer == [expected], (name, version)
     assert sampler.count() > 0 and sampler.errors == 0
     assert sampler.peak("node0") <= 2, [s for s in sampler.samples["node0"] if len(s) > 2][:3]

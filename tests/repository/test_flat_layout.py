@@ -50,7 +50,8 @@ def test_versioned_models_beside_flat_ones_are_unchanged(repo):
 
 
 def test_a_wrong_version_name_is_mlservers_not_found(repo):
-    for name, version in (("flat_v1", "v2"), ("flat_none", "v1"), ("versioned", "v1"), ("ghost", "v1")):
+    asked = (("flat_v1", "v2"), ("flat_none", "v1"), ("versioned", "v1"), ("ghost", "v1"))
+    for name, version in asked:
         with pytest.raises(errors.NotFound) as caught:
             repo.label_version(name, version)
         assert caught.value.message == f"Model {name} with version {version} not found"

@@ -19,7 +19,7 @@ SETTINGS_FILE = "model-settings.json"
 
 
 class MLServerLayout:
-    """``model-settings.json`` as MLServer reads it (mlserver/repository/load.py), for flat models."""
+    """``model-settings.json`` as MLServer reads it (mlserver/repository/load.py): flat models."""
 
     settings_file = SETTINGS_FILE
 
@@ -27,14 +27,16 @@ class MLServerLayout:
         try:
             data = json.loads(settings.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as exc:
-            raise errors.FailedPrecondition(f"Malformed model settings file {settings}: {exc}") from None
+            raise errors.FailedPrecondition(
+                f"Malformed model settings file {settings}: {exc}") from None
         if not isinstance(data, dict):
             raise errors.FailedPrecondition(
                 f"Malformed model settings file {settings}: expected a JSON object")
         named = data.get("name")
         if named not in (None, "", name):
             raise errors.FailedPrecondition(
-                f"model settings file {settings} names model {named!r}, but its folder is {name!r}: "
+                f"model settings file {settings} names model {named!r}, but its folder is "
+                f"{name!r}: "
                 f"tfscache serves a flat model under its folder's name (drop \"name\" or make "
                 f"them the same)")
         parameters = data.get("parameters") or {}
