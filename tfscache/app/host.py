@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from tfscache.cluster.topology import Topology
+from tfscache.kinds.table import KINDS
 from tfscache.kinds.gpumem import NodeGpuMemory, NvmlReader, gpu_cap
 from tfscache.observe.tiermetrics import TierMetrics
 from tfscache.repository.local import ModelRepository
@@ -50,7 +51,8 @@ class ModelSource:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         url = settings.model_repository
-        self.repository = ModelRepository("." if remote_url(url) else url)
+        layout = KINDS[settings.node.backend].repository_layout()  # flat models (docs/mlserver.md)
+        self.repository = ModelRepository("." if remote_url(url) else url, layout=layout)
 
     async def start(self, state_dir: Path, registry, topology: Topology) -> ModelRepository:
         """Open (a bucket) and start the repository; ``topology``'s caches tell the disk tier

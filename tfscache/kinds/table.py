@@ -36,10 +36,16 @@ class NodeKind:
     extra: str  # the pip extra embedded children need
     extra_modules: tuple[str, ...]  # its top-level modules (found without importing them)
     install: str  # the command that installs them
+    # a ``tfscache.repository.local.FlatLayout``: models without version folders ("": none)
+    layout: str = ""
 
     def part(self, name: str) -> Any:
         """The part this kind's row names as ``name`` ("adapter", "client", ...), imported."""
         return import_from_string(getattr(self, name))
+
+    def repository_layout(self) -> Any:
+        """The kind's FlatLayout for its repository, or None (version folders only)."""
+        return import_from_string(self.layout) if self.layout else None
 
     def require_extra(self, what: str) -> None:
         """``MissingExtra``, naming the install command, unless this kind's extra is installed."""
@@ -81,6 +87,7 @@ KINDS: dict[str, NodeKind] = {
         "",
         (),
         "bash scripts/install_mlserver.sh (MLServer in a virtual environment of its own: docs/mlserver.md)",
+        "tfscache.kinds.mlserver.layout:LAYOUT",
     ),
 }
 

@@ -14,6 +14,13 @@ Version labels live next to the versions, in an optional ``ROOT/NAME/labels.json
 holding one JSON object of label -> version number (``{"stable": 123, "canary": 124}``).
 It is read when a request names a label, never at start-up, and remembered for
 ``rescan_s`` like the newest version (docs/labels.md).
+
+A node kind may also serve *flat* models (``layout``, a ``FlatLayout`` from the kind's row): a
+model directory holding the kind's settings file itself, with no version folder, is one version
+under the internal key ``FLAT_VERSION``; the node names it by the version name the settings file
+gives (``FlatLayout.version_name``), which is then the model's one label. With a layout, a model's
+labels are its versions' names as the node knows them (a flat model's name, each version folder's
+name), not labels.json; a name it lacks is the layout's ``unknown_version`` error.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from tfscache import errors
 
@@ -99,6 +107,22 @@ def _labels_problem(data: object) -> str | None:
     return None
 
 
+FLAT_VERSION = 0  # the internal key of a flat model's one version (reached only through its name)
+
+
+class FlatLayout(Protocol):
+    """How a node kind lays out a model without version folders (its row's ``layout``)."""
+
+    settings_file: str  # a model directory holding this file itself is one flat model
+
+    def version_name(self, settings: Path, name: str) -> str:
+        """The version name the node gives model ``name``'s flat settings file (blocking: it reads
+        it); "" for none. Raises ``FailedPrecondition`` for a file the node would not serve."""
+
+    def unknown_version(self, name: str, version: str) -> errors.TfscacheError:
+        """The node's error for a version name model ``name`` lacks (or a model it lacks)."""
+
+
 @dataclass(frozen=True)
 class ModelVersion:
     """One version directory of one model."""
@@ -111,9 +135,11 @@ class ModelVersion:
 class ModelRepository:
     """The models under one root directory; reads nothing outside it."""
 
-    def __init__(self, root: str | os.PathLike[str], *, rescan_s: float = 1.0) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, rescan_s: float = 1.0,
+                 layout: FlatLayout | None = None) -> None:
         self.root = Path(os.path.abspath(root))
         self.rescan_s = rescan_s
+        self.layout = layout  # flat models, for a kind that has them (None: version folders only)
         self._latest: dict[str, tuple[float, int | None]] = {}
         self._labels: dict[str, tuple[float, dict[str, int] | errors.TfscacheError]] = {}
 
@@ -136,6 +162,8 @@ class ModelRepository:
     def versions(self, name: str) -> dict[int, Path]:
         """Version number -> directory for every numeric child of the model's directory."""
         base = self.base_path(name)
+        if self.is_flat(name):
+            return {FLAT_VERSION: base}
         found: dict[int, Path] = {}
         try:
             with os.scandir(base) as entries:
@@ -147,6 +175,31 @@ class ModelRepository:
         except (FileNotFoundError, NotADirectoryError):
             return {}
         return found
+
+    def is_flat(self, name: str) -> bool:
+        """Whether ``name`` is a flat model: its directory holds the layout's settings file."""
+        if self.layout is None:
+            return False
+        return (self.base_path(name) / self.layout.settings_file).is_file()
+
+    def version_name(self, name: str, version: int) -> str:
+        """The version's name as the node knows it (blocking for a flat model: its settings file
+        is read): a flat model's own (maybe ""), else the number."""
+        if version == FLAT_VERSION and self.is_flat(name):
+            return self.layout.version_name(self.base_path(name) / self.layout.settings_file, name)
+        return str(version)
+
+    def version_of(self, name: str, version_name: str) -> int | None:
+        """The key of the version the node calls ``version_name`` (blocking), or None."""
+        try:
+            if self.is_flat(name):
+                named = self.version_name(name, FLAT_VERSION)
+                return FLAT_VERSION if named == version_name else None
+        except errors.TfscacheError:
+            return None
+        if version_name.isascii() and version_name.isdigit():
+            return int(version_name)
+        return None
 
     def latest_version(self, name: str) -> int | None:
         """The highest version on disk (remembered for ``rescan_s``), or None."""
@@ -179,6 +232,8 @@ class ModelRepository:
         Raises ``UnsafeModelName`` or ``ModelNotFound`` with TF Serving's text.
         """
         check_name(name)
+        if self.is_flat(name):  # its settings file read: a bad one is its error, not NOT_FOUND
+            self.version_name(name, FLAT_VERSION)
         if version is None:
             latest = self.latest_version(name)
             if latest is None:
@@ -228,10 +283,25 @@ class ModelRepository:
             raise labels
         version = labels.get(label)
         if version is None:
+            if self.layout is not None:
+                raise self.layout.unknown_version(name, label)
             raise errors.InvalidArgument(f"Unrecognized servable version label: {label}")
         return version
 
+    def _version_names(self, name: str) -> dict[str, int]:
+        """With a layout: each version's name as the node knows it -> its key (blocking)."""
+        if self.is_flat(name):
+            named = self.version_name(name, FLAT_VERSION)
+            return {named: FLAT_VERSION} if named else {}
+        return {path.name: v for v, path in self.versions(name).items()} | {
+            str(v): v for v in self.versions(name)}
+
     def _read_labels(self, name: str) -> dict[str, int] | errors.TfscacheError:
+        if self.layout is not None:
+            try:
+                return self._version_names(name)
+            except errors.TfscacheError as exc:
+                return exc
         path = self.root / name / LABELS_FILE
         try:
             text = path.read_text(encoding="utf-8")

@@ -111,8 +111,9 @@ class Worker:
             max_send_bytes=server.max_receive_message_bytes,
             max_receive_bytes=server.max_send_message_bytes,
         )
-        repository = ModelRepository(config["repository"], rescan_s=config["rescan_s"]) \
-            if config.get("repository") else None
+        layout = KINDS[config["kind"]].repository_layout()
+        repository = ModelRepository(config["repository"], rescan_s=config["rescan_s"],
+                                     layout=layout) if config.get("repository") else None
         router = WorkerRouter(control, self.delegations, want=self._want, node_upstream=self._node,
                               repository=repository, served=self._served)
         if self.metrics.request_log is not None:

@@ -7,6 +7,9 @@ version)``: the version directory ``NAME/V/`` whose ``model-settings.json`` says
 ``parameters.version = "V"``. What MLServer does, and what the adapter makes of it
 (docs/mlserver.md, "Behaviour"):
 
+* a flat model (``NAME/model-settings.json``, no version folder: tfscache.kinds.mlserver.layout)
+  is the key ``(name, FLAT_VERSION)``; MLServer knows its version by ``parameters.version``
+  (``repository.version_name``), which ModelReady is asked with;
 * a load of a name loads every version of it in the repository and returns once they are
   loaded, or fails with the runtime's exception text (INTERNAL) after dropping the model;
   the adapter then confirms the key's version with ModelReady;
@@ -83,7 +86,19 @@ class MLServerAdapter(OipAdapter):
 
     async def available(self, key: Key, deadline_s: float) -> bool:
         name, version = key
-        return await self.client.model_ready(name, str(version), deadline_s=deadline_s)
+        named = await asyncio.to_thread(self.repository.version_name, name, version)
+        return await self.client.model_ready(name, named, deadline_s=deadline_s)
+
+    async def _index_keys(self, index) -> set[Key]:
+        """A flat model's entry carries its version's name ("v1", or ""): the repository's key."""
+        def keys() -> set[Key]:
+            found = set()
+            for e in index:
+                version = self.repository.version_of(e.name, e.version)
+                if version is not None:
+                    found.add((e.name, version))
+            return found
+        return await asyncio.to_thread(keys)
 
     async def _load_one(
         self, key: Key, wanted: Sequence[Key], deadline: float, within: float
@@ -118,8 +133,9 @@ class MLServerAdapter(OipAdapter):
             except errors.TfscacheError as e:
                 raise type(e)(f"load failed for model '{name}' version {version} on node "
                               f"{self.target}: {e.message}") from e
+            named = await asyncio.to_thread(self.repository.version_name, name, version)
             if not await self.client.model_ready(
-                name, str(version), deadline_s=self._rpc_left(deadline)
+                name, named, deadline_s=self._rpc_left(deadline)
             ):
                 raise errors.FailedPrecondition(
                     f"model {name} version {version} is not served by node {self.target} after its load: "

@@ -63,7 +63,7 @@ class OipAdapter:
         the wanted keys not READY; a load that fails is logged (``available`` tells)."""
         deadline = time.monotonic() + deadline_s
         index = await self.client.index(ready=True, deadline_s=self._rpc_left(deadline))
-        ready = {(e.name, int(e.version)) for e in index if e.version.isdigit()}
+        ready = await self._index_keys(index)
         want = set(wanted)
         kept = {name for name, version in ready if (name, version) in want}
         extra = sorted(key for key in ready if key[0] not in kept)
@@ -85,6 +85,11 @@ class OipAdapter:
                 error.grpc_code.name,
                 error.message,
             )
+
+    async def _index_keys(self, index) -> set[Key]:
+        """The keys of index entries (versions named by their numbers; a kind with version names
+        reads them through the repository)."""
+        return {(e.name, int(e.version)) for e in index if e.version.isdigit()}
 
     async def load(self, keys: Sequence[Key], wanted: Sequence[Key],
                    deadline_s: float) -> dict[Key, Exception | None]:

@@ -158,6 +158,8 @@ def read_ready(response: bytes) -> bool:
 def name_request(key: RouteKey) -> bytes:
     """A ModelReadyRequest (or Metadata/Config/Statistics request) for ``key``."""
     version = "" if key.version is None else str(key.version)
+    if key.label is not None:  # a version's name, as the client wrote it
+        version = key.label
     return oip_heads_pb2.ModelNameHead(name=key.name, version=version).SerializeToString()
 
 

@@ -11,6 +11,10 @@ of the OIP front end (docs/mlserver.md, "Differences from Triton"):
   is INVALID_ARGUMENT (400) at once, saying to send JSON tensors;
 * MLServer parses an infer body only with ``Content-Type: application/json`` (else 422): a POST
   without a Content-Type is sent with that one;
+* a version is a name (``parameters.version`` in model-settings.json, such as ``v1``): one that
+  is not a number is resolved by the repository (``RouteKey.label``) to the version it names, and
+  the request goes on naming it as the client did; a name no version has is MLServer's NOT_FOUND
+  "Model NAME with version V not found" (tfscache.kinds.mlserver.layout);
 * a model it does not know is NOT_FOUND "Model NAME not found" (with a version: "Model NAME with
   version V not found"), MLServer's own words, which tfscache writes only when no node answers.
 """
@@ -20,11 +24,12 @@ from __future__ import annotations
 import dataclasses
 
 from tfscache import errors
-from tfscache.frontend.methods import RouteKey
+from tfscache.frontend.methods import RouteKey, select_fields
 from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.protocols.oip import methods as oip
 from tfscache.frontend.protocols.oip.rest import OipRestApi
 from tfscache.frontend.protocols.oip.stream import STREAMS
+from tfscache.wire import oip_heads_pb2
 
 _UNSERVED = ("ModelConfig", "ModelStatistics")
 
@@ -36,9 +41,27 @@ def unknown_model(key: RouteKey) -> errors.NotFound:
     return errors.NotFound(f"Model {key.name} with version {key.version} not found")
 
 
+def named_version_key(request: bytes) -> RouteKey | None:
+    """The model and version a request names; a version that is not a number is a name."""
+    head = oip_heads_pb2.ModelNameHead.FromString(select_fields(request, frozenset({1, 2})))
+    if not head.name:
+        return None
+    if head.version and not (head.version.isascii() and head.version.isdigit()):
+        return RouteKey(head.name, label=head.version)
+    return RouteKey(head.name, version=oip.parse_version(head.version))
+
+
+def _as_sent(request: bytes, resolve) -> bytes:
+    """The request as the client sent it: MLServer wants its version's name, not the key."""
+    return request
+
+
 METHODS = {
     path: dataclasses.replace(
         method,
+        # the methods naming a model (those with an unknown-model text) read version names
+        read_key=named_version_key if method.unknown is not None else method.read_key,
+        rewrite=_as_sent if method.unknown is not None else method.rewrite,
         unknown=unknown_model if method.unknown is not None else None,
         # MLServer words an unknown version itself
         unknown_version=None,
@@ -57,6 +80,7 @@ class MLServerRestApi(OipRestApi):
     unserved = frozenset(_UNSERVED)
     unknown = staticmethod(unknown_model)
     unknown_version = None  # asked of a node, for MLServer's own words
+    version_names = True
 
 
 PROTOCOL = Protocol(

@@ -63,6 +63,9 @@ log = logging.getLogger("tfscache.frontend.protocols.oip.rest")
 _SERVER = re.compile(r"/v2(?:/health/(live|ready))?")
 _MODEL = re.compile(r"/v2/models/([^/]+)(?:/versions/([0-9]+))?"
                     r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
+# a node kind whose versions have names (MLServer's parameters.version): any segment
+_MODEL_NAMED = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?"
+                          r"(?:/(infer|generate|generate_stream|ready|config|stats|trace/setting))?")
 _REPOSITORY = re.compile(r"/v2/repository(?:/([^/]+))?/(index|models/([^/]+)/(load|unload))")
 _UNSERVED = re.compile(r"/v2/(?:systemsharedmemory|cudasharedmemory|trace|logging)(?:/.*)?")
 _ALL_STATS = "/v2/models/stats"
@@ -102,19 +105,23 @@ _MODEL_METHODS = {
 }
 
 
-def parse_url(path: str) -> OipRoute:
-    """Triton's URL dispatch: the route, or NotFound "Not Found", or the refusal of an API not served."""
+def parse_url(path: str, version_names: bool = False) -> OipRoute:
+    """Triton's URL dispatch: the route, or NotFound "Not Found", or the refusal of an API not served.
+    ``version_names``: a version that is not a number is a version name (``RouteKey.label``)."""
     if match := _SERVER.fullmatch(path):
         return OipRoute(_SERVER_METHODS[match.group(1)], "GET")
     if path == _ALL_STATS:
         return OipRoute("ModelStatistics", "GET")
-    if match := _MODEL.fullmatch(path):
+    if match := (_MODEL_NAMED if version_names else _MODEL).fullmatch(path):
         name, version, kind = match.groups()
         if kind not in _MODEL_METHODS:
             raise errors.Unimplemented(f"{kind} is not served by tfscache")
         method, http_method = _MODEL_METHODS[kind]
+        version = unquote(version or "")
+        if version and not (version.isascii() and version.isdigit()):
+            return OipRoute(method, http_method, RouteKey(unquote(name), label=version))
         return OipRoute(
-            method, http_method, RouteKey(unquote(name), version=parse_version(version or ""))
+            method, http_method, RouteKey(unquote(name), version=parse_version(version))
         )
     if _REPOSITORY.fullmatch(path):
         raise errors.FailedPrecondition(REPOSITORY_REFUSED)
@@ -148,6 +155,8 @@ class OipRestApi:
     # a version the repository lacks of a model it has: answered here in the node's words
     # (None: asked of a node without a lease, for its own answer)
     unknown_version = staticmethod(unknown_version)
+    # versions that are not numbers are names the repository resolves (MLServer's version strings)
+    version_names = False
 
     def __init__(self, router: Router, *, max_receive_bytes: int, timeout_s: float) -> None:
         self._router = router
@@ -161,7 +170,7 @@ class OipRestApi:
         request_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
         logs.bind(model=None, node=None, request_id=request_id)
         try:
-            route = parse_url(path)
+            route = parse_url(path, self.version_names)
             method = route.method
             if request.method != route.http_method:
                 return error_response(405, "Method Not Allowed"), method
@@ -184,8 +193,14 @@ class OipRestApi:
             raise errors.NotFound("Not Found")
         if not self.binary_tensors and BINARY_HEADER in request.headers:
             raise errors.InvalidArgument(BINARY_REFUSED)
+        key = route.key
+        if key is not None and key.label is not None and self._router.resolves_labels:
+            # a version name: routed to the version it names; the URL goes on as it came
+            await self._router.read_labels(key.name)
+            version = self._router.label_version(key.name, key.label)
+            route = OipRoute(route.method, route.http_method, RouteKey(key.name, version=version))
         if route.method == "ModelReady":
-            return await self._ready(route.key, request_id, forwarded)
+            return await self._ready(route.key, request_id, forwarded, asked=key)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge as exc:
@@ -243,10 +258,12 @@ class OipRestApi:
         return web.Response(status=reply.status, body=body,
                             headers={"Content-Type": reply.content_type, **dict(reply.headers)})
 
-    async def _ready(self, key: RouteKey, request_id: str, forwarded: bool) -> web.Response:
-        """GET .../ready as gRPC ModelReady: the status probe that loads nothing."""
+    async def _ready(self, key: RouteKey, request_id: str, forwarded: bool,
+                     asked: RouteKey | None = None) -> web.Response:
+        """GET .../ready as gRPC ModelReady: the status probe that loads nothing; ``asked``: the
+        key as the URL named it (a version name goes to the node as it came)."""
         deadline = time.monotonic() + self._timeout_s
-        request, metadata = name_request(key), ((REQUEST_ID_KEY, request_id),)
+        request, metadata = name_request(asked or key), ((REQUEST_ID_KEY, request_id),)
 
         def ask(route_key: RouteKey | None):
             return self._router.grpc(
