@@ -11,6 +11,8 @@ of the OIP front end (docs/mlserver.md, "Differences from Triton"):
   is INVALID_ARGUMENT (400) at once, saying to send JSON tensors;
 * MLServer parses an infer body only with ``Content-Type: application/json`` (else 422): a POST
   without a Content-Type is sent with that one;
+* every error MLServer writes is ``application/json`` (Triton writes some as text/plain), and
+  FastAPI's own (no such URL, method not allowed) are ``{"detail": ...}``: so are tfscache's;
 * a model it does not know is NOT_FOUND "Model NAME not found" (with a version: "Model NAME with
   version V not found"), MLServer's own words, which tfscache writes only when no node answers.
 """
@@ -23,7 +25,7 @@ from tfscache import errors
 from tfscache.frontend.methods import RouteKey
 from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.protocols.oip import methods as oip
-from tfscache.frontend.protocols.oip.rest import OipRestApi
+from tfscache.frontend.protocols.oip.rest import JSON, OipRestApi
 from tfscache.frontend.protocols.oip.stream import STREAMS
 
 _UNSERVED = ("ModelConfig", "ModelStatistics")
@@ -57,6 +59,9 @@ class MLServerRestApi(OipRestApi):
     unserved = frozenset(_UNSERVED)
     unknown = staticmethod(unknown_model)
     unknown_version = None  # asked of a node, for MLServer's own words
+    text_errors = frozenset()  # MLServer writes every error as JSON
+    url_error = (JSON, "detail")  # FastAPI's body for a URL or method it does not route
+    ready_content_type = ""  # MLServer's ready 200 has no body and no Content-Type
 
 
 PROTOCOL = Protocol(
