@@ -350,8 +350,9 @@ def test_errors_carry_tritons_status_and_content_type(serve, triton, clients):
     body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
     bad = {"inputs": [{"name": "nope", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
     cases = [("GET", "/v2/models/ghost", None), ("GET", "/v2/models/ghost/ready", None),
-             ("GET", "/v2/models/addk_9/ready", None), ("GET", "/v2/models/ghost/versions/9/ready", None),
-             ("POST", "/v2/models/ghost/infer", body), ("POST", "/v2/models/ghost/generate", {"x": [1.0]}),
+             ("GET", "/v2/models/addk_9/ready", None),
+             ("GET", "/v2/models/ghost/versions/9/ready", None), ("POST", "/v2/models/ghost/infer", body),
+             ("POST", "/v2/models/ghost/generate", {"x": [1.0]}),
              ("POST", "/v2/models/addk_9/infer", bad), ("GET", "/v2/models/ghost/stats", None),
              ("GET", "/v2/models/ghost/config", None), ("GET", "/v2/nosuch", None),
              ("PUT", "/v2/models/addk_9/infer", None), ("GET", "/v2/models/addk_9/infer", None)]
@@ -363,7 +364,8 @@ def test_errors_carry_tritons_status_and_content_type(serve, triton, clients):
         assert answers[0] == answers[1], (method, path, answers)
         seen.add(answers[0][1])
     assert seen == {"text/plain", "application/json"}  # both kinds of answer were compared
-    assert requests.get(serve.rest_url + "/v2/models/ghost/ready", timeout=30).headers["Content-Type"] == "text/plain"
+    ready = requests.get(serve.rest_url + "/v2/models/ghost/ready", timeout=30)
+    assert (ready.status_code, ready.headers["Content-Type"]) == (400, "text/plain")
     # tritonclient.http reads the error text whatever its Content-Type
     with pytest.raises(InferenceServerException) as caught:
         clients["tfs"][1].infer("ghost", [x_input(tritonhttp, [1.0])])
