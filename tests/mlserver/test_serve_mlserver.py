@@ -249,12 +249,14 @@ def test_errors_carry_mlserver_s_status_and_content_type(serve, mlserver, client
     raw = clients["raw"][0]
     raw.load_model("addk_2")
     try:
-        cases = [("GET", "/v2/models/ghost"), ("POST", "/v2/models/ghost/infer"), ("GET", "/v2/nosuch"),
-                 ("GET", "/v2/models/addk_2/stats"), ("GET", "/v2/models/addk_2/config"),
+        cases = [("GET", "/v2/models/ghost"), ("POST", "/v2/models/ghost/infer"),
+                 ("GET", "/v2/nosuch"), ("GET", "/v2/models/addk_2/stats"),
+                 ("GET", "/v2/models/addk_2/config"),
                  ("PUT", "/v2/models/addk_2/infer"), ("GET", "/v2/models/addk_2/ready")]
         for method, path in cases:
-            got = [requests.request(method, url + path, json=body(1.0) if method == "POST" else None,
-                                    timeout=60) for url in (mlserver.http_url, serve.rest_url)]
+            payload = body(1.0) if method == "POST" else None
+            got = [requests.request(method, url + path, json=payload, timeout=60)
+                   for url in (mlserver.http_url, serve.rest_url)]
             answers = [(r.status_code, r.headers.get("Content-Type"), r.text) for r in got]
             assert answers[0] == answers[1], (method, path, answers)
     finally:
