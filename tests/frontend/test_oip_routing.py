@@ -305,13 +305,16 @@ async def test_rest_ready_loads_nothing(world):
         assert (response.status, await response.read()) == (200, b"")
     cache.failures[("n", 4)] = errors.Internal("load failed")
     async with world["http"].get(f"{world['url']}/v2/models/n/versions/4/ready") as response:
-        assert (response.status, await response.json()) == (400, {"error": "Model version not ready"})
+        assert response.content_type == "text/plain"  # as Triton 2.51 sends it (docs/triton.md)
+        assert (response.status, await response.json(content_type=None)) == (
+            400, {"error": "Model version not ready"})
     assert not cache.acquired and not calls(world, node) and not world["rest"][node].calls
     cache.states[("n", 4)] = "available"  # resident: the node's own answer, over gRPC, no lease
     cache.failures.clear()
     world["grpc"][node].reply = lambda request: triton.ModelReadyResponse(ready=False).SerializeToString()
     async with world["http"].get(f"{world['url']}/v2/models/n/ready") as response:
-        assert (response.status, await response.json()) == (400, {"error": "Model version not ready"})
+        assert (response.status, await response.json(content_type=None)) == (
+            400, {"error": "Model version not ready"})
     assert triton.ModelReadyRequest.FromString(calls(world, node)[0]["request"]) == triton.ModelReadyRequest(name="n")
     assert not cache.acquired
 
@@ -334,16 +337,19 @@ async def test_rest_server_urls_go_to_a_node(world):
     assert not any(b.cache.acquired for b in world["backends"].values())
 
 
-@pytest.mark.parametrize("method, path, status, error", [
-    ("POST", "/v2/repository/models/m/load", 400, REPOSITORY_REFUSED),
-    ("POST", "/v2/repository/index", 400, REPOSITORY_REFUSED),
-    ("GET", "/v2/models/m/infer", 405, "Method Not Allowed"),
-    ("POST", "/v2/models/m/ready", 405, "Method Not Allowed"),
-    ("GET", "/v1/models/m", 404, "Not Found"),
-    ("GET", "/v2/models/m/versions/x", 404, "Not Found"),
-    ("POST", "/v2/models/m/trace/setting", 501, "trace/setting is not served by tfscache"),
+@pytest.mark.parametrize("method, path, status, error, content_type", [
+    ("POST", "/v2/repository/models/m/load", 400, REPOSITORY_REFUSED, "application/json"),
+    ("POST", "/v2/repository/index", 400, REPOSITORY_REFUSED, "application/json"),
+    ("GET", "/v2/models/m/infer", 405, "Method Not Allowed", "text/plain"),
+    ("POST", "/v2/models/m/ready", 405, "Method Not Allowed", "text/plain"),
+    ("GET", "/v1/models/m", 404, "Not Found", "text/plain"),
+    ("GET", "/v2/models/m/versions/x", 404, "Not Found", "text/plain"),
+    ("POST", "/v2/models/m/trace/setting", 501, "trace/setting is not served by tfscache",
+     "application/json"),
 ])
-async def test_rest_refusals(world, method, path, status, error):
+async def test_rest_refusals(world, method, path, status, error, content_type):
+    """Each refusal in Triton's body, under the Content-Type Triton 2.51 gives such a URL error."""
     async with world["http"].request(method, world["url"] + path) as response:
-        assert (response.status, await response.json()) == (status, {"error": error})
+        assert response.content_type == content_type
+        assert (response.status, await response.json(content_type=None)) == (status, {"error": error})
     assert not any(s.calls for s in world["rest"].values())

@@ -241,3 +241,23 @@ def churn_holds_the_cap(serve, node_url) -> None:
     seen = [frozenset(s) for s in sampler.samples["node0"] if s]
     assert sum(1 for a, b in zip(seen, seen[1:]) if a != b) >= 2  # models came and went
     assert set(index_states(node_url)) >= set(models)
+
+
+def test_errors_carry_mlserver_s_status_and_content_type(serve, mlserver, clients):
+    """Errors tfscache writes itself carry the status, Content-Type and body raw MLServer 1.7 sends
+    for the same request: JSON throughout, FastAPI's ``{"detail": ...}`` for a URL or method."""
+    raw = clients["raw"][0]
+    raw.load_model("addk_2")
+    try:
+        cases = [("GET", "/v2/models/ghost"), ("POST", "/v2/models/ghost/infer"),
+                 ("GET", "/v2/nosuch"), ("GET", "/v2/models/addk_2/stats"),
+                 ("GET", "/v2/models/addk_2/config"),
+                 ("PUT", "/v2/models/addk_2/infer"), ("GET", "/v2/models/addk_2/ready")]
+        for method, path in cases:
+            payload = body(1.0) if method == "POST" else None
+            got = [requests.request(method, url + path, json=payload, timeout=60)
+                   for url in (mlserver.http_url, serve.rest_url)]
+            answers = [(r.status_code, r.headers.get("Content-Type"), r.text) for r in got]
+            assert answers[0] == answers[1], (method, path, answers)
+    finally:
+        raw.unload_model("addk_2")

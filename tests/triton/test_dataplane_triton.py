@@ -108,7 +108,8 @@ def test_errors_are_raw_tritons_on_either_path(clients, runtime):
             client.infer(model, [tensor], client_timeout=60)
         return caught.value.status(), caught.value.message()
 
-    assert "addk_3" in runtime(f"show map {runtime.map}")  # routed (the test above)
+    assert infer(clients["tfs"][0], "addk_3", [1.0]) == [4.0]
+    wait_until(lambda: "addk_3" in runtime(f"show map {runtime.map}"), 30, "addk_3 routed")
     for model in ("addk_3", "no_such_model"):
         assert wrong_input(clients["tfs"][0], model) == wrong_input(raw, model)
 
@@ -133,7 +134,8 @@ def test_a_routed_model_with_a_malformed_rest_gets_the_nodes_own_answer(serve, t
                                                                        runtime):
     """HAProxy reads only the name: the rest goes to the node, which answers as raw Triton
     does (docs/data-plane.md)."""
-    assert "addk_3" in runtime(f"show map {runtime.map}")
+    assert infer(clients["tfs"][0], "addk_3", [1.0]) == [4.0]
+    wait_until(lambda: "addk_3" in runtime(f"show map {runtime.map}"), 30, "addk_3 routed")
     garbage = b"\x0a\x06addk_3\x12\xff"
     routed, raw = _raw_call(serve.grpc_target, garbage), _raw_call(triton.grpc_target, garbage)
     assert (routed.code(), routed.details()) == (raw.code(), raw.details())

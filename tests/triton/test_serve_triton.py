@@ -339,3 +339,36 @@ def test_oversized_requests_are_resource_exhausted(serve, clients):
     assert (caught.value.status(), caught.value.message()) == (
         "429", f"request body larger than the limit of {LIMIT} bytes")
     assert_still_serving(serve, clients)
+
+
+def test_errors_carry_tritons_status_and_content_type(serve, triton, clients):
+    """Errors tfscache writes itself (an unknown model on no node, not ready, no such URL, a method
+    not allowed) carry the status and Content-Type raw Triton 2.51 sends for the same request:
+    text/plain for infer, generate and readiness errors and URL errors, JSON for the rest."""
+    raw = clients["raw"][0]
+    raw.load_model("addk_9", client_timeout=60)
+    body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    bad = {"inputs": [{"name": "nope", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+    cases = [("GET", "/v2/models/ghost", None), ("GET", "/v2/models/ghost/ready", None),
+             ("GET", "/v2/models/addk_9/ready", None),
+             ("GET", "/v2/models/ghost/versions/9/ready", None), ("POST", "/v2/models/ghost/infer", body),
+             ("POST", "/v2/models/ghost/generate", {"x": [1.0]}),
+             ("POST", "/v2/models/addk_9/infer", bad), ("GET", "/v2/models/ghost/stats", None),
+             ("GET", "/v2/models/ghost/config", None), ("GET", "/v2/nosuch", None),
+             ("PUT", "/v2/models/addk_9/infer", None), ("GET", "/v2/models/addk_9/infer", None)]
+    seen = set()
+    for method, path, payload in cases:
+        got = [requests.request(method, url + path, json=payload, headers=IDENTITY, timeout=60)
+               for url in (triton.http_url, serve.rest_url)]
+        answers = [(r.status_code, r.headers.get("Content-Type"), r.text) for r in got]
+        assert answers[0] == answers[1], (method, path, answers)
+        seen.add(answers[0][1])
+    assert seen == {"text/plain", "application/json"}  # both kinds of answer were compared
+    ready = requests.get(serve.rest_url + "/v2/models/ghost/ready", timeout=30)
+    assert (ready.status_code, ready.headers["Content-Type"]) == (400, "text/plain")
+    # tritonclient.http reads the error text whatever its Content-Type
+    with pytest.raises(InferenceServerException) as caught:
+        clients["tfs"][1].infer("ghost", [x_input(tritonhttp, [1.0])])
+    assert (caught.value.status(), caught.value.message()) == (
+        "404", "Request for unknown model: 'ghost' is not found")
+    raw.unload_model("addk_9")

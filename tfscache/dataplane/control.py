@@ -171,6 +171,7 @@ class DataPlane:
             return
         wanted: dict[str, tuple[str, int]] = {}
         nodes = self._nodes()
+        await self._look_again(nodes)
         for backend in nodes.values():
             cache = getattr(backend, "cache", None)
             if cache is None:
@@ -192,6 +193,20 @@ class DataPlane:
                 cache = nodes[node].cache
                 await self.routes.grant(name, self._ids[node], still=functools.partial(
                     _still_resident, nodes[node], cache, name, version))
+
+    async def _look_again(self, nodes: dict) -> None:
+        """Routed models whose latest version is no longer remembered (``rescan_s``) are listed
+        again, off the loop, as a slow-path request would list them: a route then lasts while
+        its version is the latest on disk, and a new version on disk ends it."""
+        by_id = {v: k for k, v in self._ids.items()}
+        stale = []
+        for name, node_id in self.routes.current.items():
+            backend = nodes.get(by_id.get(node_id))
+            cache = getattr(backend, "cache", None)
+            if cache is not None and cache.resident_version(name) is None:
+                stale.append(cache.version_on_disk(name))
+        # a model gone from the repository raises here; its route goes below
+        await asyncio.gather(*stale, return_exceptions=True)
 
     # -- before an unload ------------------------------------------------------------------------
 

@@ -15,6 +15,8 @@ of the OIP front end (docs/mlserver.md, "Differences from Triton"):
   is not a number is resolved by the repository (``RouteKey.label``) to the version it names, and
   the request goes on naming it as the client did; a name no version has is MLServer's NOT_FOUND
   "Model NAME with version V not found" (tfscache.kinds.mlserver.layout);
+* every error MLServer writes is ``application/json`` (Triton writes some as text/plain), and
+  FastAPI's own (no such URL, method not allowed) are ``{"detail": ...}``: so are tfscache's;
 * a model it does not know is NOT_FOUND "Model NAME not found" (with a version: "Model NAME with
   version V not found"), MLServer's own words, which tfscache writes only when no node answers.
 """
@@ -27,7 +29,7 @@ from tfscache import errors
 from tfscache.frontend.methods import RouteKey, select_fields
 from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.protocols.oip import methods as oip
-from tfscache.frontend.protocols.oip.rest import OipRestApi
+from tfscache.frontend.protocols.oip.rest import JSON, OipRestApi
 from tfscache.frontend.protocols.oip.stream import STREAMS
 from tfscache.wire import oip_heads_pb2
 
@@ -81,6 +83,9 @@ class MLServerRestApi(OipRestApi):
     unknown = staticmethod(unknown_model)
     unknown_version = None  # asked of a node, for MLServer's own words
     version_names = True
+    text_errors = frozenset()  # MLServer writes every error as JSON
+    url_error = (JSON, "detail")  # FastAPI's body for a URL or method it does not route
+    ready_content_type = ""  # MLServer's ready 200 has no body and no Content-Type
 
 
 PROTOCOL = Protocol(

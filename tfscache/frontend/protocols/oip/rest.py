@@ -24,8 +24,10 @@ and the node's reply comes back with its status, body, ``Content-Type`` and
 * ``/v2/repository/...`` is refused (400, ``methods.REPOSITORY_REFUSED``); shared
   memory, trace and log settings are not served (501).
 
-Errors raised here are mapped in one place to Triton's body ``{"error":"<message>"}``
-with the error's HTTP status.
+Errors raised here are mapped in one place (``OipRestApi.error``) to the node kind's body,
+``{"error":"<message>"}``, with the error's HTTP status and the Content-Type the kind's own server
+sends for that URL: Triton 2.51 answers infer, generate and readiness errors, and URLs it does not
+know, as ``text/plain`` and every other error as ``application/json`` (docs/triton.md, "Errors").
 """
 
 from __future__ import annotations
@@ -133,12 +135,19 @@ def parse_url(path: str, version_names: bool = False) -> OipRoute:
     raise errors.NotFound("Not Found")
 
 
-def error_response(status: int, message: str) -> web.Response:
-    """Triton's REST error body, with Triton's ``Content-Type: application/json`` (no charset)."""
+JSON, TEXT = "application/json", "text/plain"
+# Triton 2.51 (http_server.cc) sends these methods' errors, and its URL errors, as text/plain
+_TEXT_ERRORS = frozenset({"ModelInfer", "ModelGenerate", "ModelGenerateStream", "ModelReady"})
+
+
+def error_response(
+    status: int, message: str, content_type: str = JSON, key: str = "error"
+) -> web.Response:
+    """The OIP REST error body ``{key: message}`` (compact, as Triton writes it), no charset."""
     return web.Response(
         status=status,
-        body=json.dumps({"error": message}, separators=(",", ":")).encode(),
-        headers={"Content-Type": "application/json"},
+        body=json.dumps({key: message}, separators=(",", ":")).encode(),
+        headers={"Content-Type": content_type},
     )
 
 
@@ -157,6 +166,20 @@ class OipRestApi:
     unknown_version = staticmethod(unknown_version)
     # versions that are not numbers are names the repository resolves (MLServer's version strings)
     version_names = False
+    # the Content-Type of a method's errors written here: text/plain for these methods, else JSON
+    text_errors = _TEXT_ERRORS
+    ready_content_type = TEXT  # a ready model's 200, which has no body
+    # a URL's errors (no such URL 404, a method not allowed 405): the Content-Type and body key
+    url_error = (TEXT, "error")
+
+    def error(self, method: str, status: int, message: str) -> web.Response:
+        """An error written here for ``method``'s URL, as the node kind's server writes it."""
+        return error_response(status, message, TEXT if method in self.text_errors else JSON)
+
+    def url_error_response(self, status: int, message: str) -> web.Response:
+        """The error of a URL the node does not serve or a method it does not take there."""
+        content_type, key = self.url_error
+        return error_response(status, message, content_type, key)
 
     def __init__(self, router: Router, *, max_receive_bytes: int, timeout_s: float) -> None:
         self._router = router
@@ -170,18 +193,23 @@ class OipRestApi:
         request_id = request.headers.get(REQUEST_ID_HEADER) or new_request_id()
         logs.bind(model=None, node=None, request_id=request_id)
         try:
-            route = parse_url(path, self.version_names)
+            try:
+                route = parse_url(path, self.version_names)
+            except errors.NotFound as exc:  # no such URL
+                return self.url_error_response(exc.http_status, exc.message), method
             method = route.method
             if request.method != route.http_method:
-                return error_response(405, "Method Not Allowed"), method
+                return self.url_error_response(405, "Method Not Allowed"), method
+            if route.method in self.unserved:
+                return self.url_error_response(404, "Not Found"), method
             logs.bind(model=route.key.name if route.key is not None else None)
             response = await self._send(request, route, request_id)
         except errors.TfscacheError as exc:
             log.debug("%s %s: %s", request.method, path, exc.http_status)
-            return error_response(exc.http_status, exc.message), method
+            return self.error(method, exc.http_status, exc.message), method
         except Exception:  # noqa: BLE001 - the one place unknown errors become 500
             log.exception("%s %s failed", request.method, path)
-            return error_response(500, "internal error in tfscache front end"), method
+            return self.error(method, 500, "internal error in tfscache front end"), method
         log.debug("%s %s: %s", request.method, path, response.status)
         return response, method
 
@@ -189,8 +217,6 @@ class OipRestApi:
         self, request: web.Request, route: OipRoute, request_id: str
     ) -> web.StreamResponse:
         forwarded = FORWARDED_KEY in request.headers
-        if route.method in self.unserved:
-            raise errors.NotFound("Not Found")
         if not self.binary_tensors and BINARY_HEADER in request.headers:
             raise errors.InvalidArgument(BINARY_REFUSED)
         key = route.key
@@ -281,8 +307,9 @@ class OipRestApi:
         except errors.ModelNotFound as missing:
             reply = await self._unknown(key, missing, ask, "ModelReady")
         if read_ready(reply):
-            return web.Response(status=200)
-        return error_response(400, NOT_READY)
+            typed = {"Content-Type": self.ready_content_type} if self.ready_content_type else {}
+            return web.Response(status=200, headers=typed)
+        return self.error("ModelReady", 400, NOT_READY)
 
     async def _unknown(self, key: RouteKey, missing: errors.ModelNotFound, send, method: str):
         """A model the repository lacks: a node's own answer, ``send(None)`` (no key: no lease; no
