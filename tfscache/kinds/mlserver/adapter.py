@@ -100,51 +100,44 @@ class MLServerAdapter(OipAdapter):
             return found
         return await asyncio.to_thread(keys)
 
-    async def _load_one(
-        self, key: Key, wanted: Sequence[Key], deadline: float, within: float
-    ) -> None:
-        """Load ``key``'s model in its turn and confirm the version ready; raises the key's error."""
+    async def _load_in_turn(self, key: Key, wanted: Sequence[Key], deadline: float,
+                            within: float, handed_over: list[bool]) -> None:
+        """Send the load and confirm the version ready; raises the key's error."""
         name, version = key
-        await self._turn(name, deadline, within)
-        handed_over = False
+        rpc = asyncio.ensure_future(self.client.load(name, deadline_s=max(_LOAD_RPC_S, within)))
         try:
-            rpc = asyncio.ensure_future(self.client.load(name, deadline_s=max(_LOAD_RPC_S, within)))
-            try:
-                await asyncio.wait_for(asyncio.shield(rpc), left(deadline))
-            except asyncio.CancelledError:
-                # The caller gave up; the node goes on loading.
-                handed_over = self._abandon(name, self._unload_when_loaded(name, rpc))
-                raise
-            except TimeoutError:
-                handed_over = self._abandon(name, self._unload_when_loaded(name, rpc))
-                raise self._late(name, version, within) from None
-            except errors.NotFound as e:
-                raise errors.ModelNotFound(
-                    f"{e.message} (model {name} version {version} is not in the "
-                    f"repository of node {self.target})"
-                ) from e
-            except errors.Unavailable:
-                raise
-            # the channel closed, the node went away
-            except (errors.Cancelled, errors.DeadlineExceeded) as e:
-                raise errors.NodeUnavailable(
-                    f"node {self.target}: the load of model {name} version {version} ended "
-                    f"{e.grpc_code.name} (the node went away?)") from e
-            except errors.TfscacheError as e:
-                raise type(e)(f"load failed for model '{name}' version {version} on node "
-                              f"{self.target}: {e.message}") from e
-            named = await asyncio.to_thread(self.repository.version_name, name, version)
-            if not await self.client.model_ready(
-                name, named, deadline_s=self._rpc_left(deadline)
-            ):
-                raise errors.FailedPrecondition(
-                    f"model {name} version {version} is not served by node {self.target} after its load: "
-                    f"MLServer names versions by parameters.version in model-settings.json, which must be "
-                    f'"{version}", the version directory\'s name'
-                )
-        finally:
-            if not handed_over:
-                self._turns.release(name)
+            await asyncio.wait_for(asyncio.shield(rpc), left(deadline))
+        except asyncio.CancelledError:
+            # The caller gave up; the node goes on loading.
+            handed_over[0] = self._abandon(name, self._unload_when_loaded(name, rpc))
+            raise
+        except TimeoutError:
+            handed_over[0] = self._abandon(name, self._unload_when_loaded(name, rpc))
+            raise self._late(name, version, within) from None
+        except errors.NotFound as e:
+            raise errors.ModelNotFound(
+                f"{e.message} (model {name} version {version} is not in the "
+                f"repository of node {self.target})"
+            ) from e
+        except errors.Unavailable:
+            raise
+        # the channel closed, the node went away
+        except (errors.Cancelled, errors.DeadlineExceeded) as e:
+            raise errors.NodeUnavailable(
+                f"node {self.target}: the load of model {name} version {version} ended "
+                f"{e.grpc_code.name} (the node went away?)") from e
+        except errors.TfscacheError as e:
+            raise type(e)(f"load failed for model '{name}' version {version} on node "
+                          f"{self.target}: {e.message}") from e
+        named = await asyncio.to_thread(self.repository.version_name, name, version)
+        if not await self.client.model_ready(
+            name, named, deadline_s=self._rpc_left(deadline)
+        ):
+            raise errors.FailedPrecondition(
+                f"model {name} version {version} is not served by node {self.target} after its load: "
+                f"MLServer names versions by parameters.version in model-settings.json, which must be "
+                f'"{version}", the version directory\'s name'
+            )
 
     async def _unload_name(self, name: str, deadline: float) -> None:
         try:

@@ -133,7 +133,21 @@ class OipAdapter:
     async def _load_one(
         self, key: Key, wanted: Sequence[Key], deadline: float, within: float
     ) -> None:
-        """Load ``key``'s model in its turn and confirm its version; raises the key's error."""
+        """Load ``key``'s model in its turn and confirm its version; raises the key's error. The
+        turn is given back here, unless the kind handed it to a task that keeps it."""
+        name = key[0]
+        await self._turn(name, deadline, within)
+        handed_over = [False]
+        try:
+            await self._load_in_turn(key, wanted, deadline, within, handed_over)
+        finally:
+            if not handed_over[0]:
+                self._turns.release(name)
+
+    async def _load_in_turn(self, key: Key, wanted: Sequence[Key], deadline: float,
+                            within: float, handed_over: list[bool]) -> None:
+        """The kind's load of ``key`` with its name's turn held; ``handed_over[0] = True`` once
+        a task (``_abandon``) keeps the turn."""
         raise NotImplementedError
 
     def _vanished(self, key: Key) -> errors.TfscacheError:

@@ -82,25 +82,18 @@ class TritonAdapter(OipAdapter):
         ready = await self.client.index(ready=True, deadline_s=deadline_s)
         return any(e.name == name and e.version == str(version) for e in ready)
 
-    async def _load_one(
-        self, key: Key, wanted: Sequence[Key], deadline: float, within: float
-    ) -> None:
-        """Load ``key``'s model in its turn and confirm the version READY; raises the key's error."""
+    async def _load_in_turn(self, key: Key, wanted: Sequence[Key], deadline: float,
+                            within: float, handed_over: list[bool]) -> None:
+        """Send the load and confirm the version READY; raises the key's error."""
         name, version = key
-        await self._turn(name, deadline, within)
-        handed_over = False
         try:
-            try:
-                await self.client.load(name, deadline_s=left(deadline))
-            except errors.DeadlineExceeded:
-                handed_over = self._abandon(name, self._unload_when_loaded(name))
-                raise self._late(name, version, within) from None
-            except errors.Internal as e:
-                raise await self._not_in_repository(name, version, e) from e
-            await self._confirm(key, wanted, deadline)
-        finally:
-            if not handed_over:
-                self._turns.release(name)
+            await self.client.load(name, deadline_s=left(deadline))
+        except errors.DeadlineExceeded:
+            handed_over[0] = self._abandon(name, self._unload_when_loaded(name))
+            raise self._late(name, version, within) from None
+        except errors.Internal as e:
+            raise await self._not_in_repository(name, version, e) from e
+        await self._confirm(key, wanted, deadline)
 
     async def _confirm(self, key: Key, wanted: Sequence[Key], deadline: float) -> None:
         """The load returned OK: is ``key``'s version READY? If Triton serves other versions of the
