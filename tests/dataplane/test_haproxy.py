@@ -225,3 +225,17 @@ def _backend_known(plane, name):
         except Exception:
             return False
     return known
+
+
+async def test_a_node_that_refuses_connections_sends_its_requests_to_the_fallback(nodes, tmp_path):
+    """The route still names a node whose port refuses (it died): HAProxy marks it down on the
+    first refusal and retries the request on the backend's backup, the Python front end."""
+    _, node_b = nodes
+    with socket.create_server(("127.0.0.1", 0)) as closed:
+        dead_port = closed.getsockname()[1]
+    dead = type("Dead", (), {"grpc_target": f"127.0.0.1:{dead_port}", "rest_port": dead_port})
+    async with Plane(tmp_path, dead, node_b) as plane:
+        await plane.routes.grant("m", "a")
+        assert await _call(plane.predict) == FALLBACK
+        assert await _call(plane.rest) == FALLBACK
+        assert (await plane.routes.usage())[("m", "a")].requests == 2  # both were routed
