@@ -344,7 +344,7 @@ def test_oversized_requests_are_resource_exhausted(serve, clients):
 def test_errors_carry_tritons_status_and_content_type(serve, triton, clients):
     """Errors tfscache writes itself (an unknown model on no node, not ready, no such URL, a method
     not allowed) carry the status and Content-Type raw Triton 2.51 sends for the same request:
-    text/plain for infer, generate and readiness errors and URL errors, JSON for the rest."""
+    text/plain for infer and readiness errors and URL errors, JSON for the rest (generate's too)."""
     raw = clients["raw"][0]
     raw.load_model("addk_9", client_timeout=60)
     body = {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}

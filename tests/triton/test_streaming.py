@@ -170,6 +170,9 @@ def test_generate_and_generate_stream_answer_as_raw_triton(serve, raw):
     cases = [("addk_4", "generate", {"x": [1.0]}), ("stream_3", "generate", {"x": [1.0]}),
              ("stream_3", "generate_stream", {"x": [1.0]}), ("stream_3", "generate_stream", {"x": [-4.0]}),
              ("sparse", "generate_stream", {"x": [-1.0]}), ("ghost", "generate_stream", {"x": [1.0]}),
+             ("stream_3/versions/2", "generate", {"x": [1.0]}),
+             ("addk_4/versions/2", "infer",
+              {"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [1.0]}]}),
              ("stream_3/versions/2", "generate_stream", {"x": [1.0]})]
     for model, verb, body in cases:
         got = {}

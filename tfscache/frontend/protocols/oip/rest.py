@@ -136,8 +136,9 @@ def parse_url(path: str, version_names: bool = False) -> OipRoute:
 
 
 JSON, TEXT = "application/json", "text/plain"
-# Triton 2.51 (http_server.cc) sends these methods' errors, and its URL errors, as text/plain
-_TEXT_ERRORS = frozenset({"ModelInfer", "ModelGenerate", "ModelGenerateStream", "ModelReady"})
+# Triton 2.51 (http_server.cc) sends these methods' errors, and its URL errors, as text/plain;
+# generate's and generate_stream's errors, as the rest, as application/json (measured: both)
+_TEXT_ERRORS = frozenset({"ModelInfer", "ModelReady"})
 
 
 def error_response(
