@@ -33,7 +33,7 @@ from support.waiting import until
 from tfscache.dataplane import binary, config
 from tfscache.dataplane.process import Supervisor
 from tfscache.dataplane.routes import Routes
-from tfscache.dataplane.runtime import Runtime
+from tfscache.dataplane.runtime import Runtime, RuntimeApiError
 from tfscache.frontend.protocols.tfserving import DATA_PLANE
 
 pytestmark = pytest.mark.skipif(
@@ -172,6 +172,56 @@ async def test_a_route_is_revoked_only_once_its_request_in_flight_is_answered(no
                     assert not revoke.done()
                 await asyncio.wait_for(revoke, 30)
                 assert request.result(30) == ROUTED
+
+
+async def test_the_routes_in_force_are_the_ones_haproxy_confirmed(nodes, tmp_path):
+    """``current`` lists a route once HAProxy took it and until HAProxy dropped it: a caller that
+    sees a model routed can count on HAProxy routing its next request. A command HAProxy did not
+    answer leaves ``current`` and the map file as HAProxy has them, and a revocation asks again
+    until it is answered."""
+    node_a, node_b = nodes
+    async with Plane(tmp_path, node_a, node_b) as plane:
+        routes, real_set_map, answer = plane.routes, plane.runtime.set_map, asyncio.Event()
+
+        async def held_set_map(*args):
+            await answer.wait()
+            return await real_set_map(*args)
+
+        plane.runtime.set_map = held_set_map
+        grant = asyncio.create_task(routes.grant("m", "a"))
+        await until(lambda: plane.plan.map_path.read_text() == "m a\n", 30, "the map file written ahead")
+        assert "m" not in routes.current and not grant.done()  # HAProxy has not answered yet
+        assert await _call(plane.predict) == FALLBACK
+        answer.set()
+        assert await asyncio.wait_for(grant, 30)
+        assert routes.current == {"m": "a"}
+        assert await _call(plane.predict) == ROUTED
+
+        socket_path = plane.runtime.socket_path
+        plane.runtime.socket_path = tmp_path / "no-haproxy.sock"  # HAProxy does not answer
+        with pytest.raises(RuntimeApiError):
+            await routes.withdraw("m")
+        assert routes.current == {"m": "a"} and plane.plan.map_path.read_text() == "m a\n"
+        with pytest.raises(RuntimeApiError):
+            await routes.grant("n", "a")
+        assert routes.current == {"m": "a"} and plane.plan.map_path.read_text() == "m a\n"
+        revoke = asyncio.create_task(routes.revoke("m", "a"))
+        await until(lambda: plane.plan.map_path.read_text() == "", 30, "the route out of the file")
+        assert routes.current == {"m": "a"} and not revoke.done()  # still routed: asks again
+        assert await _call(plane.predict) == ROUTED
+        plane.runtime.socket_path = socket_path
+        await asyncio.wait_for(revoke, 30)
+        assert routes.current == {}
+        assert await _call(plane.predict) == FALLBACK
+        # the data plane stopping ends a revocation that waits for a HAProxy gone for good
+        assert await routes.grant("m", "a")
+        plane.runtime.socket_path = tmp_path / "no-haproxy.sock"
+        revoke = asyncio.create_task(routes.revoke("m", "a"))
+        await until(lambda: plane.plan.map_path.read_text() == "", 30, "the route out of the file")
+        assert not revoke.done()
+        routes.close()
+        await asyncio.wait_for(revoke, 30)
+        assert routes.current == {} and not await routes.grant("m", "a")
 
 
 async def test_a_killed_haproxy_is_restarted_on_the_same_ports_with_its_routes(nodes, tmp_path):

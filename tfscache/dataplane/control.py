@@ -122,6 +122,8 @@ class DataPlane:
                 await self._task
         if self.supervisor is not None:
             await self.supervisor.stop(grace)
+        if self.routes is not None:
+            self.routes.close()  # a revocation waiting for HAProxy to answer returns
         for sock in self._sockets:
             sock.close()
 

@@ -6,18 +6,27 @@ returns only when HAProxy counts no request in flight for MODEL@NODE, so an unlo
 for ``revoke`` never cuts a request short. The map file on disk is rewritten on each change, so
 a restarted or reloaded HAProxy starts from the routes in force (config.py says why no request
 can slip between a lookup and its count).
+
+``current`` is what HAProxy confirmed: a route is added to it once ``set map`` answered, and
+leaves it once ``del map`` did. The file is written ahead of each command (a HAProxy that
+restarts meanwhile reads the change), and back as it was when a grant or withdrawal fails. A
+revocation keeps the route out of the file and asks again until HAProxy agrees: an unload waits
+on it, so it never returns while HAProxy may still route the model there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 from tfscache.dataplane.config import TABLE
-from tfscache.dataplane.runtime import Runtime, Usage
+from tfscache.dataplane.runtime import Runtime, RuntimeApiError, Usage
+
+log = logging.getLogger("tfscache.dataplane")
 
 # A map key is one word on the runtime API; other names simply take the slow path.
 _ROUTABLE = re.compile(r"^[A-Za-z0-9._-]{1,256}$")
@@ -34,52 +43,91 @@ class Routes:
         self.poll_s = poll_s
         self._routes: dict[str, str] = {}
         self._lock = asyncio.Lock()
+        self._closed = False  # HAProxy stopped for good: nothing is routed any more
+
+    def close(self) -> None:
+        """HAProxy was stopped for good (the data plane's stop): no route is in force any more,
+        and a revocation waiting for HAProxy to answer returns."""
+        self._closed = True
+        self._routes.clear()
 
     @property
     def current(self) -> dict[str, str]:
         return dict(self._routes)
 
-    async def write_file(self) -> None:
-        """The map file as the routes stand (what HAProxy reads when it starts or reloads)."""
-        text = "".join(f"{m} {n}\n" for m, n in sorted(self._routes.items()))
+    async def write_file(self, routes: dict[str, str] | None = None) -> None:
+        """The map file as ``routes`` (default: the routes in force) say, for HAProxy to read when
+        it starts or reloads."""
+        routes = self._routes if routes is None else routes
+        text = "".join(f"{m} {n}\n" for m, n in sorted(routes.items()))
         await asyncio.to_thread(_replace, self.map_path, text)
 
     async def grant(self, model: str, node: str,
                     still: Callable[[], bool] = lambda: True) -> bool:
         """Send ``model``'s warm requests to ``node``, if ``still()`` holds once the routes are
-        this caller's (a revocation that came first has the last word); False if not routed."""
+        this caller's (a revocation that came first has the last word); False if not routed.
+        Raises RuntimeApiError if HAProxy did not take it (then it is not routed)."""
         if not routable(model):
             return False
         async with self._lock:
-            if not still():
+            if self._closed or not still():
                 return False
+            try:
+                await self.write_file({**self._routes, model: node})
+                await self.runtime.set_map(self.map_path, model, node)
+            except BaseException:
+                await self.write_file()
+                raise
             self._routes[model] = node
-            await self.write_file()
-            await self.runtime.set_map(self.map_path, model, node)
+        log.debug("route %s -> %s granted", model, node)
         return True
 
     async def withdraw(self, model: str) -> None:
-        """No route for ``model`` (its requests in flight finish where they are)."""
+        """No route for ``model`` (its requests in flight finish where they are). Raises
+        RuntimeApiError if HAProxy did not drop it (then it is still routed)."""
         async with self._lock:
-            if self._routes.pop(model, None) is not None:
-                await self.write_file()
+            if model not in self._routes:
+                return
+            try:
+                await self.write_file({m: n for m, n in self._routes.items() if m != model})
                 await self.runtime.del_map(self.map_path, model)
+            except BaseException:
+                await self.write_file()
+                raise
+            node = self._routes.pop(model)
+        log.debug("route %s -> %s withdrawn", model, node)
 
     async def revoke(self, model: str, node: str, deadline_s: float | None = None) -> None:
         """No route for ``model`` to ``node``, and none of its routed requests still in flight.
 
-        Raises TimeoutError after ``deadline_s`` with the route already gone (a request held
-        longer than that is the caller's to judge).
+        Raises TimeoutError after ``deadline_s`` (a request held longer than that, or a HAProxy
+        that does not answer, is the caller's to judge); the route is out of the map file then.
         """
+        await asyncio.wait_for(self._revoke(model, node), deadline_s)
+
+    async def _revoke(self, model: str, node: str) -> None:
         async with self._lock:
             if self._routes.get(model) == node:
-                del self._routes[model]
-                await self.write_file()
-                await self.runtime.del_map(self.map_path, model)
-        await asyncio.wait_for(self._drained(f"{model}@{node}"), deadline_s)
+                await self.write_file({m: n for m, n in self._routes.items() if m != model})
+                while not self._closed:
+                    try:
+                        await self.runtime.del_map(self.map_path, model)
+                        break
+                    except RuntimeApiError as e:  # restarting: the new one reads the file
+                        log.warning("revoking the route of %s to %s: %s; asking again", model,
+                                    node, e)
+                        await asyncio.sleep(self.poll_s)
+                self._routes.pop(model, None)
+                log.debug("route %s -> %s revoked", model, node)
+        await self._drained(f"{model}@{node}")
 
     async def _drained(self, key: str) -> None:
-        while (await self.in_flight(key)) > 0:
+        while not self._closed:
+            try:
+                if await self.in_flight(key) == 0:
+                    return
+            except RuntimeApiError as e:  # restarting: the new one starts with an empty table
+                log.warning("waiting for %s's requests in flight: %s; asking again", key, e)
             await asyncio.sleep(self.poll_s)
 
     async def in_flight(self, key: str) -> int:
