@@ -15,6 +15,7 @@ from grpc_health.v1 import health_pb2
 import pytest
 import pytest_asyncio
 
+from support.node import node_template
 from support.waiting import until
 from tfscache import errors
 from tfscache import settings as settings_mod
@@ -28,7 +29,7 @@ def settings_for(admin_repo, state_dir, **more):
     return settings_mod.load(env={}, overrides={
         "model_repository": str(admin_repo), "node.local_nodes": 1, "server.bind_address": "127.0.0.1",
         "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "server.admin_port": 0,
-        "node.state_dir": str(state_dir), **more})
+        "node.state_dir": str(state_dir), "node.template_socket": node_template(), **more})
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -19,7 +19,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from support.serving import link_repository, serve_command
 from support.cache import Gate
-from support.node import PYTHON, REPO
+from support.node import PYTHON, REPO, node_template
 from support.process import ServerProcess, launch, wait_for_ports
 from support.requests import predict_request
 from support.waiting import process_ended, wait_until
@@ -51,7 +51,8 @@ def start_default_serve(directory: Path, repository: Path, xdg_state_home: Path,
     log_path = directory / f"serve-{run}.log"
     command = serve_command(["--model-repository", str(repository), "--local-nodes", "1", "--grpc-port", "0",
                              "--rest-port", "0", "--admin-port", "0", "--metrics-port", "0",
-                             "--bind-address", "127.0.0.1", "--ports-file", str(ports_file), *args])
+                             "--bind-address", "127.0.0.1", "--ports-file", str(ports_file),
+                             "--set", f"node.template_socket={node_template()}", *args])
     process = launch(command, log_path, {"XDG_STATE_HOME": str(xdg_state_home)})
     ports = wait_for_ports(process, ports_file, log_path, 180,
                            lambda message, rc, log: ServeStartError(f"{message} (rc={rc}):\n{log[-6000:]}"))

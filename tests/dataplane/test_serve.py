@@ -17,7 +17,7 @@ import grpc
 import pytest
 import pytest_asyncio
 from support.models.tfserving import build_gate
-from support.node import version_status_at
+from support.node import node_template, version_status_at
 from support.requests import float_tensor, predict_request
 from support.serving import link_repository
 from support.waiting import until
@@ -52,7 +52,8 @@ async def app(repo, tmp_path_factory):
         "model_repository": str(repo), "node.local_nodes": 1, "server.data_plane": "haproxy",
         "cache.max_models_per_node": CAP, "server.grpc_port": 0, "server.rest_port": 0,
         "server.bind_address": "127.0.0.1",
-        "node.state_dir": str(tmp_path_factory.mktemp("dataplane-app") / "state")})
+        "node.state_dir": str(tmp_path_factory.mktemp("dataplane-app") / "state"),
+        "node.template_socket": node_template()})
     app = ServeApp(settings)
     grpc_port, _ = await app.start()
     app.target = f"127.0.0.1:{grpc_port}"

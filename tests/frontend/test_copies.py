@@ -25,7 +25,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from support.cache import Gate
 from support.waiting import until
-from support.node import start_node, version_status_at
+from support.node import node_template, start_node, version_status_at
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS, running_sidecars
 from tfscache import settings as settings_mod
@@ -345,7 +345,7 @@ async def embedded(frontend_repo, tmp_path):
     settings = settings_mod.load(env={}, overrides={
         "model_repository": str(frontend_repo), "node.local_nodes": 2, "server.bind_address": "127.0.0.1",
         "server.grpc_port": 0, "server.rest_port": 0, "server.grace_s": 1, "node.state_dir": str(tmp_path / "state"),
-        "node.extra_args": [f"--load_gate_dir={gate.dir}"], **SETTINGS,
+        "node.extra_args": [f"--load_gate_dir={gate.dir}"], "node.template_socket": node_template(), **SETTINGS,
         "cache.max_models_per_node": 1})
     app = ServeApp(settings)
     await app.start()

@@ -4,7 +4,12 @@
         stub = PredictionServiceStub(grpc.insecure_channel(serve.grpc_target))
 
 Serve binds 127.0.0.1 on port 0 and reports its ports in ``--ports-file``; its node
-state (the nodes' ports files) lives in ``serve.state_dir``.
+state (the nodes' ports files) lives in ``serve.state_dir``. Its ``tfscache node`` children are
+forked from the session's node template (support.node.node_template, ``node.template_socket``):
+TensorFlow is imported once per session rather than once per serve (~5 s of CPU each).
+``own_template=True``, a serve whose ``env`` sets a variable read as TensorFlow is imported
+(``_IMPORT_PREFIXES``), or one that sets ``node.fork_nodes`` or another kind of node starts a
+template of its own, as it would outside the tests.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 
 import requests
 
-from support.node import PYTHON
+from support.node import PYTHON, node_template
 from support.process import ServerProcess, launch, wait_for_ports
 from support.waiting import wait_until
 
@@ -75,14 +80,34 @@ def serve_command(args) -> list[str]:
     return [PYTHON, "-m", "tfscache", "serve", *args]
 
 
+def forks_tfscache_nodes(args) -> bool:
+    """Whether a serve with these arguments forks ``tfscache node`` children from a template."""
+    args = [str(a) for a in args]
+    backend = args[args.index("--backend") + 1] if "--backend" in args else "tfserving"
+    return (backend == "tfserving" and "--node-command" not in args
+            and not any(a.startswith(("node.fork_nodes", "node.template_socket")) for a in args))
+
+
+# Variables TensorFlow (or the interpreter) reads as it is imported: a node forked from a template
+# has the template's, so a serve that sets one of them starts its own template.
+_IMPORT_PREFIXES = ("TF_", "CUDA_", "XLA_", "OMP_", "KMP_", "MKL_", "PYTHON", "LD_")
+
+
+def _read_at_import(env: dict[str, str] | None) -> bool:
+    return any(key.startswith(_IMPORT_PREFIXES) for key in env or {})
+
+
 def start_serve(tmp_path: Path, repository: Path, *args: str, timeout: float = 180.0,
-                env: dict[str, str] | None = None, cls: type[ServeProcess] = ServeProcess) -> ServeProcess:
+                env: dict[str, str] | None = None, cls: type[ServeProcess] = ServeProcess,
+                own_template: bool = False) -> ServeProcess:
     """Start ``tfscache serve`` over ``repository`` and wait until both front ends serve.
 
-    ``cls`` (a ServeProcess subclass) wraps the running process.
+    ``cls`` (a ServeProcess subclass) wraps the running process; ``own_template``: see above.
     """
     directory = Path(tmp_path) / f"serve-{next(_counter)}"
     directory.mkdir(parents=True)
+    if not own_template and not _read_at_import(env) and forks_tfscache_nodes(args):
+        args = ("--set", f"node.template_socket={node_template()}", *args)
     ports_file = directory / "ports.json"
     command = serve_command(["--model-repository", str(repository), "--grpc-port", "0", "--rest-port", "0",
                              "--bind-address", "127.0.0.1", "--ports-file", str(ports_file),

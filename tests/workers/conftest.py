@@ -18,7 +18,7 @@ import psutil
 import pytest
 import pytest_asyncio
 from support.serving import link_repository
-from support.node import version_status
+from support.node import node_template, version_status
 
 from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
@@ -42,7 +42,7 @@ def serve_settings(repo, state_dir):
     return settings_mod.load(None, {}, {
         "model_repository": str(repo), "server.workers": 2, "node.local_nodes": 1,
         "server.grpc_port": 0, "server.rest_port": 0, "server.bind_address": "127.0.0.1",
-        "node.state_dir": str(state_dir)})
+        "node.state_dir": str(state_dir), "node.template_socket": node_template()})
 
 
 @pytest_asyncio.fixture(scope="package", loop_scope="package")

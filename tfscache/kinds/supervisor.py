@@ -17,7 +17,9 @@ a grace period.
 A kind whose children are ``tfscache node`` (``Launch.forkable``) has them forked from one node
 template (tfscache.modelserver.template, ``node.fork_nodes``): TensorFlow is imported once, when the
 first node starts, and every later start or restart serves in ~0.1 s plus its models' loads. The
-template is this process's child and dies with it; its nodes die with the template. A template
+template is this process's child and dies with it; its nodes die with the template (and with this
+process: tfscache.modelserver.template). ``node.template_socket`` names a template others started
+and share instead, this instance's own started only if that one does not answer. A template
 that cannot fork (it died, it never listened) costs no node: that node is exec'd as before and
 the next start tries a fresh template.
 """
@@ -188,6 +190,19 @@ class Supervisor:
         """``node`` forked from the node template; None if it cannot be. A template that does not
         answer (killed: its exit may not be reaped yet) is replaced once, first killed if still there.
         """
+        shared = self.settings.template_socket
+        if shared:
+            try:
+                child = await template.AsyncChild.fork(
+                    shared, launch.forkable, env=launch.env, new_session=True
+                )
+            except (template.TemplateError, OSError) as exc:
+                log.warning("the node template at %s did not fork %s (%s): starting this "
+                            "instance's own", shared, node.name, exc)
+            else:
+                log.info("forked %s from the shared node template at %s: tfscache %s",
+                         node.name, shared, shlex.join(launch.forkable))
+                return child
         path = str(self.state_dir / "node-template.sock")
         failed = None  # the template that did not answer
         for _ in range(2):

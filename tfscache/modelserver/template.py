@@ -4,7 +4,8 @@ A ``tfscache node`` spends ~4-5 s of CPU importing TensorFlow before it serves (
 of memory it never writes). The template pays that once: ``python -m tfscache.modelserver.template
 SOCKET`` imports everything a node imports, then listens on the UNIX socket ``SOCKET``; each
 connection asks for one node (a JSON line: argv, env, cwd, an optional output file, whether the
-child leads a session of its own) and gets ``{"pid": N}`` back at once, then
+child leads a session of its own; the asker's standard output and error come with it, SCM_RIGHTS,
+and are the node's unless an output file is named) and gets ``{"pid": N}`` back at once, then
 ``{"returncode": RC}`` when that node exits (a negative RC: the signal that ended it, as
 subprocess reports it). The child is forked from the template (no exec): it starts serving in
 ~0.1 s plus its models' loads, and shares the imported modules' pages with the template and its
@@ -18,8 +19,10 @@ import (TF_CPP_MIN_LOG_LEVEL and the like) are the template's: every node it for
 template's environment at import, then its own ``env``. A forked node's command line is the
 template's; its process name (``ps -o comm``)
 is ``tfscache-node``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and
-the template ends within 0.5 s of its owner (the process that started it), so a killed owner
-leaves no node behind. (Not PR_SET_PDEATHSIG for the template itself: that signal follows the
+when the process that asked for it ends (a thread waits on that process's pidfd); the template
+ends within 0.5 s of its owner (the process that started it). So a killed owner leaves no node
+behind, also when its nodes came from a template that others share (``node.template_socket``:
+a template started once for several instances, as the test suite does). (Not PR_SET_PDEATHSIG for the template itself: that signal follows the
 owner's *thread* that started it, and a test's start in a pool thread would end with the thread.)
 
 ``Child`` (blocking) and ``AsyncChild`` (asyncio) are the owner's handles of a forked node with
@@ -36,7 +39,9 @@ import select
 import selectors
 import signal
 import socket
+import struct
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -68,8 +73,27 @@ def _die_with_parent() -> None:
     _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _run_child(request: dict, template_pid: int) -> None:
-    """In the forked child: become the node ``request`` asks for, then exit with its status."""
+def _die_with_owner(owner_fd: int) -> None:
+    """SIGTERM this process when the owner (the process that asked for it; ``owner_fd``, its
+    pidfd) ends, as PR_SET_PDEATHSIG does for the template: a template that several owners
+    share (``node.template_socket``) outlives each of them, and a killed owner's nodes must not."""
+
+    def watch() -> None:
+        select.select([owner_fd], [], [])
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
+
+
+def _owner_pidfd(conn: socket.socket) -> int:
+    """A pidfd of the process at the other end of ``conn`` (SO_PEERCRED); OSError if it is gone."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return os.pidfd_open(struct.unpack("3i", creds)[0])
+
+
+def _run_child(request: dict, template_pid: int, owner_fd: int, outputs: list[int]) -> None:
+    """In the forked child: become the node ``request`` asks for, then exit with its status.
+    ``outputs``: the owner's standard output and error, passed with the request (or none)."""
     rc = 1
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -81,14 +105,22 @@ def _run_child(request: dict, template_pid: int) -> None:
         _prctl(PR_SET_NAME, ctypes.c_char_p(NAME))  # its command line stays the template's
         if os.getppid() != template_pid:  # the template died between the fork and prctl
             os._exit(1)
+        _die_with_owner(owner_fd)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
+        sys.stdout.flush()  # (the template's, still buffered: to the template's own output)
+        sys.stderr.flush()
         if request.get("output"):
             out = os.open(request["output"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(out, 1)
             os.dup2(out, 2)
             os.close(out)
+        elif len(outputs) == 2:  # the owner's standard output and error, as an exec'd child's
+            os.dup2(outputs[0], 1)
+            os.dup2(outputs[1], 2)
+        for fd in outputs:
+            os.close(fd)
         os.chdir(request.get("cwd") or os.getcwd())
         os.environ.clear()
         os.environ.update(request["env"])
@@ -164,15 +196,28 @@ def serve(path: str) -> int:
 
 def _fork_for(conn: socket.socket, selector, children: dict, listener: socket.socket) -> None:
     conn.settimeout(10.0)
+    outputs: list[int] = []
     try:
-        request = json.loads(conn.makefile("rb").readline())
+        data, outputs, _, _ = socket.recv_fds(conn, 65536, 2)
+        while data and not data.endswith(b"\n"):
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        request = json.loads(data)
     except (OSError, ValueError) as exc:
         _send(conn, {"error": f"unreadable request: {exc}"})
-        conn.close()
+        _close(conn, outputs)
         return
     if not isinstance(request, dict) or request.get("argv", [None])[:1] != ["node"]:
         _send(conn, {"error": 'a template forks `tfscache node` only: argv must start with "node"'})
-        conn.close()
+        _close(conn, outputs)
+        return
+    try:
+        owner_fd = _owner_pidfd(conn)
+    except OSError as exc:  # the owner went away already
+        _send(conn, {"error": f"the owner is gone: {exc}"})
+        _close(conn, outputs)
         return
     template = os.getpid()
     pid = os.fork()
@@ -183,11 +228,37 @@ def _fork_for(conn: socket.socket, selector, children: dict, listener: socket.so
         for owner, pidfd in children.values():
             owner.close()
             os.close(pidfd)
-        _run_child(request, template)
+        _run_child(request, template, owner_fd, outputs)
+    os.close(owner_fd)
+    for fd in outputs:
+        os.close(fd)
     pidfd = os.pidfd_open(pid)
     children[pid] = (conn, pidfd)
     selector.register(pidfd, selectors.EVENT_READ, pid)
     _send(conn, {"pid": pid})
+
+
+def _close(conn: socket.socket, fds: list[int]) -> None:
+    conn.close()
+    for fd in fds:
+        os.close(fd)
+
+
+def _outputs() -> list[int]:
+    """This process's standard output and error, to pass with a request (none if one is closed)."""
+    try:
+        for fd in (1, 2):
+            os.fstat(fd)
+    except OSError:
+        return []
+    return [1, 2]
+
+
+def _ask(sock: socket.socket, line: bytes) -> None:
+    """Send the request ``line`` on a connected (blocking) ``sock``, this process's standard
+    output and error with it: the node writes where an exec'd child of this process would."""
+    sent = socket.send_fds(sock, [line], _outputs())
+    sock.sendall(line[sent:])
 
 
 def request(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
@@ -231,7 +302,7 @@ class Child:
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.connect(socket_path)
-            self._sock.sendall(request(argv, **options))
+            _ask(self._sock, request(argv, **options))
             self.pid = _forked_pid(self._line(timeout=30.0))
         except OSError as exc:
             self._sock.close()
@@ -299,11 +370,23 @@ class AsyncChild:
 
     @classmethod
     async def fork(cls, socket_path: str, argv: list[str], **options) -> AsyncChild:
+        line = request(argv, **options)
+
+        def connect() -> socket.socket:  # a local socket's connect and send: quick, yet off the loop
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(socket_path)
+                _ask(sock, line)
+            except BaseException:
+                sock.close()
+                raise
+            return sock
+
         try:
-            reader, writer = await asyncio.open_unix_connection(socket_path)
+            sock = await asyncio.to_thread(connect)
+            reader, writer = await asyncio.open_unix_connection(sock=sock)
         except OSError as exc:
             raise TemplateError(f"node template at {socket_path}: {exc}") from exc
-        writer.write(request(argv, **options))
         try:
             pid = _forked_pid(await reader.readline())
         except TemplateError:

@@ -291,6 +291,12 @@ class NodeSection:
         "imported TensorFlow once (a start or restart serves in ~0.1 s; the nodes share "
         "its memory pages); false: each child imports it in a fresh interpreter",
     )
+    template_socket: str = setting(
+        "",
+        "fork the `tfscache node` children from this node template, already running "
+        "(`python -m tfscache.modelserver.template SOCKET`, shared by several instances on one "
+        "host); empty, or a template that does not answer: this instance starts its own",
+    )
     start_timeout_s: float = setting(120.0, "longest wait for a node to start serving",
                                       check=_at_least(0.1))
     state_dir: str = setting(
