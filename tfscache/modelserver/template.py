@@ -17,12 +17,12 @@ leaves one idle native thread, which a fork does not copy). tests/modelserver/te
 forked nodes side by side, each computing its own answers. Variables read during TensorFlow's
 import (TF_CPP_MIN_LOG_LEVEL and the like) are the template's: every node it forks gets the
 template's environment at import, then its own ``env``. A forked node's command line is the
-template's; its process name (``ps -o comm``)
-is ``tfscache-node``. Each child gets SIGTERM when the template dies (PR_SET_PDEATHSIG), and
-when the process that asked for it ends (a thread waits on that process's pidfd); the template
-ends within 0.5 s of its owner (the process that started it). So a killed owner leaves no node
-behind, also when its nodes came from a template that others share (``node.template_socket``:
-a template started once for several instances, as the test suite does). (Not PR_SET_PDEATHSIG for the template itself: that signal follows the
+template's; its process name (``ps -o comm``) is ``tfscache-node``. Each child gets SIGTERM
+when the template dies (PR_SET_PDEATHSIG), and when the process that asked for it ends (a thread
+waits on that process's pidfd); the template ends within 0.5 s of its owner (the process that
+started it). So a killed owner leaves no node behind, also when its nodes came from a template
+that others share (``node.template_socket``: a template started once for several instances, as
+the test suite does). (Not PR_SET_PDEATHSIG for the template itself: that signal follows the
 owner's *thread* that started it, and a test's start in a pool thread would end with the thread.)
 
 ``Child`` (blocking) and ``AsyncChild`` (asyncio) are the owner's handles of a forked node with
