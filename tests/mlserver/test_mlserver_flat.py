@@ -4,7 +4,8 @@ A repository laid out as MLServer users lay it out, ``NAME/model-settings.json``
 ``model.joblib`` with no version folder, mixed with one versioned model (``NAME/1/``): the
 session's ``mlserver_flat_repository`` (tests/mlserver/conftest.py). One ``tfscache serve`` with
 one embedded MLServer, capped at two models. What loaded is read from the node's own repository
-index. Restarts: test_mlserver_flat_restart.py; buckets: tests/storage/test_serve_bucket_backends.py.
+index. Restarts: test_mlserver_flat_restart.py; buckets:
+tests/storage/test_serve_bucket_backends.py.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def test_a_pinned_flat_model_survives_kill_9_and_a_stop(tmp_path, mlserver_flat_
         node = serve_nodes(serve)["node0"]["pid"]
     finally:
         assert serve.kill() == -9  # no shutdown code runs
-    wait_until(lambda: process_ended(node), 60, f"MLServer {node} to exit after its parent's SIGKILL")
+    wait_until(lambda: process_ended(node), 60, f"MLServer {node} to exit after the SIGKILL")
 
     with start_serve(tmp_path, mlserver_flat_repository, *flags) as serve:
         with admin_client(serve) as admin:

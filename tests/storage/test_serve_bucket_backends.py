@@ -66,7 +66,7 @@ def test_triton_loads_from_the_disk_tier(tmp_path, bucket):
 
 @pytest.fixture(scope="module")
 def mlserver_built(tmp_path_factory) -> Path:
-    """``addk_1`` .. ``addk_3`` in the versioned layout (``NAME/1/``), trained once for the module."""
+    """``addk_1`` .. ``addk_3`` in the versioned layout (``NAME/1/``), trained once here."""
     if MLSERVER is None:
         pytest.skip(SKIP_REASON)
     built = tmp_path_factory.mktemp("mlserver-built")

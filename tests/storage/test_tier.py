@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 
 import grpc
@@ -254,7 +255,8 @@ SETTINGS = "model-settings.json"
 
 
 def seed_flat(bucket, name="f", size=1000, version="v1") -> dict[str, bytes]:
-    files = {SETTINGS: b'{"parameters": {"uri": "./model.joblib", "version": "%s"}}' % version.encode(),
+    settings = {"parameters": {"uri": "./model.joblib", "version": version}}
+    files = {SETTINGS: json.dumps(settings).encode(),
              "model.joblib": os.urandom(size), "extra/notes.txt": b"notes"}
     for rel, data in files.items():
         bucket.put(f"{name}/{rel}", data)
@@ -268,7 +270,8 @@ async def test_a_flat_model_is_one_version_downloaded_into_its_own_directory(buc
     tier = tier_for(bucket, root, flat_file=SETTINGS)
     await tier.start()
     [(version, listing)] = (await tier.versions("f")).items()
-    assert (version, listing.flat, listing.bytes) == (FLAT_VERSION, True, sum(map(len, files.values())))
+    size = sum(map(len, files.values()))
+    assert (version, listing.flat, listing.bytes) == (FLAT_VERSION, True, size)
     assert sorted(await tier.versions("m")) == [1]
     copy = await tier.flat_settings("f")  # before any download: the settings file alone
     assert copy == root / ".flat" / "f" / SETTINGS and copy.read_bytes() == files[SETTINGS]
@@ -315,6 +318,9 @@ async def test_restart_adopts_a_flat_model_and_removes_partial_ones(bucket, root
     assert not (root / PARTIAL).exists() and not (root / ".flat").exists()
     assert await second.fetch("f", FLAT_VERSION) == root / "f"
     assert bucket.gets("f/model.joblib") == 1  # adopted: not downloaded again
+    third = tier_for(bucket, root)  # the same directory for a kind with no flat models
+    await third.start()
+    assert third.resident() == {("m", 1): 15} and not (root / "f").exists()
 
 
 async def test_a_model_that_turns_flat_replaces_its_versions(bucket, root):

@@ -171,7 +171,8 @@ def scan(root: Path, flat_file: str = "") -> list[tuple[Key, dict[str, list], fl
         if model.name.startswith(".") or not model.is_dir():
             continue
         if (model / MARKER).is_file() or (flat_file and (model / flat_file).exists()):
-            manifest = read_complete(model)  # a flat model's copy: complete, or removed whole
+            # a flat model's copy: complete, or removed whole (and by a tier with no flat models)
+            manifest = read_complete(model) if flat_file else None
             if manifest is None:
                 remove(model)
             else:
