@@ -96,6 +96,9 @@ def test_mlserver_loads_from_the_disk_tier(tmp_path, bucket, mlserver_built):
         assert (tier / "addk_2" / "1" / MARKER).exists() and not (tier / "addk_1").exists()
 
 
+BODY = {"inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+
+
 def flat_files(built: Path, name: str, version: str | None) -> dict[str, bytes]:
     """Model ``name`` (built as ``NAME/1/``) in MLServer's own layout: NAME/model-settings.json."""
     parameters = {"uri": "./model.joblib"} | ({"version": version} if version else {})
@@ -122,6 +125,11 @@ def test_mlserver_serves_flat_models_from_the_disk_tier(tmp_path, bucket, mlserv
         node = f"http://127.0.0.1:{serve_nodes(serve)['node0']['rest']}"
         client = tritongrpc.InferenceServerClient(serve.grpc_target)
         try:
+            wrong = requests.post(f"{serve.rest_url}/v2/models/addk_1/versions/v2/infer",
+                                  json=BODY, timeout=60)  # resolved from the settings file alone
+            assert (wrong.status_code, wrong.json()) == (
+                404, {"error": "Model addk_1 with version v2 not found"})
+            assert flat_in_tier(tier) == set() and bucket.gets("addk_1/model.joblib") == 0
             assert mlserver_infer(tritongrpc, client, "addk_1", 1.0, version="v1") == [2.0]
             assert mlserver_resident(node) == {"addk_1"}
             assert flat_in_tier(tier) == {"addk_1"} and in_tier(tier) == set()
@@ -129,8 +137,8 @@ def test_mlserver_serves_flat_models_from_the_disk_tier(tmp_path, bucket, mlserv
                 uploaded["addk_1/model-settings.json"]
             assert mlserver_infer(tritongrpc, client, "addk_2", 1.0) == [3.0]  # versioned
             assert in_tier(tier) == {"addk_2:1"}
-            reply = requests.post(f"{serve.rest_url}/v2/models/addk_3/infer", timeout=120, json={
-                "inputs": [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": [1]}]})
+            reply = requests.post(f"{serve.rest_url}/v2/models/addk_3/infer", json=BODY,
+                                  timeout=120)
             assert reply.status_code == 200, reply.text
             assert reply.json()["outputs"][0]["data"] == [4.0]
             # No room for all three: the least recently used, flat addk_1, left the tier whole.
