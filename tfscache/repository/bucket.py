@@ -21,9 +21,9 @@ as Triton's model repository) and never read the bucket. What differs:
   versions' names, as for a local directory; labels.json is not read.
 
 The synchronous methods (``versions``, ``resolve``, ``version_path``, ``disk_bytes``,
-``is_flat``, ``version_name``) are
-called in worker threads, as for a local directory; they wait for the tier's coroutines on
-the event loop. Called on the event loop itself they raise rather than deadlock.
+``is_flat``, ``version_name``) are called in worker threads, as for a local directory; they wait
+for the tier's coroutines on the event loop. Called on the event loop itself they raise rather
+than deadlock.
 """
 
 from __future__ import annotations
