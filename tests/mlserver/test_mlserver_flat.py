@@ -1,15 +1,14 @@
 """MLServer's own (flat) repository layout through ``tfscache serve --backend mlserver``.
 
 A repository laid out as MLServer users lay it out, ``NAME/model-settings.json`` beside
-``model.joblib`` with no version folder (the session's trained ``addk_K`` files, copied), mixed
-with one versioned model (``NAME/1/``). One ``tfscache serve`` with one embedded MLServer,
-capped at two models. What loaded is read from the node's own repository index.
+``model.joblib`` with no version folder, mixed with one versioned model (``NAME/1/``): the
+session's ``mlserver_flat_repository`` (tests/mlserver/conftest.py). One ``tfscache serve`` with
+one embedded MLServer, capped at two models. What loaded is read from the node's own repository
+index. Restarts: test_mlserver_flat_restart.py; buckets:
+tests/storage/test_serve_bucket_backends.py.
 """
 
 from __future__ import annotations
-
-import json
-import shutil
 
 import pytest
 import requests
@@ -17,30 +16,13 @@ import tritonclient.grpc as tritongrpc
 from tritonclient.utils import InferenceServerException
 
 from support.mlserver import PATIENT, IndexSampler, mlserver_infer, resident_models, serve_nodes
-from support.models.mlserver import SKLEARN
 from support.serving import start_serve
 
-# flat model -> its parameters.version (None: no version)
-FLAT = {"addk_1": "v1", "addk_2": "v1", "addk_3": None, "addk_4": "2026-a"}
-
 
 @pytest.fixture(scope="module")
-def flat_repository(tmp_path_factory, mlserver_repository):
-    root = tmp_path_factory.mktemp("mlserver_flat")
-    for name, version in FLAT.items():
-        (root / name).mkdir()
-        shutil.copy(mlserver_repository / name / "1" / "model.joblib", root / name / "model.joblib")
-        parameters = {"uri": "./model.joblib"} | ({"version": version} if version else {})
-        (root / name / "model-settings.json").write_text(
-            json.dumps({"implementation": SKLEARN, "parameters": parameters}))
-    shutil.copytree(mlserver_repository / "addk_5", root / "addk_5")  # versioned: addk_5/1/
-    return root
-
-
-@pytest.fixture(scope="module")
-def serve(tmp_path_factory, flat_repository, mlserver_bin):
-    with start_serve(tmp_path_factory.mktemp("mlserver-flat-serve"), flat_repository, "--backend",
-                     "mlserver", "--local-nodes", "1", "--node-command", mlserver_bin,
+def serve(tmp_path_factory, mlserver_flat_repository, mlserver_bin):
+    with start_serve(tmp_path_factory.mktemp("mlserver-flat-serve"), mlserver_flat_repository,
+                     "--backend", "mlserver", "--local-nodes", "1", "--node-command", mlserver_bin,
                      "--max-models-per-node", "2", *PATIENT) as process:
         yield process
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 
 import grpc
@@ -15,7 +16,8 @@ from support.buckets import on_each_store
 from support.gcsfix import GoogleAnswers
 from tfscache.errors import FailedPrecondition, NotFound, ResourceExhausted, Unavailable
 from tfscache.storage import open_store
-from tfscache.storage.layout import MARKER, PARTIAL
+from tfscache.repository.local import FLAT_VERSION as repository_flat_version
+from tfscache.storage.layout import FLAT_VERSION, MARKER, PARTIAL
 from tfscache.storage.tier import DiskTier
 
 
@@ -245,3 +247,100 @@ async def test_an_unknown_version_is_not_found(bucket, root):
     await tier.start()
     with pytest.raises(NotFound, match=f"version 9 of model 'm' not found in {bucket.url}"):
         await tier.fetch("m", 9)
+
+
+# --- flat models (MLServer's own layout: NAME/model-settings.json, no version folder) ---
+
+SETTINGS = "model-settings.json"
+
+
+def seed_flat(bucket, name="f", size=1000, version="v1") -> dict[str, bytes]:
+    settings = {"parameters": {"uri": "./model.joblib", "version": version}}
+    files = {SETTINGS: json.dumps(settings).encode(),
+             "model.joblib": os.urandom(size), "extra/notes.txt": b"notes"}
+    for rel, data in files.items():
+        bucket.put(f"{name}/{rel}", data)
+    return files
+
+
+async def test_a_flat_model_is_one_version_downloaded_into_its_own_directory(bucket, root):
+    files = seed_flat(bucket)
+    seed(bucket, "m", 1, size=10)  # versioned beside it: laid out as ever
+    bucket.put("m/config.pbtxt", b"cfg")
+    tier = tier_for(bucket, root, flat_file=SETTINGS)
+    await tier.start()
+    [(version, listing)] = (await tier.versions("f")).items()
+    size = sum(map(len, files.values()))
+    assert (version, listing.flat, listing.bytes) == (FLAT_VERSION, True, size)
+    assert sorted(await tier.versions("m")) == [1]
+    copy = await tier.flat_settings("f")  # before any download: the settings file alone
+    assert copy == root / ".flat" / "f" / SETTINGS and copy.read_bytes() == files[SETTINGS]
+    assert bucket.gets("f/model.joblib") == 0
+    path = await tier.fetch("f", FLAT_VERSION)
+    assert path == root / "f" and (path / MARKER).exists()
+    assert {rel: (path / rel).read_bytes() for rel in files} == files
+    assert await tier.flat_settings("f") == root / "f" / SETTINGS  # the downloaded copy's own
+    assert bucket.gets(f"f/{SETTINGS}") == 2
+    assert await tier.fetch("m", 1) == root / "m" / "1" and (root / "m" / "config.pbtxt").exists()
+    assert tier.resident() == {("f", FLAT_VERSION): listing.bytes, ("m", 1): 15}
+    assert not list((root / PARTIAL).iterdir())
+    with pytest.raises(NotFound, match="has no model-settings.json"):
+        await tier.flat_settings("m")
+
+
+async def test_without_flat_file_a_flat_model_has_no_versions(bucket, root):
+    seed_flat(bucket)
+    tier = tier_for(bucket, root)  # TF Serving's and Triton's tiers: no flat models
+    await tier.start()
+    assert await tier.versions("f") == {}
+
+
+async def test_restart_adopts_a_flat_model_and_removes_partial_ones(bucket, root):
+    seed_flat(bucket, "f")
+    seed_flat(bucket, "g")
+    seed(bucket, "m", 1, size=10)
+    first = tier_for(bucket, root, flat_file=SETTINGS)
+    await first.start()
+    for key in [("f", FLAT_VERSION), ("g", FLAT_VERSION), ("m", 1)]:
+        await first.fetch(*key)
+    await first.flat_settings("f")
+    (root / PARTIAL / "h.flat.dead").mkdir(parents=True)  # a download cut short
+    (root / PARTIAL / "h.flat.dead" / SETTINGS).write_bytes(b"{}")
+    with open(root / "g" / "model.joblib", "r+b") as f:
+        f.truncate(10)  # a flat copy whose marker lies: not complete
+    (root / "h").mkdir()
+    (root / "h" / SETTINGS).write_bytes(b"{}")  # a flat model's files with no marker
+    second = tier_for(bucket, root, flat_file=SETTINGS)
+    await second.start()
+    assert second.resident() == {("f", FLAT_VERSION): first.resident()[("f", FLAT_VERSION)],
+                                 ("m", 1): 15}
+    assert not (root / "g").exists() and not (root / "h").exists()
+    assert not (root / PARTIAL).exists() and not (root / ".flat").exists()
+    assert await second.fetch("f", FLAT_VERSION) == root / "f"
+    assert bucket.gets("f/model.joblib") == 1  # adopted: not downloaded again
+    third = tier_for(bucket, root)  # the same directory for a kind with no flat models
+    await third.start()
+    assert third.resident() == {("m", 1): 15} and not (root / "f").exists()
+
+
+async def test_a_model_that_turns_flat_replaces_its_versions(bucket, root):
+    old = seed(bucket, "f", 1, size=10)
+    used: set[str] = set()
+    tier = tier_for(bucket, root, flat_file=SETTINGS, in_use=lambda key: used)
+    await tier.start()
+    await tier.fetch("f", 1)
+    for rel in old:
+        bucket.delete(f"f/1/{rel}")
+    files = seed_flat(bucket, "f")  # re-laid out as MLServer's own layout: flat
+    used.add("available")  # a node still serves version 1
+    with pytest.raises(FailedPrecondition, match="changed its layout"):
+        await tier.fetch("f", FLAT_VERSION)
+    assert tier.resident() == {("f", 1): 15}
+    used.clear()
+    path = await tier.fetch("f", FLAT_VERSION)
+    assert (path / SETTINGS).read_bytes() == files[SETTINGS] and not (path / "1").exists()
+    assert list(tier.resident()) == [("f", FLAT_VERSION)]
+
+
+def test_the_flat_version_is_the_repositorys():
+    assert FLAT_VERSION == repository_flat_version

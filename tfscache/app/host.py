@@ -51,8 +51,9 @@ class ModelSource:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         url = settings.model_repository
-        layout = KINDS[settings.node.backend].repository_layout()  # flat models (docs/mlserver.md)
-        self.repository = ModelRepository("." if remote_url(url) else url, layout=layout)
+        # flat models (docs/mlserver.md), in a directory or a bucket
+        self._layout = KINDS[settings.node.backend].repository_layout()
+        self.repository = ModelRepository("." if remote_url(url) else url, layout=self._layout)
 
     async def start(self, state_dir: Path, registry, topology: Topology) -> ModelRepository:
         """Open (a bucket) and start the repository; ``topology``'s caches tell the disk tier
@@ -60,7 +61,8 @@ class ModelSource:
         s = self._settings
         if remote_url(s.model_repository):  # a bucket: a disk tier nodes load from
             tier_metrics = TierMetrics(registry)
-            self.repository = open_repository(s, state_dir, events=tier_metrics)
+            self.repository = open_repository(s, state_dir, events=tier_metrics,
+                                              layout=self._layout)
             self.repository.set_in_use(lambda key: {b.cache.state_of(*key) for b in topology.nodes()
                                                     if b.cache is not None} - {None})
             tier_metrics.watch(self.repository.tier)

@@ -14,10 +14,16 @@ as Triton's model repository) and never read the bucket. What differs:
   version is in the cache's ledger and ``in_use`` keeps it in the tier.
 * The model's own files (``labels.json``, Triton's ``config.pbtxt``) are copied beside the
   versions at each fetch and when a request names a label.
+* With a kind's ``layout`` (MLServer's), a model whose directory in the bucket holds the layout's
+  settings file is flat, as the bucket lists it: one version, ``FLAT_VERSION``, downloaded into
+  ``ROOT/NAME`` itself; its version's name is read from a copy of that file alone
+  (``DiskTier.flat_settings``), so a request naming it needs no download. Its labels are its
+  versions' names, as for a local directory; labels.json is not read.
 
-The synchronous methods (``versions``, ``resolve``, ``version_path``, ``disk_bytes``) are
-called in worker threads, as for a local directory; they wait for the tier's coroutines on
-the event loop. Called on the event loop itself they raise rather than deadlock.
+The synchronous methods (``versions``, ``resolve``, ``version_path``, ``disk_bytes``,
+``is_flat``, ``version_name``) are called in worker threads, as for a local directory; they wait
+for the tier's coroutines on the event loop. Called on the event loop itself they raise rather
+than deadlock.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tfscache import errors
-from tfscache.repository.local import LABELS_FILE, ModelRepository, check_name, not_found
+from tfscache.repository.local import (FLAT_VERSION, LABELS_FILE, FlatLayout, ModelRepository,
+                                       check_name, not_found)
 from tfscache.storage.layout import VersionListing
 from tfscache.storage.tier import DiskTier
 
@@ -41,8 +48,11 @@ class RemoteRepository(ModelRepository):
 
     local = False  # nodes read the tier, which the cache fills before each load (``prepare``)
 
-    def __init__(self, url: str, tier: DiskTier, *, rescan_s: float = 1.0) -> None:
-        super().__init__(tier.root, rescan_s=rescan_s)
+    def __init__(self, url: str, tier: DiskTier, *, rescan_s: float = 1.0,
+                 layout: FlatLayout | None = None) -> None:
+        """``layout``: flat models, as for a local directory; the tier's ``flat_file`` must be its
+        settings file."""
+        super().__init__(tier.root, rescan_s=rescan_s, layout=layout)
         self.url = url
         self.tier = tier
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -79,7 +89,26 @@ class RemoteRepository(ModelRepository):
             listed = [v for n, v in self.tier.resident() if n == name]
             if not listed:
                 raise
-        return {v: self.root / name / str(v) for v in listed}
+        return {v: self.tier.location(name, v) for v in listed}
+
+    def is_flat(self, name: str) -> bool:
+        """Whether the bucket lists ``name`` as a flat model (unreachable: whether the tier holds
+        a flat copy of it)."""
+        if self.layout is None:
+            return False
+        try:
+            listing = self._listing(name).get(FLAT_VERSION)
+        except errors.Unavailable:
+            if not self.tier.has_flat(name):
+                raise
+            return True
+        return listing is not None and listing.flat
+
+    def version_name(self, name: str, version: int) -> str:
+        """As for a local directory, from a copy of a flat model's settings file (blocking)."""
+        if version == FLAT_VERSION and self.is_flat(name):
+            return self.layout.version_name(self._wait(self.tier.flat_settings(name)), name)
+        return str(version)
 
     def version_path(self, name: str, version: int) -> Path | None:
         """The version's directory in the tier if the bucket lists it (downloaded or not). With the
@@ -88,9 +117,9 @@ class RemoteRepository(ModelRepository):
             listed = version in self._listing(name, version)
         except errors.Unavailable:
             if (name, version) in self.tier.resident():
-                return self.root / name / str(version)
+                return self.tier.location(name, version)
             raise
-        return self.root / name / str(version) if listed else None
+        return self.tier.location(name, version) if listed else None
 
     def vanished(self, keys) -> list[tuple[str, int]]:
         """Versions the bucket's last listing of their model lacks. Lists nothing: the cache asks at
@@ -115,8 +144,12 @@ class RemoteRepository(ModelRepository):
         return bool(self._listing(name))
 
     async def refresh_labels(self, name: str) -> None:
-        """Copy the bucket's labels.json beside the versions (if listed or changed), then read it."""
+        """Copy the bucket's labels.json beside the versions (if listed or changed), then read it.
+        With a layout, the labels are the versions' names: nothing to copy."""
         check_name(name)
+        if self.layout is not None:
+            await super().refresh_labels(name)
+            return
         try:
             # one listing per rescan_s; a download if changed
             await self.tier.model_file(name, LABELS_FILE)

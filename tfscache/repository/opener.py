@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tfscache.repository.local import ModelRepository
+from tfscache.repository.local import FlatLayout, ModelRepository
 from tfscache.settings import Settings, SettingsError, remote_url
 
 STORAGE_EXTRA = "pip install 'tfscache[storage]'"
@@ -27,11 +27,13 @@ def tier_dir(settings: Settings, state_dir: Path) -> Path:
     )
 
 
-def open_repository(settings: Settings, state_dir: Path, *, events=None) -> ModelRepository:
-    """The repository ``settings.model_repository`` names (not started: ``await start()``)."""
+def open_repository(settings: Settings, state_dir: Path, *, events=None,
+                    layout: FlatLayout | None = None) -> ModelRepository:
+    """The repository ``settings.model_repository`` names (not started: ``await start()``).
+    ``layout``: the node kind's flat models (its row's), in a directory or a bucket alike."""
     url = settings.model_repository
     if not remote_url(url):
-        return ModelRepository(url)
+        return ModelRepository(url, layout=layout)
     try:
         from tfscache.storage import open_store  # noqa: PLC0415 (obstore: only for a bucket)
         from tfscache.repository.bucket import RemoteRepository  # noqa: PLC0415
@@ -51,5 +53,6 @@ def open_repository(settings: Settings, state_dir: Path, *, events=None) -> Mode
         list_rate=settings.storage.list_rate,
         list_active_s=settings.storage.list_active_s,
         events=events,
+        flat_file=layout.settings_file if layout is not None else "",
     )
-    return RemoteRepository(url, tier, rescan_s=settings.storage.list_interval_s)
+    return RemoteRepository(url, tier, rescan_s=settings.storage.list_interval_s, layout=layout)

@@ -4,10 +4,18 @@
     ROOT/NAME/VERSION/.tfscache-complete  its marker, written last: {"objects": {rel: [size, etag]}}
     ROOT/NAME/FILE                        the model's own files (config.pbtxt, labels.json), replaced
                                           atomically whenever the bucket's copy changed
-    ROOT/.partial/NAME.VERSION.NONCE/     a download in progress (removed at start-up)
+    ROOT/NAME/.tfscache-complete          a flat model (the tier's ``flat_file`` at the top of
+                                          NAME/ in the bucket, no version folder): NAME/ is its
+                                          one version, ``FLAT_VERSION``, laid out as in the bucket
+    ROOT/.partial/NAME.VERSION.NONCE/     a download in progress (a flat model's:
+                                          ``NAME.flat.NONCE``; removed at start-up)
+    ROOT/.flat/NAME/FLAT_FILE             a flat model's settings file, copied to read its version's
+                                          name before the model is downloaded (removed at start-up)
 
 A version directory without a valid marker, or whose files' sizes differ from it, is
-partial and removed at start-up.
+partial and removed at start-up; so is a flat model's directory (one holding ``flat_file``).
+Hidden entries (``.partial``, ``.flat``, the marker) are not seen by a node scanning the tier
+for settings files (MLServer globs ``**/model-settings.json``, which skips them).
 """
 
 from __future__ import annotations
@@ -23,6 +31,8 @@ from tfscache.storage.base import ObjectInfo
 
 MARKER = ".tfscache-complete"
 PARTIAL = ".partial"
+FLAT_COPIES = ".flat"
+FLAT_VERSION = 0  # a flat model's one version (= tfscache.repository.local.FLAT_VERSION)
 Key = tuple[str, int]
 
 
@@ -31,6 +41,7 @@ class VersionListing:
     """One version's objects in the bucket: (path relative to the version, size, etag), sorted."""
 
     objects: tuple[tuple[str, int, str], ...]
+    flat: bool = False  # a flat model's one version: its paths are relative to NAME/ itself
 
     @property
     def bytes(self) -> int:
@@ -64,8 +75,19 @@ def safe_relpath(rel: str, url: str) -> str:
     return rel
 
 
-def group_versions(name: str, objects: list[ObjectInfo]) -> dict[int, VersionListing]:
-    """The listing of ``name/`` split by numeric version directory; other keys are ignored."""
+def is_flat(name: str, objects: list[ObjectInfo], flat_file: str) -> bool:
+    """Whether the listing of ``name/`` is a flat model: ``name/FLAT_FILE`` is in it."""
+    return bool(flat_file) and any(obj.key == f"{name}/{flat_file}" for obj in objects)
+
+
+def group_versions(name: str, objects: list[ObjectInfo],
+                   flat_file: str = "") -> dict[int, VersionListing]:
+    """The listing of ``name/`` split by numeric version directory; other keys are ignored. A flat
+    model (``is_flat``) is one version, ``FLAT_VERSION``: every object under ``name/``."""
+    if is_flat(name, objects, flat_file):
+        objs = [(obj.key[len(name) + 1:], obj.size, obj.etag) for obj in objects
+                if not obj.key.endswith("/")]  # "directory" placeholders hold nothing
+        return {FLAT_VERSION: VersionListing(tuple(sorted(objs)), flat=True)}
     found: dict[int, list[tuple[str, int, str]]] = {}
     for obj in objects:
         head, _, rest = obj.key[len(name) + 1:].partition("/")
@@ -75,9 +97,13 @@ def group_versions(name: str, objects: list[ObjectInfo]) -> dict[int, VersionLis
     return {v: VersionListing(tuple(sorted(objs))) for v, objs in found.items()}
 
 
-def model_files(name: str, objects: list[ObjectInfo]) -> dict[str, tuple[int, str]]:
+def model_files(name: str, objects: list[ObjectInfo],
+                flat_file: str = "") -> dict[str, tuple[int, str]]:
     """The model's own files beside its versions (``NAME/config.pbtxt``, ``NAME/labels.json``):
-    rel -> (size, etag), for keys one segment below ``name/`` that the tier can hold safely."""
+    rel -> (size, etag), for keys one segment below ``name/`` that the tier can hold safely.
+    A flat model has none: the files at its top belong to its one version."""
+    if is_flat(name, objects, flat_file):
+        return {}
     found = {}
     for obj in objects:
         rel = obj.key[len(name) + 1:]
@@ -135,12 +161,23 @@ def read_complete(directory: Path) -> dict[str, list] | None:
         return None
 
 
-def scan(root: Path) -> list[tuple[Key, dict[str, list], float]]:
-    """Adopt complete versions under ``root`` (key, manifest, marker mtime); remove the rest."""
+def scan(root: Path, flat_file: str = "") -> list[tuple[Key, dict[str, list], float, bool]]:
+    """Adopt complete versions under ``root`` (key, manifest, marker mtime, flat); remove the rest.
+    ``flat_file``: a model directory holding it is a flat model's (``group_versions``)."""
     shutil.rmtree(root / PARTIAL, ignore_errors=True)
+    shutil.rmtree(root / FLAT_COPIES, ignore_errors=True)
     adopted = []
     for model in sorted(root.iterdir()) if root.is_dir() else []:
         if model.name.startswith(".") or not model.is_dir():
+            continue
+        if (model / MARKER).is_file() or (flat_file and (model / flat_file).exists()):
+            # a flat model's copy: complete, or removed whole (and by a tier with no flat models)
+            manifest = read_complete(model) if flat_file else None
+            if manifest is None:
+                remove(model)
+            else:
+                key = (model.name, FLAT_VERSION)
+                adopted.append((key, manifest, (model / MARKER).stat().st_mtime, True))
             continue
         for version in sorted(model.iterdir()):
             if not version.name.isdigit() and version.is_file() and not version.is_symlink():
@@ -150,9 +187,8 @@ def scan(root: Path) -> list[tuple[Key, dict[str, list], float]]:
             if manifest is None:
                 remove(version)
             else:
-                adopted.append(
-                    ((model.name, int(version.name)), manifest, (version / MARKER).stat().st_mtime)
-                )
+                adopted.append(((model.name, int(version.name)), manifest,
+                                (version / MARKER).stat().st_mtime, False))
     return adopted
 
 

@@ -39,10 +39,13 @@ Versions = dict[int, VersionListing]
 
 class Listings:
     def __init__(self, store: ObjectStore, *, interval_s: float = 1.0, rate: float = 20.0,
-                 active_s: float = 600.0, on_disk: Callable[[str], Versions] | None = None) -> None:
+                 active_s: float = 600.0, on_disk: Callable[[str], Versions] | None = None,
+                 flat_file: str = "") -> None:
         """``on_disk(name)``: the complete versions of ``name`` in the tier, as listings (answers a
-        model never listed since start-up)."""
+        model never listed since start-up). ``flat_file``: a listing holding ``NAME/FLAT_FILE`` is
+        a flat model's (``layout.group_versions``)."""
         self.store, self.interval_s, self.rate, self.active_s = store, interval_s, rate, active_s
+        self.flat_file = flat_file
         self.on_disk = on_disk or (lambda name: {})
         # LISTs a caller waited for (requests: a model with neither listing nor copy)
         self.waited = 0
@@ -131,8 +134,8 @@ class Listings:
 
     async def _list(self, name: str) -> Versions:
         objects = await self.store.list(name + "/")
-        found = group_versions(name, objects)
-        self._files[name] = model_files(name, objects)
+        found = group_versions(name, objects, self.flat_file)
+        self._files[name] = model_files(name, objects, self.flat_file)
         self._listings[name] = (time.monotonic(), found)
         self._retry_at.pop(name, None)
         return found

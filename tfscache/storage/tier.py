@@ -17,6 +17,11 @@ place. Room is made first by evicting least recently used versions no node uses 
 a version larger than the whole tier fails at once. A version whose listing no longer
 matches its marker is downloaded again (unless a node serves the copy it loaded).
 Files are touched only in worker threads.
+
+A flat model (``flat_file``, the settings file of a kind whose models may have no version folder:
+MLServer's ``model-settings.json``) is one version, ``FLAT_VERSION``, downloaded into ROOT/NAME
+itself, as the bucket lays it out (``tfscache.storage.layout``); ``flat_settings`` copies its
+settings file alone, so that its version's name is known before the model is downloaded.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
-from tfscache.errors import Aborted, DataLoss, NotFound, ResourceExhausted, Unavailable
+from tfscache.errors import (Aborted, DataLoss, FailedPrecondition, NotFound, ResourceExhausted,
+                             Unavailable)
 from tfscache.storage.base import ObjectStore, TierEvents, disk_error
 from tfscache.storage.layout import (
+    FLAT_COPIES,
+    FLAT_VERSION,
     PARTIAL,
     Key,
     VersionListing,
@@ -64,22 +72,28 @@ class DiskTier:
         events: TierEvents | None = None,
         list_rate: float = 20.0,
         list_active_s: float = 600.0,
+        flat_file: str = "",
     ) -> None:
         """``in_use(key)``: what the nodes do with that version now, as states of their caches'
         ledgers ("loading", "available", "unloading"; empty: nothing). A version in use is never
         evicted; one a node serves ("available", "unloading") is never replaced either.
-        ``rescan_s``, ``list_rate``, ``list_active_s``: the listings' (``Listings``)."""
+        ``rescan_s``, ``list_rate``, ``list_active_s``: the listings' (``Listings``). ``flat_file``:
+        a model whose directory in the bucket holds it is flat (module docstring; "": none is)."""
         self.root, self.cap_bytes, self.store = Path(root), cap_bytes, store
+        self.flat_file = flat_file
         self.rescan_s = rescan_s
         self.in_use = in_use or (lambda key: set())
         self.events = events or TierEvents()
         self.listings = Listings(store, interval_s=rescan_s, rate=list_rate, active_s=list_active_s,
-                                 on_disk=self._on_disk)
+                                 on_disk=self._on_disk, flat_file=flat_file)
         self._local_files: dict[tuple[str, str], tuple[int, str]] = {}  # ... and the copies on disk
         self._file_flights: dict[str, asyncio.Future] = {}
+        # flat settings files copied to ROOT/.flat: (size, etag)
+        self._flat_copies: dict[str, tuple[int, str]] = {}
+        self._flat_flights: dict[str, asyncio.Future] = {}
         self._gate = asyncio.Semaphore(parallel)
-        # LRU first; (bytes, manifest)
-        self._resident: OrderedDict[Key, tuple[int, dict]] = OrderedDict()
+        # LRU first; (bytes, manifest, flat)
+        self._resident: OrderedDict[Key, tuple[int, dict, bool]] = OrderedDict()
         self._reserved: dict[Key, int] = {}
         self._flights: dict[Key, asyncio.Future] = {}
 
@@ -88,10 +102,10 @@ class DiskTier:
         ones. Over the cap (it was lowered), nothing is deleted yet: which versions the nodes serve is
         known only once the caches re-adopted them, so the next download makes the room."""
         await asyncio.to_thread(self.root.mkdir, parents=True, exist_ok=True)
-        for key, manifest, _ in sorted(
-            await asyncio.to_thread(scan, self.root), key=lambda a: a[2]
+        for key, manifest, _, flat in sorted(
+            await asyncio.to_thread(scan, self.root, self.flat_file), key=lambda a: a[2]
         ):
-            self._resident[key] = (sum(size for size, _ in manifest.values()), manifest)
+            self._resident[key] = (sum(size for size, _ in manifest.values()), manifest, flat)
         log.log(logging.WARNING if self.used_bytes > self.cap_bytes else logging.INFO,
                 "disk tier %s: adopted %d versions, %d bytes (storage.cache_bytes = %d)", self.root,
                 len(self._resident), self.used_bytes, self.cap_bytes)
@@ -105,11 +119,11 @@ class DiskTier:
 
     @property
     def used_bytes(self) -> int:
-        return sum(size for size, _ in self._resident.values()) + sum(self._reserved.values())
+        return sum(entry[0] for entry in self._resident.values()) + sum(self._reserved.values())
 
     def resident(self) -> dict[Key, int]:
         """Complete versions on disk and their bytes, least recently used first."""
-        return {key: size for key, (size, _) in self._resident.items()}
+        return {key: entry[0] for key, entry in self._resident.items()}
 
     @property
     def downloads_in_flight(self) -> int:
@@ -122,8 +136,23 @@ class DiskTier:
                 "downloads_in_flight": self.downloads_in_flight, "in_use": len(self.protected()),
                 "lists": self.listings.describe()}
 
-    def path(self, name: str, version: int) -> Path:
-        return self.root / check_name(name) / str(version)
+    def path(self, name: str, version: int, flat: bool = False) -> Path:
+        """Where a version lives in the tier: ROOT/NAME/VERSION, a flat model's ROOT/NAME."""
+        model = self.root / check_name(name)
+        return model if flat else model / str(version)
+
+    def has_flat(self, name: str) -> bool:
+        """Whether a flat model's copy of ``name`` is on disk."""
+        resident = self._resident.get((name, FLAT_VERSION))
+        return resident is not None and resident[2]
+
+    def location(self, name: str, version: int) -> Path:
+        """``path`` of the version's copy on disk, else as the model's last listing lays it out."""
+        resident = self._resident.get((name, version))
+        if resident is not None:
+            return self.path(name, version, resident[2])
+        listing = (self.listed(name) or {}).get(version)
+        return self.path(name, version, listing is not None and listing.flat)
 
     def protected(self) -> set[Key]:
         """Versions on disk that must stay: a node loads or serves them."""
@@ -145,9 +174,9 @@ class DiskTier:
         """The complete versions of ``name`` in the tier, as the listings they were downloaded from."""
         return {
             v: VersionListing(
-                tuple(sorted((rel, size, etag) for rel, (size, etag) in manifest.items()))
+                tuple(sorted((rel, size, etag) for rel, (size, etag) in manifest.items())), flat
             )
-            for (n, v), (_, manifest) in self._resident.items()
+            for (n, v), (_, manifest, flat) in self._resident.items()
             if n == name
         }
 
@@ -183,6 +212,38 @@ class DiskTier:
             await asyncio.to_thread(remove, self.root / model / rel)
             self._local_files.pop((model, rel), None)
 
+    async def flat_settings(self, name: str) -> Path:
+        """A local copy of flat model ``name``'s settings file as last listed (NotFound if the model
+        is not flat): its copy on disk if current, else one in ROOT/.flat/NAME (a GET per change).
+        With the store unreachable, the copy on disk (or Unavailable)."""
+        on_disk = self.path(name, FLAT_VERSION, True) / self.flat_file
+        try:
+            listing = (await self.versions(name)).get(FLAT_VERSION)
+        except Unavailable:
+            if not self.has_flat(name):
+                raise
+            return on_disk
+        listed = listing.manifest().get(self.flat_file) if listing and listing.flat else None
+        if listed is None:
+            raise NotFound(f"model {name!r} in {self.store.url} has no {self.flat_file}")
+        resident = self._resident.get((name, FLAT_VERSION))
+        if resident is not None and resident[2] and resident[1].get(self.flat_file) == listed:
+            return on_disk  # the downloaded model's own
+        copy = self.root / FLAT_COPIES / name / self.flat_file
+        if self._flat_copies.get(name) != tuple(listed):
+            await self._single(self._flat_flights, name, self._copy_flat(name, copy, *listed))
+        return copy
+
+    async def _copy_flat(self, name: str, copy: Path, size: int, etag: str) -> None:
+        temp = self.root / PARTIAL / f"{name}.{secrets.token_hex(4)}.file"
+        try:
+            await self._get(f"{name}/{self.flat_file}", temp, size, etag)
+            await asyncio.to_thread(_replace, temp, copy)
+        except BaseException:
+            await asyncio.shield(asyncio.to_thread(remove, temp))
+            raise
+        self._flat_copies[name] = (size, etag)
+
     # --- fetch ---
 
     async def fetch(self, name: str, version: int) -> Path:
@@ -217,22 +278,23 @@ class DiskTier:
                 "disk tier: %s unreachable; serving %s version %d from disk", self.store.url, *key
             )
             self.events.hit()
-            return self.path(*key)
+            return self.location(*key)
         if listing is None:
             raise NotFound(f"version {version} of model {name!r} not found in {self.store.url}")
+        await self._drop_other_layout(name, listing.flat)  # before model files land in ROOT/NAME
         await self.sync_model_files(name)
         resident = self._resident.get(key)
-        if resident is not None and (resident[1] == listing.manifest()
-                                     # a node serves that copy: keep it
-                                     or self.in_use(key) - LOADERS):
+        if resident is not None and resident[2] == listing.flat and (
+                resident[1] == listing.manifest()
+                or self.in_use(key) - LOADERS):  # a node serves that copy: keep it
             self.events.hit()
-            return self.path(*key)
+            return self.path(*key, listing.flat)
         self.events.miss()
         for rel, _, _ in listing.objects:
             safe_relpath(rel, self.store.url)
         victims = self._plan_room(key, listing.bytes)
         self._reserved[key] = listing.bytes  # before any await: the next plan counts it
-        evicted = [(victim, self._resident.pop(victim)[0]) for victim in victims]
+        evicted = [(victim, self._resident.pop(victim)) for victim in victims]
         try:
             await self._evict(evicted)
             return await self._download(key, listing)
@@ -266,25 +328,40 @@ class DiskTier:
             )
         return victims
 
-    async def _evict(self, victims: list[tuple[Key, int]]) -> None:
-        """Delete the victims' directories (already out of the index)."""
-        for victim, size in victims:
+    async def _evict(self, victims: list[tuple[Key, tuple[int, dict, bool]]]) -> None:
+        """Delete the victims' directories (already out of the index; with their index entries)."""
+        for victim, (size, _, flat) in victims:
             log.info("disk tier: evicting %s version %d (%d bytes)", *victim, size)
-            await asyncio.to_thread(remove, self.path(*victim))
+            await asyncio.to_thread(remove, self.path(*victim, flat))
             self.events.evicted(size)
+
+    async def _drop_other_layout(self, name: str, flat: bool) -> None:
+        """Evict the copies of ``name`` laid out otherwise than its listing now (it turned flat, or
+        got version folders, in the bucket): they share ROOT/NAME. FailedPrecondition while a node
+        uses one of them (the cache unloads it once the listing says it vanished)."""
+        other = [k for k, entry in self._resident.items() if k[0] == name and entry[2] != flat]
+        if not other:
+            return
+        if any(self.in_use(key) for key in other):
+            raise FailedPrecondition(
+                f"model {name!r} in {self.store.url} changed its layout (flat or version folders) "
+                f"while a node uses its old copy; it can be downloaded once the node let go of it")
+        await self._evict([(key, self._resident.pop(key)) for key in other])
 
     async def _download(self, key: Key, listing: VersionListing) -> Path:
         began = time.monotonic()
-        temp = self.root / PARTIAL / f"{key[0]}.{key[1]}.{secrets.token_hex(4)}"
+        part = "flat" if listing.flat else key[1]
+        temp = self.root / PARTIAL / f"{key[0]}.{part}.{secrets.token_hex(4)}"
         try:
             await asyncio.to_thread(temp.mkdir, parents=True)
-            await self._run_all([self._object(key, temp, obj) for obj in listing.objects])
+            prefix = key[0] if listing.flat else f"{key[0]}/{key[1]}"  # of the objects' keys
+            await self._run_all([self._object(prefix, temp, obj) for obj in listing.objects])
             await asyncio.to_thread(write_marker, temp, listing)
-            await asyncio.to_thread(self._swap_in, temp, self.path(*key))
+            await asyncio.to_thread(self._swap_in, temp, self.path(*key, listing.flat))
         except BaseException:
             await asyncio.shield(asyncio.to_thread(remove, temp))
             raise
-        self._resident[key] = (listing.bytes, listing.manifest())
+        self._resident[key] = (listing.bytes, listing.manifest(), listing.flat)
         seconds = time.monotonic() - began
         log.info(
             "disk tier: downloaded %s version %d, %d bytes in %.3f s",
@@ -294,15 +371,15 @@ class DiskTier:
             seconds,
         )
         self.events.downloaded(seconds, listing.bytes)
-        return self.path(*key)
+        return self.path(*key, listing.flat)
 
-    async def _object(self, key: Key, temp: Path, obj: tuple[str, int, str]) -> None:
+    async def _object(self, prefix: str, temp: Path, obj: tuple[str, int, str]) -> None:
         rel, size, etag = obj
         dest = temp / rel
         if not dest.resolve().is_relative_to(temp.resolve()):  # belt and braces over safe_relpath
             raise AssertionError(f"{dest} escapes {temp}")
         async with self._gate:
-            await self._get(f"{key[0]}/{key[1]}/{rel}", dest, size, etag)
+            await self._get(f"{prefix}/{rel}", dest, size, etag)
 
     async def _get(self, key: str, dest: Path, size: int, etag: str) -> None:
         """Object ``key`` into file ``dest`` (its directory made), as listed: ``size`` bytes, ``etag``."""
