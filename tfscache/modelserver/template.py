@@ -258,7 +258,8 @@ def _ask(sock: socket.socket, line: bytes) -> None:
     """Send the request ``line`` on a connected (blocking) ``sock``, this process's standard
     output and error with it: the node writes where an exec'd child of this process would."""
     sent = socket.send_fds(sock, [line], _outputs())
-    sock.sendall(line[sent:])
+    if sent < len(line):  # (not sendall(b""): the template may have answered and closed already)
+        sock.sendall(line[sent:])
 
 
 def request(argv: list[str], *, env: dict[str, str] | None = None, cwd: str | None = None,
