@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from support import netns
 from support.node import PYTHON, node_template, start_node
 from support.process import REPO
 from support.waiting import wait_until
@@ -121,3 +122,28 @@ def test_start_node_forks_unless_told_otherwise(tmp_path, test_models):
                     forked=False) as execd:
         assert "node" in psutil.Process(execd.pid).cmdline()  # its own command line, flags and all
         assert predict(execd.rest_port, 0.0) == [2.0]
+
+
+NO_NETNS = netns.unavailable()
+
+
+@pytest.mark.skipif(NO_NETNS is not None, reason=f"no network namespaces here: {NO_NETNS}")
+def test_a_node_runs_in_its_askers_network_namespace(tmp_path, test_models):
+    """Asked from inside a network namespace (tests/support/netns/forknode.py, as the cluster
+    tests' hosts ask), the node joins that namespace: it serves on that namespace's loopback."""
+    argv, ports = node_flags(tmp_path, test_models, "inside")
+    with netns.Network() as network:
+        host = network.host("t")
+        asker = host.popen([PYTHON, str(REPO / "tests" / "support" / "netns" / "forknode.py"),
+                            node_template(), *argv], tmp_path / "inside.log",
+                           {"PYTHONPATH": str(REPO)}, REPO)
+        wait_until(lambda: os.path.exists(ports) or asker.poll() is not None, 60, "the node to serve")
+        assert asker.poll() is None, (tmp_path / "inside.log").read_text()
+        served = json.loads(Path(ports).read_text())
+        theirs = os.stat(f"/proc/{served['pid']}/ns/net")
+        assert theirs.st_ino == os.stat(f"/run/netns/{host.netns}").st_ino
+        assert theirs.st_ino != os.stat("/proc/self/ns/net").st_ino
+        status = host.exec("curl", "-s", f"http://127.0.0.1:{served['rest']}/v1/models/half_plus_two")
+        assert json.loads(status)["model_version_status"][0]["state"] == "AVAILABLE"
+        asker.send_signal(signal.SIGTERM)  # passed on to the node, whose status it exits with
+        assert asker.wait(30) == 0

@@ -9,7 +9,9 @@ and are the node's unless an output file is named) and gets ``{"pid": N}`` back 
 ``{"returncode": RC}`` when that node exits (a negative RC: the signal that ended it, as
 subprocess reports it). The child is forked from the template (no exec): it starts serving in
 ~0.1 s plus its models' loads, and shares the imported modules' pages with the template and its
-sibling nodes until one writes them.
+sibling nodes until one writes them. A child runs in its asker's network namespace, as one the
+asker exec'd would: it joins that namespace (setns, which needs CAP_SYS_ADMIN) when the asker's
+is not the template's, and the asker gets an error instead of a pid if it cannot.
 
 Forking is safe because the template never runs TensorFlow: importing it starts no session, no
 op thread pool and no CUDA context, and the template starts no thread of its own (the import
@@ -47,6 +49,7 @@ from pathlib import Path
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
+CLONE_NEWNET = 0x40000000
 NAME = b"tfscache-node"  # a forked node's process name (ps -o comm, top, psutil's name())
 
 
@@ -85,10 +88,28 @@ def _die_with_owner(owner_fd: int) -> None:
     threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
-def _owner_pidfd(conn: socket.socket) -> int:
-    """A pidfd of the process at the other end of ``conn`` (SO_PEERCRED); OSError if it is gone."""
+def _owner_pidfd(conn: socket.socket) -> tuple[int, int]:
+    """The pid of the process at the other end of ``conn`` (SO_PEERCRED) and a pidfd of it;
+    OSError if it is gone."""
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return os.pidfd_open(struct.unpack("3i", creds)[0])
+    pid = struct.unpack("3i", creds)[0]
+    return pid, os.pidfd_open(pid)
+
+
+def _foreign_netns(pid: int) -> int | None:
+    """An fd of process ``pid``'s network namespace if it is not this process's; else None."""
+    theirs, ours = os.stat(f"/proc/{pid}/ns/net"), os.stat("/proc/self/ns/net")
+    if (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino):
+        return None
+    return os.open(f"/proc/{pid}/ns/net", os.O_RDONLY)
+
+
+def _join_netns(netns_fd: int) -> None:
+    """Move this (single-threaded, forked) process into the network namespace ``netns_fd``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(netns_fd, CLONE_NEWNET) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"setns: {os.strerror(errno)}")
 
 
 def _run_child(request: dict, template_pid: int, owner_fd: int, outputs: list[int]) -> None:
@@ -214,11 +235,13 @@ def _fork_for(conn: socket.socket, selector, children: dict, listener: socket.so
         _close(conn, outputs)
         return
     try:
-        owner_fd = _owner_pidfd(conn)
+        owner_pid, owner_fd = _owner_pidfd(conn)
+        netns = _foreign_netns(owner_pid)
     except OSError as exc:  # the owner went away already
         _send(conn, {"error": f"the owner is gone: {exc}"})
         _close(conn, outputs)
         return
+    joined = os.pipe() if netns is not None else None  # the child says whether it joined
     template = os.getpid()
     pid = os.fork()
     if pid == 0:
@@ -228,14 +251,40 @@ def _fork_for(conn: socket.socket, selector, children: dict, listener: socket.so
         for owner, pidfd in children.values():
             owner.close()
             os.close(pidfd)
+        if joined is not None:
+            _join_owners_netns(netns, *joined)
         _run_child(request, template, owner_fd, outputs)
     os.close(owner_fd)
     for fd in outputs:
         os.close(fd)
+    if joined is not None:
+        os.close(netns)
+        os.close(joined[1])
+        with os.fdopen(joined[0], "rb") as said:
+            failure = said.read().decode(errors="replace")  # ends when the child closes it
+        if failure:
+            os.waitpid(pid, 0)
+            _send(conn, {"error": f"the node cannot join its asker's network namespace: {failure}"})
+            conn.close()
+            return
     pidfd = os.pidfd_open(pid)
     children[pid] = (conn, pidfd)
     selector.register(pidfd, selectors.EVENT_READ, pid)
     _send(conn, {"pid": pid})
+
+
+def _join_owners_netns(netns: int, read_end: int, write_end: int) -> None:
+    """In the forked child: into the asker's network namespace, as a child it exec'd would be;
+    the template hears "" (joined) or why not, and a child that could not join exits."""
+    os.close(read_end)
+    try:
+        _join_netns(netns)
+    except OSError as exc:
+        os.write(write_end, str(exc).encode() or b"failed")
+        os._exit(1)
+    finally:
+        os.close(netns)
+    os.close(write_end)
 
 
 def _close(conn: socket.socket, fds: list[int]) -> None:

@@ -10,7 +10,8 @@ of its own, and clients in another.
         cluster.discovery.net.cut()                                      # etcd and DNS unreachable
 
 Every host serves on fixed ports of its own address (gRPC 8500, REST 8501, admin 8502 with a
-token, metrics/status 8503; its node on 127.0.0.1:9000/9001 inside the namespace). A
+token, metrics/status 8503; its node on 127.0.0.1:9000/9001 inside the namespace, forked from the
+session's node template by forknode.py, so it imports no TensorFlow of its own). A
 ``proxied`` host's sidecar binds 127.0.0.1 and a user-space delay proxy (delayproxy.py) serves
 its address, so ``slow(delay)`` delays everything that reaches it (this kernel has no netem).
 With ``backend="dns"`` the test is Kubernetes' endpoints controller: ``publish`` writes the
@@ -39,7 +40,7 @@ from support.dnsmasq import Dnsmasq
 from support.etcd import ETCD
 from support.netns import Host as NetHost
 from support.netns import Network
-from support.node import PYTHON
+from support.node import PYTHON, node_template
 from support.process import REPO, wait_for_ports
 from support.waiting import wait_until
 from tfscache.admin.client import AdminClient, AdminError
@@ -157,8 +158,9 @@ class ClusterHost:
         ports.unlink(missing_ok=True)
         (self.directory / "models.config").write_text("model_config_list {\n}\n")
         log = self.directory / "node.log"
-        self.node = self.net.popen([
-            PYTHON, "-m", "tfscache", "node", f"--port={NODE_GRPC}", f"--rest_api_port={NODE_REST}",
+        self.node = self.net.popen([  # forked from the session's template, in this namespace
+            PYTHON, str(HERE / "forknode.py"), node_template(), "node", f"--port={NODE_GRPC}",
+            f"--rest_api_port={NODE_REST}",
             "--bind_address=127.0.0.1", f"--ports_file={ports}", "--file_system_poll_wait_seconds=0.1",
             f"--model_config_file={self.directory / 'models.config'}", "--max_num_load_retries=0",
             "--num_load_threads=2"], log, ENV, REPO)
