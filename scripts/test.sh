@@ -34,4 +34,6 @@ python3.11 -m venv .venv
 .venv/bin/pip install -q -c constraints.txt --no-deps 'nvidia-pytriton==0.7.0'
 bash scripts/install_azurite.sh   # Microsoft's Azure Storage emulator, from npm, into .azurite/
 bash scripts/install_mlserver.sh  # MLServer and its sklearn/xgboost runtimes, a venv of their own: .mlserver/
-exec .venv/bin/python -m pytest "$@"
+# Two test processes, one test file each at a time (module fixtures stay in one process): much of
+# the suite waits on servers (Triton's exits and unloads, fault windows) rather than computing.
+exec .venv/bin/python -m pytest -n 2 --dist loadfile "$@"

@@ -147,3 +147,22 @@ def test_a_node_runs_in_its_askers_network_namespace(tmp_path, test_models):
         assert json.loads(status)["model_version_status"][0]["state"] == "AVAILABLE"
         asker.send_signal(signal.SIGTERM)  # passed on to the node, whose status it exits with
         assert asker.wait(30) == 0
+
+
+def test_a_template_listens_and_forks_at_a_path_too_long_for_a_socket_address(tmp_path):
+    """A UNIX socket's address holds 107 bytes; a template in a deep state directory (a path
+    longer than that) is reached through its directory's descriptor instead."""
+    path = tmp_path / ("d" * 120) / "node-template.sock"
+    path.parent.mkdir()
+    assert len(str(path)) > 107
+    own = subprocess.Popen([PYTHON, "-m", "tfscache.modelserver.template", str(path)], cwd=REPO,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        template.wait_for_socket(str(path), lambda: own.poll() is None, 120)
+        child = template.Child(str(path), ["node", "--no_such_flag=1"],
+                               output=str(tmp_path / "bad.log"))
+        assert child.wait(30) == 2  # forked and run: the node's own usage error
+        assert "Unknown argument --no_such_flag=1" in (tmp_path / "bad.log").read_text()
+    finally:
+        own.kill()
+        own.wait(30)

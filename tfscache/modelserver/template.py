@@ -34,6 +34,7 @@ the subset of subprocess.Popen and asyncio.subprocess.Process the tests and the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import json
 import os
@@ -51,6 +52,24 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
 CLONE_NEWNET = 0x40000000
 NAME = b"tfscache-node"  # a forked node's process name (ps -o comm, top, psutil's name())
+
+
+# sun_path holds 108 bytes with its NUL; a longer path is reached through its directory's fd
+_SUN_PATH = 107
+
+
+@contextlib.contextmanager
+def addressable(path: str):
+    """``path`` as a UNIX socket address that fits: itself, or (a long state directory's) the
+    same file through a descriptor of its directory, ``/proc/self/fd/N/NAME``."""
+    if len(os.fsencode(path)) <= _SUN_PATH:
+        yield path
+        return
+    directory = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        yield f"/proc/self/fd/{directory}/{os.path.basename(path)}"
+    finally:
+        os.close(directory)
 
 
 def preload() -> None:
@@ -176,7 +195,8 @@ def serve(path: str) -> int:
     preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     Path(path).unlink(missing_ok=True)
-    listener.bind(path + ".binding")
+    with addressable(path + ".binding") as address:
+        listener.bind(address)
     os.chmod(path + ".binding", 0o600)  # only its owner's user may ask for nodes
     listener.listen(64)
     os.rename(path + ".binding", path)  # the socket appears once it accepts
@@ -351,7 +371,8 @@ class Child:
         self._buffer = b""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._sock.connect(socket_path)
+            with addressable(socket_path) as address:
+                self._sock.connect(address)
             _ask(self._sock, request(argv, **options))
             self.pid = _forked_pid(self._line(timeout=30.0))
         except OSError as exc:
@@ -425,7 +446,8 @@ class AsyncChild:
         def connect() -> socket.socket:  # a local socket's connect and send: quick, yet off the loop
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                sock.connect(socket_path)
+                with addressable(socket_path) as address:
+                    sock.connect(address)
                 _ask(sock, line)
             except BaseException:
                 sock.close()
