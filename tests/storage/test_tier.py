@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import threading
 
 import grpc
 import pytest
@@ -344,3 +345,23 @@ async def test_a_model_that_turns_flat_replaces_its_versions(bucket, root):
 
 def test_the_flat_version_is_the_repositorys():
     assert FLAT_VERSION == repository_flat_version
+
+
+async def test_a_cancelled_file_operation_ends_before_its_caller_does():
+    # A download cancelled because a sibling failed must not leave a thread behind it: the tier
+    # removes the partial directory next, and a late mkdir(parents=True) would make it again.
+    from tfscache.storage.base import settled
+
+    held, closed = threading.Event(), []
+    caller = asyncio.ensure_future(settled(lambda: held.wait() and "opened", abandoned=closed.append))
+    await asyncio.sleep(0)
+    caller.cancel()
+    finished, _ = await asyncio.wait([caller], timeout=0.2)
+    assert not finished  # still waiting for its thread
+    held.set()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert closed == ["opened"]  # what the thread opened was handed back to be closed
+    assert await settled(int, "7") == 7
+    with pytest.raises(ValueError):
+        await settled(int, "x")

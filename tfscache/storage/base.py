@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -39,6 +40,27 @@ def disk_error(exc: OSError, path: Path) -> TfscacheError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return ResourceExhausted(f"disk full writing {path}: {exc.strerror}")
     return Internal(f"cannot write {path}: {exc}")
+
+
+async def settled(call: Callable, *args, abandoned: Callable | None = None, **kwargs):
+    """``call(*args, **kwargs)`` in a worker thread, awaited to its end even when the caller is cancelled.
+
+    A cancelled caller gets CancelledError only once the thread is done (and ``abandoned`` has
+    been given its result, to close what it opened): a download cancelled because a sibling
+    failed leaves no file operation running behind it to recreate the directory the tier
+    removes (``mkdir(parents=True)`` would) or to write into it afterwards."""
+    work = asyncio.ensure_future(asyncio.to_thread(call, *args, **kwargs))
+    cancelled: asyncio.CancelledError | None = None
+    while not work.done():
+        try:
+            await asyncio.wait([work])
+        except asyncio.CancelledError as exc:
+            cancelled = exc
+    if cancelled is None:
+        return work.result()
+    if abandoned is not None and work.exception() is None:
+        abandoned(work.result())
+    raise cancelled
 
 
 class TierEvents:

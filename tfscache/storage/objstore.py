@@ -29,7 +29,7 @@ from tfscache.errors import (
     Unavailable,
     shorten,
 )
-from tfscache.storage.base import ChunkHook, ObjectInfo, disk_error
+from tfscache.storage.base import ChunkHook, ObjectInfo, disk_error, settled
 
 CHUNK_BYTES = 2 << 20  # chosen with scripts/bench_storage.py over 1, 2 and 4 MiB (docs/storage.md)
 CLIENT_OPTIONS = {"connect_timeout": timedelta(seconds=5), "read_timeout": timedelta(seconds=30),
@@ -132,20 +132,14 @@ class ObstoreStore:
     async def _open(cls, dest: Path):
         """``dest`` opened for writing in a worker thread; a file opened after its caller was
         cancelled is closed, not left to the garbage collector."""
-        opening = asyncio.ensure_future(cls._local(open, dest, "wb"))
-        try:
-            return await asyncio.shield(opening)
-        except asyncio.CancelledError:
-            opening.add_done_callback(
-                lambda f: f.cancelled() or f.exception() or f.result().close()
-            )
-            raise
+        return await cls._local(open, dest, "wb", abandoned=lambda out: out.close())
 
     @staticmethod
-    async def _local(call, *args):
-        """A file operation in a worker thread; OSError as disk_error (a full disk: RESOURCE_EXHAUSTED)."""
+    async def _local(call, *args, abandoned=None):
+        """A file operation in a worker thread, finished before a cancellation is raised
+        (``settled``); OSError as disk_error (a full disk: RESOURCE_EXHAUSTED)."""
         try:
-            return await asyncio.to_thread(call, *args)
+            return await settled(call, *args, abandoned=abandoned)
         except OSError as exc:
             raise disk_error(
                 exc, Path(args[0]) if args and isinstance(args[0], (str, Path)) else Path("?")

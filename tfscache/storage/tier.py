@@ -37,7 +37,7 @@ from pathlib import Path
 
 from tfscache.errors import (Aborted, DataLoss, FailedPrecondition, NotFound, ResourceExhausted,
                              Unavailable)
-from tfscache.storage.base import ObjectStore, TierEvents, disk_error
+from tfscache.storage.base import ObjectStore, TierEvents, disk_error, settled
 from tfscache.storage.layout import (
     FLAT_COPIES,
     FLAT_VERSION,
@@ -353,7 +353,7 @@ class DiskTier:
         part = "flat" if listing.flat else key[1]
         temp = self.root / PARTIAL / f"{key[0]}.{part}.{secrets.token_hex(4)}"
         try:
-            await asyncio.to_thread(temp.mkdir, parents=True)
+            await settled(temp.mkdir, parents=True)
             prefix = key[0] if listing.flat else f"{key[0]}/{key[1]}"  # of the objects' keys
             await self._run_all([self._object(prefix, temp, obj) for obj in listing.objects])
             await asyncio.to_thread(write_marker, temp, listing)
@@ -384,7 +384,7 @@ class DiskTier:
     async def _get(self, key: str, dest: Path, size: int, etag: str) -> None:
         """Object ``key`` into file ``dest`` (its directory made), as listed: ``size`` bytes, ``etag``."""
         try:
-            await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
+            await settled(dest.parent.mkdir, parents=True, exist_ok=True)
         except OSError as exc:
             raise disk_error(exc, dest) from exc
         written = await self.store.download(key, dest, etag=etag or None)
