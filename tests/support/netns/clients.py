@@ -35,16 +35,15 @@ GRPC_PORT, REST_PORT = 8500, 8501
 
 
 class Targets:
-    def __init__(self, path: Path) -> None:
-        self.path, self._mtime, self._targets = path, -1.0, []
-        self._lock = threading.Lock()
+    """The targets file: ``{"generation": N, "addresses": [...]}``, read again before each request
+    (a few hundred bytes; an mtime check could miss two writes within one clock tick)."""
 
-    def get(self) -> list[str]:
-        with self._lock:
-            mtime = self.path.stat().st_mtime
-            if mtime != self._mtime:
-                self._targets, self._mtime = json.loads(self.path.read_text()), mtime
-            return self._targets
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def get(self) -> tuple[int, list[str]]:
+        current = json.loads(self.path.read_text())
+        return current["generation"], current["addresses"]
 
 
 def zipf_weights(count: int, alpha: float) -> list[float]:
@@ -86,7 +85,7 @@ def main() -> None:
         session = requests.Session()
         i = index
         while not stop.is_set():
-            current = targets.get()
+            generation, current = targets.get()
             if not current:
                 time.sleep(0.1)  # no target: nothing to send to until the file lists one
                 continue
@@ -118,7 +117,7 @@ def main() -> None:
             except requests.RequestException as exc:
                 code, message = type(exc).__name__, str(exc)[:300]
             record(t=round(sent, 3), s=round(time.monotonic() - start, 4), target=target, model=model,
-                   code=code, message=message)
+                   code=code, message=message, w=index, g=generation)
         for channel in channels.values():
             channel.close()
 

@@ -238,7 +238,8 @@ class Traffic:
         self.cluster = cluster
         self.targets_file = cluster.directory / f"targets-{seed}.json"
         self.out = cluster.directory / f"traffic-{seed}.jsonl"
-        self.set_targets(targets)
+        self.clients, self.generation = clients, 0
+        self._write_targets(targets)
         self.out.unlink(missing_ok=True)
         started = self.out.with_suffix(".started")
         started.unlink(missing_ok=True)
@@ -252,10 +253,23 @@ class Traffic:
             raise StartError("the clients exited", self.process.returncode,
                              (cluster.directory / "clients.log").read_text())
 
-    def set_targets(self, names: list[str]) -> None:
-        """What the clients' load balancer picks from (a Service's ready endpoints)."""
+    def set_targets(self, names: list[str], timeout: float = 60.0) -> None:
+        """What the clients' load balancer picks from (a Service's ready endpoints). Returns once
+        every client has finished a request sent to ``names``: none is still in flight to a host
+        dropped from them, so a fault injected next meets only the requests it should."""
+        self._write_targets(names)
+        generation = self.generation
+
+        def switched() -> bool:
+            return len({r["w"] for r in self.results() if r["g"] >= generation}) >= self.clients
+
+        wait_until(switched, timeout, f"every client to send to {names}", interval=0.1)
+
+    def _write_targets(self, names: list[str]) -> None:
+        self.generation += 1
         tmp = self.targets_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps([self.cluster.hosts[n].address for n in names]))
+        tmp.write_text(json.dumps({"generation": self.generation,
+                                   "addresses": [self.cluster.hosts[n].address for n in names]}))
         os.replace(tmp, self.targets_file)
 
     def results(self) -> list[dict]:
