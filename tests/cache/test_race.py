@@ -22,9 +22,10 @@ from tfscache.cache.policy import POLICIES
 NAMES = [f"addk_{k}" for k in range(1, NUM_MODELS + 1)]
 
 
-async def drive(cache, anode, clients: int, seconds: float = 0.0, requests: int = 0, seed: int = 7):
-    """``clients`` loops of acquire/Predict/release over NAMES, for ``seconds`` or ``requests``
-    each; returns (answered, failures)."""
+async def drive(cache, anode, clients: int, seconds: float = 0.0, requests: int = 0, seed: int = 7,
+                enough=lambda: True):
+    """``clients`` loops of acquire/Predict/release over NAMES, for ``seconds`` (and on until
+    ``enough()``, checked after them) or ``requests`` each; returns (answered, failures)."""
     failures: list[str] = []
     answered = 0
     deadline = time.monotonic() + seconds
@@ -33,7 +34,7 @@ async def drive(cache, anode, clients: int, seconds: float = 0.0, requests: int 
         nonlocal answered
         rng = random.Random(seed * 1000 + i)
         for n in itertools.count():
-            if (n >= requests) if requests else (time.monotonic() >= deadline):
+            if (n >= requests) if requests else (time.monotonic() >= deadline and enough()):
                 break
             k = rng.randint(1, NUM_MODELS)
             x = float(rng.randint(0, 1000))
@@ -57,7 +58,9 @@ async def test_16_clients_12_models_3_slots_no_failed_request(make_cache, anode,
     loads_before = node.log_text().count("INFO tfscache.node.manager: loaded addk_")  # the session's node
     sampler = CapSampler(anode, NAMES)
     sampling = asyncio.create_task(sampler.run())
-    answered, failures = await drive(cache, anode, clients=16, seconds=12.0)
+    # a loaded machine samples slower: the churn goes on until the cap was sampled 50 times
+    answered, failures = await drive(cache, anode, clients=16, seconds=12.0,
+                                     enough=lambda: len(sampler.samples) > 50)
     sampler.stop()
     await sampling
     loads = node.log_text().count("INFO tfscache.node.manager: loaded addk_") - loads_before
