@@ -55,6 +55,9 @@ class Routes:
     def current(self) -> dict[str, str]:
         return dict(self._routes)
 
+    def _without(self, model: str) -> dict[str, str]:
+        return {m: n for m, n in self._routes.items() if m != model}
+
     async def write_file(self, routes: dict[str, str] | None = None) -> None:
         """The map file as ``routes`` (default: the routes in force) say, for HAProxy to read when
         it starts or reloads."""
@@ -89,7 +92,7 @@ class Routes:
             if model not in self._routes:
                 return
             try:
-                await self.write_file({m: n for m, n in self._routes.items() if m != model})
+                await self.write_file(self._without(model))
                 await self.runtime.del_map(self.map_path, model)
             except BaseException:
                 await self.write_file()
@@ -108,7 +111,7 @@ class Routes:
     async def _revoke(self, model: str, node: str) -> None:
         async with self._lock:
             if self._routes.get(model) == node:
-                await self.write_file({m: n for m, n in self._routes.items() if m != model})
+                await self.write_file(self._without(model))
                 while not self._closed:
                     try:
                         await self.runtime.del_map(self.map_path, model)
