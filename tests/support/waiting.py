@@ -63,3 +63,14 @@ def process_ended(pid: int) -> bool:
         return True
     # "pid (comm) S ...": the state follows the last ')' (comm may hold spaces or parentheses).
     return stat[stat.rindex(")") + 2] in "ZX"
+
+
+def traffic_runs(process, seconds: float, enough: Callable[[], bool], most_s: float = 120.0) -> None:
+    """Let traffic run for ``seconds`` and then on until ``enough()`` (a sampler has sampled
+    enough times: a loaded machine samples slower), unless ``process`` (the server under test)
+    exits first; AssertionError if ``enough()`` still fails after ``most_s``."""
+    deadline = time.monotonic() + seconds
+    while process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # the length of the traffic is what is measured
+    if process.poll() is None:
+        wait_until(lambda: enough() or process.poll() is not None, most_s, "enough samples")

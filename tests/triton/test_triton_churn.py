@@ -9,13 +9,12 @@ answer is one snapshot of the node.
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from support.serving import start_serve
+from support.waiting import traffic_runs
 from support.triton import IndexSampler, OipTraffic, serve_triton_nodes
 
 from .conftest import ADDK_COUNT
@@ -40,8 +39,8 @@ def test_sixteen_clients_over_twelve_models_on_two_capped_nodes(churn_serve):
     with IndexSampler(targets) as sampler:
         with OipTraffic(serve.grpc_target, f"127.0.0.1:{serve.rest_port}", MODELS, clients=16,
                         timeout=120.0) as traffic:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                serve.process.wait(DURATION_S)  # the traffic runs DURATION_S (unless serve dies)
+            traffic_runs(serve.process, DURATION_S,
+                         lambda: all(len(sampler.samples.get(n, [])) >= 50 for n in targets))
     assert serve.process.poll() is None
     assert serve_triton_nodes(serve) == nodes  # no node restarted meanwhile
     traffic.check()

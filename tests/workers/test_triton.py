@@ -13,10 +13,10 @@ The N = 2 serve is the module's (``two_workers``): the streams test runs on it t
 from __future__ import annotations
 
 import contextlib
-import subprocess
 
 import pytest
 from support.serving import start_serve
+from support.waiting import traffic_runs
 from support.triton import IndexSampler, OipTraffic, oip_infer, serve_triton_nodes
 
 from support.models import triton as tritonmodels
@@ -59,8 +59,8 @@ def test_triton_churn_loses_no_request_and_holds_the_cap(workers, triton_models,
         with IndexSampler({"node0": f"127.0.0.1:{nodes['node0']['grpc']}"}) as sampler:
             with OipTraffic(serve.grpc_target, f"127.0.0.1:{serve.rest_port}", MODELS, clients=16,
                             timeout=120.0) as traffic:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    serve.process.wait(DURATION_S)
+                traffic_runs(serve.process, DURATION_S,
+                             lambda: len(sampler.samples.get("node0", [])) >= 20)
         assert serve.process.poll() is None
         traffic.check()
         assert {r[0] for r in traffic.results} == set(MODELS)
