@@ -15,6 +15,7 @@ import threading
 
 import grpc
 import pytest
+import requests
 import pytest_asyncio
 from support.models.tfserving import build_gate
 from support.node import node_template, version_status_at
@@ -55,8 +56,8 @@ async def app(repo, tmp_path_factory):
         "node.state_dir": str(tmp_path_factory.mktemp("dataplane-app") / "state"),
         "node.template_socket": node_template()})
     app = ServeApp(settings)
-    grpc_port, _ = await app.start()
-    app.target = f"127.0.0.1:{grpc_port}"
+    grpc_port, rest_port = await app.start()
+    app.target, app.rest = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{rest_port}"
     try:
         yield app
     finally:
@@ -114,6 +115,38 @@ async def test_warm_requests_are_routed_by_haproxy_and_counted_by_the_cache(app)
     for x in range(3):
         await asyncio.to_thread(predict, app.target, "addk_1", float(x))
     await until(lambda: used() != first, 10, "addk_1's last use moved by routed requests")
+
+
+def request_ids(app, name: str, given: str | None) -> tuple[str, str]:
+    """The x-request-id a gRPC Predict's initial metadata and a REST :predict's header carry back,
+    sent with ``given`` (or none)."""
+    with grpc.insecure_channel(app.target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        _, call = stub.Predict.with_call(predict_request(name, 1.0), timeout=60,
+                                         metadata=[("x-request-id", given)] if given else None)
+        grpc_id = dict(call.initial_metadata()).get("x-request-id")
+    reply = requests.post(f"{app.rest}/v1/models/{name}:predict", json={"instances": [1.0]},
+                          headers={"X-Request-Id": given} if given else {}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return grpc_id, reply.headers.get("X-Request-Id")
+
+
+async def test_a_routed_reply_carries_the_request_id(app):
+    await asyncio.to_thread(predict, app.target, "addk_4")
+    await until(lambda: routed(app, "addk_4"), 30, "addk_4 routed")
+    before = await routed_count(app, "addk_4")
+    assert await asyncio.to_thread(request_ids, app, "addk_4", "abc-123") == ("abc-123", "abc-123")
+    made = await asyncio.to_thread(request_ids, app, "addk_4", None)
+    assert all(made) and made[0] != made[1]  # one of its own for each request
+    assert await routed_count(app, "addk_4") == before + 4  # all four went through HAProxy
+    # the slow path (a pinned version) carries it too, the same one
+    with grpc.insecure_channel(app.target) as channel:
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        _, call = await asyncio.to_thread(
+            stub.Predict.with_call, predict_request("addk_4", 1.0, version=1), timeout=60,
+            metadata=[("x-request-id", "slow-1")])
+    assert dict(call.initial_metadata())["x-request-id"] == "slow-1"
+    assert dict(call.trailing_metadata())["x-request-id"] == "slow-1"
 
 
 async def test_routed_requests_keep_a_model_recent_for_the_policy(app):

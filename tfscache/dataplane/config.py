@@ -29,6 +29,19 @@ TABLE = "inflight"
 BODY_AT_LEAST = "16k"
 
 
+# The request's id: the client's x-request-id, or a new one; sent on to the node or the Python
+# front end, and back on the reply. A reply's headers are what HAProxy can write (not trailers),
+# so gRPC clients read it in the initial metadata (the Python front end also sends it in the
+# trailing metadata, as without HAProxy).
+REQUEST_ID = (
+    "    http-request set-var(txn.reqid) req.hdr(x-request-id)"
+    " if { req.hdr(x-request-id) -m len 1: }",
+    "    http-request set-var(txn.reqid) uuid unless { var(txn.reqid) -m found }",
+    "    http-request set-header x-request-id %[var(txn.reqid)]",
+    "    http-response set-header x-request-id %[var(txn.reqid)]",
+)
+
+
 @dataclass(frozen=True)
 class Rules:
     """How one protocol's hot requests name their model, for HAProxy (the protocol's package
@@ -125,6 +138,7 @@ def render(plan: Plan) -> str:
         "",
         "frontend grpc",
         f"    bind fd@{plan.grpc_fd} proto h2",
+        *REQUEST_ID,
         *plan.rules.grpc,
         # byte 0 of a gRPC message is its compressed flag; a compressed body cannot be parsed
         "    acl plain req.body,bytes(0,1),hex -m str 00",
@@ -141,6 +155,7 @@ def render(plan: Plan) -> str:
             "",
             "frontend rest",
             f"    bind fd@{plan.rest_fd}",
+            *REQUEST_ID,
             *plan.rules.rest,
             *_lookup(routes),
             "    use_backend rest_%[var(txn.node)] if { var(txn.node) -m found }",
