@@ -65,9 +65,10 @@ class Plane:
         self.fallback = fallback
         self.plan = self.plan_for([config.Node("a", routed_to.grpc_target,
                                                f"127.0.0.1:{routed_to.rest_port}")])
-        self.supervisor = Supervisor("haproxy", self.state, self.plan)
         self.runtime = Runtime(self.plan.runtime_socket)
-        self.routes = Routes(self.runtime, self.plan.map_path)
+        self.supervisor = Supervisor("haproxy", self.state, self.plan, runtime=self.runtime)
+        self.routes = Routes(self.runtime, self.plan.map_path,
+                             settled=self.supervisor.old_workers_gone)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_socket.getsockname()[1]}")
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
 
@@ -172,6 +173,50 @@ async def test_a_route_is_revoked_only_once_its_request_in_flight_is_answered(no
                     assert not revoke.done()
                 await asyncio.wait_for(revoke, 30)
                 assert request.result(30) == ROUTED
+
+
+async def test_a_revocation_waits_for_a_request_an_old_worker_carries_across_a_reload(
+        nodes, tmp_path):
+    """After a reload the new worker's table counts none of the requests the old worker still
+    carries: the revocation waits until the old worker is gone too, and an answer from a worker
+    other than the current one does not count."""
+    node_a, node_b = nodes
+    with HoldProxy(("127.0.0.1", int(node_a.grpc_target.rsplit(":", 1)[1]))) as proxy:
+        held_a = type("Held", (), {"grpc_target": f"127.0.0.1:{proxy.port}",
+                                   "rest_port": node_a.rest_port})
+        async with Plane(tmp_path, held_a, node_b) as plane:
+            await plane.routes.grant("m", "a")
+            with ThreadPoolExecutor(1) as pool:
+                with proxy.holding():
+                    request = pool.submit(plane.predict)
+                    await until(lambda: proxy.held_chunks > 0, 30, "the request held")
+                    old = plane.runtime.worker
+                    b = config.Node("b", node_b.grpc_target, f"127.0.0.1:{node_b.rest_port}")
+                    async with plane.routes.held():
+                        await plane.supervisor.reload(plane.plan_for([*plane.plan.nodes, b]))
+                    assert plane.runtime.worker not in (None, old)
+                    assert await plane.routes.in_flight("m@a") == 0  # the new worker's table
+                    assert not await plane.supervisor.old_workers_gone()
+                    asked, table = [], plane.runtime.table
+
+                    async def counted_table(name):
+                        asked.append(name)
+                        return await table(name)
+
+                    plane.runtime.table = counted_table
+                    revoke = asyncio.create_task(plane.routes.revoke("m", "a"))
+                    await until(lambda: len(asked) >= 3, 30, "the revocation polling")
+                    assert "m" not in plane.routes.current and not revoke.done()
+                await asyncio.wait_for(revoke, 30)
+                assert request.result(30) == ROUTED
+                assert await plane.supervisor.old_workers_gone()
+            current = plane.runtime.worker
+            plane.runtime.worker = current + 1_000_000  # as if an old worker had answered
+            with pytest.raises(RuntimeApiError, match="not worker"):
+                await plane.routes.grant("m", "a")
+            assert plane.routes.current == {}
+            plane.runtime.worker = current
+            assert await plane.routes.grant("m", "a")
 
 
 async def test_the_routes_in_force_are_the_ones_haproxy_confirmed(nodes, tmp_path):

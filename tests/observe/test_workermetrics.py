@@ -7,6 +7,7 @@ does; its ``snapshot`` goes through JSON as it would over the control channel.
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 
@@ -17,12 +18,14 @@ from .promtext import Scrape
 
 
 def requests(metrics: Metrics, n: int, code: str = "OK", seconds: float | None = None) -> None:
-    """``n`` answered Predict requests, each of ``seconds`` latency when given."""
+    """``n`` answered Predict requests, each of exactly ``seconds`` latency when given (the clock
+    stands still between begin and request: a preempted test must not move a bucket)."""
     for _ in range(n):
-        started = metrics.begin()
-        if seconds is not None:
-            started -= seconds
-        metrics.request("grpc", "Predict", code, started)
+        with mock.patch("tfscache.observe.metrics.time.perf_counter", return_value=1000.0):
+            started = metrics.begin()
+            if seconds is not None:
+                started -= seconds
+            metrics.request("grpc", "Predict", code, started)
 
 
 def wire(snap: dict, pid: int | None = None) -> dict:

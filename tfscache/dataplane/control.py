@@ -89,11 +89,12 @@ class DataPlane:
         self._fds = (grpc.fileno(), rest.fileno() if rest else None)
         self._state = Path(state_dir) / "dataplane"
         plan = self._plan()
-        self.routes = Routes(Runtime(plan.runtime_socket), plan.map_path)
+        runtime = Runtime(plan.runtime_socket)
+        executable = binary.locate(server.haproxy_binary) or server.haproxy_binary
+        self.supervisor = Supervisor(executable, self._state, plan, runtime=runtime)
+        self.routes = Routes(runtime, plan.map_path, settled=self.supervisor.old_workers_gone)
         await asyncio.to_thread(self._state.mkdir, parents=True, exist_ok=True)
         await self.routes.write_file()  # none yet: a map left from a previous run is dropped
-        executable = binary.locate(server.haproxy_binary) or server.haproxy_binary
-        self.supervisor = Supervisor(executable, self._state, plan)
         await self.supervisor.start()
         self._task = asyncio.create_task(self._loop(), name="dataplane")
         log.info("data plane haproxy serving gRPC port %s, REST port %s", self.ports["grpc"],
@@ -145,7 +146,8 @@ class DataPlane:
         plan = self._plan()
         if plan.nodes != self.supervisor.plan.nodes:
             log.info("data plane: nodes changed, reloading haproxy")
-            await self.supervisor.reload(plan)
+            async with self.routes.held():  # the new worker starts from the map file
+                await self.supervisor.reload(plan)
         await self._route()
 
     async def _report(self) -> None:

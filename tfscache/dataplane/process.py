@@ -5,6 +5,11 @@ ports exist before HAProxy does and stay open while it restarts: the kernel queu
 until the new HAProxy accepts them. HAProxy runs in master-worker mode in the foreground
 (``-W -db``); a reload is SIGUSR2 to the master, which starts new workers on the new
 configuration and lets the old ones finish their requests.
+
+The supervisor knows which worker serves now (``Runtime.worker``): the one it started, and after
+a reload the new one, once it answers the runtime API. An old worker still carrying requests is
+a child of the master until they are done (``old_workers_gone``): the routes it has counted are
+not in the new worker's table.
 """
 
 from __future__ import annotations
@@ -16,7 +21,10 @@ import os
 import signal
 from pathlib import Path
 
+import psutil
+
 from tfscache.dataplane import config
+from tfscache.dataplane.runtime import Runtime, RuntimeApiError
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +35,10 @@ class HaproxyStartError(Exception):
 
 class Supervisor:
     def __init__(self, binary: str, state_dir: Path, plan: config.Plan,
-                 start_timeout_s: float = 30.0) -> None:
+                 start_timeout_s: float = 30.0, runtime: Runtime | None = None) -> None:
+        """``runtime``: the runtime API client to tell which worker serves (the routes')."""
         self.binary = binary
+        self.runtime = runtime if runtime is not None else Runtime(plan.runtime_socket)
         self.state_dir = Path(state_dir)
         self.plan = plan
         self.start_timeout_s = start_timeout_s
@@ -63,7 +73,9 @@ class Supervisor:
                 pass_fds=(self.plan.grpc_fd, self.plan.rest_fd), start_new_session=True)
         finally:
             logfile.close()
+        self.runtime.worker = None
         await self._until_serving()
+        self.runtime.worker = await self._new_worker(None)
 
     async def _until_serving(self) -> None:
         loop = asyncio.get_running_loop()
@@ -76,6 +88,30 @@ class Supervisor:
                 raise HaproxyStartError(f"haproxy opened no runtime socket in "
                                         f"{self.start_timeout_s} s; see {self.log_path}")
             await asyncio.sleep(0.02)
+
+    async def _new_worker(self, old: int | None) -> int:
+        """The pid of the worker answering the runtime API, once it is not ``old``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout_s
+        while True:
+            with contextlib.suppress(RuntimeApiError):
+                pid = await self.runtime.worker_pid()
+                if pid is not None and pid != old:
+                    return pid
+            if self.process.returncode is not None:
+                raise HaproxyStartError(f"haproxy exited with {self.process.returncode}; see "
+                                        f"{self.log_path}")
+            if loop.time() > deadline:
+                raise HaproxyStartError(f"no new haproxy worker answered in "
+                                        f"{self.start_timeout_s} s; see {self.log_path}")
+            await asyncio.sleep(0.01)
+
+    async def old_workers_gone(self) -> bool:
+        """No worker but the current one is left (an old one finishes its requests first)."""
+        process = self.process
+        if process is None or process.returncode is not None:
+            return True
+        return await asyncio.to_thread(_only_child, process.pid, self.runtime.worker)
 
     async def _watch_loop(self) -> None:
         while not self._stopping:
@@ -91,11 +127,16 @@ class Supervisor:
                 await asyncio.sleep(1.0)
 
     async def reload(self, plan: config.Plan) -> None:
-        """Serve ``plan`` from now on, without closing a port or failing a request."""
+        """Serve ``plan`` from now on, without closing a port or failing a request; returns once
+        the new worker answers the runtime API (HaproxyStartError if none does: the old one
+        serves on). The routes must not change meanwhile (``Routes.held``): the new worker
+        reads the map file as it starts, and a change sent to the old one would not reach it."""
         self.plan = plan
         await asyncio.to_thread(self._write_files)
         if self.process is not None and self.process.returncode is None:
+            old = self.runtime.worker
             self.process.send_signal(signal.SIGUSR2)
+            self.runtime.worker = await self._new_worker(old)
 
     async def stop(self, grace: float = 0.0) -> None:
         """A soft stop (SIGUSR1: no new connections, the requests in flight finish) for
@@ -117,3 +158,10 @@ class Supervisor:
                     return
         process.kill()
         await process.wait()
+
+
+def _only_child(parent: int, child: int | None) -> bool:
+    try:
+        return {c.pid for c in psutil.Process(parent).children()} <= {child}
+    except psutil.NoSuchProcess:
+        return True

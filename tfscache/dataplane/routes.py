@@ -12,15 +12,21 @@ leaves it once ``del map`` did. The file is written ahead of each command (a HAP
 restarts meanwhile reads the change), and back as it was when a grant or withdrawal fails. A
 revocation keeps the route out of the file and asks again until HAProxy agrees: an unload waits
 on it, so it never returns while HAProxy may still route the model there.
+
+Across a reload: no route changes while it runs (``held``), so the new worker starts from the
+file as it stands; a command an old worker answered does not count (runtime.py); and a
+revocation also waits until the old workers are gone (``settled``), since the requests they
+carry are counted in their tables, not the new worker's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from tfscache.dataplane.config import TABLE
@@ -37,10 +43,13 @@ def routable(model: str) -> bool:
 
 
 class Routes:
-    def __init__(self, runtime: Runtime, map_path: Path, poll_s: float = 0.01) -> None:
+    def __init__(self, runtime: Runtime, map_path: Path, poll_s: float = 0.01,
+                 settled: Callable[[], Awaitable[bool]] | None = None) -> None:
+        """``settled()``: no old HAProxy worker is left (``Supervisor.old_workers_gone``)."""
         self.runtime = runtime
         self.map_path = Path(map_path)
         self.poll_s = poll_s
+        self._settled = settled
         self._routes: dict[str, str] = {}
         self._lock = asyncio.Lock()
         self._closed = False  # HAProxy stopped for good: nothing is routed any more
@@ -50,6 +59,12 @@ class Routes:
         and a revocation waiting for HAProxy to answer returns."""
         self._closed = True
         self._routes.clear()
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """No route is granted, withdrawn or revoked while the body runs (a reload)."""
+        async with self._lock:
+            yield
 
     @property
     def current(self) -> dict[str, str]:
@@ -127,7 +142,8 @@ class Routes:
     async def _drained(self, key: str) -> None:
         while not self._closed:
             try:
-                if await self.in_flight(key) == 0:
+                if await self.in_flight(key) == 0 and (
+                        self._settled is None or await self._settled()):
                     return
             except RuntimeApiError as e:  # restarting: the new one starts with an empty table
                 log.warning("waiting for %s's requests in flight: %s; asking again", key, e)

@@ -1,7 +1,14 @@
 """HAProxy's runtime API over its unix socket: one command per connection, async.
 
-The management guide's commands used here: ``add map``, ``set map``, ``del map``, ``show map``
-and ``show table``. HAProxy answers a command and closes the connection (no ``prompt``).
+The management guide's commands used here: ``add map``, ``set map``, ``del map``, ``show map``,
+``show table`` and ``show info``. HAProxy answers a command and closes the connection (no
+``prompt``).
+
+During a reload an old worker may still accept on the socket for a moment, and its answer is
+not the new worker's: a route it drops stays in the new one. So once ``worker`` is set (the
+supervisor sets it to the worker it started), each command goes as ``show info; COMMAND`` and
+counts only if that worker answered (its ``Pid``); another's answer is a RuntimeApiError, and
+the caller asks again as it would a HAProxy restarting.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from pathlib import Path
 
 _ENTRY = re.compile(r"^0x[0-9a-f]+: key=(\S+) use=\d+ exp=\d+(?: shard=\d+)?(.*)$")
 _FIELD = re.compile(r"(\w+)=(\d+)")
+_PID = re.compile(r"^Pid: (\d+)$", re.MULTILINE)
 
 
 class RuntimeApiError(Exception):
@@ -31,11 +39,27 @@ class Runtime:
     def __init__(self, socket_path: Path, timeout_s: float = 5.0) -> None:
         self.socket_path = Path(socket_path)
         self.timeout_s = timeout_s
+        self.worker: int | None = None  # the worker whose answers count (None: any)
 
     async def command(self, line: str) -> str:
-        """Send one command and return HAProxy's whole answer."""
+        """Send one command and return HAProxy's whole answer (``worker``'s, when it is set)."""
         if "\n" in line or ";" in line:
             raise ValueError(f"one runtime command at a time: {line!r}")
+        worker = self.worker
+        if worker is None:
+            return await self._ask(line)
+        info, _, answer = (await self._ask(f"show info; {line}")).partition("\n\n")
+        pid = _pid(info)
+        if pid != worker:
+            raise RuntimeApiError(f"haproxy worker {pid} answered {line!r}, not worker {worker} "
+                                  "(a reload under way)")
+        return answer
+
+    async def worker_pid(self) -> int | None:
+        """The pid of the worker that answers now."""
+        return _pid(await self._ask("show info"))
+
+    async def _ask(self, line: str) -> str:
         try:
             return await asyncio.wait_for(self._send(line), self.timeout_s)
         except (OSError, asyncio.TimeoutError) as e:
@@ -82,6 +106,11 @@ class Runtime:
                 usage[match.group(1)] = Usage(fields.get("conn_cur", 0),
                                               fields.get("http_req_cnt", 0))
         return usage
+
+
+def _pid(info: str) -> int | None:
+    found = _PID.search(info)
+    return int(found.group(1)) if found else None
 
 
 def _check(answer: str, what: str) -> None:
