@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -77,7 +78,8 @@ class Plane:
             grpc_fd=self.grpc_socket.fileno(), rest_fd=self.rest_socket.fileno(),
             fallback_grpc=self.fallback.grpc_target,
             fallback_rest=f"127.0.0.1:{self.fallback.rest_port}", nodes=nodes,
-            state_dir=self.state, runtime_socket=self.state / "runtime.sock", rules=DATA_PLANE)
+            state_dir=self.state, runtime_socket=config.runtime_socket_for(self.state),
+            rules=DATA_PLANE)
 
     def predict(self, n: int = 1, version: int | None = None, label: str | None = None,
                 compression=None) -> float:
@@ -99,6 +101,7 @@ class Plane:
             return json.loads(reply.read())["predictions"][0]
 
     async def __aenter__(self):
+        config.private_dir(self.plan.runtime_socket.parent)
         await self.supervisor.start()
         return self
 
@@ -267,6 +270,25 @@ async def test_the_routes_in_force_are_the_ones_haproxy_confirmed(nodes, tmp_pat
         routes.close()
         await asyncio.wait_for(revoke, 30)
         assert routes.current == {} and not await routes.grant("m", "a")
+
+
+async def test_a_deep_state_directory_keeps_the_runtime_socket_apart(nodes, tmp_path):
+    # STATE/dataplane/runtime.sock would not fit a UNIX socket's address
+    deep = tmp_path / ("d" * 120)
+    node_a, node_b = nodes
+    async with Plane(deep, node_a, node_b) as plane:
+        where = plane.plan.runtime_socket
+        assert not where.is_relative_to(deep) and len(os.fsencode(where)) <= 90
+        assert where.parent.stat().st_mode & 0o777 == 0o700
+        assert config.runtime_socket_for(deep / "dataplane") == where  # the same one each time
+        await plane.routes.grant("m", "a")
+        assert await _call(plane.predict) == ROUTED
+    os.chmod(where.parent, 0o755)
+    try:
+        with pytest.raises(PermissionError, match="mode 0700"):
+            config.private_dir(where.parent)
+    finally:
+        shutil.rmtree(where.parent)
 
 
 async def test_a_killed_haproxy_is_restarted_on_the_same_ports_with_its_routes(nodes, tmp_path):

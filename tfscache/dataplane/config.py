@@ -18,6 +18,10 @@ unloads (docs/data-plane.md).
 
 from __future__ import annotations
 
+import hashlib
+import os
+import stat
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,6 +109,32 @@ class Plan:
     @property
     def map_path(self) -> Path:
         return self.state_dir / MAP
+
+
+# A UNIX socket's path is at most 107 bytes (sun_path), and HAProxy binds the runtime socket
+# itself, first as PATH.PID.tmp (then renamed): 90 leaves room for that suffix.
+SOCKET_PATH_MAX = 90
+
+
+def runtime_socket_for(state_dir: Path) -> Path:
+    """Where the runtime API listens: ``STATE/dataplane/runtime.sock``, or, when that path is too
+    long for a UNIX socket (a deep state directory), ``runtime.sock`` in a directory of its own
+    under the system's temporary directory, named by the state directory's hash and made mode
+    0700 by the caller (``private_dir``)."""
+    path = Path(state_dir) / "runtime.sock"
+    if len(os.fsencode(path)) <= SOCKET_PATH_MAX:
+        return path
+    digest = hashlib.sha256(os.fsencode(Path(state_dir).resolve())).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"tfscache-haproxy-{digest}" / "runtime.sock"
+
+
+def private_dir(path: Path) -> None:
+    """Make ``path`` a directory only its owner can enter (the runtime socket's, off the state
+    directory); refuse one that someone else owns or can enter."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise PermissionError(f"{path} must be a directory of this user with mode 0700")
 
 
 def backend(protocol: str, node: str) -> str:

@@ -88,6 +88,9 @@ class DataPlane:
                           f"127.0.0.1:{internal_rest}" if internal_rest else None)
         self._fds = (grpc.fileno(), rest.fileno() if rest else None)
         self._state = Path(state_dir) / "dataplane"
+        self._runtime_socket = config.runtime_socket_for(self._state)
+        if self._runtime_socket.parent != self._state:  # a deep state directory: the socket lives apart
+            await asyncio.to_thread(config.private_dir, self._runtime_socket.parent)
         plan = self._plan()
         runtime = Runtime(plan.runtime_socket)
         executable = binary.locate(server.haproxy_binary) or server.haproxy_binary
@@ -113,7 +116,7 @@ class DataPlane:
         return config.Plan(grpc_fd=self._fds[0], rest_fd=self._fds[1],
                            fallback_grpc=self._internal[0], fallback_rest=self._internal[1],
                            nodes=tuple(nodes), state_dir=self._state,
-                           runtime_socket=self._state / "runtime.sock", rules=self.rules)
+                           runtime_socket=self._runtime_socket, rules=self.rules)
 
     async def stop(self, grace: float) -> None:
         """Stop routing and let HAProxy finish the requests it carries (``grace`` s at most)."""
