@@ -24,6 +24,7 @@ import contextlib
 import functools
 import logging
 import re
+import shutil
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -128,6 +129,8 @@ class DataPlane:
             await self.supervisor.stop(grace)
         if self.routes is not None:
             self.routes.close()  # a revocation waiting for HAProxy to answer returns
+        if self.supervisor is not None and self._runtime_socket.parent != self._state:
+            await asyncio.to_thread(shutil.rmtree, self._runtime_socket.parent, True)
         for sock in self._sockets:
             sock.close()
 
