@@ -190,7 +190,8 @@ def env_names_in_code() -> set[str]:
     names = {"TFSCACHE_" + d.replace(".", "_").upper() for d in SETTINGS}
     for path in [*(ROOT / "tfscache").rglob("*.py"), *(ROOT / "deploy").rglob("*")]:
         if path.is_file():
-            names |= set(re.findall(r"TFSCACHE_[A-Z0-9_]*[A-Z0-9]", path.read_text(errors="replace")))
+            text = path.read_text(errors="replace")
+            names |= set(re.findall(r"TFSCACHE_[A-Z0-9_]*[A-Z0-9]", text))
     return names
 
 
@@ -199,7 +200,11 @@ def package_names(section: str, name: str) -> bool:
     if importlib.util.find_spec(f"tfscache.{section}") is None:
         return False
     package = importlib.import_module(f"tfscache.{section}")
-    return hasattr(package, name) or importlib.util.find_spec(f"tfscache.{section}.{name}") is not None
+    try:
+        module = importlib.util.find_spec(f"tfscache.{section}.{name}")
+    except ModuleNotFoundError:  # tfscache.SECTION is a module, not a package
+        module = None
+    return hasattr(package, name) or module is not None
 
 
 FILE_SUFFIXES = {"py", "md", "json", "crt", "key", "toml", "yaml", "csv"}
