@@ -1,4 +1,5 @@
-"""Every ``tfscache`` command line, ``--set`` key and setting name in docs/*.md is real.
+"""Every ``tfscache`` command line, ``--set`` key and setting name in docs/*.md (and README.md) is
+real.
 
 Issue 33: users copy the docs' commands verbatim. This test runs no server: each command line in
 a code block (fenced, or indented four spaces) whose command is ``tfscache SUBCOMMAND`` (also
@@ -30,7 +31,8 @@ from tfscache.importer import import_from_string
 from tfscache.settings import iter_fields
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = sorted((ROOT / "docs").glob("*.md"))  # docs/upstream/ are upstream's texts, not ours
+# docs/upstream/ are upstream's texts, not ours; README.md's examples also run (test_readme.py)
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SETTINGS = {dotted for dotted, _ in iter_fields()}
 SECTIONS = sorted({d.split(".")[0] for d in SETTINGS if "." in d})
 
