@@ -68,9 +68,10 @@ def test_each_client_loads_its_model_on_first_request(serve, node_url, clients):
     assert mlserver_infer(tritonhttp, http_client, "addk_2", 5.0) == [7.0]
     assert "addk_2" in resident_models(node_url)
     # requests with and without a Content-Type: MLServer takes JSON only as application/json,
-    # tfscache sends a body that has none as that.
-    for kwargs in ({"json": body(5.0)}, {"data": '{"inputs":[{"name":"x","shape":[1,1],"datatype":"FP32",'
-                                                 '"data":[5]}]}'}):
+    # tfscache sends a body that has none, or the form type of a plain `curl -d`, as that.
+    raw = '{"inputs":[{"name":"x","shape":[1,1],"datatype":"FP32","data":[5]}]}'
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    for kwargs in ({"json": body(5.0)}, {"data": raw}, {"data": raw, "headers": form}):
         reply = requests.post(f"{serve.rest_url}/v2/models/addk_3/infer", timeout=120, **kwargs)
         assert reply.status_code == 200, reply.text
         assert reply.json()["outputs"][0]["data"] == [8.0]

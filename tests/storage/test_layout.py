@@ -36,6 +36,13 @@ def test_group_versions_keeps_numeric_version_files():
     assert {v: listing.objects for v, listing in found.items()} == {1: (("a", 1, "e1"),), 2: (("d/b", 2, "e2"),)}
 
 
+def test_a_zero_padded_version_folder_is_its_number_and_kept_for_download():
+    found = group_versions("m", [ObjectInfo("m/00000123/a", 1, "e1"),
+                                 ObjectInfo("m/123/b", 2, "e2"), ObjectInfo("m/00000123/c", 3, "e3")])
+    assert {v: (listing.folder, listing.objects) for v, listing in found.items()} == {
+        123: ("00000123", (("a", 1, "e1"), ("c", 3, "e3")))}
+
+
 def test_open_store_picks_by_scheme_and_refuses_others():
     assert sorted(STORES) == ["az", "gs", "s3"]
     assert is_remote("s3://b/p") and not is_remote("/models")

@@ -62,6 +62,16 @@ async def test_fetch_downloads_a_complete_version(bucket, root):
     assert not list((root / PARTIAL).iterdir())
 
 
+async def test_a_zero_padded_version_folder_downloads_as_its_number(bucket, root):
+    files = seed(bucket, "m", "00000123")  # TF Serving's testdata names half_plus_two's so
+    tier = tier_for(bucket, root)
+    await tier.start()
+    assert sorted(await tier.versions("m")) == [123]
+    path = await tier.fetch("m", 123)
+    assert path == root / "m" / "123"
+    assert {rel: (path / rel).read_bytes() for rel in files} == files
+
+
 @on_each_store
 async def test_sixteen_concurrent_fetches_download_once(bucket, root):
     seed(bucket, size=2_000_000)

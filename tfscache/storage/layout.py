@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tfscache.errors import FailedPrecondition, UnsafeModelName
@@ -42,6 +42,9 @@ class VersionListing:
 
     objects: tuple[tuple[str, int, str], ...]
     flat: bool = False  # a flat model's one version: its paths are relative to NAME/ itself
+    # the version's folder in the bucket when it is not str(version): "00000123", as TF Serving
+    # allows (its testdata's half_plus_two); the tier keeps the version as NAME/123 either way
+    folder: str = field(default="", compare=False)
 
     @property
     def bytes(self) -> int:
@@ -89,12 +92,15 @@ def group_versions(name: str, objects: list[ObjectInfo],
                 if not obj.key.endswith("/")]  # "directory" placeholders hold nothing
         return {FLAT_VERSION: VersionListing(tuple(sorted(objs)), flat=True)}
     found: dict[int, list[tuple[str, int, str]]] = {}
+    folders: dict[int, str] = {}
     for obj in objects:
         head, _, rest = obj.key[len(name) + 1:].partition("/")
         if not head.isdigit() or not head.isascii() or not rest or rest.endswith("/"):
             continue  # not NAME/VERSION/FILE, or a "directory" placeholder
+        if folders.setdefault(int(head), head) != head:
+            continue  # "7" and "007" are one version: the first folder listed is it
         found.setdefault(int(head), []).append((rest, obj.size, obj.etag))
-    return {v: VersionListing(tuple(sorted(objs))) for v, objs in found.items()}
+    return {v: VersionListing(tuple(sorted(objs)), folder=folders[v]) for v, objs in found.items()}
 
 
 def model_files(name: str, objects: list[ObjectInfo],

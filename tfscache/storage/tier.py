@@ -354,7 +354,8 @@ class DiskTier:
         temp = self.root / PARTIAL / f"{key[0]}.{part}.{secrets.token_hex(4)}"
         try:
             await settled(temp.mkdir, parents=True)
-            prefix = key[0] if listing.flat else f"{key[0]}/{key[1]}"  # of the objects' keys
+            folder = listing.folder or key[1]
+            prefix = key[0] if listing.flat else f"{key[0]}/{folder}"  # of the objects' keys
             await self._run_all([self._object(prefix, temp, obj) for obj in listing.objects])
             await asyncio.to_thread(write_marker, temp, listing)
             await asyncio.to_thread(self._swap_in, temp, self.path(*key, listing.flat))

@@ -152,6 +152,13 @@ def error_response(
     )
 
 
+def _untyped(headers: dict[str, str]) -> bool:
+    """A body sent without a type of its own: no Content-Type, or the form type ``curl -d`` puts
+    on every body (an inference body is never a form)."""
+    kind = headers.get("Content-Type", "").partition(";")[0].strip().lower()
+    return kind in ("", "application/x-www-form-urlencoded")
+
+
 class OipRestApi:
     """The /v2 URLs over the router; ``respond`` is RestFrontend's one handler for every request."""
 
@@ -236,7 +243,7 @@ class OipRestApi:
             ) from exc
         headers = {h: request.headers[h] for h in _FORWARD_HEADERS if h in request.headers}
         headers[REQUEST_ID_HEADER] = request_id
-        if self.default_content_type and request.method == "POST" and "Content-Type" not in headers:
+        if self.default_content_type and request.method == "POST" and _untyped(headers):
             headers["Content-Type"] = self.default_content_type
 
         def send(route_key: RouteKey | None):
