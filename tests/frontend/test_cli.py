@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 
 import grpc
@@ -43,6 +45,20 @@ def test_help_lists_the_flags():
                  "--replicas-per-model", "--grpc-port", "--rest-port", "--config", "--node-address",
                  "--node-command"):
         assert flag in result.stdout
+
+
+def test_output_into_a_closed_pipe_ends_quietly_as_sigpipe_would():
+    # `tfscache node --help | head -1`: a reader that went away before the output was written
+    for command in (["--version"], ["node", "--help"]):
+        read, write = os.pipe()
+        os.close(read)  # no reader at all, from the start: the first write fails
+        try:
+            result = subprocess.run([PYTHON, "-m", "tfscache", *command], cwd=REPO, stdout=write,
+                                    stderr=subprocess.PIPE, text=True, timeout=60)
+        finally:
+            os.close(write)
+        assert result.returncode == 128 + signal.SIGPIPE, (command, result.stderr)
+        assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr
 
 
 def test_node_command_runs_a_server_without_ports_file(frontend_repo, tmp_path):

@@ -12,6 +12,8 @@ one line on stderr before anything started.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -88,7 +90,18 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = _main(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # the reader stopped early (``| head``): end as a command that SIGPIPE ended, quietly
+        # (stdout to /dev/null, so the interpreter's own flush at exit fails no more)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _main(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
