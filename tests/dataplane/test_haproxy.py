@@ -298,9 +298,15 @@ async def test_a_killed_haproxy_is_restarted_on_the_same_ports_with_its_routes(n
     async with Plane(tmp_path, node_a, node_b) as plane:
         await plane.routes.grant("m", "a")
         assert await _call(plane.predict) == ROUTED
+        killed = plane.runtime.worker
         os.killpg(plane.supervisor.process.pid, signal.SIGKILL)
-        await until(lambda: plane.supervisor.restarts == 1, 30, "haproxy restarted")
-        # the port never closed (tfscache holds it) and the map file held the route
+        await until(lambda: plane.supervisor.restarts == 1
+                    and plane.runtime.worker not in (None, killed), 30, "haproxy restarted")
+        # the port never closed (tfscache holds it) and the map file held the route; a client's
+        # connection to the killed HAProxy died with it, so the gRPC client connects again
+        plane.channel.close()
+        plane.channel = grpc.insecure_channel(f"127.0.0.1:{plane.grpc_socket.getsockname()[1]}")
+        plane.stub = prediction_service_pb2_grpc.PredictionServiceStub(plane.channel)
         assert await _call(plane.predict) == ROUTED
         assert await _call(plane.rest) == ROUTED
 

@@ -149,6 +149,21 @@ async def test_a_routed_reply_carries_the_request_id(app):
     assert dict(call.trailing_metadata())["x-request-id"] == "slow-1"
 
 
+async def test_a_model_loaded_long_before_its_next_request_is_routed(app):
+    """The repository remembers a model's latest version for rescan_s; a resident model whose
+    memory aged before the data plane routed it is listed again by the data plane itself, with
+    no request for it needed."""
+    cache = app.backends["node0"].cache
+    await asyncio.to_thread(predict, app.target, "addk_5")
+    await until(lambda: routed(app, "addk_5"), 30, "addk_5 routed")
+    await app.dataplane.routes.withdraw("addk_5")
+    listed_at, latest = cache.repository._latest["addk_5"]
+    cache.repository._latest["addk_5"] = (listed_at - 3600.0, latest)  # listed an hour ago
+    assert cache.resident_version("addk_5") is None
+    await until(lambda: routed(app, "addk_5"), 30, "addk_5 routed again with no request")
+    assert cache.resident_version("addk_5") == 1
+
+
 async def test_routed_requests_keep_a_model_recent_for_the_policy(app):
     """LRU under a cap of 2: addk_2 is loaded after addk_1, then only addk_1 is used, through
     HAProxy. A third model must push out addk_2, which a cache blind to the data plane would

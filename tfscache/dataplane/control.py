@@ -205,18 +205,28 @@ class DataPlane:
                     _still_resident, nodes[node], cache, name, version))
 
     async def _look_again(self, nodes: dict) -> None:
-        """Routed models whose latest version is no longer remembered (``rescan_s``) are listed
-        again, off the loop, as a slow-path request would list them: a route then lasts while
-        its version is the latest on disk, and a new version on disk ends it."""
+        """Models whose latest version is no longer remembered (``rescan_s``) are listed again,
+        off the loop, as a slow-path request would list them: the routed ones, so a route lasts
+        while its version is the latest on disk and a new version on disk ends it; and the
+        resident ones, so a model loaded a while before its next request is routed all the same."""
         by_id = {v: k for k, v in self._ids.items()}
-        stale = []
+        stale: dict[tuple[str, str], Awaitable] = {}
+
+        def look(node: str | None, name: str) -> None:
+            cache = getattr(nodes.get(node), "cache", None)
+            if (cache is not None and (node, name) not in stale
+                    and cache.resident_version(name) is None):
+                stale[(node, name)] = cache.version_on_disk(name)
+
         for name, node_id in self.routes.current.items():
-            backend = nodes.get(by_id.get(node_id))
+            look(by_id.get(node_id), name)
+        for node, backend in nodes.items():
             cache = getattr(backend, "cache", None)
-            if cache is not None and cache.resident_version(name) is None:
-                stale.append(cache.version_on_disk(name))
+            for resident in cache.snapshot() if cache is not None else ():
+                if resident.state == "available" and routable(resident.name):
+                    look(node, resident.name)
         # a model gone from the repository raises here; its route goes below
-        await asyncio.gather(*stale, return_exceptions=True)
+        await asyncio.gather(*stale.values(), return_exceptions=True)
 
     # -- before an unload ------------------------------------------------------------------------
 
