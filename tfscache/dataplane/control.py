@@ -90,7 +90,7 @@ class DataPlane:
         self._fds = (grpc.fileno(), rest.fileno() if rest else None)
         self._state = Path(state_dir) / "dataplane"
         self._runtime_socket = config.runtime_socket_for(self._state)
-        if self._runtime_socket.parent != self._state:  # a deep state directory: the socket lives apart
+        if self._runtime_socket.parent != self._state:  # a deep state directory: kept apart
             await asyncio.to_thread(config.private_dir, self._runtime_socket.parent)
         plan = self._plan()
         runtime = Runtime(plan.runtime_socket)
