@@ -11,6 +11,7 @@ the client.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -156,7 +157,10 @@ async def test_hot_methods_are_routed_by_the_model_in_the_body_or_path(nodes, tm
         assert await _call(plane.rest) == FALLBACK
 
 
-async def test_a_route_is_revoked_only_once_its_request_in_flight_is_answered(nodes, tmp_path):
+@contextlib.asynccontextmanager
+async def routed_through_a_hold(nodes, tmp_path):
+    """A Plane routing ``m`` to node A through a HoldProxy, and a pool to send requests from:
+    (plane, proxy, pool)."""
     node_a, node_b = nodes
     with HoldProxy(("127.0.0.1", int(node_a.grpc_target.rsplit(":", 1)[1]))) as proxy:
         held_a = type("Held", (), {"grpc_target": f"127.0.0.1:{proxy.port}",
@@ -164,20 +168,31 @@ async def test_a_route_is_revoked_only_once_its_request_in_flight_is_answered(no
         async with Plane(tmp_path, held_a, node_b) as plane:
             await plane.routes.grant("m", "a")
             with ThreadPoolExecutor(1) as pool:
-                with proxy.holding():
-                    request = pool.submit(plane.predict)
-                    await until(lambda: proxy.held_chunks > 0, 30, "the request held")
-                    assert await plane.routes.in_flight("m@a") == 1
-                    revoke = asyncio.create_task(plane.routes.revoke("m", "a"))
-                    await until(lambda: "m" not in plane.routes.current, 30, "route dropped")
-                    assert await plane.runtime.show_map(plane.plan.map_path) == {}
-                    # the route is gone, new requests take the slow path ...
-                    assert await _call(plane.predict) == FALLBACK
-                    # ... and the revocation still waits for the one held on the data plane
-                    assert await plane.routes.in_flight("m@a") == 1
-                    assert not revoke.done()
-                await asyncio.wait_for(revoke, 30)
-                assert request.result(30) == ROUTED
+                yield plane, proxy, pool
+
+
+async def hold_one(plane, proxy, pool):
+    """One Predict sent through the plane and held at the proxy (inside ``proxy.holding()``)."""
+    request = pool.submit(plane.predict)
+    await until(lambda: proxy.held_chunks > 0, 30, "the request held")
+    return request
+
+
+async def test_a_route_is_revoked_only_once_its_request_in_flight_is_answered(nodes, tmp_path):
+    async with routed_through_a_hold(nodes, tmp_path) as (plane, proxy, pool):
+        with proxy.holding():
+            request = await hold_one(plane, proxy, pool)
+            assert await plane.routes.in_flight("m@a") == 1
+            revoke = asyncio.create_task(plane.routes.revoke("m", "a"))
+            await until(lambda: "m" not in plane.routes.current, 30, "route dropped")
+            assert await plane.runtime.show_map(plane.plan.map_path) == {}
+            # the route is gone, new requests take the slow path ...
+            assert await _call(plane.predict) == FALLBACK
+            # ... and the revocation still waits for the one held on the data plane
+            assert await plane.routes.in_flight("m@a") == 1
+            assert not revoke.done()
+        await asyncio.wait_for(revoke, 30)
+        assert request.result(30) == ROUTED
 
 
 async def test_a_revocation_waits_for_a_request_an_old_worker_carries_across_a_reload(
@@ -185,43 +200,37 @@ async def test_a_revocation_waits_for_a_request_an_old_worker_carries_across_a_r
     """After a reload the new worker's table counts none of the requests the old worker still
     carries: the revocation waits until the old worker is gone too, and an answer from a worker
     other than the current one does not count."""
-    node_a, node_b = nodes
-    with HoldProxy(("127.0.0.1", int(node_a.grpc_target.rsplit(":", 1)[1]))) as proxy:
-        held_a = type("Held", (), {"grpc_target": f"127.0.0.1:{proxy.port}",
-                                   "rest_port": node_a.rest_port})
-        async with Plane(tmp_path, held_a, node_b) as plane:
+    node_b = nodes[1]
+    async with routed_through_a_hold(nodes, tmp_path) as (plane, proxy, pool):
+        with proxy.holding():
+            request = await hold_one(plane, proxy, pool)
+            old = plane.runtime.worker
+            b = config.Node("b", node_b.grpc_target, f"127.0.0.1:{node_b.rest_port}")
+            async with plane.routes.held():
+                await plane.supervisor.reload(plane.plan_for([*plane.plan.nodes, b]))
+            assert plane.runtime.worker not in (None, old)
+            assert await plane.routes.in_flight("m@a") == 0  # the new worker's table
+            assert not await plane.supervisor.old_workers_gone()
+            asked, table = [], plane.runtime.table
+
+            async def counted_table(name):
+                asked.append(name)
+                return await table(name)
+
+            plane.runtime.table = counted_table
+            revoke = asyncio.create_task(plane.routes.revoke("m", "a"))
+            await until(lambda: len(asked) >= 3, 30, "the revocation polling")
+            assert "m" not in plane.routes.current and not revoke.done()
+        await asyncio.wait_for(revoke, 30)
+        assert request.result(30) == ROUTED
+        assert await plane.supervisor.old_workers_gone()
+        current = plane.runtime.worker
+        plane.runtime.worker = current + 1_000_000  # as if an old worker had answered
+        with pytest.raises(RuntimeApiError, match="not worker"):
             await plane.routes.grant("m", "a")
-            with ThreadPoolExecutor(1) as pool:
-                with proxy.holding():
-                    request = pool.submit(plane.predict)
-                    await until(lambda: proxy.held_chunks > 0, 30, "the request held")
-                    old = plane.runtime.worker
-                    b = config.Node("b", node_b.grpc_target, f"127.0.0.1:{node_b.rest_port}")
-                    async with plane.routes.held():
-                        await plane.supervisor.reload(plane.plan_for([*plane.plan.nodes, b]))
-                    assert plane.runtime.worker not in (None, old)
-                    assert await plane.routes.in_flight("m@a") == 0  # the new worker's table
-                    assert not await plane.supervisor.old_workers_gone()
-                    asked, table = [], plane.runtime.table
-
-                    async def counted_table(name):
-                        asked.append(name)
-                        return await table(name)
-
-                    plane.runtime.table = counted_table
-                    revoke = asyncio.create_task(plane.routes.revoke("m", "a"))
-                    await until(lambda: len(asked) >= 3, 30, "the revocation polling")
-                    assert "m" not in plane.routes.current and not revoke.done()
-                await asyncio.wait_for(revoke, 30)
-                assert request.result(30) == ROUTED
-                assert await plane.supervisor.old_workers_gone()
-            current = plane.runtime.worker
-            plane.runtime.worker = current + 1_000_000  # as if an old worker had answered
-            with pytest.raises(RuntimeApiError, match="not worker"):
-                await plane.routes.grant("m", "a")
-            assert plane.routes.current == {}
-            plane.runtime.worker = current
-            assert await plane.routes.grant("m", "a")
+        assert plane.routes.current == {}
+        plane.runtime.worker = current
+        assert await plane.routes.grant("m", "a")
 
 
 async def test_the_routes_in_force_are_the_ones_haproxy_confirmed(nodes, tmp_path):

@@ -74,23 +74,11 @@ class Supervisor:
         finally:
             logfile.close()
         self.runtime.worker = None
-        await self._until_serving()
-        self.runtime.worker = await self._new_worker(None)
+        self.runtime.worker = await self._new_worker(None, "while starting")
 
-    async def _until_serving(self) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.start_timeout_s
-        while not await asyncio.to_thread(self.plan.runtime_socket.exists):
-            if self.process.returncode is not None:
-                raise HaproxyStartError(f"haproxy exited with {self.process.returncode} while "
-                                        f"starting; see {self.log_path}")
-            if loop.time() > deadline:
-                raise HaproxyStartError(f"haproxy opened no runtime socket in "
-                                        f"{self.start_timeout_s} s; see {self.log_path}")
-            await asyncio.sleep(0.02)
-
-    async def _new_worker(self, old: int | None) -> int:
-        """The pid of the worker answering the runtime API, once it is not ``old``."""
+    async def _new_worker(self, old: int | None, doing: str) -> int:
+        """The pid of the worker answering the runtime API (its socket there), once it is not
+        ``old``; HaproxyStartError naming ``doing`` if HAProxy exits or none answers in time."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.start_timeout_s
         while True:
@@ -99,11 +87,12 @@ class Supervisor:
                 if pid is not None and pid != old:
                     return pid
             if self.process.returncode is not None:
-                raise HaproxyStartError(f"haproxy exited with {self.process.returncode}; see "
-                                        f"{self.log_path}")
+                raise HaproxyStartError(f"haproxy exited with {self.process.returncode} {doing}; "
+                                        f"see {self.log_path}")
             if loop.time() > deadline:
-                raise HaproxyStartError(f"no new haproxy worker answered in "
-                                        f"{self.start_timeout_s} s; see {self.log_path}")
+                raise HaproxyStartError(f"no haproxy worker answered its runtime socket "
+                                        f"{doing} in {self.start_timeout_s} s; see "
+                                        f"{self.log_path}")
             await asyncio.sleep(0.01)
 
     async def old_workers_gone(self) -> bool:
@@ -136,7 +125,7 @@ class Supervisor:
         if self.process is not None and self.process.returncode is None:
             old = self.runtime.worker
             self.process.send_signal(signal.SIGUSR2)
-            self.runtime.worker = await self._new_worker(old)
+            self.runtime.worker = await self._new_worker(old, "reloading")
 
     async def stop(self, grace: float = 0.0) -> None:
         """A soft stop (SIGUSR1: no new connections, the requests in flight finish) for
