@@ -21,7 +21,7 @@ from support.models.tfserving import build_gate
 from support.node import node_template, version_status_at
 from support.requests import float_tensor, predict_request
 from support.serving import link_repository
-from support.waiting import until
+from support.waiting import until, within
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from tfscache import settings as settings_mod
@@ -61,7 +61,7 @@ async def app(repo, tmp_path_factory):
     try:
         yield app
     finally:
-        await app.stop(0)
+        await within(app.stop(0), 120, "the control plane's stop")
 
 
 def predict(target: str, name: str, x: float = 1.0) -> float:

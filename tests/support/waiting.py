@@ -74,3 +74,19 @@ def traffic_runs(process, seconds: float, enough: Callable[[], bool], most_s: fl
         time.sleep(0.05)  # the length of the traffic is what is measured
     if process.poll() is None:
         wait_until(lambda: enough() or process.poll() is not None, most_s, "enough samples")
+
+
+async def within(awaitable, timeout: float, what: str):
+    """``await awaitable`` for ``timeout`` s at most; past that, fail naming ``what`` with the
+    stack of every task on the loop, so that a hang (a stop that never ends) says where it is
+    rather than running into pytest's timeout."""
+    try:
+        return await asyncio.wait_for(awaitable, timeout)
+    except asyncio.TimeoutError:
+        stacks = []
+        for task in asyncio.all_tasks():
+            frames = task.get_stack()
+            where = " <- ".join(f"{f.f_code.co_filename.rsplit('/', 2)[-1]}:{f.f_lineno} "
+                                f"{f.f_code.co_name}" for f in reversed(frames))
+            stacks.append(f"{task.get_name()}: {where}")
+        raise AssertionError(f"{what}: not done in {timeout} s; tasks:\n" + "\n".join(stacks))
