@@ -69,8 +69,15 @@ def test_a_bad_demotion_setting_fails_naming_the_field_and_the_default_is_none(f
         settings_mod.load(env={}, overrides={"model_repository": "/m", f"cache.{field}": value})
 
 
-def test_demote_host_is_refused_until_the_reloader_moves_versions(tmp_path):
+def test_demote_host_is_taken_for_triton_and_refused_for_kinds_that_cannot_move_in_place(tmp_path):
     from tfscache import settings as settings_mod
 
-    with pytest.raises(settings_mod.SettingsError, match="cache.demote: 'host' .not built yet"):
-        settings_mod.load(None, {}, {"model_repository": str(tmp_path), "cache.demote": "host"})
+    for kind in ("tfserving", "mlserver"):
+        with pytest.raises(settings_mod.SettingsError,
+                           match=f"cache.demote: 'host' .node.backend {kind} cannot move"):
+            settings_mod.load(None, {}, {"model_repository": str(tmp_path), "node.backend": kind,
+                                         "cache.demote": "host"})
+    loaded = settings_mod.load(None, {}, {"model_repository": str(tmp_path),
+                                          "node.backend": "triton", "cache.demote": "host",
+                                          "cache.demote_cpu_instances": 2})
+    assert (loaded.cache.demote, loaded.cache.demote_cpu_instances) == ("host", 2)

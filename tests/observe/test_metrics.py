@@ -20,7 +20,8 @@ def scrape(metrics: Metrics) -> Scrape:
 
 def test_node_events_implement_every_cache_event():
     hooks = {n for n in vars(CacheEvents) if not n.startswith("_")}
-    assert hooks == {"hit", "miss", "loaded", "load_failed", "room_waited", "evicted", "unloaded", "prefetch_used"}
+    assert hooks == {"hit", "miss", "loaded", "load_failed", "room_waited", "evicted", "unloaded", "prefetch_used",
+                     "moved", "move_failed"}
     assert hooks <= set(vars(NodeEvents))
 
 
@@ -174,10 +175,10 @@ def test_names_follow_prometheus_conventions():
     assert {n for n, t in types.items() if t == "counter" and n.startswith("tfscache_")} == {
         "tfscache_requests", "tfscache_cache_hits", "tfscache_cache_misses", "tfscache_loads",
         "tfscache_load_failures", "tfscache_evictions", "tfscache_unloads", "tfscache_node_restarts",
-        "tfscache_forwards", "tfscache_retries"}
+        "tfscache_forwards", "tfscache_retries", "tfscache_tier_moves", "tfscache_tier_move_failures"}
     assert {n for n, t in types.items() if t == "histogram"} == {
         "tfscache_request_duration_seconds", "tfscache_load_duration_seconds", "tfscache_unload_duration_seconds",
-        "tfscache_room_wait_seconds"}
+        "tfscache_room_wait_seconds", "tfscache_tier_move_duration_seconds"}
     assert {n for n, t in types.items() if t == "gauge" and n.startswith("tfscache_")} == {
         "tfscache_resident_models", "tfscache_resident_bytes", "tfscache_cap_models", "tfscache_cap_bytes",
         "tfscache_used_models", "tfscache_used_bytes", "tfscache_lru_idle_age_seconds",

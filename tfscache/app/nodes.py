@@ -5,6 +5,7 @@ which is no child of ours. Each node gets one CacheManager over the kind's clien
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Protocol
@@ -12,6 +13,7 @@ from typing import Protocol
 from tfscache.app.host import GpuCap
 from tfscache.app.hops import Hops
 from tfscache.cache.manager import CacheManager
+from tfscache.cache.tiers import HOST
 from tfscache.cluster.topology import Topology
 from tfscache.frontend.backends import NodeBackend
 from tfscache.kinds.nodepid import NodeMemory, find_node_pid, is_local_host
@@ -19,6 +21,8 @@ from tfscache.kinds.supervisor import NodeProcess, Supervisor
 from tfscache.observe.metrics import Metrics
 from tfscache.repository.local import ModelRepository
 from tfscache.settings import Settings
+
+log = logging.getLogger("tfscache.cache")
 
 
 class Revoking(Protocol):
@@ -97,6 +101,13 @@ class Nodes:
         adapter = self._kind.part("adapter")(client, self._repository,
                                              rpc_deadline_s=client.rpc_deadline_s,
                                              memory=NodeMemory(node_pid, find_node_pid))
+        if s.cache.demote == HOST:  # in place (Triton); settings refused it for other kinds
+            if rest_address is None:
+                log.warning("node %s: cache.demote = host needs the node's HTTP port "
+                            "(--node-address HOST:GRPC,REST); its victims are unloaded",
+                            backend.name)
+            else:
+                adapter.enable_demotion(rest_address, s.cache.demote_cpu_instances)
         revoker = self._revoking.revoker(backend.name) if self._revoking else None
         cache = CacheManager(adapter, self._repository, s.cache, state_file=state_file,
                              events=self._metrics.cache_events(backend.name),

@@ -24,6 +24,11 @@ reloader then marks it unhealthy and recovers it):
   returning when its own keys settled (Triton, MLServer: a load call per model). Then a prefetch
   loads beside a real load without delaying it (tfscache.cache.reloader); TF Serving's reload waits
   for every model it adds, so there a prefetch loads only when the node has nothing else to load.
+* ``demotes_in_place``: whether the node moves a loaded model between the GPU and host tiers
+  without unloading it (Triton, with ``cache.demote = host``: tfscache.kinds.triton.tiers). Only
+  then does the reloader call ``can_demote(key) -> bool`` (whether ``key`` may leave the GPU: its
+  backend runs on CPU) and ``await move(key, tier, deadline_s)`` (``tier``: ``host`` to demote,
+  ``gpu`` to promote; returns once the node serves ``key`` from there; it answers throughout).
 * ``await wait_ready(timeout) -> bool``: wait until the node accepts connections.
 * ``await sync(wanted, deadline_s)``: make the node serve exactly ``wanted`` (keys), and
   nothing else, without waiting for loads (start-up re-adoption, recovery, restore).
@@ -59,6 +64,7 @@ class NodeAdapter(Protocol):
     lost_texts: tuple[str, ...]
     sizes_on_disk: bool
     loads_apart: bool
+    demotes_in_place: bool
 
     async def wait_ready(self, timeout: float) -> bool: ...
 

@@ -44,6 +44,12 @@ class CacheEvents:
     def unloaded(self, key: Key, seconds: float, size: int) -> None:
         """The node reported END for ``key``, ``seconds`` after its config went out."""
 
+    def moved(self, key: Key, tier: str, seconds: float) -> None:
+        """``key`` moved to ``tier`` (``host``: demoted, ``gpu``: promoted) in ``seconds``."""
+
+    def move_failed(self, key: Key, tier: str, error: Exception) -> None:
+        """Moving ``key`` to ``tier`` failed with ``error``; it stays where it was."""
+
 
 class Evictions:
     """The evictions of one node, each reported once: a log line and ``CacheEvents.evicted``

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 
 from tfscache.cache.ledger import Entry, Key, Ledger
+from tfscache.cache.moves import TierMoves
 from tfscache.cache.prefetch import PrefetchCounts
 from tfscache.cache.signals import Signals
 
@@ -18,19 +19,21 @@ from tfscache.cache.signals import Signals
 class Lease:
     """A hold on a resident model version; release it when the request is done."""
 
-    __slots__ = ("name", "version", "_release", "_released", "prefetched")
+    __slots__ = ("name", "version", "_release", "_released", "prefetched", "started")
 
-    def __init__(self, release: Callable[[Key], None], key: Key, prefetched: bool = False) -> None:
+    def __init__(self, release: Callable[[Key, float | None], None], key: Key,
+                 prefetched: bool = False, started: float | None = None) -> None:
         self.name, self.version = key
         self._release = release
         self._released = False
+        self.started = started  # monotonic, when granted: timed only with demotion on
         # the first request of a version a prefetch loaded (docs/prefetch.md)
         self.prefetched = prefetched
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._release((self.name, self.version))
+            self._release((self.name, self.version), self.started)
 
     async def __aenter__(self) -> Lease:
         return self
@@ -47,23 +50,31 @@ class Leases:
     released; a release that frees what a load or the caps wait for wakes the reloader."""
 
     def __init__(self, ledger: Ledger, signals: Signals,
-                 prefetched: PrefetchCounts | None = None) -> None:
+                 prefetched: PrefetchCounts | None = None, moves: TierMoves | None = None) -> None:
         """``prefetched``: the prefetch counts (prefetch on), told when a prefetched version is
-        first used."""
+        first used; ``moves``: with demotion on, told of each lease, timed (tfscache.cache.moves)."""
         self._ledger, self._signals, self._prefetched = ledger, signals, prefetched
+        self._moves = moves
 
     def grant(self, entry: Entry) -> Lease:
         """A lease on READY ``entry``, taken now (no await between the READY check and this)."""
-        self._ledger.leased(entry.key, time.time(), time.monotonic())
+        now = time.monotonic()
+        self._ledger.leased(entry.key, time.time(), now)
         first = self._ledger.first_use(entry.key)
         if first:
             self._prefetched.count("used")
-        return Lease(self.release, entry.key, prefetched=first)
+        if self._moves is None:
+            return Lease(self.release, entry.key, prefetched=first)
+        if self._moves.granted(entry, now):
+            self._signals.wake()  # its promotion pays now
+        return Lease(self.release, entry.key, prefetched=first, started=now)
 
-    def release(self, key: Key) -> None:
+    def release(self, key: Key, started: float | None = None) -> None:
         entry = self._ledger.released(key)
         if entry is None:
             return
+        if started is not None and self._moves is not None and entry.moving is None:
+            self._moves.released(key, entry.tier, time.monotonic() - started)
         sig = self._signals
         if entry.leases == 0 and (self._ledger.pending or sig.draining or sig.over_cap):
             sig.wake()  # a load may be waiting for room, or the caps for a victim

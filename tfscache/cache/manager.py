@@ -39,11 +39,13 @@ from tfscache.cache.ledger import (
     ResidentModel,
 )
 from tfscache.cache.planner import Caps, grown, oom_message, room_victims
+from tfscache.cache.moves import TierMoves
 from tfscache.cache.prefetcher import Prefetcher
 from tfscache.cache.policy import EvictionPolicy, make_policy
 from tfscache.cache.reloader import Reloader
 from tfscache.cache.signals import Signals, copy_error
 from tfscache.cache.state import CacheState, LostPins, SavedVersion, StateFile, load_state
+from tfscache.cache.tiers import HOST
 from tfscache.repository.local import ModelRepository, check_name
 from tfscache.settings import CacheSection
 
@@ -86,14 +88,18 @@ class CacheManager:
         self._prefetcher = (Prefetcher(self.ledger, self._signals, self._estimate, settings)
                             if settings.prefetch else None)  # co-access prefetch, docs/prefetch.md
         self.prefetch_counts = self._prefetcher.counts if self._prefetcher is not None else None
-        self._leases = Leases(self.ledger, self._signals, self.prefetch_counts)
+        # demotion and promotion (cache.demote = host), where the node moves models in place
+        self.moves = (TierMoves(self.ledger, adapter.can_demote)
+                      if settings.demote == HOST and adapter.demotes_in_place else None)
+        self._leases = Leases(self.ledger, self._signals, self.prefetch_counts, self.moves)
         self._lost_pins = LostPins()  # pinned versions the node lost, until pinned again
         # Coalesced writes, each in a worker thread; the reloader saves through it too.
         self._state_file = StateFile(state_file, self.target, self.ledger, self._lost_pins)
         self._reloader = Reloader(adapter, self.ledger, self.policy, self.caps, repository,
                                   self._signals, settings, self.events, leases=self._leases,
                                   state_file=self._state_file, lost_pins=self._lost_pins, gpu=gpu,
-                                  prefetch=self.prefetch_counts, before_unload=before_unload)
+                                  prefetch=self.prefetch_counts, moves=self.moves,
+                                  before_unload=before_unload)
         self._task: asyncio.Task | None = None
         self._repins: dict[Key, asyncio.Task] = {}  # lost pins being loaded and pinned again
 

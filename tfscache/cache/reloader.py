@@ -28,6 +28,7 @@ from tfscache.cache.freeing import Freeing
 from tfscache.cache.lease import Leases
 from tfscache.cache.ledger import READY, UNLOADING, Entry, Key, Ledger
 from tfscache.cache.measure import measure
+from tfscache.cache.moves import TierMoves
 from tfscache.cache.planner import (
     Caps,
     plan,
@@ -43,6 +44,7 @@ from tfscache.cache.prefetch import PrefetchCounts
 from tfscache.cache.recovery import Recovery, names
 from tfscache.cache.signals import Signals, fail
 from tfscache.cache.state import CacheState, LostPins, SavedVersion, StateFile
+from tfscache.cache.tiers import GPU, HOST
 from tfscache.repository.local import ModelRepository, not_found
 
 log = logging.getLogger("tfscache.cache")
@@ -56,15 +58,16 @@ class Reloader:
     def __init__(self, adapter: NodeAdapter, ledger: Ledger, policy: EvictionPolicy, caps: Caps,
                  repository: ModelRepository, signals: Signals, settings, events: CacheEvents, *,
                  leases: Leases, state_file: StateFile, lost_pins: LostPins, gpu=None,
-                 prefetch: PrefetchCounts | None = None,
+                 prefetch: PrefetchCounts | None = None, moves: TierMoves | None = None,
                  before_unload: Callable[[Sequence[Key]], Awaitable[None]] | None = None) -> None:
         """``settings``: the cache section. ``leases``: where the requests that waited for a load
         get theirs; ``state_file``: saved as the node's config changes; ``lost_pins``: pinned
         versions the node lost (the recovery adds them). ``gpu``:
         tfscache.kinds.gpumem.NodeGpuMemory when a GPU cap is in force (sizes learned per load);
-        ``prefetch``: the prefetch counts when prefetch is on (docs/prefetch.md);
-        ``before_unload(keys)``: awaited before the node is told to unload ``keys``
-        (tfscache.workers revokes its delegations there)."""
+        ``prefetch``: the prefetch counts when prefetch is on (docs/prefetch.md); ``moves``: with
+        demotion on and a node that demotes in place, what decides demotions and promotions
+        (tfscache.cache.moves; docs/tiers.md); ``before_unload(keys)``: awaited before the node
+        is told to unload ``keys`` (tfscache.workers revokes its delegations there)."""
         self.adapter = adapter
         self.node = adapter.target
         self.ledger = ledger
@@ -78,6 +81,7 @@ class Reloader:
         self.state_file = state_file
         self.gpu = gpu
         self.prefetched = prefetch
+        self.moves = moves
         self.before_unload = before_unload
         self.evictions = Evictions(self.node, ledger, events, prefetch)
         self.recovery = Recovery(adapter, ledger, signals, lost_pins, state_file, repository,
@@ -131,7 +135,14 @@ class Reloader:
         ledger.drop_abandoned()
         now = time.monotonic()
         leaving = self.drop_vanished(gone) + self.take_evictions()
-        decided = plan(ledger, self.caps, self.policy, now)
+        moves = self.moves
+        decided = plan(ledger, self.caps, self.policy, now,
+                       demotable=moves.demotable() if moves else (),
+                       promote=moves.promotions() if moves else ())
+        for key in decided.demote:  # no await since the plan: each is still idle
+            ledger.moving_to(key, HOST)
+        for key in decided.promote:
+            ledger.moving_to(key, GPU)
         sig.set_over_cap(decided.over_cap)  # the next release wakes the reloader
         for key in decided.blocked:
             ledger.blocked(key, now)
@@ -148,10 +159,15 @@ class Reloader:
             leaving, batch = leaving + more, batch + prefetches
         if leaving and not await self.unload(leaving):
             return
+        if decided.demote and not await self.move(decided.demote, HOST):
+            return
         if batch:
             await self.await_freed()
             await self.load(batch)
-        if leaving or batch:
+        if decided.promote and sig.healthy:
+            await self.await_freed()
+            await self.move(decided.promote, GPU)
+        if leaving or batch or decided.demote or decided.promote:
             sig.wake()  # progress was made: whatever still waits may fit now
         if sig.draining and not ledger.entries and not ledger.pending:
             sig.drained()
@@ -284,6 +300,8 @@ class Reloader:
             for key in leaving:
                 self.ledger.unloaded(key)
                 self.signals.unloaded(key)
+                if self.moves is not None:
+                    self.moves.forget(key)
             if done and before is not None:  # each cap in force waits for its own memory
                 host = sum(sizes.values()) if self.caps.memory_bytes else 0
                 gpu_freed = gpu if self.caps.gpu_bytes else 0
@@ -300,6 +318,58 @@ class Reloader:
                             "duration_s": round(seconds, 6), "bytes": sizes[key]})
             self.events.unloaded(key, seconds, sizes[key])
         return True
+
+    async def move(self, keys: list[Key], tier: str) -> bool:
+        """Demote (``tier`` HOST) or promote (GPU) ``keys``, already recorded as moving, each in
+        place on the node (``NodeAdapter.move``); they answer throughout and count against both
+        tiers until moved. A demotion's GPU bytes, under a GPU cap, count until measured free, as
+        an unload's do. A move the node refuses leaves the version where it was: a refused
+        demotion is then unloaded if still idle (the planner counted on its GPU room). False when
+        the node failed (it is then unhealthy)."""
+        ledger, entries = self.ledger, self.ledger.entries
+        gpu = sum(entries[k].gpu for k in keys) if tier == HOST and self.caps.gpu_bytes else 0
+        before = await asyncio.to_thread(self.memory_now) if gpu else None
+        started = time.monotonic()
+        outcomes = await asyncio.gather(
+            *(self.adapter.move(k, tier, self.settings.reload_deadline_s) for k in keys),
+            return_exceptions=True)
+        seconds = time.monotonic() - started
+        refused, failed = [], None
+        for key, error in zip(keys, outcomes):
+            if error is None:
+                ledger.moved(key, seconds)
+                self.moves.moved(key, tier, seconds)
+                self.events.moved(key, tier, seconds)
+                log.info("node %s: %s %s version %s in %.3f s", self.node,
+                         "demoted" if tier == HOST else "promoted", key[0], key[1], seconds,
+                         extra={"model": key[0], "version": key[1], "node": self.node,
+                                "tier": tier, "duration_s": round(seconds, 6)})
+                continue
+            ledger.move_failed(key)
+            if not isinstance(error, errors.TfscacheError):
+                error = errors.Internal(f"moving {key[0]} to {tier}: {error!r}")
+            self.events.move_failed(key, tier, error)
+            if isinstance(error, (errors.Unavailable, errors.DeadlineExceeded)):
+                failed = error
+                continue
+            log.warning("node %s: moving %s version %s to the %s tier failed: %s: %s", self.node,
+                        key[0], key[1], tier, error.grpc_code.name, error.message)
+            if tier == HOST and key in entries and entries[key].leases == 0 and not (
+                    key in ledger.pinned):
+                refused.append(key)
+        if before is not None:
+            moved = tuple(k for k, e in zip(keys, outcomes) if e is None)
+            ledger.free_later(Freeing(moved, 0, sum(entries[k].gpu for k in moved), None,
+                                      before[1], until=time.monotonic() + self.settings.free_wait_s))
+        self.state_file.save()
+        if failed is not None:
+            self.recovery.mark_unhealthy(f"moving {names(keys)} to the {tier} tier: "
+                                         f"{failed.grpc_code.name}: {failed.message}")
+            return False
+        for key in refused:
+            self.evictions.evicted(key, "capacity")
+            ledger.retire(key)
+        return not refused or await self.unload(refused)
 
     async def load(self, batch: list[Entry]) -> None:
         if not self.repository.local:  # a bucket: each version into the disk tier first

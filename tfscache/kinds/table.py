@@ -38,6 +38,8 @@ class NodeKind:
     install: str  # the command that installs them
     # a ``tfscache.repository.local.FlatLayout``: models without version folders ("": none)
     layout: str = ""
+    # its adapter moves a loaded model between the GPU and host tiers in place (cache.demote = host)
+    demotes_in_place: bool = False
 
     def part(self, name: str) -> Any:
         """The part this kind's row names as ``name`` ("adapter", "client", ...), imported."""
@@ -75,6 +77,7 @@ KINDS: dict[str, NodeKind] = {
         "triton",
         ("numpy", "pytriton"),
         "pip install 'tfscache[triton]' && pip install --no-deps nvidia-pytriton==0.7.0",
+        demotes_in_place=True,
     ),
     "mlserver": NodeKind(
         "Seldon MLServer (scikit-learn, XGBoost, ...): the Open Inference Protocol; "

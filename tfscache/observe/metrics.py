@@ -224,6 +224,15 @@ class Metrics:
         self.unloads = Counter(
             "tfscache_unloads", "Unloads the node confirmed.", ["node"], registry=r
         )
+        # cache.demote = host (docs/tiers.md): "to" is host (a demotion) or gpu (a promotion)
+        self.moves = Counter("tfscache_tier_moves", "Models moved between the GPU and host tiers.",
+                             [*labels, "to"], registry=r)
+        self.move_failures = Counter(
+            "tfscache_tier_move_failures", "Moves between tiers that failed (the model stayed).",
+            [*labels, "to"], registry=r)
+        self.move_duration = Histogram(
+            "tfscache_tier_move_duration_seconds", "Seconds a move between tiers took.",
+            [*labels, "to"], buckets=LOAD_BUCKETS, registry=r)
         Info("tfscache_build", "The tfscache version and the Python it runs on.", registry=r).info(
             {"version": __version__, "python": platform.python_version()})
         if process:
@@ -424,6 +433,16 @@ class NodeEvents:
         self.metrics.unloads.labels(self.node).inc()
         self.metrics.unload_duration.labels(*self._labels(key)).observe(seconds)
         self.metrics.timeline.record(self.node, "unloaded", *key, size=size, seconds=seconds)
+
+    def moved(self, key: Key, tier: str, seconds: float) -> None:
+        self.metrics.moves.labels(*self._labels(key), tier).inc()
+        self.metrics.move_duration.labels(*self._labels(key), tier).observe(seconds)
+        self.metrics.timeline.record(self.node, "demoted" if tier == "host" else "promoted", *key,
+                                     seconds=seconds)
+
+    def move_failed(self, key: Key, tier: str, error: Exception) -> None:
+        self.metrics.move_failures.labels(*self._labels(key), tier).inc()
+        self.metrics.timeline.record(self.node, "move_failed", *key, reason=str(error)[:500])
 
 
 class _ScaleCollector:

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from tfscache import tls
 from tfscache.discovery.table import BACKENDS as DISCOVERY_BACKENDS
+from tfscache.kinds.table import KINDS
 from tfscache.settings.sections import (
     CacheSection,
     CopiesSection,
@@ -234,9 +235,11 @@ def _check_whole(s: Settings) -> None:
         raise SettingsError(
             f"bad value for setting tls.{problem[0]}: {problem[1]!r} ({problem[2]})"
         )
-    if s.cache.demote != "none":  # the ledger and planner know tiers; the reloader does not move
-        raise SettingsError(f"bad value for setting cache.demote: {s.cache.demote!r} (not built "
-                            "yet: the live cache does not demote; docs/tiers.md)")
+    kind = KINDS.get(s.node.backend)
+    if s.cache.demote != "none" and kind is not None and not kind.demotes_in_place:
+        raise SettingsError(f"bad value for setting cache.demote: {s.cache.demote!r} (node.backend "
+                            f"{s.node.backend} cannot move a model off the GPU in place, and "
+                            "host-tier nodes are not built yet; docs/tiers.md)")
     if s.server.data_plane == "haproxy":
         if s.server.workers > 1:
             raise SettingsError(f"bad value for setting server.workers: {s.server.workers!r} "

@@ -42,6 +42,7 @@ class OipAdapter:
     sizes_on_disk = False  # whether a model's size on disk predicts its memory (cache.adapter)
     # each model loads by its own call: a batch's loads end apart (cache.adapter)
     loads_apart = True
+    demotes_in_place = False  # moves models between the GPU and host tiers in place (cache.adapter)
     product = "the node"  # the server's name in texts ("... cannot cancel a load")
     log = logging.getLogger("tfscache.kinds.oip.adapter")  # a kind keeps its own logger name
 

@@ -47,9 +47,14 @@ class OipRepositoryChannel(NodeChannel):
         response = await self.rpc(self._index, pb.RepositoryIndexRequest(ready=ready), deadline_s)
         return list(response.models)
 
-    async def load(self, name: str, deadline_s: float | None = None) -> None:
-        """RepositoryModelLoad: returns once the server finished loading ``name``."""
-        await self.rpc(self._load, pb.RepositoryModelLoadRequest(model_name=name), deadline_s)
+    async def load(self, name: str, deadline_s: float | None = None, *,
+                   config: str | None = None) -> None:
+        """RepositoryModelLoad: returns once the server finished loading ``name``; ``config``: a
+        whole model configuration in JSON that replaces the one on disk (Triton's override)."""
+        request = pb.RepositoryModelLoadRequest(model_name=name)
+        if config is not None:
+            request.parameters["config"].string_param = config
+        await self.rpc(self._load, request, deadline_s)
 
     async def unload(self, name: str, deadline_s: float | None = None) -> None:
         """RepositoryModelUnload of ``name``."""

@@ -40,6 +40,7 @@ class TFServingAdapter:
     sizes_on_disk = True  # whether a model's size on disk predicts its memory (cache.adapter)
     # one reload waits for every model it adds: a batch's loads end together (cache.adapter)
     loads_apart = False
+    demotes_in_place = False  # TF Serving cannot change a model's devices in place (cache.adapter)
     lost_texts = ("Servable not found for request",)  # a model not in its config (cache.adapter)
 
     def __init__(

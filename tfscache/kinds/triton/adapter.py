@@ -25,8 +25,10 @@ where the adapter is the right place, so the reloader need not know them:
   name runs two instances: loads and unloads are serialized per model (one turn per name, held
   until the unload is confirmed), and every load is confirmed in the index (READY for that
   version);
-* the adapter never sends a config override (they are sticky) or a file override (invisible in
-  the index);
+* the adapter never sends a file override (invisible in the index), and a config override
+  (they are sticky) only to move a model between the GPU and host tiers, with demotion on
+  (``enable_demotion``; tfscache.kinds.triton.tiers): promotion sends the model's own
+  configuration back, and an unload ends any override;
 * a load of a name not in the node's repository is INTERNAL "failed to poll from model
   repository": it becomes NOT_FOUND only when the index does not list the name.
 
@@ -44,8 +46,10 @@ from collections.abc import Iterable, Sequence
 
 from tfscache import errors
 from tfscache.cache.ledger import Key
+from tfscache.cache.tiers import HOST
 from tfscache.kinds.oip.adapter import OipAdapter, left
 from tfscache.kinds.triton.client import LOADING, READY, UNLOADING, OipClient
+from tfscache.kinds.triton.tiers import InPlaceTiers
 from tfscache.repository.local import not_found
 
 log = logging.getLogger("tfscache.cache")
@@ -64,6 +68,32 @@ class TritonAdapter(OipAdapter):
     lost_texts = ("Request for unknown model:",)
     product = "Triton"
     log = log
+    _tiers: InPlaceTiers | None = None
+
+    def enable_demotion(self, rest_address: str, cpu_instances: int) -> None:
+        """Move models between the GPU and CPU instances in place (cache.demote = host); the node's
+        HTTP port (``rest_address``) answers their own configurations."""
+        self._tiers = InPlaceTiers(self.target, rest_address, cpu_instances)
+        self.demotes_in_place = True
+
+    def can_demote(self, key: Key) -> bool:
+        return self._tiers is not None and self._tiers.can_demote(key[0])
+
+    async def move(self, key: Key, tier: str, deadline_s: float) -> None:
+        """Load ``key``'s model again with a config override that changes only its instance groups:
+        to ``KIND_CPU`` instances (``tier`` HOST) or back to its own; returns once the load
+        answered and the version is READY. Triton updates the model in place, serving throughout."""
+        if self._tiers is None:
+            raise errors.FailedPrecondition(f"node {self.target} does not demote models")
+        name, version = key
+        deadline = time.monotonic() + deadline_s
+        async with self._turns_of([name], deadline, deadline_s):
+            config = self._tiers.override(name, tier == HOST)
+            await self.client.load(name, deadline_s=left(deadline), config=config)
+            ready = await self.client.index(ready=True, deadline_s=self._rpc_left(deadline))
+            if not any(e.name == name and e.version == str(version) for e in ready):
+                raise errors.Aborted(f"node {self.target} moved model {name}, but version "
+                                     f"{version} is not READY in its index")
 
     async def unload(self, keys: Sequence[Key], wanted: Sequence[Key], deadline_s: float) -> None:
         deadline = time.monotonic() + deadline_s
@@ -76,6 +106,10 @@ class TritonAdapter(OipAdapter):
             await asyncio.gather(*(self.client.unload(name, deadline_s=self._rpc_left(deadline))
                                    for name in names if not any(n == name for n, _ in staying)))
             await self._await_gone(keys, deadline, deadline_s)
+            if self._tiers is not None:
+                for name in names:
+                    if not any(n == name for n, _ in staying):
+                        self._tiers.forget(name)
 
     async def available(self, key: Key, deadline_s: float) -> bool:
         name, version = key
@@ -94,6 +128,8 @@ class TritonAdapter(OipAdapter):
         except errors.Internal as e:
             raise await self._not_in_repository(name, version, e) from e
         await self._confirm(key, wanted, deadline)
+        if self._tiers is not None:  # a plain load: what Triton serves now is the own configuration
+            await self._tiers.learn(name, self._rpc_left(deadline))
 
     async def _confirm(self, key: Key, wanted: Sequence[Key], deadline: float) -> None:
         """The load returned OK: is ``key``'s version READY? If Triton serves other versions of the
