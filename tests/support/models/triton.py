@@ -290,3 +290,56 @@ def build_triton_models(dest: Path, synthetic: int = 0, padding_bytes: int = 0,
     if sleep_ms is not None:
         built["sleep_ms"] = build_sleep(dest, sleep_ms)
     return built
+
+
+_GPU_STAND_IN_PY = '''\
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"]).get("parameters", {})
+        self.k = np.float32(float(parameters["k"]["string_value"]))
+        self.marker = None
+        if args["model_instance_name"].startswith("gpu_stand_in"):  # its own instance group
+            gpu_dir = parameters["gpu_dir"]["string_value"]
+            self.marker = os.path.join(gpu_dir, f"{args['model_name']}-{os.getpid()}")
+            with open(self.marker, "w") as f:
+                f.write(parameters["gpu_bytes"]["string_value"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+            y = pb_utils.Tensor("y", (x + self.k).astype(np.float32))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[y]))
+        return responses
+
+    def finalize(self):
+        if self.marker is not None and os.path.exists(self.marker):
+            os.remove(self.marker)
+'''
+
+
+def build_gpu_stand_in(dest: Path, k: int, gpu_dir: Path, gpu_bytes: int, name: str) -> Path:
+    """``name``: y = x + k, a model that stands in for one on a GPU (this machine has none).
+
+    Its own instance group is named ``gpu_stand_in``; each instance of that group writes
+    ``GPU_DIR/NAME-PID`` holding ``gpu_bytes`` while it lives (finalize() removes it), so a test's
+    GPU reading follows what Triton really did with the instances. Instances of any other group
+    (a demotion's ``KIND_CPU`` override) write nothing: they hold no GPU memory. The own group
+    also sets a rate-limiter priority (ignored: the server runs without rate limiting) so that
+    its instances' settings differ from a demotion's, as KIND_GPU ones would: Triton's in-place
+    update keeps an instance whose settings match the new group's and creates the others.
+    """
+    model = write_model(dest, name, _GPU_STAND_IN_PY,
+                        {"k": str(k), "gpu_dir": str(gpu_dir), "gpu_bytes": str(int(gpu_bytes))})
+    config = (model / "config.pbtxt").read_text().replace(
+        "instance_group [{ count: 1 kind: KIND_CPU }]",
+        'instance_group [{ name: "gpu_stand_in" count: 1 kind: KIND_CPU rate_limiter { priority: 1 } }]')
+    (model / "config.pbtxt").write_text(config)
+    return model
