@@ -75,6 +75,10 @@ def test_cache_lines_name_the_node_by_its_backend_name(serve):
 
 
 def test_the_embedded_nodes_lines_are_json(serve):
+    # The node writes its own line of a load as it ends, through its own pipe: the cache may
+    # have seen the version AVAILABLE (and the earlier tests their answers) before it is read.
+    for name in ("addk_1", "addk_2"):
+        serve.wait_for_log(re.escape(f'"message": "loaded {name} version 1'))
     node_lines = [d for d in json_lines(serve)  # its loads log as tfscache.node.manager
                   if d["logger"].startswith(("tfscache.node.", "tfscache.modelserver."))]
     messages = [d["message"] for d in node_lines if d["logger"] == "tfscache.node.manager"]
