@@ -311,18 +311,11 @@ class TritonPythonModel:
             with open(self.marker, "w") as f:
                 f.write(parameters["gpu_bytes"]["string_value"])
 
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
-            y = pb_utils.Tensor("y", (x + self.k).astype(np.float32))
-            responses.append(pb_utils.InferenceResponse(output_tensors=[y]))
-        return responses
-
     def finalize(self):
         if self.marker is not None and os.path.exists(self.marker):
             os.remove(self.marker)
-'''
+
+''' + _ADDK_PY[_ADDK_PY.index("    def execute"):]  # addk's execute(): y = x + k
 
 
 def build_gpu_stand_in(dest: Path, k: int, gpu_dir: Path, gpu_bytes: int, name: str) -> Path:
