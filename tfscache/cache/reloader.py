@@ -361,7 +361,6 @@ class Reloader:
             moved = tuple(k for k, e in zip(keys, outcomes) if e is None)
             ledger.free_later(Freeing(moved, 0, sum(entries[k].gpu for k in moved), None,
                                       before[1], until=time.monotonic() + self.settings.free_wait_s))
-        self.state_file.save()
         if failed is not None:
             self.recovery.mark_unhealthy(f"moving {names(keys)} to the {tier} tier: "
                                          f"{failed.grpc_code.name}: {failed.message}")
