@@ -129,6 +129,10 @@ def test_a_pin_survives_kill_9_and_restarts_with_default_settings_even_one_kille
         assert run.stdout.startswith("pinned addk_1 version 1 on node node0 (")
         assert predict(serve, "addk_2", 1.0) == [3.0]  # resident, not pinned
         assert models(serve) == {"addk_1": ("available", True), "addk_2": ("available", False)}
+        # The pin is saved before it is acknowledged; addk_2's load is saved off the event loop,
+        # coalesced, so a kill right after the answer may come first: wait for it.
+        wait_until(lambda: saved_models(state_dir) == [("addk_1", 1, True), ("addk_2", 1, False)], 30,
+                   "the state file to list addk_2")
         old_node = node_pid(state_dir)
     finally:
         kill_9(serve, state_dir)  # no shutdown code runs

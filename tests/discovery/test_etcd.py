@@ -131,8 +131,15 @@ async def test_a_put_that_failed_is_retried_under_a_new_lease(etcd: EtcdCluster)
                 assert resp.status == 200
         a._written = False  # as after a put that timed out: the next try writes the key again
         a._keepalive_task = asyncio.create_task(a._keepalive())
+        key = f"{harness.prefix}/tfscache/a".encode()
+
+        async def a_key_lease() -> str | None:  # b's view may still be the one from before the revoke
+            kvs = await _range(etcd.endpoints[0], key)
+            return kvs[0]["lease"] if kvs and kvs[0]["lease"] != old else None
+
+        lease = await until(a_key_lease, WAIT_S, "a's key written again under a new lease")
+        assert lease == a._lease
         await made["b"].wait_for(lambda m: names(m) == {"a", "b"}, WAIT_S)
-        assert a._lease not in (None, old)
     finally:
         await harness.close()
 

@@ -55,14 +55,25 @@ async def until(condition: Callable[[], object], timeout: float, what: str,
 
 
 def process_ended(pid: int) -> bool:
-    """Whether process ``pid`` has exited: gone, or a zombie nobody reaped yet (a child of a
-    killed parent, reparented to an init that may not reap it)."""
+    """Whether process ``pid`` has exited, every thread of it: gone, or a zombie nobody reaped yet
+    (a child of a killed parent, reparented to an init that may not reap it).
+
+    The thread-group leader turns zombie as soon as its own thread has exited, while the others
+    may still be exiting and holding the process's files (its listening sockets among them): so
+    each task under /proc/PID/task must have exited too."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        tasks = [Path(f"/proc/{pid}/stat")] + list(Path(f"/proc/{pid}/task").glob("*/stat"))
     except (FileNotFoundError, ProcessLookupError):
         return True
-    # "pid (comm) S ...": the state follows the last ')' (comm may hold spaces or parentheses).
-    return stat[stat.rindex(")") + 2] in "ZX"
+    for stat_file in tasks:
+        try:
+            stat = stat_file.read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # that thread is gone
+        # "pid (comm) S ...": the state follows the last ')' (comm may hold spaces or parentheses).
+        if stat[stat.rindex(")") + 2] not in "ZX":
+            return False
+    return True
 
 
 def traffic_runs(process, seconds: float, enough: Callable[[], bool], most_s: float = 120.0) -> None:
