@@ -155,6 +155,32 @@ def test_resident_models_by_state_with_every_state_always_present():
     assert {ls["node"] for ls in s.labelsets("tfscache_cap_models")} == {"node0", "node1"}  # node2: unknown
 
 
+def test_tiers_and_gpu_bytes_per_node():
+    """Available versions on each tier (a loading or leaving one is on none yet), and the GPU bytes
+    the cache counts against its GPU cap; every tier present at 0 on an empty node."""
+    metrics = Metrics()
+    cache = FakeCache([resident("a", 1, 100), resident("b", 1, 200, tier="host"),
+                       resident("c", 1, 400, tier="host"),
+                       resident("d", 1, 800, state="loading"), resident("e", 1, 1600, state="unloading")])
+    cache.gpu_reading = (3 << 30, 8 << 30)
+    metrics.watch(lambda: [NodeView("node0", cache, True), NodeView("node1", FakeCache([]), True),
+                           NodeView("node2", None, False)], lambda: 3)
+    s = scrape(metrics)
+    assert s.value("tfscache_tier_models", node="node0", tier="gpu") == 1
+    assert s.value("tfscache_tier_models", node="node0", tier="host") == 2
+    assert s.value("tfscache_tier_bytes", node="node0", tier="gpu") == 100
+    assert s.value("tfscache_tier_bytes", node="node0", tier="host") == 600
+    assert s.value("tfscache_gpu_used_bytes", node="node0") == 3 << 30
+    assert s.value("tfscache_cap_gpu_bytes", node="node0") == 8 << 30
+    assert sorted(ls["tier"] for ls in s.labelsets("tfscache_tier_models") if ls["node"] == "node1") == [
+        "gpu", "host"]
+    assert s.value("tfscache_tier_models", node="node1") == 0
+    assert s.value("tfscache_gpu_used_bytes", node="node1") == 0
+    assert {ls["node"] for ls in s.labelsets("tfscache_gpu_used_bytes")} == {"node0", "node1"}  # node2: down
+    cache.models[1] = resident("b", 1, 200)  # promoted: gauges follow the cache at each scrape
+    assert scrape(metrics).value("tfscache_tier_models", node="node0", tier="host") == 1
+
+
 def test_each_metrics_object_has_its_own_registry():
     first, second = Metrics(), Metrics()
     first.request("grpc", "Predict", "OK")
@@ -183,7 +209,8 @@ def test_names_follow_prometheus_conventions():
         "tfscache_resident_models", "tfscache_resident_bytes", "tfscache_cap_models", "tfscache_cap_bytes",
         "tfscache_used_models", "tfscache_used_bytes", "tfscache_lru_idle_age_seconds",
         "tfscache_leases_in_flight", "tfscache_load_queue_depth", "tfscache_node_healthy", "tfscache_ring_nodes",
-        "tfscache_unloads_per_minute", "tfscache_scale_advice", "tfscache_build_info"}
+        "tfscache_unloads_per_minute", "tfscache_scale_advice", "tfscache_build_info",
+        "tfscache_tier_models", "tfscache_tier_bytes", "tfscache_gpu_used_bytes", "tfscache_cap_gpu_bytes"}
     [build] = s.labelsets("tfscache_build_info")
     assert build["version"] == tfscache.__version__ and s.value("tfscache_build_info") == 1
     assert not [x.name for x in s.samples if x.name.endswith("_created")]

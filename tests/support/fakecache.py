@@ -22,9 +22,9 @@ from tfscache.settings import CacheSection
 
 def resident(name: str, version: int = 1, size: int = 100, *, leases: int = 0,
              state: str = "available", pinned: bool = False, measured: bool = True,
-             last_use: float = 0.0) -> ResidentModel:
+             last_use: float = 0.0, tier: str = "gpu") -> ResidentModel:
     """One entry of ``snapshot()``."""
-    return ResidentModel(name, version, size, measured, leases, last_use, state, pinned)
+    return ResidentModel(name, version, size, measured, leases, last_use, state, pinned, tier)
 
 
 class FakeLease(contextlib.AbstractAsyncContextManager):

@@ -16,6 +16,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from tfscache.cache.ledger import LOADING, READY, UNLOADING
+from tfscache.cache.tiers import GPU, HOST
 
 STATES = (LOADING, READY, UNLOADING)  # ResidentModel.state: "loading", "available", "unloading"
 
@@ -81,7 +82,7 @@ class StateCollector:
     def collect(self):
         sources = self._sources()
         views = list(sources.nodes())
-        families = [*self._resident(views), *self._usage(views)]
+        families = [*self._resident(views), *self._usage(views), *self._tiers(views)]
         families.append(GaugeMetricFamily("tfscache_ring_nodes", "Nodes (or sidecars) on the ring.",
                                           value=sources.ring_nodes()))
         families.extend(self._counters([v.name for v in views], list(sources.backends())))
@@ -159,6 +160,37 @@ class StateCollector:
             queue.add_metric([view.name], len(list(cache.queue())) if cache is not None else 0)
             healthy.add_metric([view.name], 1 if view.healthy else 0)
         return [cap_models, cap_bytes, used_models, used_bytes, idle_age, leases, queue, healthy]
+
+    def _tiers(self, views: list[NodeView]) -> list[GaugeMetricFamily]:
+        """Where the available versions are (docs/tiers.md), and the GPU bytes against the GPU cap."""
+        models = _gauge(
+            "tfscache_tier_models",
+            "Available model versions by tier: gpu, or host (demoted with cache.demote = host).",
+            ["node", "tier"],
+        )
+        size = _gauge(
+            "tfscache_tier_bytes",
+            "Host-memory bytes of the available model versions by tier.",
+            ["node", "tier"],
+        )
+        gpu_used = _gauge(
+            "tfscache_gpu_used_bytes",
+            "GPU bytes of a node's model versions as learned at their loads (0: none known).",
+            ["node"],
+        )
+        gpu_cap = _gauge("tfscache_cap_gpu_bytes", "A node's cap on GPU bytes (0 = none).", ["node"])
+        for view in views:
+            cache = view.cache
+            ready = [m for m in cache.snapshot() if m.state == READY] if cache is not None else []
+            for tier in (GPU, HOST):
+                on = [m for m in ready if m.tier == tier]
+                models.add_metric([view.name, tier], len(on))
+                size.add_metric([view.name, tier], sum(m.bytes for m in on))
+            if cache is not None:  # a node that is down has no cache to report
+                used, cap = cache.gpu_usage()
+                gpu_used.add_metric([view.name], used)
+                gpu_cap.add_metric([view.name], cap)
+        return [models, size, gpu_used, gpu_cap]
 
     def _counters(self, nodes: list[str], backends: list[str]) -> list[CounterMetricFamily]:
         counts = self._counts()
