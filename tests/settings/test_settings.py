@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -124,6 +125,22 @@ def test_sidecar_peers(tmp_path, repo):
     env = {"TFSCACHE_RING_PEERS": "a=h1:1/h1:2,b=h2:1", "TFSCACHE_RING_SELF_NAME": "a"}
     settings = _from_cli(["--model-repository", repo, "--node-address", "h:1"], env)
     assert [(p.name, p.grpc, p.rest) for p in settings.ring.peers] == [("a", "h1:1", "h1:2"), ("b", "h2:1", "")]
+
+
+@pytest.mark.parametrize("address, port", [
+    ("127.0.0.1:8500", "8500 is tfscache's own server.grpc_port"),
+    ("localhost:9000,8501", "8501 is tfscache's own server.rest_port"),
+    ("[::1]:8501", "8501 is tfscache's own server.rest_port"),
+])
+def test_a_sidecar_node_on_its_own_port_is_refused(address, port, repo):
+    # Every load and request would come back to the sidecar itself.
+    with pytest.raises(SettingsError, match=rf"^bad value for setting node\.node_address: '{re.escape(address)}' "
+                                            rf"\(port {port}"):
+        _from_cli(["--model-repository", repo, "--node-address", address, "--name", "a"])
+    # Another host's port 8500 is not ours; nor is this host's port 0 (pick a free one).
+    assert _from_cli(["--model-repository", repo, "--node-address", "tfserving:8500", "--name", "a"]).sidecar
+    assert _from_cli(["--model-repository", repo, "--node-address", address, "--name", "a",
+                      "--grpc-port", "0", "--rest-port", "0"]).sidecar
 
 
 def test_no_join_is_a_switch_that_turns_discovery_join_off(repo, tmp_path):

@@ -190,6 +190,7 @@ def _check_whole(s: Settings) -> None:
         if not re.fullmatch(r"[^\s,]+:\d{1,5}(,\d{1,5})?", s.node.node_address):
             raise SettingsError(f"bad value for setting node.node_address: {s.node.node_address!r} "
                                 "(must be HOST:GRPC_PORT[,REST_PORT])")
+        _check_node_is_not_self(s)
         names = [p.name for p in s.ring.peers]
         backend = DISCOVERY_BACKENDS[s.discovery.backend]
         if not backend.peers_from_ring and not s.ring.self_name:
@@ -252,6 +253,22 @@ def _check_whole(s: Settings) -> None:
     if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
         raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
                             "(must differ from server.grpc_port)")
+
+
+def _check_node_is_not_self(s: Settings) -> None:
+    """A sidecar whose node address is one of its own front end's ports would send every load and
+    request to itself: refused. Only for this host's addresses (a port is only ours here)."""
+    host_port, _, rest = s.node.node_address.partition(",")
+    host, port = host_port.rsplit(":", 1)
+    host = host.strip("[]").lower()
+    if not (host == "localhost" or host.startswith("127.") or host in ("::1", s.server.bind_address)):
+        return
+    own = {s.server.grpc_port: "server.grpc_port", s.server.rest_port: "server.rest_port"}
+    for node_port in (int(port), int(rest) if rest else None):
+        if node_port and node_port > 0 and node_port in own:
+            raise SettingsError(f"bad value for setting node.node_address: {s.node.node_address!r} "
+                                f"(port {node_port} is tfscache's own {own[node_port]}: the node "
+                                "must listen on other ports)")
 
 
 def remote_url(url: str) -> bool | str:
