@@ -38,6 +38,7 @@ class FakeAdapter:
         self.started: asyncio.Queue = asyncio.Queue()
         self.loads: list = []
         self.calls: list = []  # each load call's keys
+        self.closed = 0  # close() calls
 
     def hold(self, name: str) -> asyncio.Event:
         self.held[name] = asyncio.Event()
@@ -45,6 +46,9 @@ class FakeAdapter:
 
     async def wait_ready(self, timeout: float) -> bool:
         return True
+
+    async def close(self) -> None:
+        self.closed += 1
 
     async def sync(self, wanted, deadline_s: float) -> None:
         self.serving = set(wanted)
@@ -103,6 +107,16 @@ async def made(repository):
     yield make
     for cache in caches:
         await cache.stop()
+
+
+async def test_a_stopped_cache_closes_its_adapter(repository):
+    # OipAdapter's watches of loads past their deadline end with the cache (a node that exited).
+    adapter = FakeAdapter()
+    cache = CacheManager(adapter, repository, CacheSection())
+    await cache.start()
+    assert adapter.closed == 0
+    await cache.stop()
+    assert adapter.closed == 1
 
 
 async def use(cache: CacheManager, name: str) -> None:

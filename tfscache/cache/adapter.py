@@ -45,6 +45,9 @@ reloader then marks it unhealthy and recovers it):
   the reloader calls it in a worker thread); None when it cannot be measured.
 * ``restarted() -> bool``: whether the node's process was replaced since the last call
   (blocking, as ``memory``); False when the process is not known.
+* ``await close()``, optional: the cache manager stopped (its node exited, or tfscache is
+  stopping); the adapter ends its own tasks (OipAdapter: the loads it still watches past their
+  deadline).
 """
 
 from __future__ import annotations

@@ -159,6 +159,9 @@ class CacheManager:
         )
         self._save()
         await self._state_file.close()  # nothing is saved after the last write
+        close = getattr(self.adapter, "close", None)  # optional (tfscache.cache.adapter)
+        if close is not None:
+            await close()
 
     async def flush_state(self) -> None:
         """Wait until the state file holds every change made so far (fsynced); ``errors.Internal``
