@@ -106,7 +106,7 @@ class ObstoreStore:
         got = result.meta.get("e_tag")
         # a store that ignored If-Match sent other bytes
         if etag and got and _bare(got) != _bare(etag):
-            raise self.changed(key)
+            raise self.changed(key, f"listed with ETag {etag}, sent with {got}")
         out = await self._open(dest)
         written = 0
         try:
@@ -145,9 +145,10 @@ class ObstoreStore:
                 exc, Path(args[0]) if args and isinstance(args[0], (str, Path)) else Path("?")
             ) from exc
 
-    def changed(self, key: str) -> Aborted:
+    def changed(self, key: str, detail: str = "") -> Aborted:
         """Object ``key`` no longer has the ETag it was listed with."""
-        return Aborted(f"object {key!r} in {self.url} changed during the download")
+        return Aborted(f"object {key!r} in {self.url} changed during the download"
+                       + (f" ({detail})" if detail else ""))
 
     def translate(self, exc: Exception, key: str) -> TfscacheError:
         """obstore's error for ``key`` as the TfscacheError a client sees (package docstring)."""
