@@ -178,8 +178,13 @@ class ObstoreStore:
 
 
 def _bare(etag: str) -> str:
-    """An ETag without its quotes (fake-gcs-server lists it bare and quotes it on a GET) or weak mark."""
-    return etag.removeprefix("W/").strip('"')
+    """An ETag without its quotes (fake-gcs-server lists it bare and quotes it on a GET) or weak mark.
+
+    The weak mark is ``W/`` before a quote only: a bare ETag is often a base64 MD5, and one in
+    4,096 of those begins with ``W/`` itself."""
+    if etag.startswith('W/"'):
+        etag = etag[2:]
+    return etag.strip('"')
 
 
 def _build(
