@@ -177,7 +177,7 @@ def test_a_sidecar_needs_no_node_extra(spy, monkeypatch, blocked):
     backend = "triton" if blocked == "pytriton" else "tfserving"
     repo = str(spy / "repo")
     preflight.check(settings.load(env={}, overrides={"model_repository": repo, "node.backend": backend,
-                                                      "node.node_address": "127.0.0.1:8500"}))
+                                                      "node.node_address": "127.0.0.1:8510"}))
     with pytest.raises(MissingExtra, match=f"{blocked} not installed"):
         preflight.check(settings.load(env={}, overrides={"model_repository": repo, "node.backend": backend}))
 
