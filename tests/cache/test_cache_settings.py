@@ -31,7 +31,7 @@ def test_every_cache_field_can_be_set(source, tmp_path):
               "policy_halflife_requests": 500.0, "free_wait_s": 2.5, "prefetch": True, "prefetch_window_s": 2.0,
               "prefetch_confidence": 0.6, "prefetch_min_support": 4.0, "prefetch_halflife_requests": 300.0,
               "prefetch_followers": 2, "prefetch_max_models": 1000, "demote": "none",
-              "demote_cpu_instances": 2}
+              "demote_cpu_instances": 2, "promote_horizon_s": 30.0, "promote_queue": 2}
     assert set(values) == {f.name for f in dataclasses.fields(CacheSection)}  # every field
     if source == "env":
         env = {f"TFSCACHE_CACHE_{k.upper()}": str(v) for k, v in values.items()}

@@ -225,3 +225,16 @@ async def test_a_real_router_follows_and_cannot_mutate():
     with pytest.raises(TypeError):
         router.backends["x"] = NodeBackend("x")  # only the topology changes backends
     await topology.close()
+
+
+def test_host_tier_nodes_are_backends_off_the_ring():
+    topology = Topology(replicas=1, vnodes=16)
+    topology.set_nodes([NodeBackend("node0"), NodeBackend("host0"), NodeBackend("host1")],
+                       host_tier=["host1", "host0"])
+    assert topology.ring.nodes == ["node0"]
+    assert sorted(topology.backends) == ["host0", "host1", "node0"]
+    assert [b.name for b in topology.host_tier()] == ["host0", "host1"]
+    order = [b.name for b in topology.host_tier_for("m")]
+    assert sorted(order) == ["host0", "host1"]
+    assert [b.name for b in topology.host_tier_for("m")] == order  # the same each time
+    assert [n.name for n in topology.nodes()] == ["host0", "host1", "node0"]

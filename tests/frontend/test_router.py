@@ -352,3 +352,21 @@ async def test_a_node_replaced_while_a_request_waits_for_it_serves_the_request(w
     await old.close()
     assert await asyncio.wait_for(answer, 30) == f"from-{first}".encode()
     assert len(replacement.calls) == 1
+
+
+async def test_a_host_tier_node_that_holds_the_model_leads_when_no_replica_does(world):
+    """Host-tier nodes (docs/tiers.md) are off the ring: a request goes to one only for a model it
+    holds and no replica on the ring holds (a demoted model), and only while it is healthy."""
+    router, backends = world["router"], world["backends"]
+    router.update(Ring(["n0", "n1"], replicas=2), backends)
+    router.host_tier = lambda: [backends["n2"]]
+    first, second = router.ring.replicas_for("m9")
+    assert await world["predict"](request_for("m9"), timeout=10) == f"from-{first}".encode()
+    backends["n2"].cache.models.append(resident("m9"))  # demoted to the host tier
+    assert await world["predict"](request_for("m9"), timeout=10) == b"from-n2"
+    backends[second].cache.models.append(resident("m9"))  # back on a replica on the ring
+    assert await world["predict"](request_for("m9"), timeout=10) == f"from-{second}".encode()
+    backends[second].cache.models.clear()
+    backends["n2"].cache.healthy = False
+    assert await world["predict"](request_for("m9"), timeout=10) == f"from-{first}".encode()
+    assert not world["servers"]["n2"].calls[1:]  # one request reached it, while it held m9

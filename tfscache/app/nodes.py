@@ -13,7 +13,8 @@ from typing import Protocol
 from tfscache.app.host import GpuCap
 from tfscache.app.hops import Hops
 from tfscache.cache.manager import CacheManager
-from tfscache.cache.tiers import HOST
+from tfscache.app.tiers import HostTier
+from tfscache.cache.tiers import GPU, HOST
 from tfscache.cluster.topology import Topology
 from tfscache.frontend.backends import NodeBackend
 from tfscache.kinds.nodepid import NodeMemory, find_node_pid, is_local_host
@@ -49,6 +50,9 @@ class Nodes:
         self._revoking = revoking
         self._fail = fail
         self.supervisor: Supervisor | None = None  # embedded mode
+        # host-tier nodes with demotion on: what the caches hand their moves to (docs/tiers.md)
+        self._across = (HostTier(topology) if settings.node.local_host_nodes
+                        and settings.cache.demote == HOST else None)
         self._watchdog: asyncio.Task | None = None  # sidecar mode
 
     async def start(self) -> None:
@@ -59,7 +63,9 @@ class Nodes:
         launcher = self._kind.part("launcher")(s.node, self._repository.root, self._state_dir)
         self.supervisor = Supervisor(s.node, self._state_dir, on_start=self._node_started,
                                      on_exit=self._node_exited, launcher=launcher)
-        self._topology.set_nodes(NodeBackend(node.name) for node in self.supervisor.nodes)
+        nodes = self.supervisor.nodes
+        self._topology.set_nodes((NodeBackend(node.name) for node in nodes),
+                                 host_tier=[node.name for node in nodes if node.tier == HOST])
         await self.supervisor.start()
 
     async def _start_sidecar(self) -> None:
@@ -91,7 +97,7 @@ class Nodes:
             self._fail(f"node {address} did not answer within node.start_timeout_s = {timeout} s")
 
     async def _attach(self, backend: NodeBackend, grpc_address: str, rest_address: str | None,
-                      node_pid: int | None, find_node_pid=None) -> None:
+                      node_pid: int | None, find_node_pid=None, tier: str = GPU) -> None:
         s = self._settings
         upstream = self._hops.upstream(grpc_address, rest_address)
         # The cache names its node as metrics and status do (node0), not by address.
@@ -101,7 +107,8 @@ class Nodes:
         adapter = self._kind.part("adapter")(client, self._repository,
                                              rpc_deadline_s=client.rpc_deadline_s,
                                              memory=NodeMemory(node_pid, find_node_pid))
-        if s.cache.demote == HOST:  # in place (Triton); settings refused it for other kinds
+        if s.cache.demote == HOST and self._across is None:
+            # in place (Triton); settings refused it for other kinds without host-tier nodes
             if rest_address is None:
                 log.warning("node %s: cache.demote = host needs the node's HTTP port "
                             "(--node-address HOST:GRPC,REST); its victims are unloaded",
@@ -111,9 +118,11 @@ class Nodes:
         revoker = self._revoking.revoker(backend.name) if self._revoking else None
         cache = CacheManager(adapter, self._repository, s.cache, state_file=state_file,
                              events=self._metrics.cache_events(backend.name),
-                             gpu=self._gpu.for_node(lambda: adapter.node_pid),
+                             # a host-tier node's GPU is hidden from it: no GPU cap there
+                             gpu=self._gpu.for_node(lambda: adapter.node_pid) if tier == GPU
+                             else None,
                              gpu_cap=self._gpu.cap,
-                             before_unload=revoker)
+                             before_unload=revoker, across=self._across, tier=tier)
         try:
             await cache.start()
         except BaseException:
@@ -123,7 +132,7 @@ class Nodes:
 
     async def _node_started(self, node: NodeProcess) -> None:
         await self._attach(self._topology.node(node.name), node.grpc_address, node.rest_address,
-                           node.pid)
+                           node.pid, tier=node.tier)
 
     async def _node_exited(self, node: NodeProcess) -> None:
         self._metrics.node_restarted(node.name)  # the supervisor restarts it next

@@ -41,6 +41,7 @@ class Routing:
         self.router = Router(topology.ring, topology.backends, local=topology.own,
                              repository=repository, wait_s=self._wait_s, metrics=self._metrics,
                              spread=self._spread)
+        self.router.host_tier = topology.host_tier
         topology.bind(self.router)
         if self._spread is not None:
             self._sweeper = asyncio.create_task(self._spread.run(), name="tfscache-copies-sweep")

@@ -7,6 +7,7 @@ calls the other for one.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 
@@ -55,15 +56,18 @@ class Leases:
         first used; ``moves``: with demotion on, told of each lease, timed (tfscache.cache.moves)."""
         self._ledger, self._signals, self._prefetched = ledger, signals, prefetched
         self._moves = moves
+        self._idle: dict[Key, list[asyncio.Future]] = {}  # ``idle`` callers, by key
 
-    def grant(self, entry: Entry) -> Lease:
-        """A lease on READY ``entry``, taken now (no await between the READY check and this)."""
+    def grant(self, entry: Entry, counted: bool = True) -> Lease:
+        """A lease on READY ``entry``, taken now (no await between the READY check and this);
+        ``counted`` False: no request's (a hand-off's, tfscache.cache.across), which the tier
+        rules do not count."""
         now = time.monotonic()
         self._ledger.leased(entry.key, time.time(), now)
         first = self._ledger.first_use(entry.key)
         if first:
             self._prefetched.count("used")
-        if self._moves is None:
+        if self._moves is None or not counted:
             return Lease(self.release, entry.key, prefetched=first)
         if self._moves.granted(entry, now):
             self._signals.wake()  # its promotion pays now
@@ -76,5 +80,31 @@ class Leases:
         if started is not None and self._moves is not None and entry.moving is None:
             self._moves.released(key, entry.tier, time.monotonic() - started)
         sig = self._signals
-        if entry.leases == 0 and (self._ledger.pending or sig.draining or sig.over_cap):
+        if entry.leases == 0 and (self._ledger.pending or sig.draining or sig.over_cap
+                                  or entry.away):
             sig.wake()  # a load may be waiting for room, or the caps for a victim
+        if entry.leases == 0:
+            for waiter in self._idle.pop(key, ()):
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def idle(self, keys: list[Key], timeout: float) -> None:
+        """Return once none of ``keys`` has a lease (or is gone), or after ``timeout`` s."""
+        loop = asyncio.get_running_loop()
+        waits = []
+        for key in keys:
+            entry = self._ledger.entries.get(key)
+            if entry is not None and entry.leases:
+                waits.append(loop.create_future())
+                self._idle.setdefault(key, []).append(waits[-1])
+        if not waits:
+            return
+        try:
+            await asyncio.wait(waits, timeout=timeout)
+        finally:
+            for key in keys:
+                left = [w for w in self._idle.get(key, ()) if w not in waits]
+                if left:
+                    self._idle[key] = left
+                else:
+                    self._idle.pop(key, None)

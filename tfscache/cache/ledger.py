@@ -13,6 +13,11 @@ A resident entry has a tier (tfscache.cache.tiers): ``gpu`` or ``host`` (loaded 
 instances, still answering; docs/tiers.md). Its GPU bytes count against the GPU cap only on the
 GPU tier, and while it moves to or from there (``moving``): a version counts against both
 tiers while it moves. Its host bytes and the count cap count it on either tier.
+
+Across nodes (host-tier nodes, docs/tiers.md) a ledger is one node's, and every entry has that
+node's tier. A version moving to another node keeps answering here until that node holds it;
+then it is ``away`` (``handed_off``): no longer routed here (``held`` is False), served to the
+requests already here, and unloaded once idle.
 """
 
 from __future__ import annotations
@@ -48,10 +53,11 @@ class Entry:
         "tier",
         "moving",
         "load_s",
+        "away",
     )
 
     def __init__(self, key: Key, state: str, size: int, measured: bool, last_use: float,
-                 disk: int = 0) -> None:
+                 disk: int = 0, tier: str = GPU) -> None:
         self.key = key
         self.disk = disk
         self.state = state
@@ -65,14 +71,21 @@ class Entry:
         # loaded by a prefetch and not requested since (tfscache.cache.prefetch)
         self.prefetched = False
         self.retried = False  # loading again after the node ran out of memory on a first try
-        self.tier = GPU  # where it is resident (tfscache.cache.tiers): GPU or HOST
+        self.tier = tier  # where it is resident (tfscache.cache.tiers): GPU or HOST
         self.moving: str | None = None  # the tier it is moving to (demoted or promoted), if any
         self.load_s = 0.0  # seconds its last cold load took (0: adopted, not measured)
+        self.away = False  # moving to another node, which holds it now: unloaded once idle
 
     @property
     def gpu_held(self) -> int:
         """The GPU bytes it counts against the GPU cap: on the GPU tier, or moving to or from it."""
         return self.gpu if self.tier == GPU or self.moving is not None else 0
+
+
+class HandOff(asyncio.Future):
+    """What a version handed over from a node of the other tier waits on (tfscache.cache.across):
+    a waiter that is no request (the tier rules do not count it) and that does not wait for
+    room."""
 
 
 class Pending:
@@ -124,7 +137,8 @@ class Ledger:
     (it restarted): the entry goes, its pin survives (the cache loads and pins it again).
     """
 
-    def __init__(self, policy: EvictionPolicy | None = None) -> None:
+    def __init__(self, policy: EvictionPolicy | None = None, tier: str = GPU) -> None:
+        self.tier = tier  # the tier its node's versions are on as they load (docs/tiers.md)
         self.entries: dict[Key, Entry] = {}
         self.pending: dict[Key, Pending] = {}
         # may name a version not in ``entries``: lost, being loaded again
@@ -189,6 +203,21 @@ class Ledger:
         """The entry if it is AVAILABLE (leases may be taken), else None."""
         entry = self.entries.get(key)
         return entry if entry is not None and entry.state == READY else None
+
+    def held(self, key: Key) -> bool:
+        """Whether ``key`` is AVAILABLE here and to be routed here (not away to another node)."""
+        entry = self.entries.get(key)
+        return entry is not None and entry.state == READY and not entry.away
+
+    def handed_off(self, key: Key) -> None:
+        """``key``, moving to another node, is held there now: away from here (module
+        docstring)."""
+        self.entries[key].away = True
+
+    def away(self) -> list[Key]:
+        """Versions away to another node that are idle now: to be unloaded."""
+        return [k for k, e in self.entries.items()
+                if e.away and e.state == READY and e.leases == 0 and k not in self.elsewhere]
 
     def idle(self) -> list[Key]:
         """READY entries with no lease, no pin, none in flight in a worker, not moving between
@@ -335,9 +364,8 @@ class Ledger:
     def admitted(self, key: Key, now_wall: float) -> Entry:
         """Turn pending ``key`` into a LOADING entry that takes over its waiters."""
         pending = self.pending.pop(key)
-        entry = Entry(
-            key, LOADING, pending.estimate, key in self.learned, now_wall, disk=pending.disk
-        )
+        entry = Entry(key, LOADING, pending.estimate, key in self.learned, now_wall,
+                      disk=pending.disk, tier=self.tier)
         entry.waiters = pending.live()
         entry.gpu = self.gpu_estimate(key)
         entry.prefetched = pending.prefetch and not entry.waiters
@@ -387,7 +415,7 @@ class Ledger:
         self, key: Key, size: int, measured: bool, last_use: float, now: float, pinned: bool
     ) -> None:
         """The node still serves ``key`` from before a restart (the state file): READY again."""
-        self.entries[key] = Entry(key, READY, size, measured, last_use)
+        self.entries[key] = Entry(key, READY, size, measured, last_use, tier=self.tier)
         if self._policy is not None:
             self._policy.record_load(key, size, 0.0, now)
         if pinned:
@@ -437,7 +465,7 @@ class Ledger:
         """Moving ``key`` failed: it stays on the tier it was on."""
         entry = self.entries.get(key)
         if entry is not None:
-            entry.moving = None
+            entry.moving, entry.away = None, False
 
     def retire(self, key: Key) -> list[asyncio.Future]:
         """``key`` leaves the node's config (evicted: capacity, admin, drain, vanished): UNLOADING,

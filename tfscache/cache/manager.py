@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from tfscache import errors, logs
+from tfscache.cache.across import Across
 from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.events import CacheEvents
 from tfscache.cache.lease import Lease, Leases
@@ -33,6 +34,7 @@ from tfscache.cache.ledger import (
     READY,
     UNLOADING,
     Entry,
+    HandOff,
     Key,
     Ledger,
     QueuedLoad,
@@ -45,7 +47,7 @@ from tfscache.cache.policy import EvictionPolicy, make_policy
 from tfscache.cache.reloader import Reloader
 from tfscache.cache.signals import Signals, copy_error
 from tfscache.cache.state import CacheState, LostPins, SavedVersion, StateFile, load_state
-from tfscache.cache.tiers import HOST
+from tfscache.cache.tiers import GPU, HOST, PromoteRule
 from tfscache.repository.local import ModelRepository, check_name
 from tfscache.settings import CacheSection
 
@@ -66,11 +68,16 @@ class CacheManager:
         gpu=None,
         gpu_cap: int = 0,
         before_unload=None,
+        across: Across | None = None,
+        tier: str = GPU,
     ) -> None:
         """``adapter``: the node, as its kind drives it (tfscache.kinds.table). ``gpu`` and ``gpu_cap``:
         with a GPU cap in force (tfscache.kinds.gpumem.gpu_cap), the node's GPU memory
         (``NodeGpuMemory``), read around each load to learn each model's GPU size, and the cap in bytes.
         ``before_unload(keys)``: awaited before the node is told to unload ``keys`` (tfscache.workers).
+        ``tier``: the node's (``gpu``, or ``host`` for a host-tier node); ``across``: with
+        host-tier nodes and ``cache.demote = host``, the nodes of the other tier, which this
+        cache hands its demotions (GPU tier) or promotions (host tier) to (tfscache.cache.across).
         """
         self.node = adapter.client
         self.target = adapter.target
@@ -82,15 +89,24 @@ class CacheManager:
         )
         self.policy = policy or make_policy(settings.policy, settings)
         self.policy.set_caps(settings.max_models_per_node, settings.memory_per_node)
-        self.ledger = Ledger(self.policy)  # the policy hears of each transition from the ledger
+        # the policy hears of each transition from the ledger
+        self.ledger = Ledger(self.policy, tier=tier)
         self._signals = Signals()
         self.adapter = adapter
         self._prefetcher = (Prefetcher(self.ledger, self._signals, self._estimate, settings)
                             if settings.prefetch else None)  # co-access prefetch, docs/prefetch.md
         self.prefetch_counts = self._prefetcher.counts if self._prefetcher is not None else None
-        # demotion and promotion (cache.demote = host), where the node moves models in place
-        self.moves = (TierMoves(self.ledger, adapter.can_demote)
-                      if settings.demote == HOST and adapter.demotes_in_place else None)
+        # demotion and promotion (cache.demote = host): across nodes, else where the node moves
+        # models in place
+        rule = PromoteRule(settings.promote_horizon_s, settings.promote_queue)
+        if settings.demote != HOST:
+            self.moves = None
+        elif across is not None:
+            self.moves = TierMoves(
+                self.ledger, (lambda key: across.available(HOST)) if tier == GPU else _never, rule)
+        else:
+            self.moves = (TierMoves(self.ledger, adapter.can_demote, rule)
+                          if adapter.demotes_in_place else None)
         self._leases = Leases(self.ledger, self._signals, self.prefetch_counts, self.moves)
         self._lost_pins = LostPins()  # pinned versions the node lost, until pinned again
         # Coalesced writes, each in a worker thread; the reloader saves through it too.
@@ -99,7 +115,7 @@ class CacheManager:
                                   self._signals, settings, self.events, leases=self._leases,
                                   state_file=self._state_file, lost_pins=self._lost_pins, gpu=gpu,
                                   prefetch=self.prefetch_counts, moves=self.moves,
-                                  before_unload=before_unload)
+                                  before_unload=before_unload, across=across)
         self._task: asyncio.Task | None = None
         self._repins: dict[Key, asyncio.Task] = {}  # lost pins being loaded and pinned again
 
@@ -145,6 +161,7 @@ class CacheManager:
         sig.close("its cache manager stopped")  # ``wait_ready`` callers wake and see it closed
         for task in self._repins.values():
             task.cancel()
+        self._reloader.stop()
         if self._prefetcher is not None:
             self._prefetcher.stop()
         if self._task is not None:
@@ -261,7 +278,7 @@ class CacheManager:
             return False
         if version is None:
             version = self.repository.remembered_latest(name, fresh=False)
-        return version is not None and self.ledger.ready((name, version)) is not None
+        return version is not None and self.ledger.held((name, version))
 
     def wanted(self) -> list[Key]:
         """The versions the node should serve now (loading ones included)."""
@@ -310,6 +327,36 @@ class CacheManager:
         lease.release()
         await self._durable(f"loaded model {lease.name} version {lease.version}")
         return self._resident((lease.name, lease.version))
+
+    async def take(self, name: str, version: int, timeout: float) -> None:
+        """Load ``(name, version)``, handed over by a node of the other tier
+        (tfscache.cache.across), unless it is resident here; return once it is. No request is
+        counted (no hit, no miss, none for the tier rules), and with no room here now it is
+        refused at once (RESOURCE_EXHAUSTED) rather than waiting for room. A version here that
+        was on its way to the other tier stays."""
+        if self._signals.starting:
+            await self.wait_ready(timeout)
+        key = (name, version)
+        entry = self.ledger.ready(key)
+        if entry is not None and not self._signals.draining:
+            if entry.away or entry.moving is not None:
+                self.ledger.move_failed(key)  # it stays here after all
+            return
+        found, sizes, _ = await asyncio.to_thread(self._resolve, name, version, [])
+        fut = await self._enqueue((found.name, found.version), sizes, handoff=True)
+        try:
+            async with asyncio.timeout(timeout):
+                lease = await fut
+        except BaseException as exc:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                fut.result().release()
+            fut.cancel()
+            if isinstance(exc, TimeoutError):
+                raise errors.DeadlineExceeded(
+                    f"Timed out after {timeout} s waiting for model {name} version {version} "
+                    f"to load on node {self.target}") from None
+            raise
+        lease.release()
 
     async def pin(
         self, name: str, version: int | None = None, timeout: float | None = None
@@ -485,9 +532,10 @@ class CacheManager:
             return found, exc, follow_sizes
 
     async def _enqueue(
-        self, key: Key, sizes: tuple[int, int] | Exception | None = None
+        self, key: Key, sizes: tuple[int, int] | Exception | None = None, handoff: bool = False
     ) -> asyncio.Future:
-        """A future for a lease on cold ``key``, joined to its load (one load per key)."""
+        """A future for a lease on cold ``key``, joined to its load (one load per key);
+        ``handoff``: a ``HandOff``'s (``take``)."""
         self._check_loadable(key)
         estimate = disk = 0
         entry = self.ledger.entries.get(key)
@@ -499,9 +547,10 @@ class CacheManager:
                 raise sizes
             estimate, disk = sizes
         entry = self.ledger.entries.get(key)
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = HandOff(loop=loop) if handoff else loop.create_future()
         if entry is not None and entry.state == READY:
-            fut.set_result(self._leases.grant(entry))
+            fut.set_result(self._leases.grant(entry, counted=not handoff))
         elif self.ledger.requested(key, fut, estimate, disk, time.monotonic()):
             self._signals.wake()
         return fut
@@ -584,6 +633,11 @@ class CacheManager:
         """How this node's kind says it does not serve a model (the adapter's ``lost_texts``):
         a reply starting so, for a leased version, means the node lost it (``recheck``)."""
         return self.adapter.lost_texts
+
+
+def _never(key: Key) -> bool:
+    """A host-tier node demotes nothing: its victims are unloaded."""
+    return False
 
 
 def _version(version: int | None) -> str:

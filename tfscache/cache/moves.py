@@ -41,12 +41,15 @@ class TierMoves:
         self.service: dict[tuple[Key, str], float] = {}  # (key, tier) -> seconds per lease
         self.moved_s: dict[Key, float] = {}  # key -> its last move's seconds
         self.wanted: dict[Key, float] = {}  # host-tier key -> its rate when its promotion paid
+        self.not_before: dict[Key, float] = {}  # host-tier key -> when a failed promotion may retry
 
     def granted(self, entry: Entry, now: float) -> bool:
         """A lease on ``entry`` was granted (``entry.leases`` counts it): whether a promotion is
         newly wanted (the reloader is to be woken)."""
         rate = self.rates.request(entry.key, now)
         if entry.tier != HOST or entry.moving is not None or entry.key in self.wanted:
+            return False
+        if now < self.not_before.get(entry.key, 0.0):
             return False
         if self.rule.pays(rate, entry.leases, self.costs(entry)):
             self.wanted[entry.key] = rate
@@ -64,9 +67,15 @@ class TierMoves:
         if tier == GPU:
             self.wanted.pop(key, None)
 
+    def failed(self, key: Key, retry_at: float) -> None:
+        """Promoting ``key`` failed: it is not wanted again before monotonic ``retry_at``."""
+        self.wanted.pop(key, None)
+        self.not_before[key] = retry_at
+
     def forget(self, key: Key) -> None:
         """``key`` left the node: what was learned of it while resident goes with it."""
         self.wanted.pop(key, None)
+        self.not_before.pop(key, None)
         self.rates.forget(key)
         self.service.pop((key, GPU), None)
         self.service.pop((key, HOST), None)

@@ -22,11 +22,12 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from tfscache import errors
+from tfscache.cache.across import Across
 from tfscache.cache.adapter import NodeAdapter
 from tfscache.cache.events import CacheEvents, Evictions
 from tfscache.cache.freeing import Freeing
 from tfscache.cache.lease import Leases
-from tfscache.cache.ledger import READY, UNLOADING, Entry, Key, Ledger
+from tfscache.cache.ledger import READY, UNLOADING, Entry, HandOff, Key, Ledger
 from tfscache.cache.measure import measure
 from tfscache.cache.moves import TierMoves
 from tfscache.cache.planner import (
@@ -59,7 +60,8 @@ class Reloader:
                  repository: ModelRepository, signals: Signals, settings, events: CacheEvents, *,
                  leases: Leases, state_file: StateFile, lost_pins: LostPins, gpu=None,
                  prefetch: PrefetchCounts | None = None, moves: TierMoves | None = None,
-                 before_unload: Callable[[Sequence[Key]], Awaitable[None]] | None = None) -> None:
+                 before_unload: Callable[[Sequence[Key]], Awaitable[None]] | None = None,
+                 across: Across | None = None) -> None:
         """``settings``: the cache section. ``leases``: where the requests that waited for a load
         get theirs; ``state_file``: saved as the node's config changes; ``lost_pins``: pinned
         versions the node lost (the recovery adds them). ``gpu``:
@@ -67,7 +69,9 @@ class Reloader:
         ``prefetch``: the prefetch counts when prefetch is on (docs/prefetch.md); ``moves``: with
         demotion on and a node that demotes in place, what decides demotions and promotions
         (tfscache.cache.moves; docs/tiers.md); ``before_unload(keys)``: awaited before the node
-        is told to unload ``keys`` (tfscache.workers revokes its delegations there)."""
+        is told to unload ``keys`` (tfscache.workers revokes its delegations there);
+        ``across``: with host-tier nodes, the nodes of the other tier (tfscache.cache.across):
+        ``moves`` then decides hand-offs to them rather than moves in place."""
         self.adapter = adapter
         self.node = adapter.target
         self.ledger = ledger
@@ -83,6 +87,8 @@ class Reloader:
         self.prefetched = prefetch
         self.moves = moves
         self.before_unload = before_unload
+        self.across = across
+        self.promoting: set[asyncio.Task] = set()  # host tier: promotions handed back, running
         self.evictions = Evictions(self.node, ledger, events, prefetch)
         self.recovery = Recovery(adapter, ledger, signals, lost_pins, state_file, repository,
                                  settings, self.evictions)
@@ -134,11 +140,14 @@ class Reloader:
                 return
         ledger.drop_abandoned()
         now = time.monotonic()
-        leaving = self.drop_vanished(gone) + self.take_evictions()
+        leaving = self.drop_vanished(gone) + self.take_evictions() + self.take_away()
         moves = self.moves
-        decided = plan(ledger, self.caps, self.policy, now,
-                       demotable=moves.demotable() if moves else (),
-                       promote=moves.promotions() if moves else ())
+        if self.across is not None:
+            decided = self.plan_across(now)
+        else:
+            decided = plan(ledger, self.caps, self.policy, now,
+                           demotable=moves.demotable() if moves else (),
+                           promote=moves.promotions() if moves else ())
         for key in decided.demote:  # no await since the plan: each is still idle
             ledger.moving_to(key, HOST)
         for key in decided.promote:
@@ -146,6 +155,7 @@ class Reloader:
         sig.set_over_cap(decided.over_cap)  # the next release wakes the reloader
         for key in decided.blocked:
             ledger.blocked(key, now)
+        self.refuse_handoffs(decided.blocked)
         batch = [self.admit(key) for key in decided.admit]
         for key in decided.victims:  # no await since the plan: no lease was taken on them meanwhile
             self.evictions.evicted(key, "capacity")
@@ -159,7 +169,8 @@ class Reloader:
             leaving, batch = leaving + more, batch + prefetches
         if leaving and not await self.unload(leaving):
             return
-        if decided.demote and not await self.move(decided.demote, HOST):
+        if decided.demote and not await (self.hand_off(decided.demote) if self.across
+                                          else self.move(decided.demote, HOST)):
             return
         if batch:
             await self.await_freed()
@@ -171,6 +182,117 @@ class Reloader:
             sig.wake()  # progress was made: whatever still waits may fit now
         if sig.draining and not ledger.entries and not ledger.pending:
             sig.drained()
+
+    # -- across nodes (tfscache.cache.across) ----------------------------------------------
+
+    def plan_across(self, now: float):
+        """Today's plan, its victims that may be demoted handed off to a host-tier node instead
+        (GPU tier); a host-tier node's promotions that pay handed back, each in a task."""
+        ledger, moves = self.ledger, self.moves
+        decided = plan(ledger, self.caps, self.policy, now)
+        if moves is None:
+            return decided
+        if ledger.tier == GPU:
+            demotable = set(moves.demotable()) if decided.victims else set()
+            decided.demote = [k for k in decided.victims if k in demotable]
+            decided.victims = [k for k in decided.victims if k not in demotable]
+        else:
+            for key in moves.promotions():
+                ledger.moving_to(key, GPU)
+                task = asyncio.create_task(self.promote_across(key),
+                                           name=f"tfscache-promote-{key[0]}-{key[1]}")
+                self.promoting.add(task)
+                task.add_done_callback(self.promoting.discard)
+        return decided
+
+    def refuse_handoffs(self, blocked: list[Key]) -> None:
+        """A version handed over from another node that finds no room here now is refused at
+        once: the node handing it over keeps it, or unloads it (it does not wait for room, which
+        could wait on that node in turn)."""
+        for key in blocked:
+            pending = self.ledger.pending[key]
+            for waiter in pending.waiters:
+                if isinstance(waiter, HandOff) and not waiter.done():
+                    waiter.set_exception(errors.CapacityExhausted(
+                        f"node {self.node} has no room for model {key[0]} version {key[1]} now: "
+                        "what it holds is in use, pinned or moving"))
+            if not pending.live() and not pending.prefetch:
+                self.ledger.gave_up(key)
+
+    def take_away(self) -> list[Key]:
+        """Versions another node holds now whose requests here have ended: they leave."""
+        keys = self.ledger.away()
+        for key in keys:
+            self.ledger.retire(key)
+        return keys
+
+    async def hand_off(self, keys: list[Key]) -> bool:
+        """Demote ``keys`` (recorded as moving to HOST) to host-tier nodes: each loaded there
+        while it keeps answering here, then away from here, then unloaded once its requests here
+        have ended (waited for, up to ``reload_deadline_s``, before the batch that counted on their
+        room). A hand-off that fails leaves the version here, unloaded if still idle, as a
+        demotion the node refused. False when this node failed."""
+        ledger, entries, deadline = self.ledger, self.ledger.entries, self.settings.reload_deadline_s
+        started = time.monotonic()
+        outcomes = await asyncio.gather(
+            *(self.across.hand_off(k, HOST, deadline) for k in keys), return_exceptions=True)
+        seconds = time.monotonic() - started
+        refused = []
+        for key, outcome in zip(keys, outcomes):
+            entry = entries.get(key)
+            if entry is None or entry.state != READY or entry.moving != HOST:
+                continue  # gone, or kept here meanwhile (``CacheManager.take``)
+            if isinstance(outcome, str):
+                self.handed(key, HOST, outcome, seconds)
+                continue
+            self.move_refused(key, HOST, outcome)
+            if entry.leases == 0 and key not in ledger.pinned:
+                self.evictions.evicted(key, "capacity")
+                ledger.retire(key)
+                refused.append(key)
+        busy = [k for k in keys if k in entries and entries[k].away and entries[k].leases]
+        if busy:  # requests routed here before the hand-off: the batch waits for their room
+            await self.leases.idle(busy, deadline)
+        leaving = refused + self.take_away()
+        return not leaving or await self.unload(leaving)
+
+    async def promote_across(self, key: Key) -> None:
+        """Host tier: hand ``key`` (recorded as moving to GPU) back to its node on the ring; it
+        answers here until that node holds it, then leaves once its requests here have ended."""
+        started = time.monotonic()
+        try:
+            node = await self.across.hand_off(key, GPU, self.settings.load_timeout_s)
+        except Exception as error:  # noqa: BLE001 - any failure leaves it here, answering
+            if key in self.ledger.entries:
+                self.move_refused(key, GPU, error)
+                self.moves.failed(key, time.monotonic() + self.settings.failure_backoff_s)
+            return
+        entry = self.ledger.entries.get(key)
+        if entry is not None and entry.state == READY and entry.moving == GPU:
+            self.handed(key, GPU, node, time.monotonic() - started)
+            self.signals.wake()  # it leaves once idle: the next step unloads it
+
+    def handed(self, key: Key, tier: str, node: str, seconds: float) -> None:
+        self.ledger.handed_off(key)
+        self.moves.moved(key, tier, seconds)
+        self.events.moved(key, tier, seconds)
+        log.info("node %s: %s %s version %s to %s in %.3f s", self.node,
+                 "demoted" if tier == HOST else "promoted", key[0], key[1], node, seconds,
+                 extra={"model": key[0], "version": key[1], "node": self.node, "tier": tier,
+                        "duration_s": round(seconds, 6)})
+
+    def move_refused(self, key: Key, tier: str, error: BaseException) -> None:
+        self.ledger.move_failed(key)
+        if not isinstance(error, errors.TfscacheError):
+            error = errors.Internal(f"moving {key[0]} to {tier}: {error!r}")
+        self.events.move_failed(key, tier, error)
+        log.warning("node %s: moving %s version %s to the %s tier failed: %s: %s", self.node,
+                    key[0], key[1], tier, error.grpc_code.name, error.message)
+
+    def stop(self) -> None:
+        """The cache stops: promotions under way are dropped (the version stays where it is)."""
+        for task in list(self.promoting):
+            task.cancel()
 
     def admit(self, key: Key) -> Entry:
         pending = self.ledger.pending[key]
@@ -456,7 +578,7 @@ class Reloader:
         self.events.loaded(entry.key, load_s, entry.bytes, entry.measured)
         for fut in waiters:
             if not fut.done():
-                fut.set_result(self.leases.grant(entry))
+                fut.set_result(self.leases.grant(entry, counted=not isinstance(fut, HandOff)))
 
     def load_failed(self, entry: Entry, error: BaseException, load_s: float, now: float, *,
                     backoff: bool = True) -> None:

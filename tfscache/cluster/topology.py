@@ -80,6 +80,9 @@ class Topology:
         self._make_peer = make_peer
         self._retire_grace_s = retire_grace_s
         self._nodes: dict[str, NodeBackend] = {}  # local nodes, fixed at start-up
+        # local host-tier nodes (docs/tiers.md): backends, never on the ring
+        self._host_tier: tuple[str, ...] = ()
+        self._host_ring = Ring()  # over the host tier's names: where a demoted model goes
         # the peer each PeerBackend was made for
         self._peers: dict[str, tuple[Peer, PeerBackend]] = {}
         self._drained: set[str] = set()
@@ -113,6 +116,16 @@ class Topology:
         """This process's own nodes (not peer sidecars), in name order."""
         return [self._nodes[name] for name in sorted(self._nodes)]
 
+    def host_tier(self) -> list[NodeBackend]:
+        """The host-tier nodes, in name order: off the ring, they hold what the GPU-tier nodes
+        demoted (docs/tiers.md)."""
+        return [self._nodes[name] for name in self._host_tier]
+
+    def host_tier_for(self, model: str) -> list[NodeBackend]:
+        """The host-tier nodes in the order model ``model`` tries them (hashed over their names:
+        the same node each time while it is there)."""
+        return [self._nodes[name] for name in self._host_ring.replicas_for(model)]
+
     def node(self, name: str) -> NodeBackend | None:
         """Local node ``name``, or None when there is none (a peer's name included)."""
         return self._nodes.get(name)
@@ -134,9 +147,13 @@ class Topology:
         self._router = router
         router.update(self._ring, self._backends)
 
-    def set_nodes(self, nodes: Iterable[NodeBackend]) -> None:
-        """The local nodes (embedded: the children; sidecar: its one node, named ``own``)."""
+    def set_nodes(self, nodes: Iterable[NodeBackend], host_tier: Iterable[str] = ()) -> None:
+        """The local nodes (embedded: the children; sidecar: its one node, named ``own``);
+        ``host_tier``: the names of those that are host-tier nodes, kept off the ring."""
         self._nodes = {node.name: node for node in nodes}
+        self._host_tier = tuple(sorted(host_tier))
+        self._host_ring = Ring(self._host_tier, replicas=max(len(self._host_tier), 1),
+                               vnodes=self._vnodes)
         if self.own is not None and self.own not in self._nodes:
             raise ValueError(f"sidecar {self.own!r} has no node of that name")
         self._publish()
@@ -209,7 +226,8 @@ class Topology:
         backends: dict[str, Backend] = dict(self._nodes)
         backends.update((name, backend) for name, (_, backend) in self._peers.items())
         ring = Ring(
-            ring_nodes(backends, own=self.own, in_ring=self._in_ring, drained=self._drained),
+            ring_nodes(backends, own=self.own, in_ring=self._in_ring,
+                       drained=self._drained.union(self._host_tier)),
             replicas=self._replicas,
             vnodes=self._vnodes,
         )
@@ -217,8 +235,9 @@ class Topology:
         self._ring, self._backends = ring, MappingProxyType(backends)
         if self._router is not None:
             self._router.update(ring, self._backends)
-        log.info("ring: %s%s", ", ".join(ring.nodes) or "(empty)",
-                 f" (drained: {', '.join(sorted(self._drained))})" if self._drained else "")
+        log.info("ring: %s%s%s", ", ".join(ring.nodes) or "(empty)",
+                 f" (drained: {', '.join(sorted(self._drained))})" if self._drained else "",
+                 f" (host tier: {', '.join(self._host_tier)})" if self._host_tier else "")
 
     def _retire(self, name: str, backend: PeerBackend) -> None:
         task = asyncio.create_task(

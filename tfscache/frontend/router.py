@@ -65,6 +65,8 @@ class Router:
         self.local = local  # sidecar mode: the name of this sidecar's own node
         self.repository = repository  # tfscache.repository.local.ModelRepository: version labels
         self.wait_s = wait_s  # how long a request without a deadline waits for a node to come back
+        # the host-tier nodes, off the ring (docs/tiers.md): () -> backends
+        self.host_tier: Callable[[], list] = list
 
     # The front ends resolve a version label here before routing (False: a router that passes the
     # request on with its label, for whoever it reaches to resolve: a worker without the repository).
@@ -109,16 +111,26 @@ class Router:
             nodes = [b for b in self.backends.values() if b.healthy] or list(self.backends.values())
             return nodes[:1]
         if self.spread is not None:
-            return self.spread.candidates(key, self.ring, self.backends, self.local)
+            return self._host_first(key, self.spread.candidates(key, self.ring, self.backends,
+                                                                self.local))
         replicas = [self.backends[name] for name in self.ring.replicas_for(key.name)]
         if len(replicas) < 2:  # one replica: nothing to order
             if not replicas:
                 raise errors.NodeUnavailable("no nodes in the ring")
-            return replicas
+            return self._host_first(key, replicas)
         # Stable sort keeps ring order within each class.
-        return sorted(
+        return self._host_first(key, sorted(
             replicas, key=lambda b: (not b.healthy, b.name != self.local and not b.holds(key))
-        )
+        ))
+
+    def _host_first(self, key: RouteKey, replicas: list) -> list:
+        """``replicas`` led by a healthy host-tier node that holds the model, when no replica
+        leading them does (a demoted model: answered from host memory at once; docs/tiers.md)."""
+        tier = self.host_tier()
+        if not tier or (replicas[0].healthy and replicas[0].holds(key)):
+            return replicas
+        holder = next((b for b in tier if b.healthy and b.holds(key)), None)
+        return replicas if holder is None else [holder, *replicas]
 
     async def grpc(
         self,

@@ -22,6 +22,11 @@ process: tfscache.modelserver.template). ``node.template_socket`` names a templa
 and share instead, this instance's own started only if that one does not answer. A template
 that cannot fork (it died, it never listened) costs no node: that node is exec'd as before and
 the next start tries a fresh template.
+
+``node.local_host_nodes`` more children, named ``host0``, ``host1``..., are the host tier
+(docs/tiers.md): started as the others, with the GPU hidden from them (``CUDA_VISIBLE_DEVICES``
+empty in their environment, which CUDA reads when it first starts in a process). The node
+template itself keeps this process's environment.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Awaitable, Callable
 
@@ -53,6 +58,7 @@ class NodeProcess:
 
     index: int
     name: str
+    tier: str = "gpu"  # "host": a host-tier node, the GPU hidden from it (docs/tiers.md)
     grpc_port: int = 0
     rest_port: int = 0
     pid: int = 0
@@ -102,6 +108,11 @@ def _die_with_parent(argv: list[str]) -> list[str]:
     return [setpriv, "--pdeathsig", "TERM", "--", *argv]
 
 
+def hide_gpu(env: dict[str, str] | None) -> dict[str, str]:
+    """``env`` (None: this process's) with every GPU hidden from CUDA: a host-tier node's."""
+    return {**(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": ""}
+
+
 def free_port() -> int:
     """A port free right now on 127.0.0.1 (for servers that cannot report their own)."""
     with socket.socket() as sock:
@@ -125,7 +136,10 @@ class Supervisor:
         self.settings = settings
         self._launcher = launcher
         self.state_dir = Path(state_dir)
-        self.nodes = [NodeProcess(i, f"node{i}") for i in range(settings.local_nodes)]
+        gpu = settings.local_nodes
+        self.nodes = [NodeProcess(i, f"node{i}") for i in range(gpu)] + [
+            NodeProcess(gpu + i, f"host{i}", tier="host")
+            for i in range(settings.local_host_nodes)]
         self._on_start = on_start
         self._on_exit = on_exit
         self._watchers: list[asyncio.Task] = []
@@ -147,6 +161,8 @@ class Supervisor:
 
     async def _spawn(self, node: NodeProcess) -> None:
         launch = self._launcher(node)
+        if node.tier == "host":
+            launch = replace(launch, env=hide_gpu(launch.env))
         argv, env = launch.argv, launch.env
         if launch.ports_file is not None:
             launch.ports_file.unlink(missing_ok=True)
@@ -211,7 +227,8 @@ class Supervisor:
                     current = self._template
                     if current is None or current.returncode is not None or current is failed:
                         # (not one another start replaced)
-                        await self._start_template(path, launch.env)
+                        await self._start_template(path, launch.env if node.tier != "host"
+                                                   else None)
                     failed = self._template
                 child = await template.AsyncChild.fork(
                     path, launch.forkable, env=launch.env, new_session=True

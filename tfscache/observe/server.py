@@ -37,7 +37,8 @@ Per local node, ``gpu``: ``{"bytes", "cap_bytes"}``, the GPU bytes its models ho
 their loads) against the GPU cap in force (0 = none; docs/gpu.md), null while the node is down.
 Each model's ``tier`` is where it is resident, "gpu" or "host" (docs/tiers.md), and
 ``moving`` the tier it is moving to ("" when it is not).
-A node entry may carry a ``tier`` ("gpu", "host") once nodes have tiers; the status page shows it.
+With host-tier nodes (``--local-host-nodes``), each local node entry has its ``tier`` ("gpu",
+"host"); the status page shows it.
 
 Per local node, ``prefetch``: its co-access prefetch loads (started, completed, failed, used,
 wasted; docs/prefetch.md), or null with prefetch off.
@@ -118,6 +119,7 @@ def status_document(metrics: Metrics, topology: Topology, tier=None, spread=None
     rates = {load.name: load.unloads_per_minute for load in loads}
     advice = metrics.advice(loads)
     nodes = []
+    hosts = {b.name for b in topology.host_tier()}
     for backend in list(topology.backends.values()):
         local = isinstance(backend, NodeBackend)
         upstream = backend.upstream
@@ -126,6 +128,8 @@ def status_document(metrics: Metrics, topology: Topology, tier=None, spread=None
                                 "healthy": bool(backend.healthy)}
         if local:
             node.update(_local_node(backend.cache), unloads_per_minute=rates.get(backend.name, 0.0))
+            if hosts:  # host-tier nodes (docs/tiers.md): each local node's tier
+                node["tier"] = "host" if backend.name in hosts else "gpu"
         nodes.append(node)
     document = {
         "time": time.time(),

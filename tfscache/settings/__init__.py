@@ -237,10 +237,20 @@ def _check_whole(s: Settings) -> None:
             f"bad value for setting tls.{problem[0]}: {problem[1]!r} ({problem[2]})"
         )
     kind = KINDS.get(s.node.backend)
-    if s.cache.demote != "none" and kind is not None and not kind.demotes_in_place:
+    if s.node.local_host_nodes and s.sidecar:
+        raise SettingsError(f"bad value for setting node.local_host_nodes: "
+                            f"{s.node.local_host_nodes!r} (embedded mode only: a sidecar has "
+                            "one node)")
+    if s.node.local_host_nodes and (s.server.workers > 1 or s.server.data_plane == "haproxy"):
+        raise SettingsError(f"bad value for setting node.local_host_nodes: "
+                            f"{s.node.local_host_nodes!r} (host-tier nodes are routed by this "
+                            "process's router only: not with server.workers > 1 or "
+                            "server.data_plane = haproxy yet; docs/tiers.md)")
+    if (s.cache.demote != "none" and kind is not None and not kind.demotes_in_place
+            and not s.node.local_host_nodes):
         raise SettingsError(f"bad value for setting cache.demote: {s.cache.demote!r} (node.backend "
-                            f"{s.node.backend} cannot move a model off the GPU in place, and "
-                            "host-tier nodes are not built yet; docs/tiers.md)")
+                            f"{s.node.backend} cannot move a model off the GPU in place: it "
+                            "needs host-tier nodes, --local-host-nodes M; docs/tiers.md)")
     if s.server.data_plane == "haproxy":
         if s.server.workers > 1:
             raise SettingsError(f"bad value for setting server.workers: {s.server.workers!r} "

@@ -107,6 +107,19 @@ class CacheSection:
         "keeps answering, where the kind can: docs/tiers.md)",
         check=lambda v: None if v in ("none", "host") else "must be one of host, none",
     )
+    promote_horizon_s: float = setting(
+        60.0,
+        "demote host: a demoted model goes back to the GPU when the service time its requests "
+        "would save there over this many seconds, at its present rate, pays its promotion "
+        "(docs/tiers.md)",
+        check=lambda v: None if v > 0 else "must be > 0",
+    )
+    promote_queue: int = setting(
+        4,
+        "demote host: a demoted model goes back to the GPU at once when this many of its "
+        "requests are in flight together (docs/tiers.md)",
+        check=_at_least(1),
+    )
     demote_cpu_instances: int = setting(
         1,
         "demote host: the count of CPU instances a model demoted in place runs on "
@@ -270,6 +283,12 @@ class NodeSection:
     )
     local_nodes: int = setting(1, "embedded mode: how many `tfscache node` children to run",
                                 check=_at_least(0), flag="--local-nodes")
+    local_host_nodes: int = setting(
+        0,
+        "embedded mode: how many more node children to run as the host tier, the GPU hidden "
+        "from them (CUDA_VISIBLE_DEVICES=''), off the ring: with cache.demote = host, victims of "
+        "the other nodes move there and keep answering (docs/tiers.md)",
+        check=_at_least(0), flag="--local-host-nodes")
     node_command: str = setting(
         "",
         "run this model server (e.g. tensorflow_model_server) instead of " "`tfscache node`",
