@@ -112,7 +112,7 @@ def start_mlserver(tmp_path: Path, repository: Path, *, extra: Iterable[str] = (
 # --- tfscache serve --backend mlserver: its children, their indexes ---
 
 RESIDENT_STATES = frozenset({"READY", "UNKNOWN"})  # UNKNOWN: registered, still loading
-_NODE_SERVING = re.compile(r"(node\d+) serving: pid (\d+), gRPC (\d+), REST (\d+)")
+_NODE_SERVING = re.compile(r"((?:node|host)\d+) serving: pid (\d+), gRPC (\d+), REST (\d+)")
 
 
 def serve_nodes(serve) -> dict[str, dict[str, int]]:

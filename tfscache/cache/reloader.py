@@ -274,7 +274,8 @@ class Reloader:
 
     def handed(self, key: Key, tier: str, node: str, seconds: float) -> None:
         self.ledger.handed_off(key)
-        self.moves.moved(key, tier, seconds)
+        if tier == GPU:  # a promotion's seconds price the next (a demotion's are a host load's)
+            self.moves.moved(key, tier, seconds)
         self.events.moved(key, tier, seconds)
         log.info("node %s: %s %s version %s to %s in %.3f s", self.node,
                  "demoted" if tier == HOST else "promoted", key[0], key[1], node, seconds,
