@@ -76,3 +76,26 @@ def test_a_demoted_version_is_wanted_back_when_requests_queue_or_its_rate_pays()
     ledger.moved(("q", 1), 0.8)
     moves.moved(("q", 1), GPU, 0.8)
     assert moves.promotions() == [("h", 1)]
+
+
+def test_a_lease_that_saw_a_move_times_neither_tier():
+    """A request served across a move waited for it: its seconds are no tier's service time (they
+    would make the host tier look slow and promote what was just demoted)."""
+    from tfscache.cache.lease import Leases
+    from tfscache.cache.signals import Signals
+
+    ledger = Ledger()
+    moves = TierMoves(ledger, lambda key: True)
+    leases = Leases(ledger, Signals(), moves=moves)
+    entry = resident(ledger, ("m", 1), load_s=4.0)
+    leases.grant(entry).release()
+    assert set(moves.service) == {(("m", 1), GPU)}
+    across = leases.grant(entry)  # granted on the GPU, released after the move to host
+    ledger.moving_to(entry.key, HOST)
+    during = leases.grant(entry)  # granted while it moves
+    ledger.moved(entry.key, 1.0)
+    across.release()
+    during.release()
+    assert set(moves.service) == {(("m", 1), GPU)}
+    leases.grant(entry).release()
+    assert set(moves.service) == {(("m", 1), GPU), (("m", 1), HOST)}

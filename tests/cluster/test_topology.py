@@ -23,6 +23,7 @@ class Peer:  # what discovery reports (tfscache.discovery.Peer's fields)
     name: str
     grpc: str
     rest: str = ""
+    tier: str = "gpu"
 
 
 class FakeUpstream:
@@ -238,3 +239,21 @@ def test_host_tier_nodes_are_backends_off_the_ring():
     assert sorted(order) == ["host0", "host1"]
     assert [b.name for b in topology.host_tier_for("m")] == order  # the same each time
     assert [n.name for n in topology.nodes()] == ["host0", "host1", "node0"]
+
+
+async def test_host_tier_peers_and_a_host_tier_sidecar_of_its_own_stay_off_the_ring():
+    gpu = Topology(replicas=1, vnodes=16, own="a", make_peer=make_peer)
+    gpu.set_nodes([NodeBackend("a")])
+    gpu.set_peers([Peer("a", "a:1"), Peer("b", "b:1"), Peer("h", "h:1", tier="host")])
+    assert gpu.ring.nodes == ["a", "b"]
+    assert [b.name for b in gpu.host_tier()] == ["h"]
+    assert [b.name for b in gpu.host_tier_for("m")] == ["h"]
+    gpu.set_peers([Peer("b", "b:1"), Peer("h", "h:1")])  # h now announced as gpu: a new backend
+    assert gpu.ring.nodes == ["a", "b", "h"] and gpu.host_tier() == []
+    host = Topology(replicas=1, vnodes=16, own="h", make_peer=make_peer, own_tier="host")
+    host.set_nodes([NodeBackend("h")])
+    assert host.ring.nodes == ["h"]  # nobody else yet: it is the only place to go
+    host.set_peers([Peer("a", "a:1"), Peer("h", "h:1", tier="host")])
+    assert host.ring.nodes == ["a"]
+    assert [b.name for b in host.host_tier()] == ["h"]
+    await gpu.close()

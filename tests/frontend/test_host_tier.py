@@ -184,6 +184,6 @@ def test_settings_refuse_host_tier_nodes_where_they_cannot_work(frontend_repo, t
         settings_mod.load(env={}, overrides={**base, "node.local_host_nodes": 1,
                                              "node.node_address": "10.0.0.2:8500",
                                              "ring.self_name": "a"})
-    with pytest.raises(settings_mod.SettingsError, match="server.workers"):
+    with pytest.raises(settings_mod.SettingsError, match="server.workers > 1"):
         settings_mod.load(env={}, overrides={**base, "node.local_host_nodes": 1,
                                              "server.workers": 2})

@@ -34,6 +34,7 @@ from tfscache.app.routing import Routing, spread_from
 from tfscache.cluster.topology import Topology
 from tfscache.dataplane.control import DataPlane
 from tfscache.discovery import Discovery, Peer
+from tfscache.frontend.tiers import TakeHandler
 from tfscache.kinds.supervisor import Supervisor
 from tfscache.kinds.table import KINDS
 from tfscache.settings import Settings
@@ -71,7 +72,8 @@ class ServeApp:
         # its own node is on its ring as membership.in_ring_at_start says, else once joined.
         self.topology = Topology(replicas=s.ring.replicas_per_model, vnodes=s.ring.vnodes, own=own,
                                  in_ring=in_ring_at_start(s.discovery), make_peer=self._hops.peer,
-                                 retire_grace_s=s.cache.load_timeout_s)
+                                 retire_grace_s=s.cache.load_timeout_s,
+                                 own_tier=s.node.node_tier)
         self._telemetry = Telemetry(s, self.topology)
         self.metrics = self._telemetry.metrics
         self._routing = Routing(self.topology, self.spread, self.metrics,
@@ -163,6 +165,8 @@ class ServeApp:
                 await self._membership.start()
             self.grpc_port, self.rest_port = await self._frontends.start(
                 router, state_dir=state_dir, rescan_s=repository.rescan_s)
+            if s.sidecar and self._nodes.across is not None:  # host-tier sidecars' hand-offs
+                self._frontends.add_handlers([TakeHandler(self._nodes.across.taken)])
             operations = AdminOperations(self.topology, repository,
                                          default_timeout_s=s.cache.load_timeout_s, join=self.join)
             self.lifecycle = await Lifecycle.attach(

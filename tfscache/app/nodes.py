@@ -26,6 +26,18 @@ from tfscache.settings import Settings
 log = logging.getLogger("tfscache.cache")
 
 
+def moves_across(settings: Settings, kind) -> bool:
+    """Whether demotions and promotions go across nodes (docs/tiers.md, "Host-tier nodes"):
+    ``cache.demote = host`` with host-tier nodes (embedded), or in sidecar mode on a host-tier
+    sidecar, or on a GPU-tier one whose kind cannot demote in place (Triton does that)."""
+    s = settings
+    if s.cache.demote != HOST:
+        return False
+    if not s.sidecar:
+        return bool(s.node.local_host_nodes)
+    return s.node.node_tier == HOST or not kind.demotes_in_place
+
+
 class Revoking(Protocol):
     """What takes back the requests handed elsewhere before a node unloads (workers'
     delegations, the data plane's routes)."""
@@ -51,8 +63,7 @@ class Nodes:
         self._fail = fail
         self.supervisor: Supervisor | None = None  # embedded mode
         # host-tier nodes with demotion on: what the caches hand their moves to (docs/tiers.md)
-        self._across = (HostTier(topology) if settings.node.local_host_nodes
-                        and settings.cache.demote == HOST else None)
+        self.across = HostTier(topology) if moves_across(settings, kind) else None
         self._watchdog: asyncio.Task | None = None  # sidecar mode
 
     async def start(self) -> None:
@@ -83,7 +94,7 @@ class Nodes:
         # The reloader calls it in a thread.
         find = (lambda: find_node_pid(host, port)) if local else None
         await self._attach(backend, host_port, f"{host}:{rest_port}" if rest_port else None,
-                           node_pid=node_pid, find_node_pid=find)
+                           node_pid=node_pid, find_node_pid=find, tier=self._settings.node.node_tier)
         # The front end serves at once; health stays NOT_SERVING until the node answers (in a pod,
         # both containers start together) and the cache re-adopted what it serves.
         self._watchdog = asyncio.create_task(self._await_node(backend, host_port),
@@ -107,7 +118,7 @@ class Nodes:
         adapter = self._kind.part("adapter")(client, self._repository,
                                              rpc_deadline_s=client.rpc_deadline_s,
                                              memory=NodeMemory(node_pid, find_node_pid))
-        if s.cache.demote == HOST and self._across is None:
+        if s.cache.demote == HOST and self.across is None:
             # in place (Triton); settings refused it for other kinds without host-tier nodes
             if rest_address is None:
                 log.warning("node %s: cache.demote = host needs the node's HTTP port "
@@ -122,7 +133,7 @@ class Nodes:
                              gpu=self._gpu.for_node(lambda: adapter.node_pid) if tier == GPU
                              else None,
                              gpu_cap=self._gpu.cap,
-                             before_unload=revoker, across=self._across, tier=tier)
+                             before_unload=revoker, across=self.across, tier=tier)
         try:
             await cache.start()
         except BaseException:

@@ -20,21 +20,23 @@ from tfscache.cache.signals import Signals
 class Lease:
     """A hold on a resident model version; release it when the request is done."""
 
-    __slots__ = ("name", "version", "_release", "_released", "prefetched", "started")
+    __slots__ = ("name", "version", "_release", "_released", "prefetched", "started", "tier")
 
-    def __init__(self, release: Callable[[Key, float | None], None], key: Key,
-                 prefetched: bool = False, started: float | None = None) -> None:
+    def __init__(self, release: Callable[[Key, float | None, str | None], None], key: Key,
+                 prefetched: bool = False, started: float | None = None,
+                 tier: str | None = None) -> None:
         self.name, self.version = key
         self._release = release
         self._released = False
         self.started = started  # monotonic, when granted: timed only with demotion on
+        self.tier = tier  # the tier it was granted on (timed: only if still there at release)
         # the first request of a version a prefetch loaded (docs/prefetch.md)
         self.prefetched = prefetched
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._release((self.name, self.version), self.started)
+            self._release((self.name, self.version), self.started, self.tier)
 
     async def __aenter__(self) -> Lease:
         return self
@@ -71,14 +73,17 @@ class Leases:
             return Lease(self.release, entry.key, prefetched=first)
         if self._moves.granted(entry, now):
             self._signals.wake()  # its promotion pays now
-        return Lease(self.release, entry.key, prefetched=first, started=now)
+        if entry.moving is not None:  # served across a move: it times neither tier
+            return Lease(self.release, entry.key, prefetched=first)
+        return Lease(self.release, entry.key, prefetched=first, started=now, tier=entry.tier)
 
-    def release(self, key: Key, started: float | None = None) -> None:
+    def release(self, key: Key, started: float | None = None, tier: str | None = None) -> None:
         entry = self._ledger.released(key)
         if entry is None:
             return
-        if started is not None and self._moves is not None and entry.moving is None:
-            self._moves.released(key, entry.tier, time.monotonic() - started)
+        if (started is not None and self._moves is not None and entry.moving is None
+                and entry.tier == tier):  # a lease that saw a move times neither tier
+            self._moves.released(key, tier, time.monotonic() - started)
         sig = self._signals
         if entry.leases == 0 and (self._ledger.pending or sig.draining or sig.over_cap
                                   or entry.away):

@@ -72,9 +72,11 @@ class Topology:
         in_ring: bool = True,
         make_peer: Callable[[Peer], PeerBackend] | None = None,
         retire_grace_s: float = 600.0,
+        own_tier: str = "gpu",
     ) -> None:
         # sidecar mode: the name of its one node (and of this sidecar); None: embedded
         self.own = own
+        self._own_tier = own_tier  # sidecar mode: its node's tier ("host": off the ring)
         self._replicas, self._vnodes = replicas, vnodes
         self._in_ring = in_ring or own is None
         self._make_peer = make_peer
@@ -82,7 +84,10 @@ class Topology:
         self._nodes: dict[str, NodeBackend] = {}  # local nodes, fixed at start-up
         # local host-tier nodes (docs/tiers.md): backends, never on the ring
         self._host_tier: tuple[str, ...] = ()
-        self._host_ring = Ring()  # over the host tier's names: where a demoted model goes
+        # every host-tier name (local nodes, peers, its own node), and a ring over them: where
+        # a demoted model goes
+        self._hosts: tuple[str, ...] = ()
+        self._host_ring = Ring()
         # the peer each PeerBackend was made for
         self._peers: dict[str, tuple[Peer, PeerBackend]] = {}
         self._drained: set[str] = set()
@@ -116,15 +121,16 @@ class Topology:
         """This process's own nodes (not peer sidecars), in name order."""
         return [self._nodes[name] for name in sorted(self._nodes)]
 
-    def host_tier(self) -> list[NodeBackend]:
-        """The host-tier nodes, in name order: off the ring, they hold what the GPU-tier nodes
-        demoted (docs/tiers.md)."""
-        return [self._nodes[name] for name in self._host_tier]
+    def host_tier(self) -> list[Backend]:
+        """The host-tier nodes, in name order: local ones and peer sidecars announced as
+        ``host``, off the ring; they hold what the GPU-tier nodes demoted (docs/tiers.md)."""
+        return [self._backends[name] for name in self._hosts if name in self._backends]
 
-    def host_tier_for(self, model: str) -> list[NodeBackend]:
+    def host_tier_for(self, model: str) -> list[Backend]:
         """The host-tier nodes in the order model ``model`` tries them (hashed over their names:
         the same node each time while it is there)."""
-        return [self._nodes[name] for name in self._host_ring.replicas_for(model)]
+        return [self._backends[name] for name in self._host_ring.replicas_for(model)
+                if name in self._backends]
 
     def node(self, name: str) -> NodeBackend | None:
         """Local node ``name``, or None when there is none (a peer's name included)."""
@@ -152,8 +158,6 @@ class Topology:
         ``host_tier``: the names of those that are host-tier nodes, kept off the ring."""
         self._nodes = {node.name: node for node in nodes}
         self._host_tier = tuple(sorted(host_tier))
-        self._host_ring = Ring(self._host_tier, replicas=max(len(self._host_tier), 1),
-                               vnodes=self._vnodes)
         if self.own is not None and self.own not in self._nodes:
             raise ValueError(f"sidecar {self.own!r} has no node of that name")
         self._publish()
@@ -173,9 +177,10 @@ class Topology:
             if peer.name == self.own or peer.name in self._nodes:
                 continue
             known = previous.get(peer.name)
-            if known is not None and (known[0].grpc, known[0].rest or None) == (
+            if known is not None and (known[0].grpc, known[0].rest or None, known[0].tier) == (
                 peer.grpc,
                 peer.rest or None,
+                peer.tier,
             ):
                 current[peer.name] = known
             else:
@@ -225,9 +230,17 @@ class Topology:
     def _publish(self) -> None:
         backends: dict[str, Backend] = dict(self._nodes)
         backends.update((name, backend) for name, (_, backend) in self._peers.items())
+        hosts = {*self._host_tier, *(n for n, (peer, _) in self._peers.items()
+                                     if peer.tier == "host")}
+        if self.own is not None and self._own_tier == "host":
+            hosts.add(self.own)
+        if tuple(sorted(hosts)) != self._hosts:
+            self._hosts = tuple(sorted(hosts))
+            self._host_ring = Ring(self._hosts, replicas=max(len(self._hosts), 1),
+                                   vnodes=self._vnodes)
         ring = Ring(
             ring_nodes(backends, own=self.own, in_ring=self._in_ring,
-                       drained=self._drained.union(self._host_tier)),
+                       drained=self._drained.union(hosts)),
             replicas=self._replicas,
             vnodes=self._vnodes,
         )
@@ -237,7 +250,7 @@ class Topology:
             self._router.update(ring, self._backends)
         log.info("ring: %s%s%s", ", ".join(ring.nodes) or "(empty)",
                  f" (drained: {', '.join(sorted(self._drained))})" if self._drained else "",
-                 f" (host tier: {', '.join(self._host_tier)})" if self._host_tier else "")
+                 f" (host tier: {', '.join(self._hosts)})" if self._hosts else "")
 
     def _retire(self, name: str, backend: PeerBackend) -> None:
         task = asyncio.create_task(

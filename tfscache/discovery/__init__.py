@@ -368,7 +368,8 @@ def advertise_peer(settings: Any, grpc_port: int, rest_port: int | None) -> Peer
         host = socket.getfqdn()
     host = f"[{host}]" if ":" in host and not host.startswith("[") else host
     return Peer(settings.ring.self_name or "local", f"{host}:{grpc_port}",
-                f"{host}:{rest_port}" if rest_port else "")
+                f"{host}:{rest_port}" if rest_port else "",
+                getattr(getattr(settings, "node", None), "node_tier", "gpu"))
 
 
 async def cancel(task: asyncio.Task | None) -> None:

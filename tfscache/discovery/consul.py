@@ -206,7 +206,8 @@ class ConsulDiscovery(WatchingDiscovery):
         )
         return {"name": self.service, "service_id": service_id, "address": host, "port": port,
                 "tags": ["grpc", "rest"] if peer.rest else ["grpc"],
-                "meta": {"peer": peer.name, "grpc": peer.grpc, "rest": peer.rest},
+                "meta": {"peer": peer.name, "grpc": peer.grpc, "rest": peer.rest,
+                         **({"tier": peer.tier} if peer.tier != "gpu" else {})},
                 "check": check, "replace_existing_checks": True}
 
     async def _register_once(self) -> None:
@@ -291,6 +292,7 @@ class ConsulDiscovery(WatchingDiscovery):
             meta.get("peer") or service["ID"],
             meta.get("grpc") or _join(host, int(service["Port"])),
             meta.get("rest", ""),
+            "host" if meta.get("tier") == "host" else "gpu",
         )
 
     async def _query(self) -> tuple[int, list[Peer]]:

@@ -147,9 +147,10 @@ class EtcdDiscovery(WatchingDiscovery):
             self._written = False
             reply = await self._post("/v3/lease/grant", {"TTL": self.ttl_s})
             self._lease = str(reply["ID"])
-        value = json.dumps(
-            {"name": self._self.name, "grpc": self._self.grpc, "rest": self._self.rest}
-        )
+        entry = {"name": self._self.name, "grpc": self._self.grpc, "rest": self._self.rest}
+        if self._self.tier != "gpu":  # a host-tier sidecar says so (docs/tiers.md)
+            entry["tier"] = self._self.tier
+        value = json.dumps(entry)
         try:
             await self._post(
                 "/v3/kv/put",
@@ -231,7 +232,8 @@ class EtcdDiscovery(WatchingDiscovery):
         try:
             name = _unb64(kv["key"])[len(self.key_prefix):].decode()
             value = json.loads(_unb64(kv["value"]))
-            return Peer(name, str(value["grpc"]), str(value.get("rest", "")))
+            return Peer(name, str(value["grpc"]), str(value.get("rest", "")),
+                        "host" if value.get("tier") == "host" else "gpu")
         except (KeyError, ValueError, TypeError) as exc:
             log.debug("etcd: ignoring malformed entry %r: %r", kv, exc)
             return None

@@ -5,6 +5,7 @@ A leaf module (it imports nothing of tfscache), so that ``tfscache.settings`` ca
 
     parse_peers([{"name": "a", "grpc": "10.0.0.1:8500", "rest": "10.0.0.1:8501"}])
     parse_peers("a=10.0.0.1:8500/10.0.0.1:8501,b=10.0.0.2:8500")   # env / CLI form
+    parse_peers("h=10.0.0.3:8500/10.0.0.3:8501/host")   # a host-tier sidecar (docs/tiers.md)
     parse_dns_server("127.0.0.1:5353")   # ("127.0.0.1", 5353): discovery.dns_server
 """
 
@@ -17,6 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 
+TIERS = ("gpu", "host")  # a sidecar's node's tier (tfscache.cache.tiers names them too)
+
+
 @dataclass
 class Peer:
     """A tfscache sidecar on the ring (sidecar mode): its name and its gRPC and REST addresses."""
@@ -24,6 +28,7 @@ class Peer:
     name: str
     grpc: str
     rest: str = ""
+    tier: str = "gpu"  # "host": a host-tier sidecar, off the ring (docs/tiers.md)
 
 
 def is_address(value: str) -> bool:
@@ -32,22 +37,28 @@ def is_address(value: str) -> bool:
 
 
 def parse_peers(value: Any) -> list[Peer]:
-    """A list of ``{name, grpc, rest}`` tables, or the ``name=grpc/rest,...`` string; ValueError if bad."""
+    """A list of ``{name, grpc, rest, tier}`` tables (``tier`` optional: ``gpu``, the default, or
+    ``host``), or the ``name=grpc/rest/tier,...`` string; ValueError if bad."""
     if isinstance(value, str):
-        value = [dict(zip(("name", "grpc", "rest"), re.split(r"[=/]", item)))
+        value = [{k: v for k, v in zip(("name", "grpc", "rest", "tier"), re.split(r"[=/]", item))
+                  if k != "tier" or v}
                  for item in value.split(",") if item]
     peers = []
     for item in value:
         if (
             not isinstance(item, Mapping)
-            or set(item) - {"name", "grpc", "rest"}
+            or set(item) - {"name", "grpc", "rest", "tier"}
             or not item.get("name")
         ):
-            raise ValueError("each peer is {name, grpc, rest}")
+            raise ValueError("each peer is {name, grpc, rest, tier}")
         for key in ("grpc", "rest"):
             if not is_address(str(item.get(key, ""))):
                 raise ValueError(f"peer {item['name']}: {key} must be HOST:PORT")
-        peers.append(Peer(str(item["name"]), str(item.get("grpc", "")), str(item.get("rest", ""))))
+        tier = str(item.get("tier", "gpu"))
+        if tier not in TIERS:
+            raise ValueError(f"peer {item['name']}: tier must be gpu or host")
+        peers.append(Peer(str(item["name"]), str(item.get("grpc", "")), str(item.get("rest", "")),
+                          tier))
     if len({p.name for p in peers}) != len(peers):
         raise ValueError("peer names must be unique")
     return peers

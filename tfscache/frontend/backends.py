@@ -336,6 +336,8 @@ class PeerBackend:
         self.upstream = upstream
         self._marker = (FORWARDED_KEY, self_name)
         self._on_load = on_load
+        # a host-tier peer: the models this sidecar handed it (docs/tiers.md), until taken back
+        self.holding: set[str] = set()
 
     def __repr__(self) -> str:
         return f"PeerBackend({self.name}, {self.upstream})"
@@ -343,7 +345,11 @@ class PeerBackend:
     healthy = True
 
     def holds(self, key: RouteKey) -> bool:
-        return False
+        return key.name in self.holding
+
+    async def call(self, path: str, request: bytes, timeout: float | None) -> bytes:
+        """One of tfscache's own methods on the peer, marked as a peer's call (tfscache.frontend.tiers)."""
+        return await self.upstream.unary(path, request, metadata=(self._marker,), timeout=timeout)
 
     async def wait_serving(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the peer to accept connections again."""

@@ -106,7 +106,10 @@ class Router:
                 raise errors.FailedPrecondition(
                     "request forwarded to a tfscache that has no node of its own"
                 )
-            return [self.backends[self.local]]
+            own = [self.backends[self.local]]
+            # a model this sidecar demoted to a host-tier sidecar goes on there (a second hop,
+            # the last: a host-tier sidecar hands nothing on)
+            return own if key is None else self._host_first(key, own)
         if key is None:  # no model named: any healthy node reports TF Serving's error
             nodes = [b for b in self.backends.values() if b.healthy] or list(self.backends.values())
             return nodes[:1]

@@ -203,6 +203,10 @@ def _check_whole(s: Settings) -> None:
         if backend.peers_from_ring and s.ring.peers and s.ring.self_name not in names:
             raise SettingsError(f"bad value for setting ring.self_name: {s.ring.self_name!r} "
                                 f"(must be one of the peers: {', '.join(names)})")
+        own = next((p for p in s.ring.peers if p.name == s.ring.self_name), None)
+        if backend.peers_from_ring and own is not None and own.tier != s.node.node_tier:
+            raise SettingsError(f"bad value for setting node.node_tier: {s.node.node_tier!r} "
+                                f"(ring.peers says {own.name} is a {own.tier}-tier sidecar)")
     elif s.node.local_nodes < 1:
         raise SettingsError(f"bad value for setting node.local_nodes: {s.node.local_nodes!r} "
                             "(must be >= 1 without --node-address)")
@@ -241,13 +245,23 @@ def _check_whole(s: Settings) -> None:
         raise SettingsError(f"bad value for setting node.local_host_nodes: "
                             f"{s.node.local_host_nodes!r} (embedded mode only: a sidecar has "
                             "one node)")
-    if s.node.local_host_nodes and (s.server.workers > 1 or s.server.data_plane == "haproxy"):
-        raise SettingsError(f"bad value for setting node.local_host_nodes: "
-                            f"{s.node.local_host_nodes!r} (host-tier nodes are routed by this "
-                            "process's router only: not with server.workers > 1 or "
-                            "server.data_plane = haproxy yet; docs/tiers.md)")
+    across = s.cache.demote == "host" and (
+        s.node.local_host_nodes if not s.sidecar
+        else s.node.node_tier == "host" or (kind is not None and not kind.demotes_in_place))
+    if across and (s.server.workers > 1 or s.server.data_plane == "haproxy"):
+        raise SettingsError(f"bad value for setting cache.demote: {s.cache.demote!r} (host-tier "
+                            "nodes are routed by this process's router only: not with "
+                            "server.workers > 1 or server.data_plane = haproxy yet; "
+                            "docs/tiers.md)")
+    if s.node.node_tier != "gpu" and not s.sidecar:
+        raise SettingsError(f"bad value for setting node.node_tier: {s.node.node_tier!r} "
+                            "(sidecar mode only: embedded, --local-host-nodes M starts host-tier "
+                            "nodes)")
+    if s.node.node_tier == "host" and s.cache.demote != "host":
+        raise SettingsError("bad value for setting node.node_tier: 'host' (needs cache.demote = "
+                            "host, as on the gpu sidecars; docs/tiers.md)")
     if (s.cache.demote != "none" and kind is not None and not kind.demotes_in_place
-            and not s.node.local_host_nodes):
+            and not s.node.local_host_nodes and not s.sidecar):
         raise SettingsError(f"bad value for setting cache.demote: {s.cache.demote!r} (node.backend "
                             f"{s.node.backend} cannot move a model off the GPU in place: it "
                             "needs host-tier nodes, --local-host-nodes M; docs/tiers.md)")

@@ -296,6 +296,12 @@ class NodeSection:
     )
     node_address: str = setting("", "sidecar mode: the one node, as HOST:GRPC_PORT[,REST_PORT]",
                                  flag="--node-address")
+    node_tier: str = setting(
+        "gpu",
+        "sidecar mode: this sidecar's node's tier, announced through discovery: gpu (on the "
+        "ring) or host (off the ring: it holds what the gpu sidecars demote; docs/tiers.md)",
+        check=lambda v: None if v in ("gpu", "host") else "must be one of gpu, host",
+        flag="--node-tier")
     file_system_poll_wait_seconds: float = setting(0.1, "node's --file_system_poll_wait_seconds "
                                                     "(tensorflow_model_server needs >= 1)",
                                                     check=_at_least(0.001))
