@@ -398,7 +398,11 @@ class Traffic:
             thread.join(self.timeout_s + 10)
 
     def _run(self, worker: int) -> None:
-        client = Client(self.serve, http=worker % 2 == 1, timeout_s=self.timeout_s)
+        try:
+            client = Client(self.serve, http=worker % 2 == 1, timeout_s=self.timeout_s)
+        except Exception as exc:  # noqa: BLE001 - counted as a failed request
+            self.requests.failures.append(f"client {worker}: {type(exc).__name__}: {exc}")
+            return
         try:
             i = 0
             while not self._stop.wait(self.pause_s):  # the pace of a steady client, not a wait
@@ -479,13 +483,13 @@ class Check:
     def cold_load(self, client: Client, name: str) -> None:
         if not self.requests.send(client, name, [0.0]):
             raise StepFailed(f"the cold load of {name} failed: {self.requests.failures[-1]}")
-        wait_until(f"{name} on the GPU", lambda: self.gpu_holds(name) and self.serve.tiers().get(name) == "gpu",
-                   self.deadline)
+        wait_until(f"{name} on the GPU", lambda: self.settled_on_gpu(name), self.deadline)
 
     def load_over_cap(self, client: Client, name: str) -> str:
         self.cold_load(client, name)
         self.traffic.models.append(name)
-        victim = wait_until("a victim demoted, its GPU memory given back", self.settled_on_host, self.deadline)
+        victim = wait_until("a victim demoted, its GPU memory given back", self.settled_on_host,
+                            self.deadline)
         self.demoted.append(victim)
         answered = self.requests.answers.get(victim, 0)
         wait_until(f"{victim} answering from host memory",
@@ -495,8 +499,7 @@ class Check:
     def promote(self, name: str) -> None:
         self.steps[-1]["on_host_at_burst"] = self.serve.tiers().get(name) == "host"
         threads = burst(self.serve, self.requests, name, self.args.hold_ms, self.args.timeout)
-        wait_until(f"{name} back on the GPU", lambda: self.gpu_holds(name) and self.serve.tiers().get(name) == "gpu",
-                   self.deadline)
+        wait_until(f"{name} back on the GPU", lambda: self.settled_on_gpu(name), self.deadline)
         self.promoted.append(name)
         room = wait_until("another model off the GPU to make room", lambda: self.room_made(name),
                           self.deadline)
@@ -505,22 +508,29 @@ class Check:
         for thread in threads:
             thread.join(max(0.0, self.deadline - time.monotonic()))
 
-    def gpu_holds(self, name: str) -> bool:
-        return self.gpu.by_model(process_tree(self.serve.pid)).get(name, 0) > 0
+    def on_gpu(self, held: dict[str, int], name: str) -> bool:
+        """Whether ``name``'s stubs hold its GPU bytes: at least half of ``--bytes`` (a CPU
+        instance's stub may still hold a CUDA context, never the model's block)."""
+        return held.get(name, 0) >= self.args.bytes // 2
+
+    def settled_on_gpu(self, name: str) -> bool:
+        """``name`` on the GPU tier, not moving, its stubs holding its GPU bytes."""
+        held = self.gpu.by_model(process_tree(self.serve.pid))
+        return self.on_gpu(held, name) and self.serve.tiers().get(name) == "gpu"
 
     def room_made(self, name: str) -> dict[str, str]:
-        """The other models that hold no GPU memory now: "demoted" (on the host tier) or
+        """The other models that do not hold their GPU bytes now: "demoted" (on the host tier) or
         "unloaded" (a victim is unloaded instead when its promotion would be no faster than its
         cold load: demote_pays, docs/tiers.md)."""
         held, tiers = self.gpu.by_model(process_tree(self.serve.pid)), self.serve.tiers()
         return {m: "demoted" if tiers.get(m, "").startswith("host") else "unloaded"
-                for m in self.names if m != name and not held.get(m)}
+                for m in self.names if m != name and not self.on_gpu(held, m)}
 
     def settled_on_host(self, exclude: str = "") -> str | None:
-        """A model on the host tier, not moving, that holds no GPU memory now."""
+        """A model on the host tier, not moving, that does not hold its GPU bytes now."""
         held = self.gpu.by_model(process_tree(self.serve.pid))
         return next((name for name, tier in self.serve.tiers().items()
-                     if tier == "host" and name != exclude and not held.get(name)), None)
+                     if tier == "host" and name != exclude and not self.on_gpu(held, name)), None)
 
 
 def moves(samples: list[tuple[str, dict, float]]) -> dict:
@@ -559,7 +569,8 @@ def verdict(check: Check, metrics: dict, failed_step: str, timed: bool) -> tuple
         if totals.get(f"tier_move_failures_total{{to={to}}}"):
             problems.append(f"a {what} failed (tfscache_tier_move_failures_total)")
     for model, values in sorted(metrics["models"].items()):
-        promote, load = mean(values, "tier_move_duration_seconds{to=gpu}"), mean(values, "load_duration_seconds")
+        promote = mean(values, "tier_move_duration_seconds{to=gpu}")
+        load = mean(values, "load_duration_seconds")
         if promote is None:
             continue
         faster = load is not None and promote < load
@@ -579,7 +590,8 @@ def table(report: dict) -> str:
         return "-" if n is None else format_bytes(n)
 
     lines = [report["what"], "",
-             f"{'step':<46} {'GPU before':>11} {'GPU after':>11} {'device after':>12} {'s':>7}  tiers after / GPU by model"]
+             f"{'step':<46} {'GPU before':>11} {'GPU after':>11} {'device after':>12} {'s':>7}  "
+             "tiers after / GPU by model"]
     for row in report["steps"]:
         after = row.get("after") or {}
         held = ", ".join(f"{m}={format_bytes(b)}" for m, b in after.get("by_model", {}).items())
@@ -592,7 +604,8 @@ def table(report: dict) -> str:
             lines.append(f"  {row['step']}: on the host tier when sent: "
                          + ("yes" if row["on_host_at_burst"] else "no (the rules had moved it already)"))
         if row.get("room_made_by"):
-            lines.append("  room made by: " + ", ".join(f"{m} {how}" for m, how in row["room_made_by"].items()))
+            made = row["room_made_by"].items()
+            lines.append("  room made by: " + ", ".join(f"{m} {how}" for m, how in made))
     lines.append("")
     for v in report["promotion_vs_cold_load"]:
         lines.append(f"{v['model']}: promotion {v['promote_s']:.3f} s, cold load {v['cold_load_s']} s: "
@@ -639,27 +652,36 @@ def run(args: argparse.Namespace) -> dict:
             gpu_dir.mkdir()
             gpu, params = StandInReader(gpu_dir), {"mode": "stand_in", "gpu_dir": str(gpu_dir)}
         else:
-            gpu, params = NvmlModels(), {"mode": "gpu", "library": gpu_library()}
-        params.update(gpu_bytes=str(args.bytes), host_bytes=str(args.host_bytes))
-        names = build_repository(tmp / "repository", count, params, args.cpu_dry_run)
-        serve = Serve(serve_argv(args, tmp / "repository", tmp / "state", cap, gpu_dir), tmp,
-                      time.monotonic() + args.timeout)
-        check, failed_step = Check(serve, gpu, names, args), ""
+            gpu = NvmlModels()  # first: no GPU is the likeliest reason it cannot run
+            try:
+                params = {"mode": "gpu", "library": gpu_library()}
+            except CannotCheck:
+                gpu.close()
+                raise
         try:
-            check.run()
-        except StepFailed as exc:
-            failed_step = str(exc)
-            print(f"check_gpu_tiers: {exc}\n--- serve log ---\n{serve.log_tail()}", file=sys.stderr)
+            params.update(gpu_bytes=str(args.bytes), host_bytes=str(args.host_bytes))
+            names = build_repository(tmp / "repository", count, params, args.cpu_dry_run)
+            serve = Serve(serve_argv(args, tmp / "repository", tmp / "state", cap, gpu_dir), tmp,
+                          time.monotonic() + args.timeout)
+            check, failed_step = Check(serve, gpu, names, args), ""
+            try:
+                check.run()
+            except (StepFailed, OSError) as exc:  # OSError: the serve stopped answering
+                failed_step = str(exc)
+                print(f"check_gpu_tiers: {exc}\n--- serve log ---\n{serve.log_tail()}", file=sys.stderr)
+            finally:
+                alive = serve.process.poll() is None
+                metrics = moves(serve.metrics()) if alive else {"totals": {}, "models": {}}
+                serve.stop()
         finally:
-            metrics = moves(serve.metrics()) if serve.process.poll() is None else {"totals": {}, "models": {}}
-            serve.stop()
             gpu.close()
     problems, versus = verdict(check, metrics, failed_step, timed=not args.cpu_dry_run)
     what = ("CPU DRY RUN: no GPU here. The models' instances are KIND_CPU standing in for GPU ones, and "
             f"'GPU' memory is the stand-in files they write ({format_bytes(args.bytes)} each), "
             "not an NVML measurement." if args.cpu_dry_run else
             f"GPU check: NVML's used GPU memory; models of {format_bytes(args.bytes)} ({params['library']})")
-    return {"what": what, "dry_run": args.cpu_dry_run, "gpu_reading": "stand-in files" if args.cpu_dry_run else "nvml",
+    return {"what": what, "dry_run": args.cpu_dry_run,
+            "gpu_reading": "stand-in files" if args.cpu_dry_run else "nvml",
             "models": names, "model_bytes": args.bytes, "cap_bytes": cap, "steps": check.steps,
             "demoted": check.demoted, "promoted": check.promoted, "promotion_vs_cold_load": versus,
             "requests": {"answered": sum(check.requests.answers.values()), "by_model": check.requests.answers,
@@ -675,8 +697,10 @@ def main(argv: list[str] | None = None) -> int:
         return serve_stand_in(Path(argv[1]), argv[2:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--cpu-dry-run", action="store_true",
-                        help="no GPU: CPU instances stand in for GPU ones, files for NVML (not a GPU measurement)")
-    parser.add_argument("--models", type=int, default=3, help="models served (the cap holds one fewer); at least 2")
+                        help="no GPU: CPU instances stand in for GPU ones, files for NVML "
+                        "(not a GPU measurement)")
+    parser.add_argument("--models", type=int, default=3,
+                        help="models served (the cap holds one fewer); at least 2")
     parser.add_argument("--bytes", type=parse_bytes, default=parse_bytes("4GiB"),
                         help="GPU memory each model's GPU instance allocates (default 4GiB)")
     parser.add_argument("--host-bytes", type=parse_bytes, default=0,
@@ -697,6 +721,11 @@ def main(argv: list[str] | None = None) -> int:
     except CannotCheck as exc:
         print(f"check_gpu_tiers: cannot check here: {exc}", file=sys.stderr)
         return 2
+    except StepFailed as exc:  # the serve did not start
+        print(f"check_gpu_tiers: FAILED: {exc}", file=sys.stderr)
+        Path(args.out).write_text(json.dumps({"dry_run": args.cpu_dry_run, "problems": [str(exc)],
+                                              "passed": False}, indent=2) + "\n")
+        return 1
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
     print(f"results: {args.out}")

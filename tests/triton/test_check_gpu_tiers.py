@@ -29,7 +29,8 @@ def test_the_dry_run_demotes_and_promotes_under_traffic_with_no_request_failed(t
     assert done.stdout.startswith("CPU DRY RUN: no GPU here.")
     assert "PASSED (a dry run on CPU with a stand-in for GPU memory: not a GPU measurement)" in done.stdout
     report = json.loads(out.read_text())
-    assert (report["dry_run"], report["gpu_reading"], report["promotion_gated"]) == (True, "stand-in files", False)
+    assert report["dry_run"] and report["gpu_reading"] == "stand-in files"
+    assert report["promotion_gated"] is False  # stand-in timings say nothing of a GPU's
     assert report["requests"]["failed"] == 0 and report["requests"]["failures"] == []
     assert report["requests"]["answered"] > 0
     totals = report["metrics"]["totals"]
