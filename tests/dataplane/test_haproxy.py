@@ -352,6 +352,21 @@ async def test_a_reload_adds_a_node_while_requests_keep_being_answered(nodes, tm
         assert plane.supervisor.restarts == 0
 
 
+async def test_a_reload_right_after_the_start_is_not_lost(nodes, tmp_path):
+    """The master re-executes itself once its first worker serves, and ignores SIGUSR2 until its
+    wait loop runs: a reload sent as soon as the worker answers was lost (every time here, and
+    once in a fresh-clone run of the test above). Reloads now wait for the master's CLI."""
+    node_a, node_b = nodes
+    async with Plane(tmp_path, node_a, node_b) as plane:
+        first = plane.runtime.worker
+        for _ in range(2):  # and a reload right after a reload
+            await plane.supervisor.reload(plane.plan)
+            assert plane.runtime.worker != first
+            first = plane.runtime.worker
+        assert plane.supervisor.restarts == 0
+        assert (plane.state / "haproxy.log").read_text().count("Reloading HAProxy") == 2
+
+
 def _backend_known(plane, name):
     async def known():
         try:

@@ -6,6 +6,12 @@ until the new HAProxy accepts them. HAProxy runs in master-worker mode in the fo
 (``-W -db``); a reload is SIGUSR2 to the master, which starts new workers on the new
 configuration and lets the old ones finish their requests.
 
+A master takes SIGUSR2 only once it is in its wait loop: after forking its worker it re-executes
+itself, and the new image sets SIGUSR2 to SIG_IGN until its loop registers the handler, which
+discards a SIGUSR2 pending meanwhile (HAProxy 2.6's src/haproxy.c, ``main`` and
+``mworker_loop``). So a reload is sent only once the master CLI (``-S``, which only that loop
+serves) has answered, after every start and every reload alike.
+
 The supervisor knows which worker serves now (``Runtime.worker``): the one it started, and after
 a reload the new one, once it answers the runtime API. An old worker still carrying requests is
 a child of the master until they are done (``old_workers_gone``): the routes it has counted are
@@ -39,6 +45,8 @@ class Supervisor:
         """``runtime``: the runtime API client to tell which worker serves (the routes')."""
         self.binary = binary
         self.runtime = runtime if runtime is not None else Runtime(plan.runtime_socket)
+        # the master CLI, beside the runtime socket (the same limit on its path)
+        self.master = Runtime(plan.runtime_socket.with_name("master.sock"))
         self.state_dir = Path(state_dir)
         self.plan = plan
         self.start_timeout_s = start_timeout_s
@@ -63,12 +71,14 @@ class Supervisor:
         os.replace(scratch, self.config_path)
 
     async def _spawn(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self.plan.runtime_socket.unlink()
+        for path in (self.plan.runtime_socket, self.master.socket_path):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
         logfile = await asyncio.to_thread(open, self.log_path, "ab")
         try:
             self.process = await asyncio.create_subprocess_exec(
                 self.binary, "-W", "-db", "-f", str(self.config_path),
+                "-S", f"{self.master.socket_path},mode,600",
                 stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,
                 pass_fds=(self.plan.grpc_fd, self.plan.rest_fd), start_new_session=True)
         finally:
@@ -93,6 +103,23 @@ class Supervisor:
                 raise HaproxyStartError(f"no haproxy worker answered its runtime socket "
                                         f"{doing} in {self.start_timeout_s} s; see "
                                         f"{self.log_path}")
+            await asyncio.sleep(0.01)
+
+    async def _master_waits(self, doing: str) -> None:
+        """Return once the master answers its CLI: in its wait loop, it takes SIGUSR2 (module
+        docstring); HaproxyStartError naming ``doing`` if HAProxy exits or it does not in time."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.start_timeout_s
+        while True:
+            with contextlib.suppress(RuntimeApiError):
+                if "master" in await self.master._ask("show proc;quit"):
+                    return
+            if self.process.returncode is not None:
+                raise HaproxyStartError(f"haproxy exited with {self.process.returncode} {doing}; "
+                                        f"see {self.log_path}")
+            if loop.time() > deadline:
+                raise HaproxyStartError(f"the haproxy master did not answer its CLI {doing} in "
+                                        f"{self.start_timeout_s} s; see {self.log_path}")
             await asyncio.sleep(0.01)
 
     async def old_workers_gone(self) -> bool:
@@ -124,6 +151,7 @@ class Supervisor:
         await asyncio.to_thread(self._write_files)
         if self.process is not None and self.process.returncode is None:
             old = self.runtime.worker
+            await self._master_waits("before reloading")
             self.process.send_signal(signal.SIGUSR2)
             self.runtime.worker = await self._new_worker(old, "reloading")
 
