@@ -118,7 +118,12 @@ class Nodes:
         adapter = self._kind.part("adapter")(client, self._repository,
                                              rpc_deadline_s=client.rpc_deadline_s,
                                              memory=NodeMemory(node_pid, find_node_pid))
-        if s.cache.demote == HOST and self.across is None:
+        if s.cache.demote == HOST and self.across is not None:
+            if rest_address is not None and self._kind.demotes_in_place:
+                # Triton across nodes: its model configurations say which backends need a GPU
+                # (never handed to the host tier)
+                adapter.enable_demotion(rest_address, s.cache.demote_cpu_instances)
+        elif s.cache.demote == HOST:
             # in place (Triton); settings refused it for other kinds without host-tier nodes
             if rest_address is None:
                 log.warning("node %s: cache.demote = host needs the node's HTTP port "

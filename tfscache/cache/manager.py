@@ -102,8 +102,9 @@ class CacheManager:
         if settings.demote != HOST:
             self.moves = None
         elif across is not None:
-            self.moves = TierMoves(
-                self.ledger, (lambda key: across.available(HOST)) if tier == GPU else _never, rule)
+            self.moves = TierMoves(self.ledger, (lambda key: across.available(HOST) and (
+                not adapter.demotes_in_place or adapter.can_demote(key))) if tier == GPU
+                else _never, rule)
         else:
             self.moves = (TierMoves(self.ledger, adapter.can_demote, rule)
                           if adapter.demotes_in_place else None)

@@ -82,13 +82,16 @@ class StateCollector:
     def collect(self):
         sources = self._sources()
         views = list(sources.nodes())
-        families = [*self._resident(views), *self._usage(views), *self._tiers(views)]
+        # each node's versions, read once per scrape for every family below
+        snapshots = {v.name: list(v.cache.snapshot()) if v.cache is not None else [] for v in views}
+        families = [*self._resident(views, snapshots), *self._usage(views, snapshots),
+                    *self._tiers(views, snapshots)]
         families.append(GaugeMetricFamily("tfscache_ring_nodes", "Nodes (or sidecars) on the ring.",
                                           value=sources.ring_nodes()))
         families.extend(self._counters([v.name for v in views], list(sources.backends())))
         return families
 
-    def _resident(self, views: list[NodeView]) -> list[GaugeMetricFamily]:
+    def _resident(self, views: list[NodeView], snapshots: dict[str, list]) -> list[GaugeMetricFamily]:
         models = _gauge(
             "tfscache_resident_models",
             "Model versions in a node's config, by state (loading, available, unloading).",
@@ -100,8 +103,7 @@ class StateCollector:
             ["node", "state", "kind"],
         )
         for view in views:
-            resident = list(view.cache.snapshot()) if view.cache is not None else []
-            for state, group in by_state(resident).items():
+            for state, group in by_state(snapshots[view.name]).items():
                 models.add_metric([view.name, state], len(group))
                 size.add_metric(
                     [view.name, state, "measured"], sum(m.bytes for m in group if m.measured)
@@ -111,7 +113,7 @@ class StateCollector:
                 )
         return [models, size]
 
-    def _usage(self, views: list[NodeView]) -> list[GaugeMetricFamily]:
+    def _usage(self, views: list[NodeView], snapshots: dict[str, list]) -> list[GaugeMetricFamily]:
         cap_models = _gauge(
             "tfscache_cap_models", "A node's cap on model versions (0 = none).", ["node"]
         )
@@ -145,7 +147,7 @@ class StateCollector:
         now = self._clock()
         for view in views:
             cache = view.cache
-            resident = list(cache.snapshot()) if cache is not None else []
+            resident = snapshots[view.name]
             counting = [m for m in resident if m.state != UNLOADING]
             used_models.add_metric([view.name], len(counting))
             used_bytes.add_metric([view.name], sum(m.bytes for m in counting))
@@ -161,7 +163,7 @@ class StateCollector:
             healthy.add_metric([view.name], 1 if view.healthy else 0)
         return [cap_models, cap_bytes, used_models, used_bytes, idle_age, leases, queue, healthy]
 
-    def _tiers(self, views: list[NodeView]) -> list[GaugeMetricFamily]:
+    def _tiers(self, views: list[NodeView], snapshots: dict[str, list]) -> list[GaugeMetricFamily]:
         """Where the available versions are (docs/tiers.md), and the GPU bytes against the GPU cap."""
         models = _gauge(
             "tfscache_tier_models",
@@ -181,7 +183,7 @@ class StateCollector:
         gpu_cap = _gauge("tfscache_cap_gpu_bytes", "A node's cap on GPU bytes (0 = none).", ["node"])
         for view in views:
             cache = view.cache
-            ready = [m for m in cache.snapshot() if m.state == READY] if cache is not None else []
+            ready = [m for m in snapshots[view.name] if m.state == READY]
             for tier in (GPU, HOST):
                 on = [m for m in ready if m.tier == tier]
                 models.add_metric([view.name, tier], len(on))
