@@ -240,14 +240,18 @@ class CacheManager:
         fut = await self._enqueue(key, sizes)
         if prefetcher is not None:  # no await since the enqueue: one reloader step sees both
             prefetcher.cold(key, follow_sizes if key == guess else None)
+        lease = await self._wait_lease(fut, key, timeout)
+        if prefetcher is not None:
+            prefetcher.answered(key)
+        return self._prefetch_used(lease)
+
+    async def _wait_lease(self, fut: asyncio.Future, key: Key, timeout: float | None) -> Lease:
+        """The lease ``fut`` brings within ``timeout`` s (DEADLINE_EXCEEDED after); a lease granted
+        just as the caller gave up goes straight back."""
         try:
             async with asyncio.timeout(timeout):
-                lease = await fut
-            if prefetcher is not None:
-                prefetcher.answered(key)
-            return self._prefetch_used(lease)
+                return await fut
         except BaseException as exc:
-            # A lease granted just as the caller gave up goes straight back.
             if fut.done() and not fut.cancelled() and fut.exception() is None:
                 fut.result().release()
             fut.cancel()
@@ -344,20 +348,9 @@ class CacheManager:
                 self.ledger.move_failed(key)  # it stays here after all
             return
         found, sizes, _ = await asyncio.to_thread(self._resolve, name, version, [])
-        fut = await self._enqueue((found.name, found.version), sizes, handoff=True)
-        try:
-            async with asyncio.timeout(timeout):
-                lease = await fut
-        except BaseException as exc:
-            if fut.done() and not fut.cancelled() and fut.exception() is None:
-                fut.result().release()
-            fut.cancel()
-            if isinstance(exc, TimeoutError):
-                raise errors.DeadlineExceeded(
-                    f"Timed out after {timeout} s waiting for model {name} version {version} "
-                    f"to load on node {self.target}") from None
-            raise
-        lease.release()
+        key = (found.name, found.version)
+        fut = await self._enqueue(key, sizes, handoff=True)
+        (await self._wait_lease(fut, key, timeout)).release()
 
     async def pin(
         self, name: str, version: int | None = None, timeout: float | None = None
