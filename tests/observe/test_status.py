@@ -168,3 +168,10 @@ def test_render_shows_each_versions_tier_and_a_move():
     models = lines[lines.index("model versions (2)"):]
     rows = [line.split()[:5] for line in models if line.startswith("  a  ")]
     assert rows == [["a", "m", "2", "available", "gpu"], ["a", "n", "7", "available", "gpu->host"]]
+
+
+def test_render_marks_a_host_tier_node():
+    nodes = [{**DOC["nodes"][0], "tier": "gpu"}, {**DOC["nodes"][0], "name": "h", "tier": "host"}]
+    lines = status.render({**DOC, "nodes": nodes}).splitlines()
+    kinds = {line.split()[0]: line.split()[1] for line in lines[2:4]}
+    assert kinds == {"a": "node", "h": "node/host"}

@@ -109,7 +109,7 @@ def render(doc: dict[str, Any]) -> str:
         rows.append(
             [
                 node["name"],
-                node["kind"],
+                node["kind"] + ("/host" if node.get("tier") == "host" else ""),  # docs/tiers.md
                 node.get("address") or "-",
                 "yes" if node["healthy"] else "NO",
                 *counts,
