@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import re
 import threading
 
 import grpc
 import pytest
 import requests
 import pytest_asyncio
+from prometheus_client import generate_latest
 from support.models.tfserving import build_gate
 from support.node import node_template, version_status_at
 from support.requests import float_tensor, predict_request
@@ -109,6 +111,12 @@ async def test_warm_requests_are_routed_by_haproxy_and_counted_by_the_cache(app)
     for x in range(10):
         assert await asyncio.to_thread(predict, app.target, "addk_1", float(x)) == x + 1.0
     assert await routed_count(app, "addk_1") == before + 10  # all ten went through HAProxy
+    # /metrics counts them too, at the control plane's next poll
+    await until(lambda: app.metrics.counts["tfscache_dataplane_routed"].get("node0", 0)
+                >= before + 10, 10, "the routed requests in /metrics")
+    scrape = generate_latest(app.metrics.registry).decode()
+    value = re.search(r'^tfscache_dataplane_routed_total\{node="node0"\} (\S+)$', scrape, re.M)
+    assert value is not None and float(value.group(1)) >= before + 10
     # ... and the cache heard of them, as of a lease taken and given back
     used = lambda: [m.last_use for m in cache.snapshot() if m.name == "addk_1"]
     first = used()

@@ -201,7 +201,7 @@ def test_names_follow_prometheus_conventions():
     assert {n for n, t in types.items() if t == "counter" and n.startswith("tfscache_")} == {
         "tfscache_requests", "tfscache_cache_hits", "tfscache_cache_misses", "tfscache_loads",
         "tfscache_load_failures", "tfscache_evictions", "tfscache_unloads", "tfscache_node_restarts",
-        "tfscache_forwards", "tfscache_retries", "tfscache_tier_moves", "tfscache_tier_move_failures"}
+        "tfscache_forwards", "tfscache_retries", "tfscache_dataplane_routed", "tfscache_tier_moves", "tfscache_tier_move_failures"}
     assert {n for n, t in types.items() if t == "histogram"} == {
         "tfscache_request_duration_seconds", "tfscache_load_duration_seconds", "tfscache_unload_duration_seconds",
         "tfscache_room_wait_seconds", "tfscache_tier_move_duration_seconds"}

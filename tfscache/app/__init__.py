@@ -91,7 +91,8 @@ class ServeApp:
         # it straight to their node, the front ends here are its fallback (docs/data-plane.md).
         self.dataplane = DataPlane(s, nodes=lambda: {n.name: n for n in self.topology.nodes()},
                                    router=lambda: self.router, spread=self.spread,
-                                   rules=self.protocol.data_plane) \
+                                   rules=self.protocol.data_plane,
+                                   routed=self.metrics.routed) \
             if s.server.data_plane == "haproxy" else None
         self._frontends = Frontends(s.server, protocol=self.protocol, metrics=self.metrics,
                                     credentials=self._credentials, workers=self.workers,

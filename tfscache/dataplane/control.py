@@ -54,14 +54,17 @@ def listening(host: str, port: int) -> socket.socket:
 
 class DataPlane:
     def __init__(self, settings, *, nodes: Callable[[], dict], router: Callable[[], object],
-                 spread=None, rules: config.Rules) -> None:
+                 spread=None, rules: config.Rules,
+                 routed: Callable[[str, int], None] | None = None) -> None:
         """``nodes()``: local node backends by name; ``router()``: the router (which backend a
         request goes to first); ``spread``: copies that follow load, None when off;
-        ``rules``: how the node kind's protocol names a hot request's model (its data_plane)."""
+        ``rules``: how the node kind's protocol names a hot request's model (its data_plane);
+        ``routed(node, requests)``: told of the requests HAProxy routed, at each poll (metrics)."""
         self.settings = settings
         self.rules = rules
         self._nodes = nodes
         self._router = router
+        self._routed = routed
         self.usage = Usage(nodes, spread)
         self.supervisor: Supervisor | None = None
         self.routes: Routes | None = None
@@ -171,6 +174,8 @@ class DataPlane:
             self._counted[key] = use.requests
             if requests:
                 self._last_use[(node, model)] = now
+                if self._routed is not None:
+                    self._routed(node, requests)
             rows.append([node, model, version, requests, self._last_use.get((node, model), now),
                          use.in_flight])
         self.usage.apply(REPORTER, rows)

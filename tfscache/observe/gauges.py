@@ -210,6 +210,11 @@ class StateCollector:
                 "retried elsewhere or later.",
                 backends,
             ),
+            "tfscache_dataplane_routed": (
+                "Warm requests HAProxy sent straight to a node (server.data_plane = haproxy), "
+                "by node, as its stick table counted them.",
+                nodes,
+            ),
         }
         families = []
         for name, (doc, names) in docs.items():

@@ -29,6 +29,8 @@ tfscache_unloads_total                  unloads the node confirmed (END)
 tfscache_node_restarts_total            times a local node process exited and was restarted
 tfscache_forwards_total                 requests sent on to a peer sidecar, by peer (``node``)
 tfscache_retries_total                  tries that failed UNAVAILABLE/CANCELLED on a node or peer
+tfscache_dataplane_routed_total         warm requests HAProxy sent straight to a node, by node
+                                        (server.data_plane = haproxy; 0 without it)
 tfscache_resident_models                model versions in a node's config, by state: loading,
                                         available, unloading (all three series for every node,
                                         0 included; the sum over states is the old, unlabelled value)
@@ -160,6 +162,7 @@ class Metrics:
             "tfscache_node_restarts": {},
             "tfscache_forwards": {},
             "tfscache_retries": {},
+            "tfscache_dataplane_routed": {},
         }
         # Label children bound once per label set, so a request's accounting looks up no labels:
         # (protocol, method, code, model or None) -> (requests counter, latency histogram).
@@ -329,6 +332,11 @@ class Metrics:
 
     def retried(self, node: str) -> None:
         self.count("tfscache_retries", node)
+
+    def routed(self, node: str, requests: int) -> None:
+        """``requests`` more warm requests HAProxy sent straight to ``node`` (docs/data-plane.md)."""
+        seen = self.counts["tfscache_dataplane_routed"]
+        seen[node] = seen.get(node, 0) + requests
 
     def node_restarted(self, node: str) -> None:
         self.count("tfscache_node_restarts", node)
