@@ -26,18 +26,6 @@ from tfscache.settings import Settings
 log = logging.getLogger("tfscache.cache")
 
 
-def moves_across(settings: Settings, kind) -> bool:
-    """Whether demotions and promotions go across nodes (docs/tiers.md, "Host-tier nodes"):
-    ``cache.demote = host`` with host-tier nodes (embedded), or in sidecar mode on a host-tier
-    sidecar, or on a GPU-tier one whose kind cannot demote in place (Triton does that)."""
-    s = settings
-    if s.cache.demote != HOST:
-        return False
-    if not s.sidecar:
-        return bool(s.node.local_host_nodes)
-    return s.node.node_tier == HOST or not kind.demotes_in_place
-
-
 class Revoking(Protocol):
     """What takes back the requests handed elsewhere before a node unloads (workers'
     delegations, the data plane's routes)."""
@@ -63,7 +51,8 @@ class Nodes:
         self._fail = fail
         self.supervisor: Supervisor | None = None  # embedded mode
         # host-tier nodes with demotion on: what the caches hand their moves to (docs/tiers.md)
-        self.across = HostTier(topology) if moves_across(settings, kind) else None
+        self.across = (HostTier(topology, settings.cache.load_timeout_s)
+                       if settings.moves_across else None)
         self._watchdog: asyncio.Task | None = None  # sidecar mode
 
     async def start(self) -> None:

@@ -23,8 +23,10 @@ class HostTier:
     """The nodes of each tier, as the caches of one serve see them (``tfscache.cache.across``):
     local nodes (embedded) and, in sidecar mode, peer sidecars announced with their tier."""
 
-    def __init__(self, topology: Topology) -> None:
+    def __init__(self, topology: Topology, load_timeout_s: float) -> None:
+        """``load_timeout_s``: how long a peer's hand-off without a deadline may take here."""
         self._topology = topology
+        self._load_timeout_s = load_timeout_s
 
     def available(self, tier: str) -> bool:
         return any(self._others(tier))
@@ -69,7 +71,7 @@ class HostTier:
         for peer in self._topology.host_tier():
             if isinstance(peer, PeerBackend):
                 peer.holding.discard(name)
-        await own.cache.take(name, version, 600.0 if timeout is None else timeout)
+        await own.cache.take(name, version, self._load_timeout_s if timeout is None else timeout)
         return own.name
 
 

@@ -96,6 +96,18 @@ class Settings:
         """One node given by address rather than local children."""
         return bool(self.node.node_address)
 
+    @property
+    def moves_across(self) -> bool:
+        """Whether demotions and promotions go across nodes (docs/tiers.md, "Host-tier nodes"):
+        ``cache.demote = host`` with host-tier nodes (embedded), or in sidecar mode on a host-tier
+        sidecar, or on a GPU-tier one whose kind cannot demote in place (Triton does that)."""
+        if self.cache.demote != "host":
+            return False
+        if not self.sidecar:
+            return bool(self.node.local_host_nodes)
+        kind = KINDS.get(self.node.backend)
+        return self.node.node_tier == "host" or (kind is not None and not kind.demotes_in_place)
+
 
 _SECTIONS = ("cache", "ring", "copies", "node", "server", "discovery", "scale", "storage", "tls")
 
@@ -245,10 +257,7 @@ def _check_whole(s: Settings) -> None:
         raise SettingsError(f"bad value for setting node.local_host_nodes: "
                             f"{s.node.local_host_nodes!r} (embedded mode only: a sidecar has "
                             "one node)")
-    across = s.cache.demote == "host" and (
-        s.node.local_host_nodes if not s.sidecar
-        else s.node.node_tier == "host" or (kind is not None and not kind.demotes_in_place))
-    if across and (s.server.workers > 1 or s.server.data_plane == "haproxy"):
+    if s.moves_across and (s.server.workers > 1 or s.server.data_plane == "haproxy"):
         raise SettingsError(f"bad value for setting cache.demote: {s.cache.demote!r} (host-tier "
                             "nodes are routed by this process's router only: not with "
                             "server.workers > 1 or server.data_plane = haproxy yet; "
