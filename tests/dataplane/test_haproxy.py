@@ -125,12 +125,13 @@ def test_the_rendered_configuration_is_valid(tmp_path):
                            fallback_rest="127.0.0.1:2",
                            nodes=[config.Node("n0", "127.0.0.1:3", "127.0.0.1:4")],
                            state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock",
-                           rules=DATA_PLANE)
+                           rules=DATA_PLANE, log_socket=tmp_path / "requests.sock")
         (tmp_path / "haproxy.cfg").write_text(config.render(plan))
         (tmp_path / config.MAP).write_text("")
         check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")],
                                capture_output=True, text=True, pass_fds=(g.fileno(), r.fileno()))
     assert check.returncode == 0, check.stdout + check.stderr
+    assert "Warning" not in check.stdout + check.stderr, check.stdout + check.stderr
 
 
 async def test_hot_methods_are_routed_by_the_model_in_the_body_or_path(nodes, tmp_path):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import csv
 import re
 import threading
 
@@ -56,6 +57,7 @@ async def app(repo, tmp_path_factory):
         "cache.max_models_per_node": CAP, "server.grpc_port": 0, "server.rest_port": 0,
         "server.bind_address": "127.0.0.1",
         "node.state_dir": str(tmp_path_factory.mktemp("dataplane-app") / "state"),
+        "server.request_log": str(tmp_path_factory.mktemp("dataplane-log") / "requests.csv"),
         "node.template_socket": node_template()})
     app = ServeApp(settings)
     grpc_port, rest_port = await app.start()
@@ -123,6 +125,54 @@ async def test_warm_requests_are_routed_by_haproxy_and_counted_by_the_cache(app)
     for x in range(3):
         await asyncio.to_thread(predict, app.target, "addk_1", float(x))
     await until(lambda: used() != first, 10, "addk_1's last use moved by routed requests")
+
+
+def answered(app, protocol: str, method: str, code: str) -> float:
+    """tfscache_requests_total for these labels, from a scrape of /metrics' registry."""
+    scrape = generate_latest(app.metrics.registry).decode()
+    value = re.search(rf'^tfscache_requests_total\{{code="{code}",method="{method}",'
+                      rf'protocol="{protocol}"\}} (\S+)$', scrape, re.M)
+    return float(value.group(1)) if value else 0.0
+
+
+def logged(app, name: str) -> list[dict]:
+    with open(app.settings.server.request_log, newline="") as file:
+        return [row for row in csv.DictReader(file) if row["model"] == name]
+
+
+async def test_routed_requests_are_in_the_request_metrics_and_the_request_log(app):
+    await asyncio.to_thread(predict, app.target, "addk_2")
+    await until(lambda: routed(app, "addk_2"), 30, "addk_2 routed")
+    labels = [("grpc", "Predict", "OK"), ("grpc", "Predict", "INVALID_ARGUMENT"),
+              ("rest", "Predict", "200")]
+    before = [answered(app, *label) for label in labels]
+    through_haproxy = await routed_count(app, "addk_2")
+    await until(lambda: len(logged(app, "addk_2")) >= 1, 10, "the cold request's row")
+    rows = len(logged(app, "addk_2"))
+    for x in range(4):
+        assert await asyncio.to_thread(predict, app.target, "addk_2", float(x)) == x + 2.0
+    with grpc.insecure_channel(app.target) as channel:  # the node's own error, routed
+        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as error:
+            await asyncio.to_thread(stub.Predict, predict_request(
+                "addk_2", inputs={"no_such_input": float_tensor([1.0])}), timeout=60)
+    assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    for x in range(2):
+        reply = await asyncio.to_thread(requests.post, f"{app.rest}/v1/models/addk_2:predict",
+                                        json={"instances": [float(x)]}, timeout=60)
+        assert reply.status_code == 200, reply.text
+    assert await routed_count(app, "addk_2") == through_haproxy + 7  # none took the slow path
+    want = [before[0] + 4, before[1] + 1, before[2] + 2]
+    await until(lambda: [answered(app, *label) for label in labels] == want, 10,
+                "the routed requests counted by method and code")
+    await until(lambda: len(logged(app, "addk_2")) == rows + 7, 10, "their request-log rows")
+    new = logged(app, "addk_2")[rows:]
+    assert sorted(row["code"] for row in new) == ["200"] * 2 + ["INVALID_ARGUMENT"] + ["OK"] * 4
+    assert {(row["node"], row["version"], row["cold"]) for row in new} == {("node0", "1", "0")}
+    scrape = generate_latest(app.metrics.registry).decode()  # and their latency, same labels
+    count = re.search(r'^tfscache_request_duration_seconds_count\{code="200",method="Predict",'
+                      r'protocol="rest"\} (\S+)$', scrape, re.M)
+    assert count is not None and float(count.group(1)) == want[2]
 
 
 def request_ids(app, name: str, given: str | None) -> tuple[str, str]:

@@ -92,7 +92,8 @@ class ServeApp:
         self.dataplane = DataPlane(s, nodes=lambda: {n.name: n for n in self.topology.nodes()},
                                    router=lambda: self.router, spread=self.spread,
                                    rules=self.protocol.data_plane,
-                                   routed=self.metrics.routed) \
+                                   routed=self.metrics.routed,
+                                   answered=self.metrics.routed_request) \
             if s.server.data_plane == "haproxy" else None
         self._frontends = Frontends(s.server, protocol=self.protocol, metrics=self.metrics,
                                     credentials=self._credentials, workers=self.workers,

@@ -54,6 +54,9 @@ class Rules:
 
     grpc: tuple[str, ...]
     rest: tuple[str, ...]
+    # a routed REST request's method, as the front end names it, by its path's last word
+    # (after the last / or :), for the request metrics (requests.py)
+    rest_methods: tuple[tuple[str, str], ...] = ()
 
 
 def field_of(path: tuple[int, ...]) -> str:
@@ -105,6 +108,7 @@ class Plan:
     state_dir: Path  # routes.map lives here
     runtime_socket: Path  # the runtime API (mode 0600, level admin)
     rules: Rules  # the node kind's protocol's
+    log_socket: Path | None = None  # where routed requests are logged (requests.py)
 
     @property
     def map_path(self) -> Path:
@@ -162,6 +166,7 @@ def render(plan: Plan) -> str:
         "    retries 1",
         "    option redispatch 1",
         "    retry-on conn-failure empty-response",
+        *_logging(plan.log_socket),
         "",
         f"backend {TABLE}",
         "    stick-table type string len 512 size 1m expire 1h store conn_cur,http_req_cnt",
@@ -174,6 +179,9 @@ def render(plan: Plan) -> str:
         "    acl plain req.body,bytes(0,1),hex -m str 00",
         "    http-request set-var(txn.model) var(txn.name) if plain !pinned",
         *_lookup(routes),
+        # a reply's grpc-status is in its headers only when it has no message (trailers-only,
+        # as servers answer an error); otherwise in the trailers, which HAProxy does not read
+        "    http-response set-var(txn.grpc) res.hdr(grpc-status)",
         "    use_backend grpc_%[var(txn.node)] if { var(txn.node) -m found }",
         "    default_backend python_grpc",
         "",
@@ -211,6 +219,23 @@ def _node(node: Node, protocol: str, address: str, fallback: str, options: str) 
             f"    server python {fallback}{options} backup"]
 
 
+def _logging(socket: Path | None) -> list[str]:
+    """Each routed request's log line, raw, to tfscache's datagram socket (requests.py reads
+    ``LOG_FORMAT``); requests HAProxy did not route are the front end's to count, so no line."""
+    if socket is None:
+        return []
+    return [f"    log {socket} len 4096 format raw local0 info",
+            f"    log-format \"{LOG_FORMAT}\""]
+
+
+# One routed request: a marker, its arrival (epoch seconds), the frontend (grpc, rest), the
+# server that answered (a node, or "python": the backup, which counts the request itself),
+# the HTTP status, the active time in ms, the model, the node, the grpc-status header, the path.
+LOG_MARK = "tfscache-routed"
+LOG_FORMAT = (f"{LOG_MARK} %Ts.%ms %f %s %ST %Ta %[var(txn.model)] %[var(txn.node)] "
+              "%[var(txn.grpc)] %HP")
+
+
 def _lookup(routes: str) -> list[str]:
     """The model -> node lookup and its count, consecutive so nothing runs between them."""
     found = "if { var(txn.model) -m found }"
@@ -219,4 +244,5 @@ def _lookup(routes: str) -> list[str]:
         f"    http-request set-var(txn.node) var(txn.model),map({routes}) {found}",
         f"    http-request set-var(txn.key) var(txn.model),concat(@,txn.node) {routed}",
         f"    http-request track-sc0 var(txn.key) table {TABLE} {routed}",
+        "    http-request set-log-level silent unless { var(txn.node) -m found }",
     ]

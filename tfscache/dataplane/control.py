@@ -32,6 +32,7 @@ from pathlib import Path
 
 from tfscache.dataplane import binary, config
 from tfscache.dataplane.process import Supervisor
+from tfscache.dataplane.requests import RequestLog, Routed
 from tfscache.dataplane.routes import Routes, routable
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
 from tfscache.workers.usage import Usage, sole_resident
@@ -55,16 +56,21 @@ def listening(host: str, port: int) -> socket.socket:
 class DataPlane:
     def __init__(self, settings, *, nodes: Callable[[], dict], router: Callable[[], object],
                  spread=None, rules: config.Rules,
-                 routed: Callable[[str, int], None] | None = None) -> None:
+                 routed: Callable[[str, int], None] | None = None,
+                 answered: Callable[[Routed, str, int], None] | None = None) -> None:
         """``nodes()``: local node backends by name; ``router()``: the router (which backend a
         request goes to first); ``spread``: copies that follow load, None when off;
         ``rules``: how the node kind's protocol names a hot request's model (its data_plane);
-        ``routed(node, requests)``: told of the requests HAProxy routed, at each poll (metrics)."""
+        ``routed(node, requests)``: told of the requests HAProxy routed, at each poll (metrics);
+        ``answered(request, node, version)``: told of each routed request as HAProxy logs it
+        (the request metrics and the request log)."""
         self.settings = settings
         self.rules = rules
         self._nodes = nodes
         self._router = router
         self._routed = routed
+        self._answered = answered
+        self.request_log: RequestLog | None = None
         self.usage = Usage(nodes, spread)
         self.supervisor: Supervisor | None = None
         self.routes: Routes | None = None
@@ -95,12 +101,16 @@ class DataPlane:
         self._runtime_socket = config.runtime_socket_for(self._state)
         if self._runtime_socket.parent != self._state:  # a deep state directory: kept apart
             await asyncio.to_thread(config.private_dir, self._runtime_socket.parent)
+        await asyncio.to_thread(self._state.mkdir, parents=True, exist_ok=True)
+        if self._answered is not None:
+            self.request_log = RequestLog(self._runtime_socket.parent / "requests.sock",
+                                          dict(self.rules.rest_methods), self._told)
+            await self.request_log.start()
         plan = self._plan()
         runtime = Runtime(plan.runtime_socket)
         executable = binary.locate(server.haproxy_binary) or server.haproxy_binary
         self.supervisor = Supervisor(executable, self._state, plan, runtime=runtime)
         self.routes = Routes(runtime, plan.map_path, settled=self.supervisor.old_workers_gone)
-        await asyncio.to_thread(self._state.mkdir, parents=True, exist_ok=True)
         await self.routes.write_file()  # none yet: a map left from a previous run is dropped
         await self.supervisor.start()
         self._task = asyncio.create_task(self._loop(), name="dataplane")
@@ -120,7 +130,8 @@ class DataPlane:
         return config.Plan(grpc_fd=self._fds[0], rest_fd=self._fds[1],
                            fallback_grpc=self._internal[0], fallback_rest=self._internal[1],
                            nodes=tuple(nodes), state_dir=self._state,
-                           runtime_socket=self._runtime_socket, rules=self.rules)
+                           runtime_socket=self._runtime_socket, rules=self.rules,
+                           log_socket=self.request_log.path if self.request_log else None)
 
     async def stop(self, grace: float) -> None:
         """Stop routing and let HAProxy finish the requests it carries (``grace`` s at most)."""
@@ -132,6 +143,8 @@ class DataPlane:
             await self.supervisor.stop(grace)
         if self.routes is not None:
             self.routes.close()  # a revocation waiting for HAProxy to answer returns
+        if self.request_log is not None:
+            await self.request_log.close()
         if self.supervisor is not None and self._runtime_socket.parent != self._state:
             await asyncio.to_thread(shutil.rmtree, self._runtime_socket.parent, True)
         for sock in self._sockets:
@@ -179,6 +192,13 @@ class DataPlane:
             rows.append([node, model, version, requests, self._last_use.get((node, model), now),
                          use.in_flight])
         self.usage.apply(REPORTER, rows)
+
+    def _told(self, request: Routed) -> None:
+        """A routed request HAProxy logged: to the request metrics, under its node's name."""
+        node = next((n for n, i in self._ids.items() if i == request.node_id), None)
+        if node is None:
+            return
+        self._answered(request, node, self._versions.get((node, request.model), 0))
 
     async def _route(self) -> None:
         router = self._router()

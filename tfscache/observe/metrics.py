@@ -275,7 +275,31 @@ class Metrics:
     def request(self, protocol: str, method: str, code: str, started: float | None = None) -> None:
         """Count one answered request (the front ends' error-mapping place calls this); with ``started``
         (``begin``'s) also its latency, and its row in the request log (when one is written)."""
-        labels = (protocol, method, code, (logs.model.get() or "") if self.per_model else None)
+        children = self._children(protocol, method, code, logs.model.get() or "")
+        children[0].inc()
+        self.answered += 1
+        if started is None:
+            return
+        seconds = time.perf_counter() - started
+        children[1].observe(seconds)
+        if self.request_log is not None:
+            self.log_row(code, seconds)
+
+    def routed_request(self, request, node: str, version: int) -> None:
+        """Count one request HAProxy routed straight to ``node`` (tfscache.dataplane.requests's
+        ``Routed``), as ``request`` counts one the front end answered: its method, code and
+        latency, and its row in the request log (warm: it found its route)."""
+        children = self._children(request.protocol, request.method, request.code, request.model)
+        children[0].inc()
+        children[1].observe(request.seconds)
+        self.answered += 1
+        if self.request_log is not None:
+            self._write_row(request.time, request.model, version, node, False, request.code,
+                            False)
+
+    def _children(self, protocol: str, method: str, code: str, model: str) -> tuple:
+        """The request counter's and latency histogram's series for these labels."""
+        labels = (protocol, method, code, model if self.per_model else None)
         children = self._request_children.get(labels)
         if children is None:
             children = self._request_children[labels] = (
@@ -286,34 +310,32 @@ class Metrics:
                     else self.latency.labels(protocol, method, code)
                 ),
             )
-        children[0].inc()
-        self.answered += 1
-        if started is None:
-            return
-        seconds = time.perf_counter() - started
-        children[1].observe(seconds)
-        if self.request_log is not None:
-            self.log_row(code, seconds)
+        return children
 
     def log_row(self, code: str, seconds: float) -> None:
         """The request log's row of the request ending now (``seconds`` after it arrived), if it
         took a lease on a local node (``requestlog.served`` in its task)."""
         served = requestlog.current()
         if served is not None and self.request_log is not None:
-            load_s, size = self.costs.get((served.node, (served.name, served.version)), (0.0, 0))
-            self.request_log.write(
-                {
-                    "time": round(time.time() - seconds, 6),
-                    "model": served.name,
-                    "version": served.version,
-                    "load_seconds": round(load_s, 6),
-                    "bytes": size,
-                    "node": served.node,
-                    "cold": int(served.cold),
-                    "code": code,
-                    "prefetched": int(served.prefetched),
-                }
-            )
+            self._write_row(time.time() - seconds, served.name, served.version, served.node,
+                            served.cold, code, served.prefetched)
+
+    def _write_row(self, arrived: float, name: str, version: int, node: str, cold: bool,
+                   code: str, prefetched: bool) -> None:
+        load_s, size = self.costs.get((node, (name, version)), (0.0, 0))
+        self.request_log.write(
+            {
+                "time": round(arrived, 6),
+                "model": name,
+                "version": version,
+                "load_seconds": round(load_s, 6),
+                "bytes": size,
+                "node": node,
+                "cold": int(cold),
+                "code": code,
+                "prefetched": int(prefetched),
+            }
+        )
 
     def rows_only(self) -> RowsOnly:
         """The accounting for front ends whose requests another process counts: the control

@@ -55,6 +55,7 @@ SERVICE = "inference.GRPCInferenceService"
 DATA_PLANE = Rules(
     grpc=grpc_rules((f"/{SERVICE}/ModelInfer",), name=(1,), pins=(((2,), "-m len gt 0"),)),
     rest=rest_rules("^/v2/models/[^/]+/infer$", "path,field(4,/)"),
+    rest_methods=(("infer", "ModelInfer"),),
 )
 
 MODEL_READY_PATH = f"/{SERVICE}/ModelReady"

@@ -19,6 +19,7 @@ DATA_PLANE = Rules(
                           for m in ("Predict", "Classify", "Regress", "GetModelMetadata")),
                     name=(1, 1), pins=(((1, 2), "-m found"), ((1, 4), "-m found"))),
     rest=rest_rules("^/v1/models/[^/:]+:(predict|classify|regress)$", "path,field(4,/),field(1,:)"),
+    rest_methods=tuple((verb, verb.capitalize()) for verb in ("predict", "classify", "regress")),
 )
 
 PROTOCOL = Protocol(
