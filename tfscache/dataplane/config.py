@@ -109,6 +109,9 @@ class Plan:
     runtime_socket: Path  # the runtime API (mode 0600, level admin)
     rules: Rules  # the node kind's protocol's
     log_socket: Path | None = None  # where routed requests are logged (requests.py)
+    # server.max_receive_message_bytes: a larger request takes the slow path, whose limit
+    # answers it as without HAProxy (RESOURCE_EXHAUSTED, 413)
+    max_body: int = 256 << 20
 
     @property
     def map_path(self) -> Path:
@@ -178,6 +181,8 @@ def render(plan: Plan) -> str:
         # byte 0 of a gRPC message is its compressed flag; a compressed body cannot be parsed
         "    acl plain req.body,bytes(0,1),hex -m str 00",
         "    http-request set-var(txn.model) var(txn.name) if plain !pinned",
+        # bytes 1-4: the message's length
+        f"    http-request unset-var(txn.model) if {{ req.body,bytes(1,4),hex,hex2i gt {plan.max_body} }}",
         *_lookup(routes),
         # a reply's grpc-status is in its headers only when it has no message (trailers-only,
         # as servers answer an error); otherwise in the trailers, which HAProxy does not read
@@ -195,6 +200,9 @@ def render(plan: Plan) -> str:
             f"    bind fd@{plan.rest_fd}",
             *REQUEST_ID,
             *plan.rules.rest,
+            # a body over the limit, or of a length not told up front, takes the slow path
+            f"    http-request unset-var(txn.model) if {{ req.hdr_val(content-length) gt {plan.max_body} }}",
+            "    http-request unset-var(txn.model) if { req.hdr(transfer-encoding) -m found }",
             *_lookup(routes),
             "    use_backend rest_%[var(txn.node)] if { var(txn.node) -m found }",
             "    default_backend python_rest",

@@ -131,7 +131,8 @@ class DataPlane:
                            fallback_grpc=self._internal[0], fallback_rest=self._internal[1],
                            nodes=tuple(nodes), state_dir=self._state,
                            runtime_socket=self._runtime_socket, rules=self.rules,
-                           log_socket=self.request_log.path if self.request_log else None)
+                           log_socket=self.request_log.path if self.request_log else None,
+                           max_body=self.settings.server.max_receive_message_bytes)
 
     async def stop(self, grace: float) -> None:
         """Stop routing and let HAProxy finish the requests it carries (``grace`` s at most)."""
