@@ -16,6 +16,8 @@ from tensorflow_serving.apis import model_service_pb2_grpc, prediction_service_p
 
 from support.serving import start_serve
 
+from tfscache.dataplane import binary
+
 LONG = "m" * 16384
 LONG_NAME_ERROR = f"Invalid model name '{'m' * 200}...': a model name must be at most 255 bytes, got 16384"
 
@@ -23,10 +25,14 @@ LONG_NAME_ERROR = f"Invalid model name '{'m' * 200}...': a model name must be at
 REFUSAL_LOG_PERIOD_S = 0.2  # server.refusal_log_period_s: each test's refusals are reported soon after
 
 
-@pytest.fixture(scope="module")
-def serve(frontend_repo, tmp_path_factory):
+@pytest.fixture(scope="module", params=["python", pytest.param("haproxy", marks=pytest.mark.skipif(
+    not binary.available(), reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)"))])
+def serve(frontend_repo, tmp_path_factory, request):
+    """Each data plane in turn (docs/data-plane.md): the same answers either way."""
     with start_serve(tmp_path_factory.mktemp("hostile-serve"), frontend_repo, "--local-nodes", "1",
-                     "--set", f"server.refusal_log_period_s={REFUSAL_LOG_PERIOD_S}") as serve:
+                     "--set", f"server.refusal_log_period_s={REFUSAL_LOG_PERIOD_S}",
+                     "--data-plane", request.param) as serve:
+        serve.data_plane = request.param
         yield serve
 
 
@@ -97,11 +103,13 @@ def test_grpc_messages_are_cut_to_a_few_kilobytes():
 
 
 def _raw(serve, data: bytes) -> bytes:
+    """The reply's status line (HAProxy keeps the client's connection open after it)."""
     with socket.create_connection(("127.0.0.1", serve.rest_port), timeout=30) as sock:
         sock.sendall(data)
         chunks = []
-        while chunk := sock.recv(65536):
+        while (chunk := sock.recv(65536)) and b"\r\n" not in b"".join(chunks + [chunk]):
             chunks.append(chunk)
+        chunks.append(chunk)
     return b"".join(chunks)
 
 
@@ -115,4 +123,6 @@ def test_unparsable_request_gets_its_status_and_a_quiet_log(serve, data, status)
         assert re.match(rb"HTTP/1\.[01] " + status + rb" ", _raw(serve, data))
     _assert_serves(serve)
     _assert_quiet_log(serve)
+    if serve.data_plane == "haproxy" and status == b"400":
+        return  # HAProxy's parser answers a header line without a colon itself, and logs nothing
     serve.wait_for_log(r"REST front end refused malformed HTTP requests: .*\b\d+ x " + status.decode())
