@@ -18,7 +18,7 @@ import psutil
 
 from support.node import node_template
 from support.serving import start_serve
-from support.waiting import wait_until
+from support.waiting import process_ended, wait_until
 
 
 def predict(serve, name: str, x: float) -> list[float]:
@@ -83,8 +83,7 @@ def test_nodes_forked_from_a_shared_template_end_with_their_serve(frontend_repo,
     finally:
         serve.kill()  # SIGKILL: no shutdown code runs; each node watches the serve that asked for it
     for pid in pids:
-        wait_until(lambda: not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie", 30,
-                   f"node {pid} to end with its serve")
+        wait_until(lambda: process_ended(pid), 30, f"node {pid} to end with its serve")
     assert owner.is_running()  # the shared template serves on
 
 

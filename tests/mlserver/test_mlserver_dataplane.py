@@ -11,10 +11,10 @@ own error from the node.
 
 from __future__ import annotations
 
-import socket
 
 import pytest
 
+from support.dataplane import routed_by_key
 from support.mlserver import PATIENT, mlserver_infer, serve_nodes
 from support.oip import client_pairs
 from support.serving import start_serve
@@ -48,15 +48,7 @@ def clients(serve, mlserver):
 
 def routed_requests(serve) -> int:
     """Requests HAProxy's stick table counted, over every model: the routed ones."""
-    [path] = list(serve.directory.rglob("dataplane/runtime.sock"))
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.connect(str(path))
-        sock.sendall(b"show table inflight\n")
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-    return sum(int(line.rsplit("http_req_cnt=", 1)[1].split()[0])
-               for line in answer.decode().splitlines() if "http_req_cnt=" in line)
+    return sum(routed_by_key(serve).values())
 
 
 def routed_once_warm(serve, client, name: str) -> None:

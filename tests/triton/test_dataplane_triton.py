@@ -2,19 +2,19 @@
 method routed by real HAProxy straight to a real tritonserver node, everything else through the
 front end behind it, each answer as raw Triton's (docs/data-plane.md).
 
-What HAProxy routed is read from its own stick table, over the runtime socket in the serve's
-state directory. The clients are the official ``tritonclient.grpc`` and ``tritonclient.http``.
+What HAProxy routed is read from its own stick table, over the serve's runtime socket
+(support.dataplane). The clients are the official ``tritonclient.grpc`` and ``tritonclient.http``.
 """
 
 from __future__ import annotations
 
-import socket
 
 import grpc
 import numpy as np
 import pytest
 import requests
 import tritonclient.grpc as tritongrpc
+from support.dataplane import dataplane_dir, runtime_command
 from support.oip import client_pairs
 from support.waiting import wait_until
 from tritonclient.utils import InferenceServerException
@@ -43,18 +43,10 @@ def clients(serve, triton):
 @pytest.fixture(scope="module")
 def runtime(serve):
     """One command on the serve's HAProxy runtime socket -> its answer."""
-    [path] = list(serve.directory.rglob("dataplane/runtime.sock"))
-
     def command(line: str) -> str:
-        with socket.socket(socket.AF_UNIX) as sock:
-            sock.connect(str(path))
-            sock.sendall(line.encode() + b"\n")
-            answer = b""
-            while chunk := sock.recv(65536):
-                answer += chunk
-            return answer.decode()
+        return runtime_command(serve, line)
 
-    command.map = path.parent / "routes.map"
+    command.map = dataplane_dir(serve) / "routes.map"
     return command
 
 

@@ -10,11 +10,11 @@ HAProxy routing warm requests straight to the nodes (docs/data-plane.md).
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
+from support.dataplane import routed_by_key
 from support.serving import start_serve
 from support.waiting import traffic_runs, wait_until
 from support.triton import IndexSampler, OipTraffic, serve_triton_nodes
@@ -40,18 +40,10 @@ def churn_serve(tmp_path_factory, triton_repository: Path, request):
 
 def routed_by_node(serve) -> dict[str, int]:
     """Requests HAProxy routed, by node, from its stick table (keys MODEL@NODE)."""
-    [path] = list(serve.directory.rglob("dataplane/runtime.sock"))
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.connect(str(path))
-        sock.sendall(b"show table inflight\n")
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
     routed: dict[str, int] = {}
-    for line in answer.decode().splitlines():
-        if "key=" in line and "http_req_cnt=" in line:
-            node = line.split("key=", 1)[1].split()[0].rsplit("@", 1)[1]
-            routed[node] = routed.get(node, 0) + int(line.rsplit("http_req_cnt=", 1)[1].split()[0])
+    for key, count in routed_by_key(serve).items():
+        node = key.rsplit("@", 1)[1]
+        routed[node] = routed.get(node, 0) + count
     return routed
 
 

@@ -26,7 +26,7 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 from support.serving import start_serve
 from support.node import PYTHON
 from support.requests import predict_request
-from support.waiting import wait_until
+from support.waiting import process_ended, wait_until
 
 from observe.promtext import Scrape
 
@@ -169,7 +169,7 @@ def test_a_killed_worker_is_restarted_and_no_counter_goes_back(serve):
         return seen[0]["pid"] != victim["pid"] and seen[0]["restarts"] == 1 and seen[0]["pid"] is not None
 
     wait_until(restarted, 60, "the killed worker's restart")
-    assert not psutil.pid_exists(victim["pid"]) or psutil.Process(victim["pid"]).status() == psutil.STATUS_ZOMBIE
+    assert process_ended(victim["pid"])
     for i in range(SPREAD):
         assert predict_fresh(serve, "addk_3", float(i)) == i + 3.0
     after = settled(serve, 4 + SPREAD, "tfscache_request_duration_seconds_count", model="addk_3")

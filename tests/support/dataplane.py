@@ -1,0 +1,43 @@
+"""A ``tfscache serve --data-plane haproxy``'s HAProxy, asked over its runtime socket.
+
+The socket is where the serve put it (tfscache.dataplane.config.runtime_socket_for): in
+``STATE/dataplane``, or, when that path is too long for a UNIX socket (a deep temporary
+directory), in a directory of its own named by the state directory's hash.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from tfscache.dataplane import config
+
+
+def dataplane_dir(serve) -> Path:
+    """``STATE/dataplane``: HAProxy's configuration and its map of routes."""
+    return Path(serve.state_dir) / "dataplane"
+
+
+def runtime_socket(serve) -> Path:
+    return config.runtime_socket_for(dataplane_dir(serve))
+
+
+def runtime_command(serve, line: str) -> str:
+    """One command on the serve's HAProxy runtime socket -> its answer."""
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect(str(runtime_socket(serve)))
+        sock.sendall(line.encode() + b"\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer.decode()
+
+
+def routed_by_key(serve) -> dict[str, int]:
+    """Requests HAProxy routed, by stick-table key (MODEL@NODE), from ``show table inflight``."""
+    routed: dict[str, int] = {}
+    for line in runtime_command(serve, "show table inflight").splitlines():
+        if "key=" in line and "http_req_cnt=" in line:
+            key = line.split("key=", 1)[1].split()[0]
+            routed[key] = int(line.rsplit("http_req_cnt=", 1)[1].split()[0])
+    return routed
