@@ -16,7 +16,7 @@ import pytest
 
 from support.dataplane import routed_by_key
 from support.serving import start_serve
-from support.waiting import traffic_runs, wait_until
+from support.waiting import traffic_runs
 from support.triton import IndexSampler, OipTraffic, serve_triton_nodes
 
 from tfscache.dataplane import binary
@@ -72,14 +72,10 @@ def test_sixteen_clients_over_twelve_models_on_two_capped_nodes(churn_serve):
         assert len(held) > CAP, (node, held)  # more models came and went than the cap holds
     assert sampler.errors == 0
     if serve.data_plane == "haproxy":
-        # Most churn requests are cold (12 models over 6 places): the few routed under it (about
-        # one in ten here) depend on timing. Once it ends, a warm model's next requests are routed.
+        # Most churn requests are cold (12 models over 6 places): the few routed under it depend
+        # on timing, so only printed. Routing once warm is test_dataplane_triton.py's; a model the
+        # churn gave an extra copy is not routed until that copy cools down (copies balanced by
+        # HAProxy are not built yet: docs/data-plane.md), so no model is picked here to show it.
         print(f"routed by HAProxy under churn: {routed_by_node(serve)}")
-        before = sum(routed_by_node(serve).values())
-        with OipTraffic(serve.grpc_target, f"127.0.0.1:{serve.rest_port}", MODELS[:1], clients=1,
-                        rest_every=0) as warm:
-            wait_until(lambda: sum(routed_by_node(serve).values()) > before, 60,
-                       "a warm model's request routed")
-        warm.check()
     print(f"{len(traffic.results)} requests, {sampler.count()} index samples, "
           f"peaks {[sampler.peak(n) for n in sorted(targets)]}")
