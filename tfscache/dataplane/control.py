@@ -20,7 +20,6 @@ unloaded is UNLOADING in its ledger already, so the next poll does not route it 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import re
@@ -36,6 +35,7 @@ from tfscache.dataplane.requests import RequestLog, Routed
 from tfscache.dataplane.routes import Routes, routable
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
 from tfscache.workers.usage import Usage, sole_resident
+from tfscache.tasks import cancel
 
 log = logging.getLogger("tfscache.dataplane")
 
@@ -137,9 +137,7 @@ class DataPlane:
     async def stop(self, grace: float) -> None:
         """Stop routing and let HAProxy finish the requests it carries (``grace`` s at most)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel(self._task)
         if self.supervisor is not None:
             await self.supervisor.stop(grace)
         if self.routes is not None:
