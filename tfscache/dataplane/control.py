@@ -14,8 +14,9 @@ every request HAProxy does not route. Every ``POLL_S`` it
 * follows the nodes' addresses (a restarted node child has new ports) with a reload.
 
 Before a cache unloads a version, its ``revoker`` hook takes that node out of the model's route
-(the route keeps the group's other nodes, if any) and waits until HAProxy counts none of its requests in flight there (routes.py). A version being
-unloaded is UNLOADING in its ledger already, so the next poll does not route it again.
+(the route keeps the group's other nodes, if any) and waits until HAProxy counts none of its
+requests in flight there (routes.py). A version being unloaded is UNLOADING in its ledger
+already, so the next poll does not route it again.
 """
 
 from __future__ import annotations
