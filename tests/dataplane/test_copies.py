@@ -180,6 +180,8 @@ async def release_all(app, node: str, held: list[asyncio.Future], values: list[f
 async def test_a_routed_model_gains_a_copy_and_haproxy_balances_over_both(app):
     first, second = await reset(app)
     before = await routed(app)
+    metric = lambda node: app.metrics.counts["tfscache_dataplane_routed"].get(node, 0)
+    counted = {node: metric(node) for node in (first, second)}
     held = await two_copies(app, first, second)
     assert await in_flight(app, second) == 0  # the one held there came by the slow path
     used = app.spread.copies.last_used("gate", second)
@@ -196,8 +198,10 @@ async def test_a_routed_model_gains_a_copy_and_haproxy_balances_over_both(app):
     answers += await release_all(app, second, held[2:], [4.0, 5.0])
     assert sorted(answers) == [2.0, 3.0, 4.0, 5.0]  # none failed
     after = await routed(app)
-    for node, more in ((first, 2), (second, 1)):  # both nodes' counters rose
+    for node, more in ((first, 2), (second, 1)):  # both nodes' counters rose ...
         assert after[node][1] - before.get(node, (0, 0))[1] >= more
+        # ... and /metrics counts each node's own (at the next poll)
+        await until(lambda n=node, m=more: metric(n) >= counted[n] + m, 10, f"{node}'s metric")
     await until(lambda: _idle(app), 10, "nothing in flight")
 
 

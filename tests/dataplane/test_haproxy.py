@@ -130,15 +130,17 @@ def _call(fn, *args, **kwargs):
     return asyncio.to_thread(fn, *args, **kwargs)
 
 
-@pytest.mark.parametrize("count", [1, 3])
-def test_the_rendered_configuration_is_valid(tmp_path, count):
+@pytest.mark.parametrize("count, group_width, width", [(1, None, 1), (3, None, 3), (4, 2, 2),
+                                                       (2, 1, 1)])
+def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width):
     with socket.create_server(("127.0.0.1", 0)) as g, socket.create_server(("127.0.0.1", 0)) as r:
         plan = config.Plan(grpc_fd=g.fileno(), rest_fd=r.fileno(), fallback_grpc="127.0.0.1:1",
                            fallback_rest="127.0.0.1:2",
                            nodes=[config.Node(f"n{i}", "127.0.0.1:3", "127.0.0.1:4")
                                   for i in range(count)],
                            state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock",
-                           rules=DATA_PLANE, log_socket=tmp_path / "requests.sock")
+                           rules=DATA_PLANE, log_socket=tmp_path / "requests.sock",
+                           group_width=group_width)
         text = config.render(plan)
         (tmp_path / "haproxy.cfg").write_text(text)
         (tmp_path / config.MAP).write_text("")
@@ -146,17 +148,18 @@ def test_the_rendered_configuration_is_valid(tmp_path, count):
                                capture_output=True, text=True, pass_fds=(g.fileno(), r.fileno()))
     assert check.returncode == 0, check.stdout + check.stderr
     assert "Warning" not in check.stdout + check.stderr, check.stdout + check.stderr
-    # a group has at most as many nodes as there are: one choice step per node after the first,
-    # in each front end; then the count under the node chosen, and in the node's load
+    # a group has at most as many nodes as there are, or as it may (a model's most copies): one
+    # choice step per node after the first, in each front end; then the count under the node
+    # chosen, and in the node's load
     for frontend in ("grpc", "rest"):
         rules = text.split(f"frontend {frontend}\n", 1)[1].split("\n\n", 1)[0].splitlines()
         at = lambda part: next(i for i, line in enumerate(rules) if part in line)
-        assert sum(",table_conn_cur(load)" in line for line in rules) == count
-        assert any(f"word({count},+)" in line for line in rules)
-        assert not any(f"word({count + 1},+)" in line for line in rules)
+        assert sum(",table_conn_cur(load)" in line for line in rules) == width
+        assert any(f"word({width},+)" in line for line in rules)
+        assert not any(f"word({width + 1},+)" in line for line in rules)
         # consecutive: the lookup, the choice (2 rules, 5 more per node), its key, both counts
         lookup, counted = at(",map("), at("track-sc0 var(txn.key) table inflight")
-        assert counted == lookup + 4 + 5 * (count - 1)
+        assert counted == lookup + 4 + 5 * (width - 1)
         assert at("track-sc1 var(txn.node) table load") == counted + 1
 
 

@@ -119,10 +119,18 @@ class Plan:
     # server.max_receive_message_bytes: a larger request takes the slow path, whose limit
     # answers it as without HAProxy (RESOURCE_EXHAUSTED, 413)
     max_body: int = 256 << 20
+    # the most nodes a route's group may name (its copies); None: as many as there are nodes.
+    # HAProxy's choice has one step per node after the first.
+    group_width: int | None = None
 
     @property
     def map_path(self) -> Path:
         return self.state_dir / MAP
+
+    @property
+    def width(self) -> int:
+        nodes = max(1, len(self.nodes))
+        return nodes if self.group_width is None else max(1, min(self.group_width, nodes))
 
 
 # A UNIX socket's path is at most 107 bytes (sun_path), and HAProxy binds the runtime socket
@@ -203,7 +211,7 @@ def render(plan: Plan) -> str:
         "    http-request set-var(txn.model) var(txn.name) if plain !pinned",
         # bytes 1-4: the message's length
         f"    http-request unset-var(txn.model) if {{ req.body,bytes(1,4),hex,hex2i gt {plan.max_body} }}",
-        *_lookup(routes, len(plan.nodes)),
+        *_lookup(routes, plan.width),
         # a reply's grpc-status is in its headers only when it has no message (trailers-only,
         # as servers answer an error); otherwise in the trailers, which HAProxy does not read
         "    http-response set-var(txn.grpc) res.hdr(grpc-status)",
@@ -223,7 +231,7 @@ def render(plan: Plan) -> str:
             # a body over the limit, or of a length not told up front, takes the slow path
             f"    http-request unset-var(txn.model) if {{ req.hdr_val(content-length) gt {plan.max_body} }}",
             "    http-request unset-var(txn.model) if { req.hdr(transfer-encoding) -m found }",
-            *_lookup(routes, len(plan.nodes)),
+            *_lookup(routes, plan.width),
             "    use_backend rest_%[var(txn.node)] if { var(txn.node) -m found }",
             "    default_backend python_rest",
             "",
@@ -266,8 +274,8 @@ LOG_FORMAT = (f"{LOG_MARK} %Ts.%ms %f %s %ST %Ta %[var(txn.model)] %[var(txn.nod
 
 def _lookup(routes: str, width: int) -> list[str]:
     """The model -> group lookup, the choice of one node of the group, and its counts, all
-    consecutive so nothing runs between them. ``width``: the most nodes a group can have (the
-    local nodes). The choice: the first node, then each next one that has fewer routed requests
+    consecutive so nothing runs between them. ``width``: the most nodes a group can have
+    (``Plan.width``). The choice: the first node, then each next one that has fewer routed requests
     in flight than the best so far (a missing word is the empty string: skipped)."""
     found = "if { var(txn.model) -m found }"
     grouped = "if { var(txn.group) -m found }"

@@ -136,7 +136,16 @@ class DataPlane:
                            nodes=tuple(nodes), state_dir=self._state,
                            runtime_socket=self._runtime_socket, rules=self.rules,
                            log_socket=self.request_log.path if self.request_log else None,
-                           max_body=self.settings.server.max_receive_message_bytes)
+                           max_body=self.settings.server.max_receive_message_bytes,
+                           group_width=self._group_width())
+
+    def _group_width(self) -> int | None:
+        """The most nodes a route names: 1 with copies off (targets.py), a model's most copies
+        with copies on (None: every node)."""
+        if self._spread is None:
+            return 1
+        rule = self._spread.rule
+        return max(rule.min_copies, rule.max_copies) if rule.max_copies else None
 
     async def stop(self, grace: float) -> None:
         """Stop routing and let HAProxy finish the requests it carries (``grace`` s at most)."""
