@@ -6,9 +6,9 @@ once a version is READY on each; ``revoke`` takes one node out of it before that
 unloaded there (the route shrinks to the group's other nodes, or goes), and returns only when
 HAProxy counts no request in flight for MODEL@NODE, so an unload that waits for ``revoke`` never
 cuts a request short. Requests are counted under the node they went to, whatever group they
-found, so MODEL@NODE is the one key to wait for. The map file on disk is rewritten on each change, so
-a restarted or reloaded HAProxy starts from the routes in force (config.py says why no request
-can slip between a lookup and its count).
+found, so MODEL@NODE is the one key to wait for. The map file on disk is rewritten on each
+change, so a restarted or reloaded HAProxy starts from the routes in force (config.py says why
+no request can slip between a lookup and its count).
 
 ``current`` is what HAProxy confirmed: a route is added to it once ``set map`` answered, and
 leaves it once ``del map`` did. The file is written ahead of each command (a HAProxy that
