@@ -335,7 +335,7 @@ LAYERS = [
     {"frontend.protocols.tfserving", "frontend.protocols.oip"},
     {"kinds.tfserving", "kinds.triton", "kinds.mlserver"},
     {"cluster", "sim", "observe", "admin"},
-    {"app", "workers", "dataplane.control"},
+    {"app", "workers", "dataplane.control", "dataplane.targets"},
     {"cli", "__main__"},
 ]
 
