@@ -63,7 +63,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 PYTHON = sys.executable
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
-import benchlib  # noqa: E402  (scripts/ is the script's own directory)
+from benchlib import cpu, measure, proxies, report  # noqa: E402  (scripts/ is the script's own directory)
 
 def build_models(root: Path) -> None:
     """half_plus_two (TF Serving's) and slow_5ms, in a child process (it imports tensorflow)."""
@@ -254,7 +254,7 @@ def markdown(results: dict) -> str:
     lines += [f"| {label} | {us:.2f} |" for label, us in results.get("accounting_us", {}).items()]
     lines.append("")
     for model in results["models"]:
-        lines += [f"### {model['model']}", "", *benchlib.paths_table(model), ""]
+        lines += [f"### {model['model']}", "", *report.paths_table(model), ""]
         if results.get("workers", [1]) != [1]:
             lines += [f"{model['model']} by workers:", "", *workers_table(model, results["workers"]), ""]
     if results.get("rest"):
@@ -268,7 +268,7 @@ def markdown(results: dict) -> str:
         lines += [f"| {label} | {c['median_ms']:.1f} | {c['added_median_vs_base_ms']:+.1f} |"
                   for label, c in cold["paths"].items()]
         lines.append("")
-    return "\n".join(lines + benchlib.summary_markdown(results["summary"]))
+    return "\n".join(lines + report.summary_markdown(results["summary"]))
 
 
 def warm(targets: dict[str, str], names: list[str]) -> None:
@@ -344,26 +344,16 @@ def main() -> int:
         build_models(repo)
         for i in range(args.cold_rounds * 2 + 1):  # a fresh model per data plane and round, and a warm-up
             shutil.copytree(repo / "half_plus_two", repo / f"cold_{i:03d}")
-        results = {"machine": benchlib.machine(), "command": " ".join(sys.argv), "cpus": os.cpu_count(),
-                   "load_average_at_start": os.getloadavg(), "models": [], "skipped": {}}
+        results = {"machine": report.machine(), "command": " ".join(sys.argv), "cpus": os.cpu_count(),
+                   "load_average_at_start": os.getloadavg(), "models": []}
         processes = []
         try:
             node_process, node = start_node(workdir)
             processes.append(node_process)
             direct = f"127.0.0.1:{node['grpc']}"
-            targets = {"direct": direct}
-            meters = {"direct": benchlib.proxy_meter("direct", None, node["pid"])}
-            nginx, nginx_target = benchlib.start_nginx(direct, workdir, args.proxy_listen)
-            if nginx is None:
-                results["skipped"]["nginx grpc_pass"] = nginx_target
-                print(f"skipping nginx grpc_pass: {nginx_target}", file=sys.stderr)
-            else:
-                processes.append(nginx)
-                targets["nginx grpc_pass"] = nginx_target
-                meters["nginx grpc_pass"] = benchlib.proxy_meter("nginx", nginx.pid, node["pid"])
-            hop, targets["naive hop"] = benchlib.start_hop(direct, workdir, args.proxy_listen)
-            processes.append(hop)
-            meters["naive hop"] = benchlib.proxy_meter("naive hop", hop.pid, node["pid"])
+            targets, meters, started, results["skipped"] = proxies.proxy_paths(direct, node["pid"], workdir,
+                                                                                 args.proxy_listen)
+            processes += started
             # Every front end is a sidecar of the same node, so all paths use the same node process.
             fronts = []
             if "python" in planes:
@@ -382,39 +372,39 @@ def main() -> int:
                 targets[label], serve_pids[label] = f"127.0.0.1:{ports['grpc']}", process.pid
                 rest_targets[label], admin[label] = f"127.0.0.1:{ports['rest']}", ports["admin"]
                 haproxy = "--data-plane" in extra
-                meters[label] = benchlib.serve_meter(process.pid, node["pid"],
+                meters[label] = cpu.serve_meter(process.pid, node["pid"],
                                                      state_dir=state_dirs[label] if haproxy else None)
             warm(targets, names)
             if "tfscache haproxy" in targets:
-                results["routed_before_timing"] = benchlib.wait_routed(
+                results["routed_before_timing"] = cpu.wait_routed(
                     targets["tfscache haproxy"], PREDICT, {name: predict_bytes(name) for name in names},
                     state_dirs["tfscache haproxy"])
             results["accounting_us"] = {"tfscache": bench_accounting(REPO)}
             if args.baseline_tree is not None:
                 results["accounting_us"]["tfscache (baseline tree)"] = bench_accounting(args.baseline_tree.resolve())
             for name in names:
-                results["models"].append(benchlib.bench_warm(name, predict_bytes(name), targets, meters,
+                results["models"].append(measure.bench_warm(name, predict_bytes(name), targets, meters,
                                                              args.requests, args.seconds, concurrencies,
                                                              args.client_processes, PREDICT))
                 print(json.dumps(results["models"][-1], indent=1), file=sys.stderr)
-            results["rest"] = benchlib.rest_latency(
+            results["rest"] = measure.rest_latency(
                 {label: t for label, t in rest_targets.items() if label == "direct" or label in targets},
                 "/v1/models/half_plus_two:predict", b'{"instances": [2.0]}', args.requests, _check_rest)
             cold_fronts = {label: (targets[label], admin[label]) for label, _, _ in fronts
                            if label in (front_label(1, workers), "tfscache haproxy")}
             if args.cold_rounds and cold_fronts:
                 cold_names = [f"cold_{i:03d}" for i in range(args.cold_rounds * len(cold_fronts) + 1)]
-                results["cold"] = benchlib.cold_rounds(cold_names, *_cold_paths(cold_fronts))
+                results["cold"] = measure.cold_rounds(cold_names, *_cold_paths(cold_fronts))
                 print(json.dumps(results["cold"], indent=1), file=sys.stderr)
             results["workers"] = workers
             results["frontend_rss_mb"] = {label: round(_rss(pid) / 2**20, 1) for label, pid in serve_pids.items()}
         finally:
             for process in reversed(processes):
-                benchlib.stop(process)
+                proxies.stop(process)
         if args.models:
             results["startup"] = bench_startup(workdir, args.models)
     tiny = "half_plus_two" if "half_plus_two" in names else names[0]
-    results["summary"] = benchlib.summarize(results["models"], tiny, results.get("rest"), results.get("cold"),
+    results["summary"] = report.summarize(results["models"], tiny, results.get("rest"), results.get("cold"),
                                             results["skipped"])
     print(json.dumps(results, indent=1))
     print(markdown(results))

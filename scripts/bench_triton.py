@@ -1,38 +1,49 @@
 #!/usr/bin/env python
-"""Benchmark: Triton through `tfscache serve --backend triton` versus straight to the node, same run.
+"""Benchmark: Triton through `tfscache serve --backend triton` (each data plane) versus straight to
+the node, nginx's grpc_pass and a naive grpc.aio byte hop, same run.
 
     .venv/bin/python scripts/bench_triton.py [--requests 1000] [--seconds 10] [--rounds 11]
-        [--client-processes 4] [--workers 1,2,4] [--concurrency 16,64] [--quick] [--json F]
+        [--client-processes 4] [--workers 1,2,4] [--concurrency 16,64] [--data-plane python,haproxy]
+        [--proxy-listen unix] [--skip PART] [--quick] [--json F]
 
 1. Builds a Triton repository of python-backend models (tests/support/models/triton.py, no
    tensorflow): addk_1 .. addk_N (y = x + k, tiny) and ``sleep_ms`` sleeping --sleep-ms
    (5) ms per request, the counterparts of half_plus_two and slow_5ms in
    scripts/bench_frontend.py.
 2. Starts ``tfscache serve --backend triton --local-nodes 1`` (ports 0, --ports-file, an
-   admin port) and reads its node's ports from the serve log ("node0 serving: pid P, gRPC
-   G, REST R"), so "direct" and "through tfscache" hit the same tritonserver process.
+   admin port; the path ``tfscache``) and reads its node's ports from the serve log ("node0
+   serving: pid P, gRPC G, REST R"), so every path hits the same tritonserver process. In
+   front of that node (scripts/benchlib.py): ``nginx grpc_pass`` (skipped, with the reason
+   printed and in the JSON, where nginx is not installed: ``apt-get install nginx-light``),
+   the naive hop (the floor a Python gRPC proxy reaches), and with ``--data-plane haproxy``
+   a sidecar ``tfscache serve --data-plane haproxy`` (the path ``tfscache haproxy``).
+   nginx and the hop listen on UNIX sockets (``--proxy-listen tcp``: TCP ports).
 3. Warm ModelInfer, per model (addk_1, sleep_ms): warm-up, then at concurrency 1 blocks
-   of requests alternate direct / through tfscache (p50 and p99 of each, and the
-   difference); at concurrency 16 each path runs for --seconds from --client-processes
-   client processes (throughput and the ratio). A third path, the naive grpc.aio byte hop
-   of scripts/bench_frontend.py in its own process in front of the same node, is the floor
-   a Python gRPC proxy reaches, measured in the same run.
+   of requests alternate over every path (p50 and p99 of each); at each --concurrency each
+   path runs for --seconds from --client-processes client processes: throughput, the ratio
+   to direct, and CPU per request of each process group over the timed window (from /proc):
+   tfscache's Python processes (serve and its children, never tritonserver's tree), its
+   HAProxy (master and workers), nginx, the hop, the node; and the share HAProxy routed.
    The requests are tritonclient.grpc's ``ModelInferRequest`` (x = [2.0], FP32) serialized
    once and sent over raw gRPC channels, so the client's own cost is as small as Python
-   allows; every answer is checked (y = x + k). Then, at concurrency 1 on addk_1 only,
-   the same comparison with ``tritonclient.grpc.InferenceServerClient.infer`` and
-   ``tritonclient.http.InferenceServerClient.infer`` (REST), what a user's client costs.
+   allows; every answer is checked (y = x + k).
    ``--workers 1,2,4``: the embedded serve runs with the first count, and one sidecar serve
-   per other count in front of the same tritonserver; every one is a path of its own
-   ("tfscache w=N"), measured in the same run at every ``--concurrency``. A front end's CPU
-   is its serve process and children (control process and workers, from /proc) without
-   the node's tree.
-4. Cold load, --rounds rounds over models not loaded yet, in alternating order: a first
+   per other count in front of the same tritonserver ("tfscache w=N"), measured in the same
+   run at every ``--concurrency``.
+4. REST (``rest``): POST /v2/models/addk_1/infer at c=1 (http.client, keep-alive), the node's
+   own REST port against each tfscache data plane.
+5. ``clients``: at concurrency 1 on addk_1, ``tritonclient.grpc`` and ``tritonclient.http``
+   InferenceServerClient.infer, direct against the embedded serve: what a user's client costs.
+6. ``cold``: --rounds rounds over models not loaded yet, in alternating order: a first
    ModelInfer through tfscache (the cache loads the model: RepositoryModelLoad, confirmed
    in the repository index) versus RepositoryModelLoad + ModelInfer straight to the node
    (the baseline), with tritonclient.grpc; between the two the model is unloaded (tfscache
    evict on the admin port; RepositoryModelUnload directly) and the index polled until it
    is UNAVAILABLE. Medians of both and of the per-round differences.
+7. ``dataplane-cold``: --rounds rounds, a fresh model per data plane and round, order turning:
+   the first ModelInfer through a Python-data-plane sidecar and through the haproxy one
+   (both sidecars of the same tritonserver), evicted after each. Medians.
+8. A summary: one row per path on addk_1, and issue 31's goals met or not, with the numbers.
 
 Only this client side imports tritonclient; the serve process never does. Prints
 Markdown (docs/BENCHMARKS.md holds a run); --json F writes the figures. Every process
@@ -43,10 +54,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -64,7 +72,7 @@ from tritonclient.grpc import service_pb2
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
-import benchlib  # noqa: E402  (scripts/ is the script's own directory)
+from benchlib import cpu, measure, proxies, report  # noqa: E402  (scripts/ is the script's own directory)
 from support.models import triton as tritonmodels  # noqa: E402
 from tfscache.admin.client import AdminClient  # noqa: E402
 
@@ -102,7 +110,7 @@ def start_serve(repo: Path, workdir: Path, *extra: str, name: str = "serve") -> 
     process, ports, log_path = _serve(repo, workdir, name, "--local-nodes", "1", *extra)
     node = NODE_LINE.search(log_path.read_text(errors="replace"))
     if node is None:
-        benchlib.stop(process)
+        proxies.stop(process)
         raise SystemExit(f"no 'node0 serving' line in {log_path}")
     pid, grpc_port, rest_port = map(int, node.groups())
     return process, ports, {"pid": pid, "grpc": grpc_port, "rest": rest_port}
@@ -127,7 +135,7 @@ def _serve(repo: Path, workdir: Path, name: str, *extra: str) -> tuple[subproces
     deadline = time.monotonic() + 120
     while not ports_file.exists():
         if process.poll() is not None or time.monotonic() > deadline:
-            benchlib.stop(process)
+            proxies.stop(process)
             raise SystemExit(f"serve did not start (exit {process.returncode}); see {log_path}:\n"
                              + log_path.read_text(errors="replace")[-3000:])
         time.sleep(0.02)
@@ -161,14 +169,14 @@ def client_calls(name: str, grpc_targets: dict[str, str], http_targets: dict[str
 
 def bench_clients(name: str, grpc_targets: dict[str, str], http_targets: dict[str, str], n: int) -> dict:
     calls, clients = client_calls(name, grpc_targets, http_targets)
-    s = benchlib.alternate(calls, n)
+    s = measure.alternate(calls, n)
     for client in clients:
         client.close()
     result = {"model": name, "requests_c1": len(s["grpc direct"])}
     for proto in ("grpc", "rest"):
         for label in grpc_targets:
-            result[f"{proto}_{label}_p50_ms"] = benchlib.pct(s[f"{proto} {label}"], 50) * 1e3
-            result[f"{proto}_{label}_p99_ms"] = benchlib.pct(s[f"{proto} {label}"], 99) * 1e3
+            result[f"{proto}_{label}_p50_ms"] = measure.pct(s[f"{proto} {label}"], 50) * 1e3
+            result[f"{proto}_{label}_p99_ms"] = measure.pct(s[f"{proto} {label}"], 99) * 1e3
         result[f"{proto}_added_p50_ms"] = result[f"{proto}_tfscache_p50_ms"] - result[f"{proto}_direct_p50_ms"]
         result[f"{proto}_added_p99_ms"] = result[f"{proto}_tfscache_p99_ms"] - result[f"{proto}_direct_p99_ms"]
     return result
@@ -274,7 +282,7 @@ def dataplane_cold(names: list[str], fronts: dict[str, tuple[str, int]], node_ta
 
         firsts[label], resets[label] = first, reset
     try:
-        return benchlib.cold_rounds(names, firsts, resets)
+        return measure.cold_rounds(names, firsts, resets)
     finally:
         for closable in (*channels.values(), *admins.values(), node):
             closable.close()
@@ -284,7 +292,7 @@ def markdown(figures: dict) -> str:
     lines = [f"Machine: {figures['machine']}"]
     for r in figures.get("warm", []):
         lines += ["", f"Warm ModelInfer on {r['model']}, pre-serialized requests over raw gRPC channels:", "",
-                  *benchlib.paths_table(r)]
+                  *report.paths_table(r)]
     if figures.get("rest"):
         lines += ["", "REST /v2/models/addk_1/infer, c=1:", "", "| path | p50 ms | p99 ms |", "|---|---|---|"]
         lines += [f"| {label} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |" for label, r in figures["rest"].items()]
@@ -305,7 +313,7 @@ def markdown(figures: dict) -> str:
                          f"| {c[f'{proto}_tfscache_p50_ms']:.2f} / {c[f'{proto}_tfscache_p99_ms']:.2f} "
                          f"| {c[f'{proto}_added_p50_ms']:+.2f} ms | {c[f'{proto}_added_p99_ms']:+.2f} ms |")
     if figures.get("summary"):
-        lines += ["", *benchlib.summary_markdown(figures["summary"])]
+        lines += ["", *report.summary_markdown(figures["summary"])]
     cold = figures.get("cold")
     if not cold:
         return "\n".join(lines)
@@ -355,7 +363,7 @@ def main() -> int:
     if args.quick:
         args.requests, args.seconds, args.rounds = min(args.requests, 300), min(args.seconds, 3.0), min(args.rounds, 3)
         args.skip = sorted({*args.skip, "clients", "cold"})
-    figures = {"machine": benchlib.machine(), "command": " ".join(sys.argv), "workers": workers, "skipped": {}}
+    figures = {"machine": report.machine(), "command": " ".join(sys.argv), "workers": workers, "skipped": {}}
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
         workdir = Path(tmp)
         repo = workdir / "models"
@@ -367,52 +375,42 @@ def main() -> int:
             direct = f"127.0.0.1:{node['grpc']}"
             grpc_targets = {"direct": direct, "tfscache": f"127.0.0.1:{ports['grpc']}"}
             http_targets = {"direct": f"127.0.0.1:{node['rest']}", "tfscache": f"127.0.0.1:{ports['rest']}"}
-            fronts = {label(workers[0]): (grpc_targets["tfscache"], ports["admin"])}
-            targets = {"direct": direct}
-            meters = {"direct": benchlib.proxy_meter("direct", None, node["pid"])}
-            nginx, nginx_target = benchlib.start_nginx(direct, workdir, args.proxy_listen)
-            if nginx is None:
-                figures["skipped"]["nginx grpc_pass"] = nginx_target
-                print(f"skipping nginx grpc_pass: {nginx_target}", file=sys.stderr)
-            else:
-                started.append(nginx)
-                targets["nginx grpc_pass"] = nginx_target
-                meters["nginx grpc_pass"] = benchlib.proxy_meter("nginx", nginx.pid, node["pid"])
-            hop, targets["naive hop"] = benchlib.start_hop(direct, workdir, args.proxy_listen)
-            started.append(hop)
-            meters["naive hop"] = benchlib.proxy_meter("naive hop", hop.pid, node["pid"])
+            targets, meters, proxies, figures["skipped"] = proxies.proxy_paths(direct, node["pid"], workdir,
+                                                                                args.proxy_listen)
+            started += proxies
             targets[label(workers[0])] = grpc_targets["tfscache"]
-            meters[label(workers[0])] = benchlib.serve_meter(process.pid, node["pid"], serve_node_pid=node["pid"])
+            meters[label(workers[0])] = cpu.serve_meter(process.pid, node["pid"], serve_node_pid=node["pid"])
             for n in workers[1:]:  # sidecars of the same node: every path hits one tritonserver
                 sidecar, sidecar_ports = start_sidecar(repo, workdir, node, *_workers_flag(n), name=f"w{n}")
                 sidecars.append(sidecar)
                 targets[label(n)] = f"127.0.0.1:{sidecar_ports['grpc']}"
-                meters[label(n)] = benchlib.serve_meter(sidecar.pid, node["pid"])
+                meters[label(n)] = cpu.serve_meter(sidecar.pid, node["pid"])
             if haproxy:
                 sidecar, sidecar_ports = start_sidecar(repo, workdir, node, "--data-plane", "haproxy", name="haproxy")
                 started.append(sidecar)
                 state_dir = workdir / "haproxy.state"
                 targets["tfscache haproxy"] = f"127.0.0.1:{sidecar_ports['grpc']}"
                 http_targets["tfscache haproxy"] = f"127.0.0.1:{sidecar_ports['rest']}"
-                fronts["tfscache haproxy"] = (targets["tfscache haproxy"], sidecar_ports["admin"])
-                meters["tfscache haproxy"] = benchlib.serve_meter(sidecar.pid, node["pid"], state_dir=state_dir)
+                haproxy_admin = sidecar_ports["admin"]
+                meters["tfscache haproxy"] = cpu.serve_meter(sidecar.pid, node["pid"], state_dir=state_dir)
             figures["warm"] = []
             if "warm" not in args.skip:
                 for name in ("addk_1", "sleep_ms"):
-                    for target in targets.values():  # loaded through every front end before anything is timed
+                    # loaded through every front end (they load it) before anything is timed
+                    for _, target in sorted(targets.items(), key=lambda item: not item[0].startswith("tfscache")):
                         with grpc.insecure_channel(target) as channel:
                             check_answer(name, channel.unary_unary(INFER)(infer_bytes(name), timeout=120))
                     if haproxy:
-                        figures.setdefault("routed_before_timing", {})[name] = benchlib.wait_routed(
+                        figures.setdefault("routed_before_timing", {})[name] = cpu.wait_routed(
                             targets["tfscache haproxy"], INFER, {name: infer_bytes(name)}, state_dir)
-                    figures["warm"].append(benchlib.bench_warm(
+                    figures["warm"].append(measure.bench_warm(
                         name, infer_bytes(name), targets, meters, args.requests, args.seconds, concurrencies,
                         args.client_processes, INFER, check=lambda answer, name=name: check_answer(name, answer)))
                     print(json.dumps(figures["warm"][-1], indent=1), file=sys.stderr)
             for sidecar in sidecars:
-                benchlib.stop(sidecar)
+                proxies.stop(sidecar)
             if "rest" not in args.skip:
-                figures["rest"] = benchlib.rest_latency(
+                figures["rest"] = measure.rest_latency(
                     http_targets, "/v2/models/addk_1/infer",
                     json.dumps({"inputs": [{"name": "x", "shape": [1], "datatype": "FP32", "data": [2.0]}]}).encode(),
                     args.requests, _check_rest)
@@ -427,15 +425,23 @@ def main() -> int:
                     figures["cold"] = bench_cold(names, grpc_targets["tfscache"], grpc_targets["direct"], admin,
                                                  workdir / "serve.log")
                 print(json.dumps(figures["cold"], indent=1), file=sys.stderr)
-            if "dataplane-cold" not in args.skip and len(fronts) > 1:
+            if "dataplane-cold" not in args.skip and haproxy:
+                # like for like: the Python data plane as a sidecar of the same node too
+                sidecar, sidecar_ports = start_sidecar(repo, workdir, node, name="python")
+                started.append(sidecar)
                 names = [f"addk_{k}" for k in range(args.rounds + 3, 3 * args.rounds + 4)]
-                figures["dataplane_cold"] = dataplane_cold(names, fronts, direct)
+                figures["dataplane_cold"] = dataplane_cold(
+                    names, {"tfscache": (f"127.0.0.1:{sidecar_ports['grpc']}", sidecar_ports["admin"]),
+                            "tfscache haproxy": (targets["tfscache haproxy"], haproxy_admin)}, direct)
+                figures["dataplane_cold"]["note"] = ("'tfscache' here is a sidecar on the Python data plane, "
+                                                     "like 'tfscache haproxy' (the warm 'tfscache' path is the "
+                                                     "embedded serve)")
                 print(json.dumps(figures["dataplane_cold"], indent=1), file=sys.stderr)
             figures["tfscache_rss_mb"] = round(psutil.Process(process.pid).memory_info().rss / 2**20, 1)
         finally:
             for other in (*sidecars, *reversed(started)):
-                benchlib.stop(other)
-            benchlib.stop(process)
+                proxies.stop(other)
+            proxies.stop(process)
             try:  # serve stops its node; never leave one behind
                 left = psutil.Process(node["pid"])
                 if "tritonserver" in left.name():
@@ -443,7 +449,7 @@ def main() -> int:
             except psutil.NoSuchProcess:
                 pass
     if figures["warm"]:
-        figures["summary"] = benchlib.summarize(figures["warm"], "addk_1", figures.get("rest"),
+        figures["summary"] = report.summarize(figures["warm"], "addk_1", figures.get("rest"),
                                                 figures.get("dataplane_cold"), figures["skipped"])
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1) + "\n")
