@@ -352,7 +352,7 @@ def main() -> int:
             processes.append(node_process)
             direct = f"127.0.0.1:{node['grpc']}"
             targets, meters, started, results["skipped"] = proxies.proxy_paths(direct, node["pid"], workdir,
-                                                                                 args.proxy_listen)
+                                                                               args.proxy_listen)
             processes += started
             # Every front end is a sidecar of the same node, so all paths use the same node process.
             fronts = []

@@ -361,7 +361,8 @@ def main() -> int:
     haproxy = "haproxy" in args.data_plane.split(",")
     label = (lambda n: "tfscache") if workers == [1] else (lambda n: f"tfscache w={n}")
     if args.quick:
-        args.requests, args.seconds, args.rounds = min(args.requests, 300), min(args.seconds, 3.0), min(args.rounds, 3)
+        args.requests, args.seconds = min(args.requests, 300), min(args.seconds, 3.0)
+        args.rounds = min(args.rounds, 3)
         args.skip = sorted({*args.skip, "clients", "cold"})
     figures = {"machine": report.machine(), "command": " ".join(sys.argv), "workers": workers, "skipped": {}}
     with tempfile.TemporaryDirectory(prefix="bench-triton-") as tmp:
@@ -375,9 +376,9 @@ def main() -> int:
             direct = f"127.0.0.1:{node['grpc']}"
             grpc_targets = {"direct": direct, "tfscache": f"127.0.0.1:{ports['grpc']}"}
             http_targets = {"direct": f"127.0.0.1:{node['rest']}", "tfscache": f"127.0.0.1:{ports['rest']}"}
-            targets, meters, proxies, figures["skipped"] = proxies.proxy_paths(direct, node["pid"], workdir,
-                                                                                args.proxy_listen)
-            started += proxies
+            targets, meters, others, figures["skipped"] = proxies.proxy_paths(direct, node["pid"], workdir,
+                                                                              args.proxy_listen)
+            started += others
             targets[label(workers[0])] = grpc_targets["tfscache"]
             meters[label(workers[0])] = cpu.serve_meter(process.pid, node["pid"], serve_node_pid=node["pid"])
             for n in workers[1:]:  # sidecars of the same node: every path hits one tritonserver

@@ -92,9 +92,10 @@ def judge(models: list[dict], tiny: str, rest: dict | None, cold: dict | None,
         python = cold["paths"][cold["base"]]
         for label, figures in cold["paths"].items():
             if label.startswith("tfscache") and label != cold["base"]:
+                added = figures["added_median_vs_base_ms"]
                 goals.append(_verdict(f"cold request no slower than on the Python path ({cold['base']}), "
                                       "median", label, figures["median_ms"], round(python["median_ms"], 2), True,
-                                      f"ms (per-round difference: median {figures['added_median_vs_base_ms']:+.1f} ms)"))
+                                      f"ms (per-round difference: median {added:+.1f} ms)"))
     return goals
 
 
