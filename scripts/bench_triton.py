@@ -312,24 +312,28 @@ def markdown(figures: dict) -> str:
             lines.append(f"| {shown} | {c[f'{proto}_direct_p50_ms']:.2f} / {c[f'{proto}_direct_p99_ms']:.2f} "
                          f"| {c[f'{proto}_tfscache_p50_ms']:.2f} / {c[f'{proto}_tfscache_p99_ms']:.2f} "
                          f"| {c[f'{proto}_added_p50_ms']:+.2f} ms | {c[f'{proto}_added_p99_ms']:+.2f} ms |")
-    if figures.get("summary"):
-        lines += ["", *report.summary_markdown(figures["summary"])]
     cold = figures.get("cold")
-    if not cold:
-        return "\n".join(lines)
-    lines += ["", "Cold load (first ModelInfer of a model not loaded):", "",
-              "| rounds | direct RepositoryModelLoad + ModelInfer, median | ModelInfer through tfscache, median "
-              "| added: median of per-round differences | p90 |", "|---|---|---|---|---|",
-              f"| {cold['rounds']} | {cold['direct_ms']:.1f} ms | {cold['tfscache_ms']:.1f} ms "
-              f"| {cold['added_median_ms']:+.1f} ms | {cold['added_p90_ms']:+.1f} ms |", "",
-              "| part, median | ms |", "|---|---|",
-              f"| direct: RepositoryModelLoad | {cold['direct_load_median_ms']:.1f} |",
-              f"| direct: the first ModelInfer after it | {cold['direct_first_infer_median_ms']:.1f} |",
-              f"| through tfscache: the load as serve logs it (RepositoryModelLoad + index) "
-              f"| {cold['tfscache_logged_load_median_ms']:.1f} |",
-              f"| through tfscache: the rest (routing, lease, memory reads, the forwarded first infer) "
-              f"| {cold['tfscache_outside_load_median_ms']:.1f} |"]
+    if cold:
+        lines += _cold_table(cold)
+    if figures.get("summary"):  # last
+        lines += ["", *report.summary_markdown(figures["summary"])]
     return "\n".join(lines)
+
+
+def _cold_table(cold: dict) -> list[str]:
+    """The cold load through tfscache against a direct RepositoryModelLoad + ModelInfer, and its parts."""
+    return ["", "Cold load (first ModelInfer of a model not loaded):", "",
+            "| rounds | direct RepositoryModelLoad + ModelInfer, median | ModelInfer through tfscache, median "
+            "| added: median of per-round differences | p90 |", "|---|---|---|---|---|",
+            f"| {cold['rounds']} | {cold['direct_ms']:.1f} ms | {cold['tfscache_ms']:.1f} ms "
+            f"| {cold['added_median_ms']:+.1f} ms | {cold['added_p90_ms']:+.1f} ms |", "",
+            "| part, median | ms |", "|---|---|",
+            f"| direct: RepositoryModelLoad | {cold['direct_load_median_ms']:.1f} |",
+            f"| direct: the first ModelInfer after it | {cold['direct_first_infer_median_ms']:.1f} |",
+            f"| through tfscache: the load as serve logs it (RepositoryModelLoad + index) "
+            f"| {cold['tfscache_logged_load_median_ms']:.1f} |",
+            f"| through tfscache: the rest (routing, lease, memory reads, the forwarded first infer) "
+            f"| {cold['tfscache_outside_load_median_ms']:.1f} |"]
 
 
 def main() -> int:
