@@ -189,11 +189,16 @@ def render(plan: Plan) -> str:
         "    timeout client 1h",
         "    timeout server 1h",
         "    timeout http-request 60s",
-        # a node that refuses a connection is marked down at once and the request goes once
-        # more, to the backend's backup: the Python front end, which knows what to do
-        "    retries 1",
+        # A node that refuses a connection is marked down at once (observe layer4), and the
+        # request goes again, to the backend's backup: the Python front end, which knows what
+        # to do. A request in flight when its node died (no answer, or half of one) is sent
+        # again too, but its first retry may still find the node up, since only a refused
+        # connection marks it down: so three retries, each redispatched (the second one reaches
+        # the backup). Without them a gRPC client got RST_STREAM REFUSED_STREAM and a REST
+        # client 502 or 503 (tests/frontend/test_restarts.py, the node's SIGKILL).
+        "    retries 3",
         "    option redispatch 1",
-        "    retry-on conn-failure empty-response",
+        "    retry-on conn-failure empty-response junk-response",
         *_logging(plan.log_socket),
         "",
         f"backend {TABLE}",
