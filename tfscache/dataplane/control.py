@@ -12,6 +12,10 @@ every request HAProxy does not route. Every ``POLL_S`` it
   withdraws the routes of the others;
 * follows the nodes' addresses (a restarted node child has new ports) with a reload.
 
+With [tls] (``tls.cert_file``), HAProxy terminates TLS on the public ports from files written
+into the data plane's state directory (certs.py). ``reload_tls`` (SIGHUP) writes them again,
+has HAProxy check them, and reloads it; files that do not load change nothing.
+
 Before a cache unloads a version, its ``revoker`` hook takes the model's route from that node and
 waits until HAProxy counts none of its requests in flight there (routes.py). A version being
 unloaded is UNLOADING in its ledger already, so the next poll does not route it again.
@@ -21,17 +25,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
 import shutil
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tfscache.dataplane import binary, config
-from tfscache.dataplane.process import Supervisor
+from tfscache.dataplane import binary, certs, config
+from tfscache.dataplane.process import HaproxyConfigError, HaproxyStartError, Supervisor
 from tfscache.dataplane.requests import RequestLog, Routed
 from tfscache.dataplane.routes import Routes, routable
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
@@ -81,6 +87,7 @@ class DataPlane:
         self._counted: dict[str, int] = {}  # stick-table key -> http_req_cnt last read
         self._last_use: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task | None = None
+        self._tls: config.Tls | None = None  # the files HAProxy serves [tls] from
 
     async def start(self, internal_grpc: int, internal_rest: int | None, *,
                     state_dir: Path) -> tuple[int, int | None]:
@@ -102,6 +109,9 @@ class DataPlane:
         if self._runtime_socket.parent != self._state:  # a deep state directory: kept apart
             await asyncio.to_thread(config.private_dir, self._runtime_socket.parent)
         await asyncio.to_thread(self._state.mkdir, parents=True, exist_ok=True)
+        if self.settings.tls.cert_file:
+            self._tls = certs.files(self._state, self.settings.tls)
+            await asyncio.to_thread(certs.write, self.settings.tls, self._tls)
         if self._answered is not None:
             self.request_log = RequestLog(self._runtime_socket.parent / "requests.sock",
                                           dict(self.rules.rest_methods), self._told)
@@ -132,7 +142,8 @@ class DataPlane:
                            nodes=tuple(nodes), state_dir=self._state,
                            runtime_socket=self._runtime_socket, rules=self.rules,
                            log_socket=self.request_log.path if self.request_log else None,
-                           max_body=self.settings.server.max_receive_message_bytes)
+                           max_body=self.settings.server.max_receive_message_bytes,
+                           tls=self._tls)
 
     async def stop(self, grace: float) -> None:
         """Stop routing and let HAProxy finish the requests it carries (``grace`` s at most)."""
@@ -150,6 +161,32 @@ class DataPlane:
             await asyncio.to_thread(shutil.rmtree, self._runtime_socket.parent, True)
         for sock in self._sockets:
             sock.close()
+
+    async def reload_tls(self) -> bool:
+        """SIGHUP: serve [tls]'s files as they are now, without closing a port or failing a
+        request (a reload: new workers take the new certificate, old ones finish their
+        connections). Files that do not load, or that HAProxy refuses, change nothing: logged,
+        False."""
+        section = self.settings.tls
+        if self._tls is None or self.supervisor is None:
+            return False
+        staged = certs.staged(self._tls)
+        async with self.routes.held():  # one reload at a time; the new worker reads the map file
+            try:
+                await asyncio.to_thread(certs.write, section, staged)
+                await self.supervisor.check(dataclasses.replace(self._plan(), tls=staged))
+            except (OSError, ssl.SSLError, ValueError, HaproxyConfigError) as exc:
+                await asyncio.to_thread(certs.discard, staged)
+                log.error("TLS reload failed, keeping the certificate in use: %s", exc)
+                return False
+            await asyncio.to_thread(certs.install, staged, self._tls)
+            try:
+                await self.supervisor.reload(self._plan())
+            except HaproxyStartError as exc:  # the old worker serves on
+                log.error("TLS reload failed, haproxy did not take the new certificate: %s", exc)
+                return False
+        log.info("TLS certificate reloaded from %s", section.cert_file)
+        return True
 
     # -- the poll ------------------------------------------------------------------------------
 
