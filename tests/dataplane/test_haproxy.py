@@ -152,14 +152,14 @@ def _tls_section(tmp_path, client_ca: bool):
 
 
 def test_tls_binds_terminate_tls_with_alpn_and_verify_clients_with_a_ca(tmp_path):
-    tls = config.Tls(tmp_path / "tls.pem", tmp_path / "client-ca.pem")
+    tls = config.Tls(tmp_path / "haproxy.pem", tmp_path / "client-ca.pem")
     plan = config.Plan(grpc_fd=3, rest_fd=4, fallback_grpc="127.0.0.1:1", fallback_rest="127.0.0.1:2",
                        nodes=[], state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock",
                        rules=DATA_PLANE, tls=tls)
     binds = [line.strip() for line in config.render(plan).splitlines() if "bind fd@" in line]
     verify = f"ca-file {tmp_path}/client-ca.pem verify required"
-    assert binds == [f"bind fd@3 ssl crt {tmp_path}/tls.pem alpn h2 {verify} proto h2",
-                     f"bind fd@4 ssl crt {tmp_path}/tls.pem alpn http/1.1 {verify}"]
+    assert binds == [f"bind fd@3 ssl crt {tmp_path}/haproxy.pem alpn h2 {verify} proto h2",
+                     f"bind fd@4 ssl crt {tmp_path}/haproxy.pem alpn http/1.1 {verify}"]
     plain = config.render(dataclasses.replace(plan, tls=None))
     assert "bind fd@3 proto h2" in plain and " ssl " not in plain and "ssl-load" not in plain
 
@@ -170,7 +170,7 @@ async def test_the_tls_files_are_checked_by_haproxy_before_they_are_served(tmp_p
     (tmp_path / "dataplane").mkdir()
     certs.write(section, tls)
     assert [(p.name, p.stat().st_mode & 0o777) for p in (tls.pem, tls.client_ca)] == \
-        [("tls.pem", 0o600), ("client-ca.pem", 0o600)]
+        [("haproxy.pem", 0o600), ("client-ca.pem", 0o600)]
     assert tls.pem.read_bytes() == Path(section.cert_file).read_bytes() + Path(section.key_file).read_bytes()
     with socket.create_server(("127.0.0.1", 0)) as g, socket.create_server(("127.0.0.1", 0)) as r:
         plan = config.Plan(grpc_fd=g.fileno(), rest_fd=r.fileno(), fallback_grpc="127.0.0.1:1",
@@ -187,7 +187,7 @@ async def test_the_tls_files_are_checked_by_haproxy_before_they_are_served(tmp_p
         assert not staged.pem.exists()
         # ... and HAProxy's own check refuses a PEM it cannot serve, naming it
         staged.pem.write_bytes(Path(section.cert_file).read_bytes() + Path(wrong.key_file).read_bytes())
-        with pytest.raises(HaproxyConfigError, match="tls.pem.new"):
+        with pytest.raises(HaproxyConfigError, match="haproxy.pem.new"):
             await supervisor.check(dataclasses.replace(plan, tls=staged))
 
 

@@ -144,7 +144,7 @@ def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(pki, no
         # ... and the process keeps serving.
         assert grpc_code(serve.grpc_target, credentials(ca_file, client), "addk_2") == grpc.StatusCode.OK
         if data_plane == "haproxy":  # HAProxy's copies of the files: this user's alone
-            for name in ("tls.pem", "client-ca.pem"):
+            for name in ("haproxy.pem", "client-ca.pem"):
                 assert (dataplane_dir(serve) / name).stat().st_mode & 0o777 == 0o600
         assert serve.stop() == 0
 

@@ -4,7 +4,7 @@ HAProxy wants the certificate chain and its private key in one PEM. tfscache rea
 ``tls.cert_file``, ``tls.key_file`` and ``tls.client_ca_file``, checks that they load together
 exactly as the Python front ends check them (``tfscache.tls.read_files``), and writes what
 HAProxy reads into the data plane's state directory, mode 0600 from the moment each file exists:
-``tls.pem`` (the chain, then the key) and ``client-ca.pem``. The user's files are only read.
+``haproxy.pem`` (the chain, then the key) and ``client-ca.pem``. The user's files are only read.
 
 A reload first writes the new files beside these (``staged``: ``.new``), so that HAProxy can
 check a configuration naming them before they replace the ones it serves (``install``).
@@ -19,7 +19,7 @@ from tfscache.dataplane.config import Tls
 from tfscache.settings.sections import TlsSection
 from tfscache.tls import read_files
 
-PEM = "tls.pem"
+PEM = "haproxy.pem"
 CLIENT_CA = "client-ca.pem"
 STAGED = ".new"
 
