@@ -204,6 +204,7 @@ def test_sighup_gives_new_connections_the_new_certificate(pki, nodes, frontend_r
         try:
             warm_and_routed(serve, data_plane, "addk_3", lambda: same(predict(opened, "addk_3", 1.0), [4.0]))
             # a request in flight across the reload: its model's load is held at the node
+            gate.clear()  # a .waiting file left by the other data plane's run
             gate.hold(held)
             in_flight = pool.submit(predict, opened, held, 1.0)
             wait_until(lambda: gate.waiting(held), 60, f"{held}'s load held at the node")
