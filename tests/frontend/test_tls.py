@@ -22,6 +22,7 @@ from pathlib import Path
 
 import aiohttp
 import grpc
+import psutil
 import pytest
 import requests
 import trustme
@@ -149,6 +150,15 @@ def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(pki, no
         assert serve.stop() == 0
 
 
+def negotiated(port: int, ca: Path) -> str | None:
+    """The protocol a client offering HTTP/2 and HTTP/1.1 gets by ALPN on ``port``."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        with context.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+            return tls.selected_alpn_protocol()
+
+
 def served_ca(port: int, *cas: Path) -> Path | None:
     """Which of ``cas`` verifies the certificate a new connection to ``port`` is served."""
     for ca in cas:
@@ -161,6 +171,12 @@ def served_ca(port: int, *cas: Path) -> Path | None:
         except ssl.SSLCertVerificationError:
             continue
     return None
+
+
+def haproxy_workers(serve) -> list[psutil.Process]:
+    """The serve's HAProxy workers: the children of its HAProxy master."""
+    masters = [p for p in psutil.Process(serve.pid).children() if p.name() == "haproxy"]
+    return [worker for master in masters for worker in master.children()]
 
 
 class Knocker:
@@ -203,6 +219,9 @@ def test_sighup_gives_new_connections_the_new_certificate(pki, nodes, frontend_r
         knocker = None
         try:
             warm_and_routed(serve, data_plane, "addk_3", lambda: same(predict(opened, "addk_3", 1.0), [4.0]))
+            # gRPC is HTTP/2; REST HTTP/1.1 (the Python front end names no protocol, HAProxy http/1.1)
+            assert negotiated(serve.grpc_port, first_ca) == "h2"
+            assert negotiated(serve.rest_port, first_ca) in (None, "http/1.1")
             # a request in flight across the reload: its model's load is held at the node
             gate.clear()  # a .waiting file left by the other data plane's run
             gate.hold(held)
@@ -227,6 +246,8 @@ def test_sighup_gives_new_connections_the_new_certificate(pki, nodes, frontend_r
                 https_predict(serve.rest_port, "addk_3", 2.0, verify=str(first_ca))
             # The client open across the reload keeps working, warm requests routed as before.
             warm_and_routed(serve, data_plane, "addk_3", lambda: same(predict(opened, "addk_3", 3.0), [6.0]))
+            if data_plane == "haproxy":  # the old worker finished its connections and left
+                wait_until(lambda: len(haproxy_workers(serve)) == 1, 60, "one HAProxy worker left")
             # A reload that fails (a key of another certificate) keeps the certificate in use.
             write_leaf(trustme.CA(), tmp_path / "wrong", "127.0.0.1").key.replace(server.key)
             serve.process.send_signal(signal.SIGHUP)
