@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -42,6 +40,7 @@ from tfscache.settings import CacheSection  # noqa: E402
 from tfscache.kinds.tfserving.client import END, NodeClient  # noqa: E402
 from tfscache.repository.local import ModelRepository  # noqa: E402
 from tfscache.wire import serving_pb2 as pb  # noqa: E402
+from benchlib.report import machine  # noqa: E402  (scripts/ is the script's own directory)
 
 
 def start_node(workdir: Path, poll: float) -> tuple[subprocess.Popen, dict]:
@@ -162,19 +161,6 @@ async def bench_hits(client, repository, pid, names, hits: int) -> dict:
         results[f"{label}_us"] = 1e6 * statistics.median(batches)
     await cache.stop()
     return results
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"load average {os.getloadavg()[0]:.1f} at start")
 
 
 async def run(args) -> dict:

@@ -29,8 +29,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import re
 import signal
@@ -43,7 +41,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import psutil
 import tritonclient.grpc as tgrpc
 from tritonclient.grpc import service_pb2
 
@@ -51,6 +48,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from support.models import triton as tritonmodels  # noqa: E402
+from benchlib.report import machine  # noqa: E402  (scripts/ is the script's own directory)
 
 PYTHON = sys.executable
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -159,19 +157,6 @@ async def drive(target: str, names: list[str], weights: list[float], concurrency
             "hot_p50_ms": 1000 * pct(lat["hot"], 50), "hot_p99_ms": 1000 * pct(lat["hot"], 99),
             "per_node": {n: int(after.get(n, 0) - before.get(n, 0)) for n in sorted(after)},
             "hot_copies": copies or ["(one: its home node)"], "requests": len(lat["all"])}
-
-
-def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python "
-            f"{platform.python_version()}, load average {os.getloadavg()[0]:.2f} at start")
 
 
 def markdown(figures: dict) -> str:

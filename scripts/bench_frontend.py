@@ -1,45 +1,54 @@
 #!/usr/bin/env python
-"""Benchmark: warm Predict through `tfscache serve` versus straight to the node and through a
-naive grpc.aio byte hop, same run.
+"""Benchmark: warm Predict through `tfscache serve` (each data plane) versus straight to the node,
+nginx's grpc_pass and a naive grpc.aio byte hop, same run.
 
     .venv/bin/python scripts/bench_frontend.py [--requests 2000] [--seconds 10] [--concurrency 16,64]
-        [--client-processes 4] [--workers 1,2,4] [--data-plane python,haproxy]
-        [--baseline-tree DIR] [--quick] [--out results.json]
+        [--client-processes 4] [--workers 1,2,4] [--data-plane python,haproxy] [--proxy-listen unix]
+        [--cold-rounds 11] [--baseline-tree DIR] [--quick] [--out results.json]
 
-1. Builds half_plus_two and ``slow_5ms`` (a graph of chained 256x256 matmuls taking
-   about 5 ms per call, calibrated here) into a temporary repository.
-2. Starts one ``tfscache node`` and, in front of it: the naive hop (this script with
-   ``--naive-hop``: a grpc.aio server forwarding each call's bytes on one channel, nothing
-   else: the floor a Python gRPC proxy reaches), ``tfscache serve`` as a sidecar of that
-   node, and optionally one more from ``--baseline-tree`` (another checkout: a before/after in
-   the same run). Every path hits the same node process.
+1. Builds half_plus_two, ``slow_5ms`` (a graph of chained 256x256 matmuls taking about 5 ms
+   per call, calibrated here) and copies of half_plus_two for the cold requests
+   (``cold_NNN``) into a temporary repository.
+2. Starts one ``tfscache node`` and, in front of it, every path (scripts/benchlib.py):
+   ``nginx grpc_pass`` (one worker, keep-alive upstream; skipped, with the reason printed
+   and in the JSON, where nginx is not installed: ``apt-get install nginx-light``), the naive
+   hop (a grpc.aio server forwarding each call's bytes on one channel, nothing else: the floor
+   a Python gRPC proxy reaches), ``tfscache serve`` as a sidecar of that node for each data
+   plane (``tfscache``: Python; ``tfscache haproxy``), and optionally one more from
+   ``--baseline-tree`` (another checkout: a before/after in the same run). Every path hits
+   the same node process. nginx and the hop listen on UNIX sockets (``--proxy-listen tcp``:
+   TCP ports, like tfscache's).
 3. Per model, warm-up, then at concurrency 1 it alternates blocks of requests over every
    path and reports p50/p99 of each and what each adds over direct; at each concurrency it
    runs each path for ``--seconds`` from ``--client-processes`` client processes (not
    threads: one Python client process would be the bottleneck) and reports throughput, the
-   ratio to direct, and CPU per request of the proxy (with its child processes) and the node.
+   ratio to direct, and CPU per request of each process group, from /proc over the timed
+   window: tfscache's Python processes (the serve and its front-end children), its HAProxy
+   (master and workers), nginx, the hop, the node. On the haproxy data plane it also reports
+   the share of requests HAProxy routed itself (its stick table).
    ``--workers 1,2,4``: one ``tfscache serve --workers N`` per N, all sidecars of the same
-   node, every one measured in the same run; the front end's CPU is the serve process with
-   all its children (the control process and its workers, read from /proc), and a table per
-   model gives each N's ratio to direct at each concurrency, its p50/p99 at c=1, its CPU per
-   request, and its throughput over that of 1 worker.
-4. Front-end RSS and start-up time with 10,000 model directories in the repository
+   node, every one measured in the same run (a table per model by N).
+4. REST at c=1 on half_plus_two: the node's own REST port against each tfscache data plane.
+5. Cold requests: ``--cold-rounds`` rounds, each the first Predict of a model not resident
+   (a fresh ``cold_NNN`` per path and round, order turning every round), through each
+   tfscache data plane; the model is evicted (admin API) after each. Medians.
+6. Front-end RSS and start-up time with 10,000 model directories in the repository
    (sidecar mode against a running node, so start-up is the front end's own).
+7. A summary: one row per path, and issue 31's goals met or not, with the numbers.
 
 Clients send pre-serialized request bytes over raw channels, so the client's own cost is
 as small as Python allows; clients, proxies and node share this machine's cores. Prints
-JSON, then Markdown tables. ``--quick``: half_plus_two only, short, no start-up test.
+JSON, then Markdown tables. ``--quick``: half_plus_two only, short, 3 cold rounds, no start-up
+test.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import multiprocessing
 import os
+import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +63,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 PYTHON = sys.executable
 PREDICT = "/tensorflow.serving.PredictionService/Predict"
 
+from benchlib import cpu, measure, proxies, report  # noqa: E402  (scripts/ is the script's own directory)
 
 def build_models(root: Path) -> None:
     """half_plus_two (TF Serving's) and slow_5ms, in a child process (it imports tensorflow)."""
@@ -128,150 +138,6 @@ def start_serve(repo: Path, workdir: Path, *args: str, tree: Path = REPO) -> tup
     return process, json.loads(ports_file.read_text()), time.monotonic() - started
 
 
-# -- the naive byte hop: the floor a Python gRPC front end can reach --------------------------
-
-async def _naive_hop(target: str, ports_file: Path) -> None:
-    """A grpc.aio server that sends each unary call's bytes on to ``target`` and its answer back:
-    one channel, no metadata, no routing, no lease, no accounting."""
-    channel = grpc.aio.insecure_channel(target)
-    handlers: dict[str, grpc.RpcMethodHandler] = {}
-
-    def handler(path: str) -> grpc.RpcMethodHandler:
-        call = channel.unary_unary(path)
-
-        async def forward(request: bytes, context) -> bytes:
-            return await call(request, timeout=context.time_remaining())
-
-        return grpc.unary_unary_rpc_method_handler(forward)
-
-    class Generic(grpc.GenericRpcHandler):
-        def service(self, details):
-            found = handlers.get(details.method)
-            if found is None:
-                found = handlers[details.method] = handler(details.method)
-            return found
-
-    server = grpc.aio.server()
-    server.add_generic_rpc_handlers([Generic()])
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    tmp = ports_file.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"grpc": port, "pid": os.getpid()}))
-    tmp.rename(ports_file)
-    await server.wait_for_termination()
-
-
-def start_hop(target: str, workdir: Path) -> tuple[subprocess.Popen, dict]:
-    """The naive hop in its own process (this script, ``--naive-hop TARGET``), in front of ``target``."""
-    ports_file = workdir / f"hop-{time.monotonic_ns()}.json"
-    process = subprocess.Popen([PYTHON, __file__, "--naive-hop", target, "--hop-ports-file", str(ports_file)],
-                               cwd=REPO)
-    while not ports_file.exists():
-        if process.poll() is not None:
-            raise SystemExit(f"the naive hop exited with {process.returncode}")
-        time.sleep(0.005)
-    return process, json.loads(ports_file.read_text())
-
-
-# -- clients ------------------------------------------------------------------------------
-
-def warm(targets: dict[str, str], names: list[str]) -> None:
-    """Each front end loads each model (twice round: every sidecar's cache has synced with the node,
-    and they all want the same models, so none unloads another's), before anything is timed."""
-    for _ in range(2):
-        for name in names:
-            for label, target in targets.items():
-                if label not in ("direct", "naive hop"):
-                    with grpc.insecure_channel(target) as channel:
-                        channel.unary_unary(PREDICT)(predict_bytes(name), timeout=120)
-
-
-def latency_c1(targets: dict[str, str], request: bytes, n: int, block: int = 50,
-               method: str = PREDICT) -> dict[str, list[float]]:
-    calls = {}
-    for label, target in targets.items():
-        channel = grpc.insecure_channel(target)
-        calls[label] = channel.unary_unary(method)
-        for _ in range(50):  # warm: load, connections, caches
-            calls[label](request, timeout=60)
-    samples = {label: [] for label in targets}
-    for _ in range(max(1, n // block)):  # alternate blocks so drift hits every path alike
-        for label, call in calls.items():
-            for _ in range(block):
-                t = time.perf_counter()
-                call(request, timeout=60)
-                samples[label].append(time.perf_counter() - t)
-    return samples
-
-
-async def _client(target: str, request: bytes, concurrency: int, seconds: float, method: str, barrier) -> int:
-    """``concurrency`` callers back to back on one channel for ``seconds``, once every client
-    process is connected and warm (``barrier``, which the parent passes too)."""
-    async with grpc.aio.insecure_channel(target) as channel:
-        call = channel.unary_unary(method)
-        for _ in range(10):
-            await call(request, timeout=60)
-        await asyncio.to_thread(barrier.wait, 300)
-        done = 0
-        stop = time.monotonic() + seconds
-
-        async def caller():
-            nonlocal done
-            while time.monotonic() < stop:
-                await call(request, timeout=60)
-                done += 1
-
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
-        return done
-
-
-def _client_process(args: tuple, barrier, results) -> None:
-    results.put(asyncio.run(_client(*args, barrier)))
-
-
-def throughput(target: str, request: bytes, concurrency: int, seconds: float, processes: int,
-               method: str = PREDICT, pids: dict[str, int] | None = None,
-               cpu=None) -> tuple[float, dict[str, float]]:
-    """Requests per second with ``concurrency`` calls in flight, spread over ``processes`` client
-    processes (so the client is not one Python core); and each of ``pids``' CPU seconds over the
-    timed window (``cpu(who, pid)``; default: the process and its children)."""
-    cpu_of = cpu or (lambda who, pid: _cpu(pid))
-    processes = max(1, min(processes, concurrency))
-    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    context = multiprocessing.get_context("spawn")
-    barrier, results = context.Barrier(processes + 1), context.Queue()
-    clients = [context.Process(target=_client_process, args=((target, request, share, seconds, method),
-                                                             barrier, results), daemon=True)
-               for share in shares]
-    for client in clients:
-        client.start()
-    try:
-        barrier.wait(300)  # every client connected and warm: the clock starts
-        before = {who: cpu_of(who, pid) for who, pid in (pids or {}).items()}
-        time.sleep(seconds)
-        used = {who: cpu_of(who, pid) - before[who] for who, pid in (pids or {}).items()}
-        done = sum(results.get(timeout=120) for _ in clients)
-    finally:
-        for client in clients:
-            client.join(30)
-            if client.is_alive():
-                client.kill()
-    return done / seconds, used
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds of ``pid`` and its children."""
-    total = 0.0
-    try:
-        process = psutil.Process(pid)
-        for p in [process, *process.children(recursive=True)]:
-            times = p.cpu_times()
-            total += times.user + times.system
-    except psutil.NoSuchProcess:
-        pass
-    return total
-
-
 def _rss(pid: int) -> int:
     """Resident bytes of ``pid`` and its children (a serve's control process and workers)."""
     try:
@@ -302,37 +168,6 @@ def workers_table(model: dict, workers: list[int]) -> list[str]:
             row += f" {p[f'ratio_c{c}']:.2f} | {p[f'proxy_cpu_us_c{c}']:.0f} | {versus} |"
         lines.append(row)
     return lines
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
-
-
-def bench_model(name: str, targets: dict[str, str], n: int, seconds: float, pids: dict[str, int],
-                concurrencies: tuple[int, ...], processes: int) -> dict:
-    """p50/p99 at c=1 on every path (alternating blocks), then throughput and each proxy's CPU per
-    request at each concurrency; ratios to direct and to the naive hop."""
-    request = predict_bytes(name)
-    s = latency_c1(targets, request, n)
-    result = {"model": name, "requests_c1": len(s["direct"]), "paths": {}}
-    for label in targets:
-        path = result["paths"][label] = {"p50_ms": pct(s[label], 50) * 1e3, "p99_ms": pct(s[label], 99) * 1e3,
-                                         "mean_ms": statistics.fmean(s[label]) * 1e3}
-        path["added_p50_ms"] = path["p50_ms"] - pct(s["direct"], 50) * 1e3
-    for c in concurrencies:
-        for label, target in targets.items():
-            rps, cpu = throughput(target, request, c, seconds, processes,
-                                  pids={k: v for k, v in pids.items() if k in (label, "node")})
-            path = result["paths"][label]
-            path[f"rps_c{c}"] = rps
-            path[f"node_cpu_us_c{c}"] = cpu["node"] / (rps * seconds) * 1e6
-            if label in pids:
-                path[f"proxy_cpu_us_c{c}"] = cpu[label] / (rps * seconds) * 1e6
-        for label in targets:
-            result["paths"][label][f"ratio_c{c}"] = result["paths"][label][f"rps_c{c}"] / result["paths"]["direct"][
-                f"rps_c{c}"]
-    return result
 
 
 def start_node(workdir: Path) -> tuple[subprocess.Popen, dict]:
@@ -414,103 +249,163 @@ def bench_accounting(tree: Path) -> float:
 
 
 def markdown(results: dict) -> str:
-    """The results as docs/BENCHMARKS.md's tables."""
+    """The results as docs/BENCHMARKS.md's tables, the summary last."""
     lines = ["| code | one warm request's accounting, µs |", "|---|---|"]
     lines += [f"| {label} | {us:.2f} |" for label, us in results.get("accounting_us", {}).items()]
     lines.append("")
     for model in results["models"]:
-        cs = [int(k[5:]) for k in model["paths"]["direct"] if k.startswith("rps_c")]
-        head = "| path | p50 ms (c=1) | p99 ms (c=1) | added p50 vs direct |" + "".join(
-            f" req/s c={c} | ratio to direct c={c} | proxy CPU µs/req c={c} |" for c in cs)
-        lines += [f"### {model['model']}", "", head, "|" + "---|" * (4 + 3 * len(cs))]
-        for label, p in model["paths"].items():
-            row = f"| {label} | {p['p50_ms']:.2f} | {p['p99_ms']:.2f} | {p['added_p50_ms']:+.2f} |"
-            for c in cs:
-                cpu = p.get(f"proxy_cpu_us_c{c}")
-                row += f" {p[f'rps_c{c}']:.0f} | {p[f'ratio_c{c}']:.2f} | {'–' if cpu is None else f'{cpu:.0f}'} |"
-            lines.append(row)
-        lines.append("")
+        lines += [f"### {model['model']}", "", *report.paths_table(model), ""]
         if results.get("workers", [1]) != [1]:
             lines += [f"{model['model']} by workers:", "", *workers_table(model, results["workers"]), ""]
-    return "\n".join(lines)
+    if results.get("rest"):
+        lines += ["REST :predict on half_plus_two, c=1:", "", "| path | p50 ms | p99 ms |", "|---|---|---|"]
+        lines += [f"| {label} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} |" for label, r in results["rest"].items()]
+        lines.append("")
+    if results.get("cold"):
+        cold = results["cold"]
+        lines += [f"Cold Predict (a model not resident), {cold['rounds']} rounds:", "",
+                  "| path | median ms | median of per-round differences to the first ms |", "|---|---|---|"]
+        lines += [f"| {label} | {c['median_ms']:.1f} | {c['added_median_vs_base_ms']:+.1f} |"
+                  for label, c in cold["paths"].items()]
+        lines.append("")
+    return "\n".join(lines + report.summary_markdown(results["summary"]))
+
+
+def warm(targets: dict[str, str], names: list[str]) -> None:
+    """Each front end loads each model (twice round: every sidecar's cache has synced with the node,
+    and they all want the same models, so none unloads another's), before anything is timed."""
+    for _ in range(2):
+        for name in names:
+            for label, target in targets.items():
+                if label.startswith("tfscache"):
+                    with grpc.insecure_channel(target) as channel:
+                        channel.unary_unary(PREDICT)(predict_bytes(name), timeout=120)
+
+
+def _check_rest(answer: bytes) -> None:
+    if json.loads(answer) != {"predictions": [3.0]}:
+        raise SystemExit(f"wrong REST answer: {answer[:200]!r}")
+
+
+def _cold_paths(fronts: dict[str, tuple[str, int]]) -> tuple[dict, dict]:
+    """Per tfscache path: its first Predict of a model, and the admin evict that takes it away."""
+    from tfscache.admin.client import AdminClient
+
+    firsts, resets = {}, {}
+    for label, (target, admin_port) in fronts.items():
+        def first(name: str, target=target) -> None:
+            with grpc.insecure_channel(target) as channel:
+                channel.unary_unary(PREDICT)(predict_bytes(name), timeout=120)
+
+        def reset(name: str, admin_port=admin_port) -> None:
+            with AdminClient(f"127.0.0.1:{admin_port}") as admin:
+                admin.evict(name)  # returns once the cache saw it unloaded
+
+        firsts[label], resets[label] = first, reset
+    return firsts, resets
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     parser.add_argument("--requests", type=int, default=2000, help="requests per path at concurrency 1")
     parser.add_argument("--seconds", type=float, default=10.0, help="seconds per path and concurrency")
-    parser.add_argument("--concurrency", default="16", help="comma-separated concurrencies for throughput")
+    parser.add_argument("--concurrency", default="16,64", help="comma-separated concurrencies for throughput")
     parser.add_argument("--client-processes", type=int, default=4, help="client processes for throughput")
     parser.add_argument("--models", type=int, default=10_000, help="model directories for the start-up test")
+    parser.add_argument("--cold-rounds", type=int, default=11, help="cold-request rounds (after one warm-up)")
     parser.add_argument("--baseline-tree", type=Path,
                         help="also run the front end from this checkout (e.g. the commit before a change): "
                              "a same-run before/after")
     parser.add_argument("--workers", default="1",
                         help="comma-separated worker counts (tfscache serve --workers N), each its own front end "
                              "in the same run, e.g. 1,2,4")
-    parser.add_argument("--data-plane", default="python",
-                        help="comma-separated data planes (python, haproxy): haproxy adds a path "
-                             "'tfscache haproxy' (serve --data-plane haproxy; its CPU is the serve "
-                             "process with its children, HAProxy included)")
+    parser.add_argument("--data-plane", default="python,haproxy",
+                        help="comma-separated data planes (python, haproxy): the paths 'tfscache' (or "
+                             "'tfscache w=N') and 'tfscache haproxy'")
+    parser.add_argument("--proxy-listen", choices=("unix", "tcp"), default="unix",
+                        help="where nginx and the naive hop listen: UNIX sockets, or TCP ports like tfscache's")
     parser.add_argument("--only", help="comma-separated models (half_plus_two, slow_5ms); default both")
     parser.add_argument("--quick", action="store_true",
-                        help="a short run: 400 requests at c=1, 3 s per path, half_plus_two, no start-up test")
+                        help="a short run: 400 requests at c=1, 3 s per path, half_plus_two, 3 cold rounds, "
+                             "no start-up test")
     parser.add_argument("--out", help="write the results as JSON here")
-    parser.add_argument("--naive-hop", help=argparse.SUPPRESS)  # internal: serve the naive hop to this target
-    parser.add_argument("--hop-ports-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.naive_hop:
-        asyncio.run(_naive_hop(args.naive_hop, args.hop_ports_file))
-        return 0
     if args.quick:
         args.requests, args.seconds, args.models = min(args.requests, 400), min(args.seconds, 3.0), 0
+        args.cold_rounds = min(args.cold_rounds, 3)
         args.only = args.only or "half_plus_two"
     concurrencies = tuple(int(c) for c in args.concurrency.split(","))
     workers = [int(n) for n in args.workers.split(",")]
+    planes = args.data_plane.split(",")
+    names = args.only.split(",") if args.only else ["half_plus_two", "slow_5ms"]
     with tempfile.TemporaryDirectory(prefix="bench-frontend-") as tmp:
         workdir = Path(tmp)
         repo = workdir / "models"
         build_models(repo)
+        for i in range(args.cold_rounds * 2 + 1):  # a fresh model per data plane and round, and a warm-up
+            shutil.copytree(repo / "half_plus_two", repo / f"cold_{i:03d}")
+        results = {"machine": report.machine(), "command": " ".join(sys.argv), "cpus": os.cpu_count(),
+                   "load_average_at_start": os.getloadavg(), "models": []}
         processes = []
         try:
             node_process, node = start_node(workdir)
             processes.append(node_process)
             direct = f"127.0.0.1:{node['grpc']}"
-            hop, hop_ports = start_hop(direct, workdir)
-            processes.append(hop)
-            targets = {"direct": direct, "naive hop": f"127.0.0.1:{hop_ports['grpc']}"}
-            pids = {"node": node["pid"], "naive hop": hop.pid}
+            targets, meters, started, results["skipped"] = proxies.proxy_paths(direct, node["pid"], workdir,
+                                                                               args.proxy_listen)
+            processes += started
             # Every front end is a sidecar of the same node, so all paths use the same node process.
-            fronts = [(front_label(n, workers), REPO, ("--workers", str(n)) if n != 1 else ()) for n in workers]
-            if "haproxy" in args.data_plane.split(","):
+            fronts = []
+            if "python" in planes:
+                fronts += [(front_label(n, workers), REPO, ("--workers", str(n)) if n != 1 else ()) for n in workers]
+            if "haproxy" in planes:
                 fronts.append(("tfscache haproxy", REPO, ("--data-plane", "haproxy")))
             if args.baseline_tree is not None:
                 fronts.insert(0, ("tfscache (baseline tree)", args.baseline_tree.resolve(), ()))
+            rest_targets, state_dirs, admin, serve_pids = {"direct": f"127.0.0.1:{node['rest']}"}, {}, {}, {}
             for i, (label, tree, extra) in enumerate(fronts):
+                state_dirs[label] = workdir / f"state{i}"
                 process, ports, _ = start_serve(repo, workdir, "--node-address",
-                                                f"127.0.0.1:{node['grpc']},{node['rest']}",
-                                                "--set", f"node.state_dir={workdir / f'state{i}'}", *extra, tree=tree)
+                                                f"127.0.0.1:{node['grpc']},{node['rest']}", "--admin-port", "0",
+                                                "--set", f"node.state_dir={state_dirs[label]}", *extra, tree=tree)
                 processes.append(process)
-                targets[label], pids[label] = f"127.0.0.1:{ports['grpc']}", process.pid
-            names = args.only.split(",") if args.only else ["half_plus_two", "slow_5ms"]
+                targets[label], serve_pids[label] = f"127.0.0.1:{ports['grpc']}", process.pid
+                rest_targets[label], admin[label] = f"127.0.0.1:{ports['rest']}", ports["admin"]
+                haproxy = "--data-plane" in extra
+                meters[label] = cpu.serve_meter(process.pid, node["pid"],
+                                                     state_dir=state_dirs[label] if haproxy else None)
             warm(targets, names)
-            results = {"cpus": os.cpu_count(), "load_average_at_start": os.getloadavg(), "models": [],
-                       "accounting_us": {"tfscache": bench_accounting(REPO)}}
+            if "tfscache haproxy" in targets:
+                results["routed_before_timing"] = cpu.wait_routed(
+                    targets["tfscache haproxy"], PREDICT, {name: predict_bytes(name) for name in names},
+                    state_dirs["tfscache haproxy"])
+            results["accounting_us"] = {"tfscache": bench_accounting(REPO)}
             if args.baseline_tree is not None:
                 results["accounting_us"]["tfscache (baseline tree)"] = bench_accounting(args.baseline_tree.resolve())
             for name in names:
-                results["models"].append(bench_model(name, targets, args.requests, args.seconds, pids,
-                                                     concurrencies, args.client_processes))
+                results["models"].append(measure.bench_warm(name, predict_bytes(name), targets, meters,
+                                                             args.requests, args.seconds, concurrencies,
+                                                             args.client_processes, PREDICT))
                 print(json.dumps(results["models"][-1], indent=1), file=sys.stderr)
+            results["rest"] = measure.rest_latency(
+                {label: t for label, t in rest_targets.items() if label == "direct" or label in targets},
+                "/v1/models/half_plus_two:predict", b'{"instances": [2.0]}', args.requests, _check_rest)
+            cold_fronts = {label: (targets[label], admin[label]) for label, _, _ in fronts
+                           if label in (front_label(1, workers), "tfscache haproxy")}
+            if args.cold_rounds and cold_fronts:
+                cold_names = [f"cold_{i:03d}" for i in range(args.cold_rounds * len(cold_fronts) + 1)]
+                results["cold"] = measure.cold_rounds(cold_names, *_cold_paths(cold_fronts))
+                print(json.dumps(results["cold"], indent=1), file=sys.stderr)
             results["workers"] = workers
-            results["frontend_rss_mb"] = {label: round(_rss(pids[label]) / 2**20, 1)
-                                          for label in pids if label.startswith("tfscache")}
+            results["frontend_rss_mb"] = {label: round(_rss(pid) / 2**20, 1) for label, pid in serve_pids.items()}
         finally:
             for process in reversed(processes):
-                process.send_signal(signal.SIGTERM)
-                process.wait(60)
+                proxies.stop(process)
         if args.models:
             results["startup"] = bench_startup(workdir, args.models)
+    tiny = "half_plus_two" if "half_plus_two" in names else names[0]
+    results["summary"] = report.summarize(results["models"], tiny, results.get("rest"), results.get("cold"),
+                                            results["skipped"])
     print(json.dumps(results, indent=1))
     print(markdown(results))
     if args.out:

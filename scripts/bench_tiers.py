@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -37,6 +35,8 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+
+from benchlib.report import machine  # scripts/ is the script's own directory
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").exists() else sys.executable
@@ -99,19 +99,6 @@ def host_rounds(serve: Serve, names: list[str]) -> dict[str, list[float]]:
         out["cold_and_hand_off"].append(predict(serve.rest, name))  # `before` goes to host0
         out["demoted"].append(predict(serve.rest, before))  # answered by host0
     return out
-
-
-def machine() -> str:
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-            f"load average {os.getloadavg()[0]:.1f} at start")
 
 
 def run(rounds: int, size_mb: float) -> dict:

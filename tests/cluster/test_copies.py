@@ -48,6 +48,23 @@ def test_an_idle_cluster_sends_every_request_to_the_first_copy(clock):
     assert copies.copies("m", NODES) == ["node0"]
 
 
+def test_choose_answers_what_pick_would_and_records_nothing(clock):
+    """The data plane asks ``choose`` of a model HAProxy routes: the same answer as ``pick``, with
+    no copy added and no spill counted, so asking every poll changes nothing."""
+    copies = Copies(CopyRule(signal="inflight", min_load=2, hot_inflight=2, balance=0.25), clock)
+    busy(copies, "hot", "node0", 2)
+    for _ in range(3):
+        choice = copies.choose("hot", NODES)
+        assert (choice.node, choice.spilled, choice.added) == ("node1", True, True)
+    assert copies.copies("hot", NODES) == ["node0"] and (copies.added, copies.spills) == (0, 0)
+    assert copies.last_used("hot", "node1") is None
+    assert copies.pick("hot", NODES) == choice  # the same, now recorded
+    assert copies.copies("hot", NODES) == ["node0", "node1"] and (copies.added, copies.spills) == (1, 1)
+    busy(copies, "hot", "node1", 1)
+    assert copies.choose("hot", NODES) == copies.pick("hot", NODES)  # under its bound: node1
+    assert copies.spills == 2
+
+
 def test_a_hot_model_over_its_bound_gains_the_next_ring_node(clock):
     copies = Copies(CopyRule(signal="inflight", min_load=2, hot_inflight=2, balance=0.25), clock)
     busy(copies, "hot", "node0", 2)  # bound: max(2, ceil(1.25 * 3 / 4)) = 2; node0 is at it

@@ -4,8 +4,9 @@ path, routes taken away only once their requests in flight are done, restarts an
 
 Two nodes serve a model named ``m``: node A computes x + 1, node B x + 2. B stands in for
 tfscache's Python front end (the fallback every unrouted request goes to), so each answer says
-which way a request went: 2.0 routed to A, 3.0 the slow path. The official TF Serving stubs are
-the client.
+which way a request went: 2.0 routed to A, 3.0 the slow path. A third node, C (x + 3: 4.0),
+stands in for a second copy of ``m`` where a route names a group of nodes. The official TF
+Serving stubs are the client.
 """
 
 from __future__ import annotations
@@ -40,14 +41,14 @@ from support.node import start_node
 from support.waiting import until
 from tfscache.dataplane import binary, certs, config
 from tfscache.dataplane.process import HaproxyConfigError, Supervisor
-from tfscache.dataplane.routes import Routes
+from tfscache.dataplane.routes import Routes, revoked
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
 from tfscache.frontend.protocols.tfserving import DATA_PLANE
 
 pytestmark = pytest.mark.skipif(
     not binary.available(), reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)")
 
-ROUTED, FALLBACK = 2.0, 3.0  # node A answers x + 1, node B x + 2 (x = 1)
+ROUTED, FALLBACK, COPY = 2.0, 3.0, 4.0  # node A answers x + 1, node B x + 2, node C x + 3 (x = 1)
 
 
 def _config(base) -> str:
@@ -63,16 +64,26 @@ def nodes(tmp_path_factory):
         yield node_a, node_b
 
 
+@pytest.fixture(scope="module")
+def copy_c(tmp_path_factory):
+    """Node C: ``m`` as x + 3, a second copy beside node A's (its answers are COPY)."""
+    tmp = tmp_path_factory.mktemp("dataplane-copy")
+    with start_node(tmp, config=_config(tfserving.build_addk(tmp / "c", 3))) as node_c:
+        yield node_c
+
+
 class Plane:
     """A Supervisor on public sockets bound here, its Routes, and clients of both ports."""
 
-    def __init__(self, tmp_path, routed_to: str, fallback) -> None:
+    def __init__(self, tmp_path, routed_to: str, fallback, others=()) -> None:
+        """Node ``a`` is ``routed_to``; ``others``: more (name, node) pairs."""
         self.grpc_socket = socket.create_server(("127.0.0.1", 0))
         self.rest_socket = socket.create_server(("127.0.0.1", 0))
         self.state = tmp_path / "dataplane"
         self.fallback = fallback
-        self.plan = self.plan_for([config.Node("a", routed_to.grpc_target,
-                                               f"127.0.0.1:{routed_to.rest_port}")])
+        self.plan = self.plan_for([
+            config.Node(name, node.grpc_target, f"127.0.0.1:{node.rest_port}")
+            for name, node in [("a", routed_to), *others]])
         self.runtime = Runtime(self.plan.runtime_socket)
         self.supervisor = Supervisor("haproxy", self.state, self.plan, runtime=self.runtime)
         self.routes = Routes(self.runtime, self.plan.map_path,
@@ -125,19 +136,46 @@ def _call(fn, *args, **kwargs):
     return asyncio.to_thread(fn, *args, **kwargs)
 
 
-def test_the_rendered_configuration_is_valid(tmp_path):
+@pytest.mark.parametrize("count, group_width, width", [(1, None, 1), (3, None, 3), (4, 2, 2),
+                                                       (2, 1, 1)])
+def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width):
     with socket.create_server(("127.0.0.1", 0)) as g, socket.create_server(("127.0.0.1", 0)) as r:
         plan = config.Plan(grpc_fd=g.fileno(), rest_fd=r.fileno(), fallback_grpc="127.0.0.1:1",
                            fallback_rest="127.0.0.1:2",
-                           nodes=[config.Node("n0", "127.0.0.1:3", "127.0.0.1:4")],
+                           nodes=[config.Node(f"n{i}", "127.0.0.1:3", "127.0.0.1:4")
+                                  for i in range(count)],
                            state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock",
-                           rules=DATA_PLANE, log_socket=tmp_path / "requests.sock")
-        (tmp_path / "haproxy.cfg").write_text(config.render(plan))
+                           rules=DATA_PLANE, log_socket=tmp_path / "requests.sock",
+                           group_width=group_width)
+        text = config.render(plan)
+        (tmp_path / "haproxy.cfg").write_text(text)
         (tmp_path / config.MAP).write_text("")
         check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")],
                                capture_output=True, text=True, pass_fds=(g.fileno(), r.fileno()))
     assert check.returncode == 0, check.stdout + check.stderr
     assert "Warning" not in check.stdout + check.stderr, check.stdout + check.stderr
+    # a group has at most as many nodes as there are, or as it may (a model's most copies): one
+    # choice step per node after the first, in each front end; then the count under the node
+    # chosen, and in the node's load
+    for frontend in ("grpc", "rest"):
+        rules = text.split(f"frontend {frontend}\n", 1)[1].split("\n\n", 1)[0].splitlines()
+        at = lambda part: next(i for i, line in enumerate(rules) if part in line)
+        assert sum(",table_conn_cur(load)" in line for line in rules) == width
+        assert any(f"word({width},+)" in line for line in rules)
+        assert not any(f"word({width + 1},+)" in line for line in rules)
+        # consecutive: the lookup, the choice (2 rules, 5 more per node), its key, both counts
+        lookup, counted = at(",map("), at("track-sc0 var(txn.key) table inflight")
+        assert counted == lookup + 4 + 5 * (width - 1)
+        assert at("track-sc1 var(txn.node) table load") == counted + 1
+
+
+def test_a_route_names_a_group_and_a_revocation_leaves_the_others():
+    assert config.group(["node0", "node1"]) == "node0+node1"
+    assert config.members("node0+node1") == ("node0", "node1") and config.members("a") == ("a",)
+    # a revocation of a node keeps the group's other nodes, in their order; the last one goes
+    assert revoked("a+b+c", "b") == "a+c"
+    assert revoked("a+b", "a") == "b"
+    assert revoked("a", "a") is None
 
 
 def _tls_section(tmp_path, client_ca: bool):
@@ -251,6 +289,44 @@ async def test_a_route_is_revoked_only_once_its_request_in_flight_is_answered(no
             assert not revoke.done()
         await asyncio.wait_for(revoke, 30)
         assert request.result(30) == ROUTED
+
+
+async def test_a_group_route_balances_and_a_revocation_waits_only_for_its_node(
+        nodes, copy_c, tmp_path):
+    """``m`` routed to the group a+c: with nothing in flight the first node takes each request;
+    one held on A sends the next to C. Taking A out of the group leaves C routed at once and
+    serving, and the revocation waits for the request held on A (MODEL@a), not for C's."""
+    node_a, node_b = nodes
+    with HoldProxy(("127.0.0.1", int(node_a.grpc_target.rsplit(":", 1)[1]))) as proxy:
+        held_a = type("Held", (), {"grpc_target": f"127.0.0.1:{proxy.port}",
+                                   "rest_port": node_a.rest_port})
+        async with Plane(tmp_path, held_a, node_b, others=[("c", copy_c)]) as plane:
+            assert await plane.routes.grant("m", "c+a")
+            assert await _call(plane.predict) == COPY  # a tie goes to the first node
+            assert await plane.routes.grant("m", "a+c")  # in place: no slow path between
+            assert await _call(plane.predict) == ROUTED
+            with ThreadPoolExecutor(1) as pool, proxy.holding():
+                request = await hold_one(plane, proxy, pool)
+                assert await plane.routes.in_flight("m@a") == 1
+                assert await _call(plane.predict) == COPY  # fewer in flight on C
+                assert await _call(plane.rest) == COPY
+                revoke = asyncio.create_task(plane.routes.revoke("m", "a"))
+                await until(lambda: plane.routes.current == {"m": "c"}, 30, "a out of the route")
+                assert await plane.runtime.show_map(plane.plan.map_path) == {"m": "c"}
+                assert plane.plan.map_path.read_text() == "m c\n"
+                for _ in range(3):  # the other copy keeps serving ...
+                    assert await _call(plane.predict) == COPY
+                assert await plane.routes.in_flight("m@a") == 1  # ... while A's request is held
+                assert not revoke.done()
+            await asyncio.wait_for(revoke, 30)
+            assert request.result(30) == ROUTED
+            use = await plane.routes.usage()
+            assert (use[("m", "a")].requests, use[("m", "c")].requests) == (2, 6)
+            assert all(u.in_flight == 0 for u in use.values())
+            await plane.routes.revoke("m", "c", deadline_s=10)  # the last node: the route goes
+            assert plane.routes.current == {}
+            assert await plane.runtime.show_map(plane.plan.map_path) == {}
+            assert await _call(plane.predict) == FALLBACK
 
 
 async def test_a_revocation_waits_for_a_request_an_old_worker_carries_across_a_reload(

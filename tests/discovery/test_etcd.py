@@ -12,7 +12,7 @@ import pytest
 
 from support.etcd import EtcdCluster
 from support.waiting import until
-from tfscache.discovery import cancel
+from tfscache.tasks import cancel
 from tfscache.discovery.etcd import EtcdDiscovery, prefix_end
 
 from .conftest import FAST_RETRY, WAIT_S, EtcdHarness, names, peer

@@ -73,9 +73,8 @@ def test_sixteen_clients_over_twelve_models_on_two_capped_nodes(churn_serve):
     assert sampler.errors == 0
     if serve.data_plane == "haproxy":
         # Most churn requests are cold (12 models over 6 places): the few routed under it depend
-        # on timing, so only printed. Routing once warm is test_dataplane_triton.py's; a model the
-        # churn gave an extra copy is not routed until that copy cools down (copies balanced by
-        # HAProxy are not built yet: docs/data-plane.md), so no model is picked here to show it.
+        # on timing, so only printed. Routing once warm is test_dataplane_triton.py's, and a
+        # model with several copies routed over them is tests/dataplane/test_copies.py's.
         print(f"routed by HAProxy under churn: {routed_by_node(serve)}")
     print(f"{len(traffic.results)} requests, {sampler.count()} index samples, "
           f"peaks {[sampler.peak(n) for n in sorted(targets)]}")

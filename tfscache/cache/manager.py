@@ -50,6 +50,7 @@ from tfscache.cache.state import CacheState, LostPins, SavedVersion, StateFile, 
 from tfscache.cache.tiers import GPU, HOST, PromoteRule
 from tfscache.repository.local import ModelRepository, check_name
 from tfscache.settings import CacheSection
+from tfscache.tasks import cancel
 
 log = logging.getLogger("tfscache.cache")
 
@@ -166,11 +167,7 @@ class CacheManager:
         if self._prefetcher is not None:
             self._prefetcher.stop()
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel(self._task)
             self._task = None
         sig.fail_all(
             self.ledger, errors.NodeUnavailable(f"cache manager for node {self.target} stopped")

@@ -164,7 +164,21 @@ class Copies:
         ``max_copies``) and the ring's nodes (default: ``order``); ``usable(node)`` False skips a
         node (unhealthy); ``rank`` orders the copies before the bound is checked (stable: ring
         order within a rank; the router puts copies that hold the model first). Records nothing
-        but an added copy: call ``begin``/``end``."""
+        but an added copy (and the spill counts): call ``begin``/``end``."""
+        choice = self.choose(model, order, ring, usable, rank)
+        if choice.spilled:
+            self.spills += 1
+        if choice.added:
+            self._extra.setdefault(model, []).append(choice.node)
+            self._used[(model, choice.node)] = self.clock()
+            self.added += 1
+        return choice
+
+    def choose(self, model: str, order: Sequence[str], ring: Sequence[str] | None = None,
+               usable: Callable[[str], bool] = lambda node: True,
+               rank: Callable[[str], object] | None = None) -> Choice:
+        """What ``pick`` would answer now, recording nothing (the data plane asks it of a model
+        HAProxy routes: tfscache.dataplane.targets)."""
         if not order:
             raise ValueError("pick: empty ring order")
         copies = self.copies(model, order)
@@ -177,17 +191,10 @@ class Copies:
         bound = self.bound(nodes)
         for node in live:
             if self.load(node) < bound:
-                if node != live[0]:
-                    self.spills += 1
                 return Choice(node, spilled=node != live[0])
         limit = min(self.rule.max_copies or len(order), len(order))
         if len(copies) < limit and self._hot(model, copies, nodes) and usable(order[len(copies)]):
-            node = order[len(copies)]
-            self._extra.setdefault(model, []).append(node)
-            self._used[(model, node)] = self.clock()
-            self.added += 1
-            self.spills += 1
-            return Choice(node, spilled=True, added=True)
+            return Choice(order[len(copies)], spilled=True, added=True)
         return Choice(min(live, key=self.load))
 
     def _hot(self, model: str, copies: Sequence[str], nodes: Sequence[str]) -> bool:

@@ -66,19 +66,8 @@ class Spread:
         self, key, ring, backends: Mapping[str, object], local: str | None = None
     ) -> list:
         """Backends for ``key`` (a RouteKey), best first; the rule's pick leads."""
-        self._ring = ring
-        limit = self.rule.max_copies or None
-        order = ring.order(key.name, limit)
-        if not order:
-            raise errors.NodeUnavailable("no nodes in the ring")
-        nodes = ring.nodes
-        choice = self.copies.pick(
-            key.name,
-            order,
-            nodes,
-            usable=lambda n: bool(backends[n].healthy),
-            rank=lambda n: n != local and not backends[n].holds(key),
-        )
+        order = self._order(key, ring)
+        choice = self.copies.pick(key.name, order, ring.nodes, **_judged(key, backends, local))
         if choice.spilled:
             self.spills[choice.node] = self.spills.get(choice.node, 0) + 1
         if choice.added:
@@ -90,6 +79,22 @@ class Spread:
         rest = sorted((backends[n] for n in copies if n != choice.node),
                       key=lambda b: (not b.healthy, b.name != local and not b.holds(key)))
         return [backends[choice.node], *rest]
+
+    def choice(
+        self, key, ring, backends: Mapping[str, object], local: str | None = None
+    ) -> tuple[list[str], object]:
+        """(``key``'s copies in ring order, the rule's pick for a request now), recording nothing:
+        what ``candidates`` would do. The data plane asks it of the models HAProxy routes."""
+        order = self._order(key, ring)
+        choice = self.copies.choose(key.name, order, ring.nodes, **_judged(key, backends, local))
+        return self.copies.copies(key.name, order), choice
+
+    def _order(self, key, ring) -> list[str]:
+        self._ring = ring
+        order = ring.order(key.name, self.rule.max_copies or None)
+        if not order:
+            raise errors.NodeUnavailable("no nodes in the ring")
+        return order
 
     @contextlib.contextmanager
     def serving(self, model: str, node: str):
@@ -164,6 +169,13 @@ class Spread:
                 await self.sweep()
             except Exception:  # a sweep must not end the loop; the next one tries again
                 log.exception("copies sweep failed")
+
+
+def _judged(key, backends: Mapping[str, object], local: str | None) -> dict:
+    """How the router judges a request's copies: healthy ones only, and (this front end's own
+    node or) those that hold the model first."""
+    return {"usable": lambda n: bool(backends[n].healthy),
+            "rank": lambda n: n != local and not backends[n].holds(key)}
 
 
 def rule_from(copies, ring) -> CopyRule:

@@ -24,7 +24,6 @@ sends them; but it is there whenever nobody else is, as there is nowhere else to
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
@@ -33,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 from tfscache import errors
 from tfscache.frontend.backends import Backend, NodeBackend, PeerBackend
 from tfscache.cluster.ring import Ring
+from tfscache.tasks import cancel
 
 if TYPE_CHECKING:
     from tfscache.discovery import Peer
@@ -220,9 +220,7 @@ class Topology:
     async def close(self) -> None:
         """Close the peers being retired now, without waiting for their calls (process stop)."""
         for task, backend in list(self._retiring.items()):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel(task)
             await backend.close()
 
     # -- the one ring builder -----------------------------------------------------------

@@ -3,21 +3,25 @@
 HAProxy answers the public gRPC and REST ports on sockets tfscache bound itself and handed over
 (``bind fd@N``), so port 0 works, and the port stays open while HAProxy restarts. A request for
 a hot method names its model in the gRPC body or the REST path; the model's name is looked up in
-one map, ``routes.map`` (model name -> node name, written through the runtime API), and a hit
-goes straight to that node, counted in the stick table ``inflight`` under ``MODEL@NODE``. A
-miss, a pinned version or label, a compressed message, or a request HAProxy cannot parse goes
-unchanged to tfscache's Python front end (``default_backend``), which stays the slow path.
+one map, ``routes.map`` (model name -> the nodes that serve it: one node, or a group of copies
+such as ``node0+node1``, written through the runtime API). A hit goes straight to one node of
+that group: the one with the fewest routed requests in flight (the table ``load``, keyed by
+node), the first in the group's order on a tie. It is counted in the stick table ``inflight``
+under ``MODEL@NODE``, the node it went to. A miss, a pinned version or label, a compressed
+message, or a request HAProxy cannot parse goes unchanged to tfscache's Python front end
+(``default_backend``), which stays the slow path.
 
 Why a route can be taken away safely: the configuration runs one thread (``nbthread 1``), which
-also answers the runtime API. A request's lookup and its ``track-sc0`` are consecutive rules of
-one evaluation with nothing between them that yields, so when ``del map`` returns every request
-that found the route is already counted, and every later request misses. The control plane
-therefore deletes a route, then waits for ``conn_cur`` of ``MODEL@NODE`` to reach 0, then
-unloads (docs/data-plane.md).
+also answers the runtime API. A request's lookup, its choice of a node in the group and its
+``track-sc0`` are consecutive rules of one evaluation with nothing between them that yields, so
+when ``del map`` (or a ``set map`` to a group without that node) returns, every request that
+found the old route is already counted under the node it chose, and every later request misses
+the node. The control plane therefore takes a node out of a model's route, then waits for
+``conn_cur`` of ``MODEL@NODE`` to reach 0, then unloads (docs/data-plane.md).
 
 With [tls], HAProxy terminates TLS on both public ports (``Tls``): the certificate chain and its
-key in one PEM, ALPN h2 on the gRPC port and http/1.1 on the REST port (what the Python front
-ends negotiate), and with a client CA ``verify required``. The hop to the nodes and to the
+key in one PEM, ALPN h2 on the gRPC port and http/1.1 on the REST port (the Python REST front
+end speaks HTTP/1.1 only), and with a client CA ``verify required``. The hop to the nodes and to the
 Python front end stays plain on 127.0.0.1.
 """
 
@@ -32,7 +36,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MAP = "routes.map"
-TABLE = "inflight"
+TABLE = "inflight"  # MODEL@NODE -> routed requests in flight (conn_cur) and counted (http_req_cnt)
+LOAD = "load"  # NODE -> routed requests in flight there, all models (conn_cur)
+# Joins a group's nodes in a map value. Node ids are words of [A-Za-z0-9_.-] (control.py).
+GROUP = "+"
 # The part of a gRPC message waited for before its fields are read. protobuf() parses what is
 # buffered, so a large message is routed by its first bytes, where encoders put field 1.
 BODY_AT_LEAST = "16k"
@@ -127,11 +134,19 @@ class Plan:
     # server.max_receive_message_bytes: a larger request takes the slow path, whose limit
     # answers it as without HAProxy (RESOURCE_EXHAUSTED, 413)
     max_body: int = 256 << 20
+    # the most nodes a route's group may name (its copies); None: as many as there are nodes.
+    # HAProxy's choice has one step per node after the first.
+    group_width: int | None = None
     tls: Tls | None = None  # None: plain text on the public ports
 
     @property
     def map_path(self) -> Path:
         return self.state_dir / MAP
+
+    @property
+    def width(self) -> int:
+        nodes = max(1, len(self.nodes))
+        return nodes if self.group_width is None else max(1, min(self.group_width, nodes))
 
 
 # A UNIX socket's path is at most 107 bytes (sun_path), and HAProxy binds the runtime socket
@@ -158,6 +173,16 @@ def private_dir(path: Path) -> None:
     info = path.lstat()
     if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
         raise PermissionError(f"{path} must be a directory of this user with mode 0700")
+
+
+def group(nodes: Sequence[str]) -> str:
+    """A route's map value: its nodes, in the order ties go (the first copy first)."""
+    return GROUP.join(nodes)
+
+
+def members(value: str) -> tuple[str, ...]:
+    """The nodes of a route's map value (``group``'s inverse)."""
+    return tuple(value.split(GROUP))
 
 
 def backend(protocol: str, node: str) -> str:
@@ -192,6 +217,9 @@ def render(plan: Plan) -> str:
         f"backend {TABLE}",
         "    stick-table type string len 512 size 1m expire 1h store conn_cur,http_req_cnt",
         "",
+        f"backend {LOAD}",
+        "    stick-table type string len 512 size 10k expire 1h store conn_cur",
+        "",
         "frontend grpc",
         f"    bind fd@{plan.grpc_fd}{_tls(plan.tls, 'h2')} proto h2",
         *REQUEST_ID,
@@ -201,7 +229,7 @@ def render(plan: Plan) -> str:
         "    http-request set-var(txn.model) var(txn.name) if plain !pinned",
         # bytes 1-4: the message's length
         f"    http-request unset-var(txn.model) if {{ req.body,bytes(1,4),hex,hex2i gt {plan.max_body} }}",
-        *_lookup(routes),
+        *_lookup(routes, plan.width),
         # a reply's grpc-status is in its headers only when it has no message (trailers-only,
         # as servers answer an error); otherwise in the trailers, which HAProxy does not read
         "    http-response set-var(txn.grpc) res.hdr(grpc-status)",
@@ -221,7 +249,7 @@ def render(plan: Plan) -> str:
             # a body over the limit, or of a length not told up front, takes the slow path
             f"    http-request unset-var(txn.model) if {{ req.hdr_val(content-length) gt {plan.max_body} }}",
             "    http-request unset-var(txn.model) if { req.hdr(transfer-encoding) -m found }",
-            *_lookup(routes),
+            *_lookup(routes, plan.width),
             "    use_backend rest_%[var(txn.node)] if { var(txn.node) -m found }",
             "    default_backend python_rest",
             "",
@@ -274,13 +302,34 @@ LOG_FORMAT = (f"{LOG_MARK} %Ts.%ms %f %s %ST %Ta %[var(txn.model)] %[var(txn.nod
               "%[var(txn.grpc)] %HP")
 
 
-def _lookup(routes: str) -> list[str]:
-    """The model -> node lookup and its count, consecutive so nothing runs between them."""
+def _lookup(routes: str, width: int) -> list[str]:
+    """The model -> group lookup, the choice of one node of the group, and its counts, all
+    consecutive so nothing runs between them. ``width``: the most nodes a group can have
+    (``Plan.width``). The choice: the first node, then each next one that has fewer routed requests
+    in flight than the best so far (a missing word is the empty string: skipped)."""
     found = "if { var(txn.model) -m found }"
+    grouped = "if { var(txn.group) -m found }"
     routed = "if { var(txn.node) -m found }"
-    return [
-        f"    http-request set-var(txn.node) var(txn.model),map({routes}) {found}",
+    lines = [
+        f"    http-request set-var(txn.group) var(txn.model),map({routes}) {found}",
+        f"    http-request set-var(txn.node) var(txn.group),word(1,{GROUP}) {grouped}",
+        f"    http-request set-var(txn.least) var(txn.node),table_conn_cur({LOAD}) {routed}",
+    ]
+    for index in range(2, width + 1):
+        fewer = f"if {{ var(txn.less{index}) -m int lt 0 }}"
+        lines += [
+            f"    http-request set-var(txn.node{index}) var(txn.group),word({index},{GROUP}) "
+            f"{grouped}",
+            f"    http-request set-var(txn.load{index}) var(txn.node{index}),"
+            f"table_conn_cur({LOAD}) if {{ var(txn.node{index}) -m len gt 0 }}",
+            f"    http-request set-var(txn.less{index}) var(txn.load{index}),sub(txn.least) "
+            f"if {{ var(txn.load{index}) -m found }}",
+            f"    http-request set-var(txn.node) var(txn.node{index}) {fewer}",
+            f"    http-request set-var(txn.least) var(txn.load{index}) {fewer}",
+        ]
+    return lines + [
         f"    http-request set-var(txn.key) var(txn.model),concat(@,txn.node) {routed}",
         f"    http-request track-sc0 var(txn.key) table {TABLE} {routed}",
+        f"    http-request track-sc1 var(txn.node) table {LOAD} {routed}",
         "    http-request set-log-level silent unless { var(txn.node) -m found }",
     ]

@@ -7,8 +7,9 @@ every request HAProxy does not route. Every ``POLL_S`` it
 * reads HAProxy's stick table and gives the caches what their policies need, as workers'
   reports are given (tfscache.workers.usage): each routed request as a lease taken and given
   back, and the requests in flight (a version busy on the data plane is no victim);
-* routes each model that a local node alone would serve warm now (``sole_resident``: AVAILABLE,
-  healthy, not draining, the router's first choice, copies not spread) to that node, and
+* routes each model that local nodes serve warm now to them (targets.py): the node a request
+  would go to alone, or, with copies on, the model's copies that hold it AVAILABLE (HAProxy
+  balances over them) while the copies rule would send a request to one of them; and
   withdraws the routes of the others;
 * follows the nodes' addresses (a restarted node child has new ports) with a reload.
 
@@ -16,15 +17,15 @@ With [tls] (``tls.cert_file``), HAProxy terminates TLS on the public ports from 
 into the data plane's state directory (certs.py). ``reload_tls`` (SIGHUP) writes them again,
 has HAProxy check them, and reloads it; files that do not load change nothing.
 
-Before a cache unloads a version, its ``revoker`` hook takes the model's route from that node and
-waits until HAProxy counts none of its requests in flight there (routes.py). A version being
-unloaded is UNLOADING in its ledger already, so the next poll does not route it again.
+Before a cache unloads a version, its ``revoker`` hook takes that node out of the model's route
+(the route keeps the group's other nodes, if any) and waits until HAProxy counts none of its
+requests in flight there (routes.py). A version being unloaded is UNLOADING in its ledger
+already, so the next poll does not route it again.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -41,7 +42,9 @@ from tfscache.dataplane.process import HaproxyConfigError, HaproxyStartError, Su
 from tfscache.dataplane.requests import RequestLog, Routed
 from tfscache.dataplane.routes import Routes, routable
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
-from tfscache.workers.usage import Usage, sole_resident
+from tfscache.dataplane.targets import Target, target
+from tfscache.workers.usage import Usage
+from tfscache.tasks import cancel
 
 log = logging.getLogger("tfscache.dataplane")
 
@@ -78,6 +81,7 @@ class DataPlane:
         self._answered = answered
         self.request_log: RequestLog | None = None
         self.usage = Usage(nodes, spread)
+        self._spread = spread
         self.supervisor: Supervisor | None = None
         self.routes: Routes | None = None
         self.ports: dict[str, int | None] = {}
@@ -143,14 +147,21 @@ class DataPlane:
                            runtime_socket=self._runtime_socket, rules=self.rules,
                            log_socket=self.request_log.path if self.request_log else None,
                            max_body=self.settings.server.max_receive_message_bytes,
+                           group_width=self._group_width(),
                            tls=self._tls)
+
+    def _group_width(self) -> int | None:
+        """The most nodes a route names: 1 with copies off (targets.py), a model's most copies
+        with copies on (None: every node)."""
+        if self._spread is None:
+            return 1
+        rule = self._spread.rule
+        return max(rule.min_copies, rule.max_copies) if rule.max_copies else None
 
     async def stop(self, grace: float) -> None:
         """Stop routing and let HAProxy finish the requests it carries (``grace`` s at most)."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel(self._task)
         if self.supervisor is not None:
             await self.supervisor.stop(grace)
         if self.routes is not None:
@@ -242,7 +253,7 @@ class DataPlane:
         router = self._router()
         if router is None:
             return
-        wanted: dict[str, tuple[str, int]] = {}
+        wanted: dict[str, Target] = {}
         nodes = self._nodes()
         await self._look_again(nodes)
         for backend in nodes.values():
@@ -253,19 +264,21 @@ class DataPlane:
                 name = resident.name
                 if name in wanted or not routable(name) or resident.state != "available":
                     continue
-                target = sole_resident(router, self.usage, name, None)
-                if target is not None and target[0].name in self._ids:
-                    wanted[name] = (target[0].name, target[1])
+                found = target(router, self.usage, self._spread, name)
+                if found is not None and all(b.name in self._ids for b in found.nodes):
+                    wanted[name] = found
         current = self.routes.current
-        for name, node_id in current.items():
-            if name not in wanted or self._ids[wanted[name][0]] != node_id:
+        for name in current:
+            if name not in wanted:
                 await self.routes.withdraw(name)
-        for name, (node, version) in wanted.items():
-            self._versions[(node, name)] = version
-            if current.get(name) != self._ids[node]:
-                cache = nodes[node].cache
-                await self.routes.grant(name, self._ids[node], still=functools.partial(
-                    _still_resident, nodes[node], cache, name, version))
+        for name, found in wanted.items():
+            for backend in found.nodes:
+                self._versions[(backend.name, name)] = found.version
+            value = config.group([self._ids[backend.name] for backend in found.nodes])
+            if current.get(name) != value:  # a new route, or one over other nodes: in one step
+                held = [(backend, backend.cache) for backend in found.nodes]
+                await self.routes.grant(name, value, still=functools.partial(
+                    _still_resident, held, name, found.version))
 
     async def _look_again(self, nodes: dict) -> None:
         """Models whose latest version is no longer remembered (``rescan_s``) are listed again,
@@ -281,8 +294,9 @@ class DataPlane:
                     and cache.resident_version(name) is None):
                 stale[(node, name)] = cache.version_on_disk(name)
 
-        for name, node_id in self.routes.current.items():
-            look(by_id.get(node_id), name)
+        for name, route in self.routes.current.items():
+            for node_id in config.members(route):
+                look(by_id.get(node_id), name)
         for node, backend in nodes.items():
             cache = getattr(backend, "cache", None)
             for resident in cache.snapshot() if cache is not None else ():
@@ -298,8 +312,8 @@ class DataPlane:
         return functools.partial(self.revoke, node)
 
     async def revoke(self, node: str, keys) -> None:
-        """Before ``keys`` leave ``node``: their models' routes to it are gone and none of their
-        routed requests is still in flight there."""
+        """Before ``keys`` leave ``node``: their models' routes no longer name it (a group keeps
+        its other nodes) and none of their routed requests is still in flight there."""
         node_id = self._ids.get(node)
         if node_id is None or self.routes is None:
             return
@@ -307,6 +321,8 @@ class DataPlane:
         await asyncio.gather(*(self.routes.revoke(name, node_id) for name in names))
 
 
-def _still_resident(backend, cache, name: str, version: int) -> bool:
-    """The version routed is still AVAILABLE on the same cache (not retired meanwhile)."""
-    return backend.cache is cache and cache.is_resident(name, version)
+def _still_resident(held: list, name: str, version: int) -> bool:
+    """The version routed is still AVAILABLE on each of the same caches (not retired meanwhile):
+    ``held``, (backend, its cache) pairs."""
+    return all(backend.cache is cache and cache.is_resident(name, version)
+               for backend, cache in held)

@@ -31,6 +31,7 @@ import psutil
 
 from tfscache.dataplane import config
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
+from tfscache.tasks import cancel
 
 log = logging.getLogger(__name__)
 
@@ -182,9 +183,7 @@ class Supervisor:
         ``grace`` s, then a hard one."""
         self._stopping = True
         if self._watch is not None:
-            self._watch.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch
+            await cancel(self._watch)
         process = self.process
         if process is None or process.returncode is not None:
             return

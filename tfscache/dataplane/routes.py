@@ -1,11 +1,14 @@
 """Routes are leases: the control plane's side of ``routes.map`` and the ``inflight`` table.
 
-A route sends a model's warm requests from HAProxy straight to one node. ``grant`` adds it once
-a version is READY there; ``revoke`` takes it away before that version may be unloaded, and
-returns only when HAProxy counts no request in flight for MODEL@NODE, so an unload that waits
-for ``revoke`` never cuts a request short. The map file on disk is rewritten on each change, so
-a restarted or reloaded HAProxy starts from the routes in force (config.py says why no request
-can slip between a lookup and its count).
+A route sends a model's warm requests from HAProxy straight to one node, or to a group of nodes
+that hold copies of it (HAProxy picks one per request; config.py). ``grant`` adds or changes it
+once a version is READY on each; ``revoke`` takes one node out of it before that version may be
+unloaded there (the route shrinks to the group's other nodes, or goes), and returns only when
+HAProxy counts no request in flight for MODEL@NODE, so an unload that waits for ``revoke`` never
+cuts a request short. Requests are counted under the node they went to, whatever group they
+found, so MODEL@NODE is the one key to wait for. The map file on disk is rewritten on each
+change, so a restarted or reloaded HAProxy starts from the routes in force (config.py says why
+no request can slip between a lookup and its count).
 
 ``current`` is what HAProxy confirmed: a route is added to it once ``set map`` answered, and
 leaves it once ``del map`` did. The file is written ahead of each command (a HAProxy that
@@ -29,7 +32,7 @@ import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
-from tfscache.dataplane.config import TABLE
+from tfscache.dataplane.config import TABLE, group, members
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError, Usage
 
 log = logging.getLogger("tfscache.dataplane")
@@ -82,9 +85,10 @@ class Routes:
 
     async def grant(self, model: str, node: str,
                     still: Callable[[], bool] = lambda: True) -> bool:
-        """Send ``model``'s warm requests to ``node``, if ``still()`` holds once the routes are
-        this caller's (a revocation that came first has the last word); False if not routed.
-        Raises RuntimeApiError if HAProxy did not take it (then it is not routed)."""
+        """Send ``model``'s warm requests to ``node`` (a node, or a group of them: ``group``), in
+        place of any route it had, if ``still()`` holds once the routes are this caller's (a
+        revocation that came first has the last word); False if not routed. Raises
+        RuntimeApiError if HAProxy did not take it (then the route is as it was)."""
         if not routable(model):
             return False
         async with self._lock:
@@ -125,18 +129,25 @@ class Routes:
 
     async def _revoke(self, model: str, node: str) -> None:
         async with self._lock:
-            if self._routes.get(model) == node:
-                await self.write_file(self._without(model))
+            route = self._routes.get(model)
+            if route is not None and node in members(route):
+                rest = revoked(route, node)
+                routes = self._without(model) if rest is None else {**self._routes, model: rest}
+                await self.write_file(routes)
                 while not self._closed:
                     try:
-                        await self.runtime.del_map(self.map_path, model)
+                        if rest is None:
+                            await self.runtime.del_map(self.map_path, model)
+                        else:
+                            await self.runtime.set_map(self.map_path, model, rest)
                         break
                     except RuntimeApiError as e:  # restarting: the new one reads the file
                         log.warning("revoking the route of %s to %s: %s; asking again", model,
                                     node, e)
                         await asyncio.sleep(self.poll_s)
-                self._routes.pop(model, None)
-                log.debug("route %s -> %s revoked", model, node)
+                if not self._closed:  # closed: nothing is routed any more
+                    self._routes = routes
+                log.debug("route %s -> %s revoked (now %s)", model, node, rest)
         await self._drained(f"{model}@{node}")
 
     async def _drained(self, key: str) -> None:
@@ -157,6 +168,14 @@ class Routes:
         """(model, node) -> its in-flight count and requests counted, from the stick table."""
         table = await self.runtime.table(TABLE)
         return {tuple(key.rsplit("@", 1)): use for key, use in table.items() if "@" in key}
+
+
+def revoked(route: str, node: str) -> str | None:
+    """A route (a map value) once ``node`` is out of it: the group's other nodes, in their order,
+    or None when none is left (the route goes). What a revocation then waits for is MODEL@NODE
+    alone: every request is counted under the node it went to."""
+    rest = [n for n in members(route) if n != node]
+    return group(rest) if rest else None
 
 
 def _replace(path: Path, text: str) -> None:

@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from tfscache.discovery.peer import Peer, parse_peers
 from tfscache.discovery.table import BACKENDS, COMMON_OPTIONS
 from tfscache.importer import load
+from tfscache.tasks import cancel
 
 if TYPE_CHECKING:
     import aiohttp
@@ -370,15 +371,3 @@ def advertise_peer(settings: Any, grpc_port: int, rest_port: int | None) -> Peer
     return Peer(settings.ring.self_name or "local", f"{host}:{grpc_port}",
                 f"{host}:{rest_port}" if rest_port else "",
                 getattr(getattr(settings, "node", None), "node_tier", "gpu"))
-
-
-async def cancel(task: asyncio.Task | None) -> None:
-    """Cancel a background task and wait for it to finish."""
-    if task is None or task.done():
-        return
-    task.cancel()
-    try:
-        await task
-    except asyncio.CancelledError:
-        if asyncio.current_task() is not None and asyncio.current_task().cancelling():
-            raise

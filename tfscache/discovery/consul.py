@@ -41,7 +41,8 @@ import consul
 import requests
 from consul import std
 
-from tfscache.discovery import DiscoveryError, Peer, WatchingDiscovery, cancel, describe_error
+from tfscache.discovery import DiscoveryError, Peer, WatchingDiscovery, describe_error
+from tfscache.tasks import cancel
 
 log = logging.getLogger("tfscache.discovery.consul")
 

@@ -34,8 +34,9 @@ import dns.name
 import dns.rdatatype
 import dns.resolver
 
-from tfscache.discovery import Discovery, Peer, cancel, describe_error
+from tfscache.discovery import Discovery, Peer, describe_error
 from tfscache.discovery.peer import parse_dns_server
+from tfscache.tasks import cancel
 
 log = logging.getLogger("tfscache.discovery.dns")
 

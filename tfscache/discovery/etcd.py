@@ -30,7 +30,8 @@ from collections.abc import Sequence
 
 import aiohttp
 
-from tfscache.discovery import DiscoveryError, Peer, WatchingDiscovery, cancel, describe_error
+from tfscache.discovery import DiscoveryError, Peer, WatchingDiscovery, describe_error
+from tfscache.tasks import cancel
 
 log = logging.getLogger("tfscache.discovery.etcd")
 

@@ -20,12 +20,13 @@ shutdown: every service turns NOT_SERVING for good, and Watch streams see it at 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
 import grpc
 from grpc_health.v1 import health, health_pb2
+
+from tfscache.tasks import cancel
 
 log = logging.getLogger("tfscache.frontend.health")
 
@@ -125,9 +126,7 @@ class Health:
         """Stop polling, once the graceful shutdown (if begun) is done; a second call does nothing."""
         poller, self._poller = self._poller, None
         if poller is not None:
-            poller.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller
+            await cancel(poller)
         if self._shutdown is not None:
             await self._shutdown
 

@@ -133,8 +133,9 @@ def sole_resident(router, usage: Usage, name: str, asked: int | None
                   ) -> tuple[NodeBackend, int] | None:
     """The local node and version that alone would serve a request for ``name`` at ``asked``
     (None: latest) warm now: the router's first choice, healthy, not draining, the version
-    AVAILABLE there, copies not spread. None otherwise. What a worker's delegation and a data
-    plane's route may be given (tfscache.workers.control, tfscache.dataplane.control)."""
+    AVAILABLE there, copies not spread. None otherwise. What a worker's delegation may be given
+    (tfscache.workers.control), and a data plane's route with copies off
+    (tfscache.dataplane.targets; with copies on it routes over the copies)."""
     try:
         candidates = router.candidates(RouteKey(name, asked))
     except errors.TfscacheError:
