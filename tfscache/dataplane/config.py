@@ -18,6 +18,11 @@ when ``del map`` (or a ``set map`` to a group without that node) returns, every 
 found the old route is already counted under the node it chose, and every later request misses
 the node. The control plane therefore takes a node out of a model's route, then waits for
 ``conn_cur`` of ``MODEL@NODE`` to reach 0, then unloads (docs/data-plane.md).
+
+With [tls], HAProxy terminates TLS on both public ports (``Tls``): the certificate chain and its
+key in one PEM, ALPN h2 on the gRPC port and http/1.1 on the REST port (the Python REST front
+end speaks HTTP/1.1 only), and with a client CA ``verify required``. The hop to the nodes and to the
+Python front end stays plain on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -95,6 +100,16 @@ def rest_rules(path_regex: str, name: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class Tls:
+    """[tls] on the public ports, as HAProxy reads it: ``pem``, the certificate chain followed by
+    its private key; ``client_ca``, the CAs a client's certificate must be signed by (mutual TLS),
+    None without. Both are files tfscache wrote (certs.py), never the user's."""
+
+    pem: Path
+    client_ca: Path | None = None
+
+
+@dataclass(frozen=True)
 class Node:
     """One model server: its name (the ring's) and its gRPC and REST addresses (host:port)."""
 
@@ -122,6 +137,7 @@ class Plan:
     # the most nodes a route's group may name (its copies); None: as many as there are nodes.
     # HAProxy's choice has one step per node after the first.
     group_width: int | None = None
+    tls: Tls | None = None  # None: plain text on the public ports
 
     @property
     def map_path(self) -> Path:
@@ -182,6 +198,8 @@ def render(plan: Plan) -> str:
         "    nbthread 1",
         f"    stats socket {plan.runtime_socket} mode 600 level admin expose-fd listeners",
         "    tune.bufsize 65536",
+        # the PEM holds the key: no .key, .ocsp or .issuer is looked for beside it
+        *(["    ssl-load-extra-files none"] if plan.tls else []),
         "",
         "defaults",
         "    mode http",
@@ -208,7 +226,7 @@ def render(plan: Plan) -> str:
         "    stick-table type string len 512 size 10k expire 1h store conn_cur",
         "",
         "frontend grpc",
-        f"    bind fd@{plan.grpc_fd} proto h2",
+        f"    bind fd@{plan.grpc_fd}{_tls(plan.tls, 'h2')} proto h2",
         *REQUEST_ID,
         *plan.rules.grpc,
         # byte 0 of a gRPC message is its compressed flag; a compressed body cannot be parsed
@@ -230,7 +248,7 @@ def render(plan: Plan) -> str:
         lines += [
             "",
             "frontend rest",
-            f"    bind fd@{plan.rest_fd}",
+            f"    bind fd@{plan.rest_fd}{_tls(plan.tls, 'http/1.1')}",
             *REQUEST_ID,
             *plan.rules.rest,
             # a body over the limit, or of a length not told up front, takes the slow path
@@ -248,6 +266,18 @@ def render(plan: Plan) -> str:
         if plan.rest_fd is not None:
             lines += _node(node, "rest", node.rest, plan.fallback_rest, "")
     return "\n".join(lines) + "\n"
+
+
+def _tls(tls: Tls | None, alpn: str) -> str:
+    """A public bind's TLS options: none without ``tls``; with ``tls.client_ca``, a client
+    without a certificate that one of those CAs signed fails its handshake, as on the Python
+    front ends."""
+    if tls is None:
+        return ""
+    options = f" ssl crt {tls.pem} alpn {alpn}"
+    if tls.client_ca is not None:
+        options += f" ca-file {tls.client_ca} verify required"
+    return options
 
 
 def _node(node: Node, protocol: str, address: str, fallback: str, options: str) -> list[str]:
