@@ -31,6 +31,7 @@ from collections.abc import Callable
 from tfscache.errors import TfscacheError
 from tfscache.storage.base import ObjectStore
 from tfscache.storage.layout import VersionListing, group_versions, model_files
+from tfscache.tasks import cancel
 
 log = logging.getLogger("tfscache.storage.listings")
 
@@ -68,9 +69,7 @@ class Listings:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        await cancel(task)
         for flight in list(self._flights.values()):
             flight.cancel()
 
