@@ -314,3 +314,19 @@ async def test_a_resident_follower_is_kept_as_warm_as_its_predecessor(made):
     await use(cache, "a")  # a hit: b, a's likely follower, is used with it
     await use(cache, "d")  # the cap takes the least recently used: c, not b
     assert cache.state_of("b", 1) == READY and cache.state_of("c", 1) is None
+
+
+async def test_requests_served_elsewhere_teach_the_prefetch_in_their_order(made):
+    # HAProxy's log of routed requests (tfscache.dataplane): a then b, twice, never through acquire
+    cache, adapter = await made(max_models_per_node=3)
+    await use(cache, "b")
+    await use(cache, "a")  # both resident; through acquire, b was never a's follower
+    for _ in range(2):
+        cache.served_elsewhere("a", 1)
+        cache.served_elsewhere("b", 1)
+    await cold(cache, "b")
+    await drain_started(adapter)
+    cache.served_elsewhere("a", 1)  # a routed request for a: b is its likely follower, cold
+    assert await next_load(adapter) == ("b", 1)
+    cache.served_elsewhere("c", 1)  # not resident here: nothing learnt, nothing loaded
+    await no_load(adapter)

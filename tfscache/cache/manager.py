@@ -602,6 +602,16 @@ class CacheManager:
         for _ in range(requests - 1):
             self.ledger.accessed(key, now)
 
+    def served_elsewhere(self, name: str, version: int) -> None:
+        """One request on ``(name, version)`` answered outside this process, told in the order
+        the requests came (HAProxy's log of a routed request: tfscache.dataplane.requests). The
+        co-access prefetch learns from it as from a hit here, and its likely cold followers are
+        queued; the policy hears of it through ``used_elsewhere``. Nothing when the version is
+        not AVAILABLE here or prefetch is off."""
+        key = (name, version)
+        if self._prefetcher is not None and self.ledger.ready(key) is not None:
+            self._prefetcher.after(key)
+
     def resident_version(self, name: str, version: int | None = None) -> int | None:
         """The version a hit on ``name`` at ``version`` would lease (None: the highest on disk as
         remembered within ``rescan_s``), when it is AVAILABLE here; else None. No file access."""

@@ -243,11 +243,16 @@ class DataPlane:
         self.usage.apply(REPORTER, rows)
 
     def _told(self, request: Routed) -> None:
-        """A routed request HAProxy logged: to the request metrics, under its node's name."""
+        """A routed request HAProxy logged: to the request metrics, under its node's name, and to
+        its node's cache, whose co-access prefetch learns from requests in the order they came."""
         node = next((n for n, i in self._ids.items() if i == request.node_id), None)
         if node is None:
             return
-        self._answered(request, node, self._versions.get((node, request.model), 0))
+        version = self._versions.get((node, request.model), 0)
+        cache = getattr(self._nodes().get(node), "cache", None)
+        if cache is not None and version:
+            cache.served_elsewhere(request.model, version)
+        self._answered(request, node, version)
 
     async def _route(self) -> None:
         router = self._router()
