@@ -19,7 +19,7 @@ from support.waiting import until, within
 from tfscache.cluster.ring import Ring
 from tfscache.dataplane import binary
 from tfscache.discovery import Peer
-from tfscache.frontend.backends import LOAD_KEY
+from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY
 
 pytestmark = pytest.mark.skipif(not binary.available(),
                                 reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)")
@@ -99,6 +99,11 @@ async def test_a_request_for_a_model_a_peer_owns_goes_from_haproxy_to_the_peers_
                 "a's poll counting the routed REST request")
     assert by_python(a, "b") == 1  # a's Python front end forwarded the first request only
     assert not node_holds(nodes["a"], NAME)
+
+    # a request a peer forwarded here is served here, never routed on: no loop
+    response = await predict(a, NAME, 4.0, metadata=((FORWARDED_KEY, "b"),))
+    assert list(response.outputs["y"].float_val) == [5.0]
+    assert routed_by_key(a).get(f"{NAME}@b") == 2 and node_holds(nodes["a"], NAME)
 
 
 async def test_a_peer_that_leaves_the_ring_loses_its_routes_and_requests_still_succeed(

@@ -29,7 +29,8 @@ tfscache_unloads_total                  unloads the node confirmed (END)
 tfscache_node_restarts_total            times a local node process exited and was restarted
 tfscache_forwards_total                 requests sent on to a peer sidecar, by peer (``node``)
 tfscache_retries_total                  tries that failed UNAVAILABLE/CANCELLED on a node or peer
-tfscache_dataplane_routed_total         warm requests HAProxy sent straight to a node, by node
+tfscache_dataplane_routed_total         warm requests HAProxy sent straight to a node (or a peer
+                                        sidecar: also a forward), by node
                                         (server.data_plane = haproxy; 0 without it)
 tfscache_resident_models                model versions in a node's config, by state: loading,
                                         available, unloading (all three series for every node,
