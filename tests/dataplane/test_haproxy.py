@@ -145,7 +145,8 @@ def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width
                            group_width=group_width,
                            peers=[config.Node("p1", "127.0.0.1:5", "127.0.0.1:6"),
                                   config.Node("p2", "127.0.0.1:7", "")] if sidecar else (),
-                           forwarded_as="own" if sidecar else None)
+                           mark=("x-tfscache-forwarded", "own") if sidecar else None,
+                           peer_private=("x-tfscache-load",))
         text = config.render(plan)
         (tmp_path / "haproxy.cfg").write_text(text)
         (tmp_path / config.MAP).write_text("")

@@ -11,10 +11,10 @@ under ``MODEL@NODE``, the node it went to. A miss, a pinned version or label, a 
 message, or a request HAProxy cannot parse goes unchanged to tfscache's Python front end
 (``default_backend``), which stays the slow path.
 
-Sidecar mode (``Plan.forwarded_as``): a second map, ``peers.map`` (model name -> a peer sidecar),
+Sidecar mode (``Plan.mark``): a second map, ``peers.map`` (model name -> a peer sidecar),
 is looked up when ``routes.map`` has no route and the request is not marked as forwarded by a
 peer already. A hit goes to that peer's public port (its HAProxy or its Python front end), marked
-as forwarded (``x-tfscache-forwarded``, the Python path's mark), so the peer serves it itself and
+as forwarded (the Python path's mark, ``x-tfscache-forwarded``), so the peer serves it itself and
 never forwards it again. A hot request that finds no route at all, and is not marked, is counted
 in the table ``missed`` under its model: the control plane learns there which models are asked
 for that a peer may own.
@@ -37,8 +37,6 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY
 
 MAP = "routes.map"
 TABLE = "inflight"  # MODEL@NODE -> routed requests in flight (conn_cur) and counted (http_req_cnt)
@@ -134,11 +132,13 @@ class Plan:
     # the most nodes a route's group may name (its copies); None: as many as there are nodes.
     # HAProxy's choice has one step per node after the first.
     group_width: int | None = None
-    # sidecar mode: the other sidecars a model may be routed to (their public addresses), and
-    # this sidecar's name, the value of the forwarded mark its requests to them carry; None:
-    # not a sidecar (no peer routes)
+    # sidecar mode: the other sidecars a model may be routed to (their public addresses); the
+    # forwarded mark (header, value: this sidecar's name) on what is sent them, which a request
+    # also carries when a peer forwarded it here (None: not a sidecar, no peer routes); and the
+    # headers of a peer's reply meant for this sidecar, not the client (its load report)
     peers: Sequence[Node] = ()
-    forwarded_as: str | None = None
+    mark: tuple[str, str] | None = None
+    peer_private: tuple[str, ...] = ()
 
     @property
     def map_path(self) -> Path:
@@ -287,15 +287,15 @@ def _peer(peer: Node, protocol: str, address: str, plan: Plan, options: str) -> 
     its connection still carries the mark: this sidecar's front end then serves it from its own
     node, as the peer would have. A peer with no REST port: its REST requests go to the Python
     front end, unmarked (the slow path). The peer's report of its own load (``x-tfscache-load``)
-    is for this sidecar, not the client: dropped from a REST reply's headers."""
+    is for this sidecar, not the client: dropped from a REST reply's headers
+    (``Plan.peer_private``)."""
     fallback = plan.fallback_grpc if protocol == "grpc" else plan.fallback_rest
     lines = ["", f"backend {backend(protocol, peer.name)}"]
     if not address:
         return lines + [f"    server python {fallback}{options}"]
-    mark = f"{FORWARDED_KEY} {plan.forwarded_as}"
-    lines += [f"    http-request set-header {mark}"]
+    lines += [f"    http-request set-header {plan.mark[0]} {plan.mark[1]}"]
     if protocol == "rest":
-        lines += [f"    http-response del-header {LOAD_KEY}"]
+        lines += [f"    http-response del-header {header}" for header in plan.peer_private]
     return lines + [f"    server {peer.name} {address}{options} check inter 1s "
                     "observe layer4 error-limit 1 on-error mark-down",
                     f"    server python {fallback}{options} backup"]
@@ -304,7 +304,7 @@ def _peer(peer: Node, protocol: str, address: str, plan: Plan, options: str) -> 
 def _missed(plan: Plan) -> list[str]:
     """Sidecar mode: the table of models asked for without a route (the control plane reads it
     for models a peer may own)."""
-    if plan.forwarded_as is None:
+    if plan.mark is None:
         return []
     return [f"backend {MISSED}",
             "    stick-table type string len 512 size 100k expire 1h store http_req_cnt", ""]
@@ -339,8 +339,8 @@ def _lookup(plan: Plan) -> list[str]:
     grouped = "if { var(txn.group) -m found }"
     routed = "if { var(txn.node) -m found }"
     lines = [f"    http-request set-var(txn.group) var(txn.model),map({routes}) {found}"]
-    if plan.forwarded_as is not None:
-        lines += [f"    acl forwarded req.hdr({FORWARDED_KEY}) -m found",
+    if plan.mark is not None:
+        lines += [f"    acl forwarded req.hdr({plan.mark[0]}) -m found",
                   f"    http-request set-var(txn.group) var(txn.model),map({plan.peer_map_path}) "
                   "if { var(txn.model) -m found } !{ var(txn.group) -m found } !forwarded"]
     lines += [
@@ -366,5 +366,5 @@ def _lookup(plan: Plan) -> list[str]:
         "    http-request set-log-level silent unless { var(txn.node) -m found }",
         *([f"    http-request track-sc2 var(txn.model) table {MISSED} "
            "if { var(txn.model) -m found } !{ var(txn.node) -m found } !forwarded"]
-          if plan.forwarded_as is not None else []),
+          if plan.mark is not None else []),
     ]

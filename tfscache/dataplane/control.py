@@ -46,6 +46,7 @@ from tfscache.dataplane.requests import RequestLog, Routed
 from tfscache.dataplane.routes import Routes, routable
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
 from tfscache.dataplane.targets import Target, peer_target, target
+from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY
 from tfscache.workers.usage import Usage
 from tfscache.tasks import cancel
 
@@ -167,7 +168,8 @@ class DataPlane:
                            log_socket=self.request_log.path if self.request_log else None,
                            max_body=self.settings.server.max_receive_message_bytes,
                            group_width=self._group_width(), peers=tuple(peers),
-                           forwarded_as=self._forwarded_as)
+                           mark=(FORWARDED_KEY, self._forwarded_as) if self._forwarded_as else None,
+                           peer_private=(LOAD_KEY,))
 
     def _group_width(self) -> int | None:
         """The most nodes a route names: 1 with copies off (targets.py), a model's most copies
@@ -304,9 +306,9 @@ class DataPlane:
 
     async def _route_to_peers(self) -> None:
         """Route to a peer each model that was asked for here without a route, or was routed to a
-        peer, within the tables' hour (``expire``), and that the router sends to that peer now (``peer_target``); withdraw
-        the other peer routes. A model with a route to a local node is not looked up in the
-        peers' map at all (config.py)."""
+        peer, within the tables' hour (``expire``), and that the router sends to that peer now
+        (``peer_target``); withdraw the other peer routes. A model with a route to a local node
+        is not looked up in the peers' map at all (config.py)."""
         router = self._router()
         if router is None:
             return

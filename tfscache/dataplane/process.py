@@ -66,7 +66,7 @@ class Supervisor:
     def _write_files(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         maps = [self.plan.map_path]
-        if self.plan.forwarded_as is not None:
+        if self.plan.mark is not None:
             maps.append(self.plan.peer_map_path)
         for path in maps:
             if not path.exists():
