@@ -33,7 +33,7 @@ log = logging.getLogger("tfscache.tls")
 
 
 @dataclass(frozen=True)
-class _Pem:
+class Pem:
     """The files' bytes as read at one moment (``key``/``cert`` empty: none)."""
 
     cert: bytes
@@ -77,11 +77,11 @@ def check(section: TlsSection) -> tuple[str, str, str] | None:
     return None
 
 
-def _read(cert_file: str, key_file: str, ca_file: str) -> _Pem:
+def read_files(cert_file: str, key_file: str, ca_file: str) -> Pem:
     """The files' bytes, checked to load together (blocking: run in a thread);
     ``ssl.SSLError``/``OSError``."""
-    pem = _Pem(Path(cert_file).read_bytes(), Path(key_file).read_bytes(),
-               Path(ca_file).read_bytes() if ca_file else None)
+    pem = Pem(Path(cert_file).read_bytes(), Path(key_file).read_bytes(),
+              Path(ca_file).read_bytes() if ca_file else None)
     # what the live context will load, tried first
     scratch = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     scratch.load_cert_chain(cert_file, key_file)
@@ -96,7 +96,7 @@ class ServerTls:
     def __init__(self, section: TlsSection) -> None:
         """Reads the files (blocking: construct it in a thread, e.g. ``asyncio.to_thread``)."""
         self._section = section
-        pem = _read(section.cert_file, section.key_file, section.client_ca_file)
+        pem = read_files(section.cert_file, section.key_file, section.client_ca_file)
         self.mutual = pem.ca is not None
         self._pending: grpc.ServerCertificateConfiguration | None = None
         self._initial = self._grpc_config(pem)
@@ -113,13 +113,13 @@ class ServerTls:
         return config
 
     @staticmethod
-    def _grpc_config(pem: _Pem) -> grpc.ServerCertificateConfiguration:
+    def _grpc_config(pem: Pem) -> grpc.ServerCertificateConfiguration:
         return grpc.ssl_server_certificate_configuration(
             [(pem.key, pem.cert)], root_certificates=pem.ca
         )
 
-    def _load_into_context(self, pem: _Pem) -> None:
-        # load_cert_chain reads files itself (it takes no bytes); _read has just loaded the same two
+    def _load_into_context(self, pem: Pem) -> None:
+        # load_cert_chain reads files itself (it takes no bytes); read_files has just loaded the same two
         # files into a scratch context, so they are in the page cache and known to load.
         self.ssl_context.load_cert_chain(self._section.cert_file, self._section.key_file)
         if pem.ca is not None:  # adds to the CAs already trusted (OpenSSL cannot drop one)
@@ -130,7 +130,7 @@ class ServerTls:
         """Re-read the files; new connections get the new certificate. False (logged) if they do not load."""
         s = self._section
         try:
-            pem = await asyncio.to_thread(_read, s.cert_file, s.key_file, s.client_ca_file)
+            pem = await asyncio.to_thread(read_files, s.cert_file, s.key_file, s.client_ca_file)
         except (OSError, ssl.SSLError, ValueError) as exc:
             log.error("TLS reload failed, keeping the certificate in use: %s", exc)
             return False
@@ -151,13 +151,13 @@ class PeerTls:
         self._section = section
         self.ca_file = section.peer_ca_file or section.client_ca_file
         self.server_name = section.peer_server_name or None
-        pem = _read(section.cert_file, section.key_file, self.ca_file)
+        pem = read_files(section.cert_file, section.key_file, self.ca_file)
         self._credentials = self._make_credentials(pem)
         self.ssl_context = ssl.create_default_context(cafile=self.ca_file or None)
         self.ssl_context.load_cert_chain(section.cert_file, section.key_file)
 
     @staticmethod
-    def _make_credentials(pem: _Pem) -> grpc.ChannelCredentials:
+    def _make_credentials(pem: Pem) -> grpc.ChannelCredentials:
         return grpc.ssl_channel_credentials(root_certificates=pem.ca, private_key=pem.key,
                                             certificate_chain=pem.cert)
 
@@ -172,7 +172,7 @@ class PeerTls:
         """Re-read the files: new peer channels and new REST connections present the new certificate."""
         s = self._section
         try:
-            pem = await asyncio.to_thread(_read, s.cert_file, s.key_file, self.ca_file)
+            pem = await asyncio.to_thread(read_files, s.cert_file, s.key_file, self.ca_file)
         except (OSError, ssl.SSLError, ValueError) as exc:
             log.error("TLS reload of the peer credentials failed, keeping those in use: %s", exc)
             return False

@@ -13,28 +13,34 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
 import signal
 import socket
+import ssl
 import struct
 import subprocess
 import threading
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import grpc
 import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
+import trustme
+
+from support.certs import write_ca, write_leaf
 from support.holdproxy import HoldProxy
 from support.models import tfserving
 from support.node import start_node
 from support.waiting import until
-from tfscache.dataplane import binary, config
-from tfscache.dataplane.process import Supervisor
+from tfscache.dataplane import binary, certs, config
+from tfscache.dataplane.process import HaproxyConfigError, Supervisor
 from tfscache.dataplane.routes import Routes, revoked
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
 from tfscache.frontend.protocols.tfserving import DATA_PLANE
@@ -188,6 +194,57 @@ def test_a_route_names_a_group_and_a_revocation_leaves_the_others():
     assert revoked("a+b+c", "b") == "a+c"
     assert revoked("a+b", "a") == "b"
     assert revoked("a", "a") is None
+
+
+def _tls_section(tmp_path, client_ca: bool):
+    """A [tls] section of trustme files: a server certificate, and (mutual TLS) its CA."""
+    from tfscache.settings.sections import TlsSection
+
+    ca = trustme.CA()
+    tmp_path.mkdir(exist_ok=True)
+    leaf = write_leaf(ca, tmp_path / "server", "127.0.0.1")
+    return TlsSection(cert_file=str(leaf.cert), key_file=str(leaf.key),
+                      client_ca_file=str(write_ca(ca, tmp_path / "ca.pem")) if client_ca else "")
+
+
+def test_tls_binds_terminate_tls_with_alpn_and_verify_clients_with_a_ca(tmp_path):
+    tls = config.Tls(tmp_path / "haproxy.pem", tmp_path / "client-ca.pem")
+    plan = config.Plan(grpc_fd=3, rest_fd=4, fallback_grpc="127.0.0.1:1", fallback_rest="127.0.0.1:2",
+                       nodes=[], state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock",
+                       rules=DATA_PLANE, tls=tls)
+    binds = [line.strip() for line in config.render(plan).splitlines() if "bind fd@" in line]
+    verify = f"ca-file {tmp_path}/client-ca.pem verify required"
+    assert binds == [f"bind fd@3 ssl crt {tmp_path}/haproxy.pem alpn h2 {verify} proto h2",
+                     f"bind fd@4 ssl crt {tmp_path}/haproxy.pem alpn http/1.1 {verify}"]
+    plain = config.render(dataclasses.replace(plan, tls=None))
+    assert "bind fd@3 proto h2" in plain and " ssl " not in plain and "ssl-load" not in plain
+
+
+async def test_the_tls_files_are_checked_by_haproxy_before_they_are_served(tmp_path):
+    section = _tls_section(tmp_path, client_ca=True)
+    tls = certs.files(tmp_path / "dataplane", section)
+    (tmp_path / "dataplane").mkdir()
+    certs.write(section, tls)
+    assert [(p.name, p.stat().st_mode & 0o777) for p in (tls.pem, tls.client_ca)] == \
+        [("haproxy.pem", 0o600), ("client-ca.pem", 0o600)]
+    assert tls.pem.read_bytes() == Path(section.cert_file).read_bytes() + Path(section.key_file).read_bytes()
+    with socket.create_server(("127.0.0.1", 0)) as g, socket.create_server(("127.0.0.1", 0)) as r:
+        plan = config.Plan(grpc_fd=g.fileno(), rest_fd=r.fileno(), fallback_grpc="127.0.0.1:1",
+                           fallback_rest="127.0.0.1:2", nodes=[], state_dir=tmp_path / "dataplane",
+                           runtime_socket=tmp_path / "dataplane" / "runtime.sock", rules=DATA_PLANE, tls=tls)
+        (tmp_path / "dataplane" / config.MAP).write_text("")
+        supervisor = Supervisor("haproxy", tmp_path / "dataplane", plan)
+        await supervisor.check(plan)
+        # a key of another certificate: the Python check refuses it and writes nothing ...
+        wrong = dataclasses.replace(section, key_file=str(_tls_section(tmp_path / "x", False).key_file))
+        staged = certs.staged(tls)
+        with pytest.raises(ssl.SSLError):
+            certs.write(wrong, staged)
+        assert not staged.pem.exists()
+        # ... and HAProxy's own check refuses a PEM it cannot serve, naming it
+        staged.pem.write_bytes(Path(section.cert_file).read_bytes() + Path(wrong.key_file).read_bytes())
+        with pytest.raises(HaproxyConfigError, match="haproxy.pem.new"):
+            await supervisor.check(dataclasses.replace(plan, tls=staged))
 
 
 async def test_hot_methods_are_routed_by_the_model_in_the_body_or_path(nodes, tmp_path):

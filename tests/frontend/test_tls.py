@@ -4,17 +4,25 @@ Official clients only: TF Serving's stubs over ``grpc.secure_channel`` and plain
 (requests, aiohttp) trusting the test CA. The serve processes are sidecars in front of the
 module's two real nodes (no TensorFlow in them: they start in about a second), one at a time,
 so that no two caches manage the same node at once.
+
+The guarantees run on both data planes (``data_plane``): the Python front ends terminate TLS
+themselves, or HAProxy does (docs/data-plane.md), and then a warm request is shown routed by
+HAProxy (its stick table counts it).
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 import ssl
 import subprocess
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import aiohttp
 import grpc
+import psutil
 import pytest
 import requests
 import trustme
@@ -22,14 +30,24 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from support.serving import serve_command, start_serve
 from support.certs import Leaf, write_ca, write_leaf
+from support.dataplane import dataplane_dir, routed_by_key
+from support.waiting import wait_until
 from support.node import REPO, version_status_at
 from support.requests import predict_request
 from tfscache import settings as settings_mod
 from tfscache.discovery import Peer
 from tfscache.cluster.ring import Ring
 from tfscache.app import ServeApp
+from tfscache.dataplane import binary
 
 SIDECAR_NAME = "sidecar.tfscache.test"  # the only name on the sidecars' certificate in the two-sidecar test
+
+
+@pytest.fixture(params=["python", pytest.param("haproxy", marks=pytest.mark.skipif(
+    not binary.available(), reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)"))])
+def data_plane(request) -> str:
+    """Who terminates TLS on the public ports: the Python front ends, or HAProxy."""
+    return request.param
 
 
 @pytest.fixture(scope="module")
@@ -78,14 +96,40 @@ def https_predict(port: int, name: str, x: float, **tls) -> requests.Response:
                          timeout=60, **tls)
 
 
-def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(pki, nodes, frontend_repo, tmp_path):
+def same(value, wanted) -> None:
+    assert value == wanted
+
+
+def routed(serve, name: str) -> int:
+    """Requests for ``name`` HAProxy routed straight to a node (its stick table)."""
+    return sum(count for key, count in routed_by_key(serve).items() if key.split("@")[0] == name)
+
+
+def warm_and_routed(serve, data_plane: str, name: str, call) -> None:
+    """``call()`` (one request for ``name``, asserting its answer) serves; with HAProxy, once the
+    model is warm, a further call is routed by HAProxy straight to the node."""
+    call()
+    if data_plane == "haproxy":
+        wait_until(lambda: routed(serve, name) > 0 or call(), 30, f"{name} routed by HAProxy")
+        before = routed(serve, name)
+        call()
+        assert routed(serve, name) == before + 1
+
+
+def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(pki, nodes, frontend_repo, tmp_path,
+                                                                         data_plane):
     server, client, ca_file = pki["server"], pki["client"], pki["ca_file"]
-    with start_serve(tmp_path, frontend_repo, *sidecar_of(nodes["a"]), *tls_flags(server, ca_file)) as serve:
+    with start_serve(tmp_path, frontend_repo, *sidecar_of(nodes["a"]), *tls_flags(server, ca_file),
+                     "--data-plane", data_plane) as serve:
         with grpc.secure_channel(serve.grpc_target, credentials(ca_file, client)) as channel:
-            assert predict(channel, "addk_2", 1.0) == [3.0]
-        reply = https_predict(serve.rest_port, "addk_2", 5.0, verify=str(ca_file), cert=(str(client.cert),
-                                                                                          str(client.key)))
-        assert (reply.status_code, reply.json()) == (200, {"predictions": [7.0]})
+            warm_and_routed(serve, data_plane, "addk_2", lambda: same(predict(channel, "addk_2", 1.0), [3.0]))
+
+        def https() -> None:
+            reply = https_predict(serve.rest_port, "addk_2", 5.0, verify=str(ca_file),
+                                  cert=(str(client.cert), str(client.key)))
+            assert (reply.status_code, reply.json()) == (200, {"predictions": [7.0]})
+
+        warm_and_routed(serve, data_plane, "addk_2", https)
         # No client certificate, a certificate from another CA, or no TLS at all: refused.
         other = write_leaf(trustme.CA(), tmp_path / "stranger", "client.tfscache.test")
         assert grpc_code(serve.grpc_target, credentials(ca_file), "addk_2") == grpc.StatusCode.UNAVAILABLE
@@ -100,42 +144,128 @@ def test_mutual_tls_serves_clients_with_a_certificate_and_refuses_others(pki, no
                           timeout=60)
         # ... and the process keeps serving.
         assert grpc_code(serve.grpc_target, credentials(ca_file, client), "addk_2") == grpc.StatusCode.OK
+        if data_plane == "haproxy":  # HAProxy's copies of the files: this user's alone
+            for name in ("haproxy.pem", "client-ca.pem"):
+                assert (dataplane_dir(serve) / name).stat().st_mode & 0o777 == 0o600
         assert serve.stop() == 0
 
 
-def test_sighup_gives_new_connections_the_new_certificate(pki, nodes, frontend_repo, tmp_path):
-    first_ca = pki["ca_file"]
-    server = write_leaf(pki["ca"], tmp_path / "server", "127.0.0.1")  # our own files: this test replaces them
-    with start_serve(tmp_path, frontend_repo, *sidecar_of(nodes["b"]), *tls_flags(server)) as serve:
-        opened = grpc.secure_channel(serve.grpc_target, credentials(first_ca))
+def negotiated(port: int, ca: Path) -> str | None:
+    """The protocol a client offering HTTP/2 and HTTP/1.1 gets by ALPN on ``port``."""
+    context = ssl.create_default_context(cafile=str(ca))
+    context.set_alpn_protocols(["h2", "http/1.1"])
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        with context.wrap_socket(sock, server_hostname="127.0.0.1") as tls:
+            return tls.selected_alpn_protocol()
+
+
+def served_ca(port: int, *cas: Path) -> Path | None:
+    """Which of ``cas`` verifies the certificate a new connection to ``port`` is served."""
+    for ca in cas:
+        context = ssl.create_default_context(cafile=str(ca))
+        context.set_alpn_protocols(["h2"])
         try:
-            assert predict(opened, "addk_3", 1.0) == [4.0]
-            second = trustme.CA()
-            second_ca = write_ca(second, tmp_path / "second-ca.pem")
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                with context.wrap_socket(sock, server_hostname="127.0.0.1"):
+                    return ca
+        except ssl.SSLCertVerificationError:
+            continue
+    return None
+
+
+def haproxy_workers(serve) -> list[psutil.Process]:
+    """The serve's HAProxy workers: the children of its HAProxy master."""
+    masters = [p for p in psutil.Process(serve.pid).children() if p.name() == "haproxy"]
+    return [worker for master in masters for worker in master.children()]
+
+
+class Knocker:
+    """Opens TCP connections to ``port`` one after another until stopped; ``refused`` counts
+    those the kernel refused (a closed listener)."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.opened, self.refused = port, 0, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=10).close()
+                self.opened += 1
+            except ConnectionRefusedError:
+                self.refused += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def test_sighup_gives_new_connections_the_new_certificate(pki, nodes, frontend_repo, tmp_path, data_plane):
+    first_ca = pki["ca_file"]
+    second = trustme.CA()
+    second_ca = write_ca(second, tmp_path / "second-ca.pem")
+    server = write_leaf(pki["ca"], tmp_path / "server", "127.0.0.1")  # our own files: this test replaces them
+    # A client open across the rotation. The Python front end keeps its connection, and the
+    # certificate it started with; HAProxy's old worker closes it once its requests are done, and
+    # the client's next request connects anew and is served the new certificate, so that client
+    # trusts both CAs there.
+    trusted = first_ca.read_bytes() + (second_ca.read_bytes() if data_plane == "haproxy" else b"")
+    gate, held = nodes["b"].gate, "addk_4"
+    with start_serve(tmp_path, frontend_repo, *sidecar_of(nodes["b"]), *tls_flags(server),
+                     "--data-plane", data_plane) as serve, ThreadPoolExecutor(1) as pool:
+        opened = grpc.secure_channel(serve.grpc_target, grpc.ssl_channel_credentials(trusted))
+        knocker = None
+        try:
+            warm_and_routed(serve, data_plane, "addk_3", lambda: same(predict(opened, "addk_3", 1.0), [4.0]))
+            # gRPC is HTTP/2; REST HTTP/1.1 (the Python front end names no protocol, HAProxy http/1.1)
+            assert negotiated(serve.grpc_port, first_ca) == "h2"
+            assert negotiated(serve.rest_port, first_ca) in (None, "http/1.1")
+            # a request in flight across the reload: its model's load is held at the node
+            gate.clear()  # a .waiting file left by the other data plane's run
+            gate.hold(held)
+            in_flight = pool.submit(predict, opened, held, 1.0)
+            wait_until(lambda: gate.waiting(held), 60, f"{held}'s load held at the node")
+            knocker = Knocker(serve.grpc_port)
             write_leaf(second, tmp_path / "server", "127.0.0.1")  # the same paths, from another CA
             serve.process.send_signal(signal.SIGHUP)
             serve.wait_for_log("TLS certificate reloaded")
+            assert served_ca(serve.grpc_port, first_ca, second_ca) == second_ca
+            assert served_ca(serve.rest_port, first_ca, second_ca) == second_ca
+            knocker.stop()
+            assert (knocker.refused, knocker.opened > 0) == (0, True)  # the port never closed
+            assert not in_flight.done()
+            gate.release(held)
+            assert in_flight.result(timeout=60) == [5.0]  # the request open across the reload
             assert grpc_code(serve.grpc_target, credentials(second_ca), "addk_3") == grpc.StatusCode.OK
             assert grpc_code(serve.grpc_target, credentials(first_ca), "addk_3") == grpc.StatusCode.UNAVAILABLE
             assert https_predict(serve.rest_port, "addk_3", 2.0, verify=str(second_ca)).json() == \
                 {"predictions": [5.0]}
             with pytest.raises(requests.exceptions.SSLError):
                 https_predict(serve.rest_port, "addk_3", 2.0, verify=str(first_ca))
-            # The listener stayed open, and so did the connection made before the reload.
-            assert predict(opened, "addk_3", 3.0) == [6.0]
+            # The client open across the reload keeps working, warm requests routed as before.
+            warm_and_routed(serve, data_plane, "addk_3", lambda: same(predict(opened, "addk_3", 3.0), [6.0]))
+            if data_plane == "haproxy":  # the old worker finished its connections and left
+                wait_until(lambda: len(haproxy_workers(serve)) == 1, 60, "one HAProxy worker left")
             # A reload that fails (a key of another certificate) keeps the certificate in use.
             write_leaf(trustme.CA(), tmp_path / "wrong", "127.0.0.1").key.replace(server.key)
             serve.process.send_signal(signal.SIGHUP)
             serve.wait_for_log("TLS reload failed, keeping the certificate in use")
+            assert served_ca(serve.grpc_port, first_ca, second_ca) == second_ca
             assert grpc_code(serve.grpc_target, credentials(second_ca), "addk_3") == grpc.StatusCode.OK
             assert https_predict(serve.rest_port, "addk_3", 2.0, verify=str(second_ca)).status_code == 200
         finally:
+            gate.release(held)
+            if knocker is not None:
+                knocker.stop()
             opened.close()
         assert serve.stop() == 0
 
 
-def sidecar_settings(name: str, node, repo: Path, state_dir: Path, server: Leaf, ca_file: Path):
-    return settings_mod.load(env={}, overrides={
+def sidecar_settings(name: str, node, repo: Path, state_dir: Path, server: Leaf, ca_file: Path,
+                     data_plane: str = "python"):
+    return settings_mod.load(env={}, overrides={"server.data_plane": data_plane,
         "model_repository": str(repo), "node.node_address": f"127.0.0.1:{node.grpc_port},{node.rest_port}",
         "ring.self_name": name, "server.bind_address": "127.0.0.1", "server.grpc_port": 0,
         "server.rest_port": 0, "node.state_dir": str(state_dir / name), "tls.cert_file": str(server.cert),
@@ -146,12 +276,15 @@ def node_holds(node, name) -> bool:
     return any(s.state == 30 for s in version_status_at(node.grpc_target, name))
 
 
-async def test_two_sidecars_with_mutual_tls_forward_to_each_other(pki, nodes, frontend_repo, tmp_path):
+async def test_two_sidecars_with_mutual_tls_forward_to_each_other(pki, nodes, frontend_repo, tmp_path,
+                                                                 data_plane):
     # The sidecars' certificate names neither address, only SIDECAR_NAME (tls.peer_server_name):
-    # the hop a -> b verifies b against it, and presents the same certificate as a client.
+    # the hop a -> b verifies b against it, and presents the same certificate as a client. With
+    # HAProxy on the public ports, the hop reaches b's HAProxy, which takes b's certificate and
+    # sends the marked request on to b's front end (nothing of the TLS session is passed on).
     ca_file, client = pki["ca_file"], pki["client"]
     server = write_leaf(pki["ca"], tmp_path / "sidecar", SIDECAR_NAME)
-    apps = {key: ServeApp(sidecar_settings(key, node, frontend_repo, tmp_path, server, ca_file))
+    apps = {key: ServeApp(sidecar_settings(key, node, frontend_repo, tmp_path, server, ca_file, data_plane))
             for key, node in nodes.items()}
     try:
         for app in apps.values():

@@ -61,7 +61,9 @@ class ServeApp:
         self._state = StateDir(s)
         self._models = ModelSource(s)  # a bucket's is opened in start(), in the state directory
         self._gpu = GpuCap(s.cache.gpu_memory_per_node)
-        self._credentials = Credentials(s.tls, s.sidecar)
+        # with the haproxy data plane, HAProxy holds the public ports' certificate (reload_tls)
+        self._credentials = Credentials(s.tls, s.sidecar,
+                                        front_ends=s.server.data_plane != "haproxy")
         # Copies that follow load (docs/copies.md): None keeps fixed replicas.
         self.spread = spread_from(s)
         own = (s.ring.self_name or "local") if s.sidecar else None
@@ -136,7 +138,8 @@ class ServeApp:
 
     @property
     def tls(self) -> ServerTls | None:
-        """[tls]: the front ends' certificate (reload_tls re-reads it)."""
+        """[tls]: the front ends' certificate (reload_tls re-reads it); None with the haproxy
+        data plane, whose HAProxy serves it (``dataplane.reload_tls``)."""
         return self._credentials.server
 
     @property
@@ -241,6 +244,8 @@ class ServeApp:
         await self._credentials.reload()
         if self.workers is not None:
             self.workers.reload_tls()
+        if self.dataplane is not None:  # HAProxy writes its PEM again and reloads
+            await self.dataplane.reload_tls()
 
     def fail(self, reason: str) -> None:
         """The process cannot serve: log why, and let ``tfscache serve`` exit 1."""

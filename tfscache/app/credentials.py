@@ -10,18 +10,21 @@ from tfscache.tls import PeerTls, ServerTls
 
 
 class Credentials:
-    """``server`` and ``peer`` stay None without ``tls.cert_file`` (and ``peer`` outside sidecar
-    mode)."""
+    """``server`` and ``peer`` stay None without ``tls.cert_file`` (``server`` also when the front
+    ends here do not face clients: with ``server.data_plane = haproxy`` HAProxy terminates TLS,
+    tfscache.dataplane.certs; ``peer`` outside sidecar mode)."""
 
-    def __init__(self, tls: TlsSection, sidecar: bool) -> None:
+    def __init__(self, tls: TlsSection, sidecar: bool, front_ends: bool = True) -> None:
         self._tls = tls
         self._sidecar = sidecar
+        self._front_ends = front_ends
         self.server: ServerTls | None = None
         self.peer: PeerTls | None = None
 
     async def load(self) -> None:
         if self._tls.cert_file:
-            self.server = await asyncio.to_thread(ServerTls, self._tls)
+            if self._front_ends:
+                self.server = await asyncio.to_thread(ServerTls, self._tls)
             self.peer = await asyncio.to_thread(PeerTls, self._tls) if self._sidecar else None
 
     async def reload(self) -> None:

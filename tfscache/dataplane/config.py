@@ -26,6 +26,11 @@ when ``del map`` (or a ``set map`` to a group without that node) returns, every 
 found the old route is already counted under the node it chose, and every later request misses
 the node. The control plane therefore takes a node out of a model's route, then waits for
 ``conn_cur`` of ``MODEL@NODE`` to reach 0, then unloads (docs/data-plane.md).
+
+With [tls], HAProxy terminates TLS on both public ports (``Tls``): the certificate chain and its
+key in one PEM, ALPN h2 on the gRPC port and http/1.1 on the REST port (the Python REST front
+end speaks HTTP/1.1 only), and with a client CA ``verify required``. The hop to the nodes and to the
+Python front end stays plain on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -105,6 +110,16 @@ def rest_rules(path_regex: str, name: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True)
+class Tls:
+    """[tls] on the public ports, as HAProxy reads it: ``pem``, the certificate chain followed by
+    its private key; ``client_ca``, the CAs a client's certificate must be signed by (mutual TLS),
+    None without. Both are files tfscache wrote (certs.py), never the user's."""
+
+    pem: Path
+    client_ca: Path | None = None
+
+
+@dataclass(frozen=True)
 class Node:
     """One model server: its name (the ring's) and its gRPC and REST addresses (host:port)."""
 
@@ -132,6 +147,7 @@ class Plan:
     # the most nodes a route's group may name (its copies); None: as many as there are nodes.
     # HAProxy's choice has one step per node after the first.
     group_width: int | None = None
+    tls: Tls | None = None  # None: plain text on the public ports
     # sidecar mode: the other sidecars a model may be routed to (their public addresses); the
     # forwarded mark (header, value: this sidecar's name) on what is sent them, which a request
     # also carries when a peer forwarded it here (None: not a sidecar, no peer routes); and the
@@ -202,6 +218,8 @@ def render(plan: Plan) -> str:
         "    nbthread 1",
         f"    stats socket {plan.runtime_socket} mode 600 level admin expose-fd listeners",
         "    tune.bufsize 65536",
+        # the PEM holds the key: no .key, .ocsp or .issuer is looked for beside it
+        *(["    ssl-load-extra-files none"] if plan.tls else []),
         "",
         "defaults",
         "    mode http",
@@ -209,11 +227,16 @@ def render(plan: Plan) -> str:
         "    timeout client 1h",
         "    timeout server 1h",
         "    timeout http-request 60s",
-        # a node that refuses a connection is marked down at once and the request goes once
-        # more, to the backend's backup: the Python front end, which knows what to do
-        "    retries 1",
+        # A node that refuses a connection is marked down at once (observe layer4), and the
+        # request goes again, to the backend's backup: the Python front end, which knows what
+        # to do. A request in flight when its node died (no answer, or half of one) is sent
+        # again too, but its first retry may still find the node up, since only a refused
+        # connection marks it down: so three retries, each redispatched (the second one reaches
+        # the backup). Without them a gRPC client got RST_STREAM REFUSED_STREAM and a REST
+        # client 502 or 503 (tests/frontend/test_restarts.py, the node's SIGKILL).
+        "    retries 3",
         "    option redispatch 1",
-        "    retry-on conn-failure empty-response",
+        "    retry-on conn-failure empty-response junk-response",
         *_logging(plan.log_socket),
         "",
         f"backend {TABLE}",
@@ -224,7 +247,7 @@ def render(plan: Plan) -> str:
         "",
         *_missed(plan),
         "frontend grpc",
-        f"    bind fd@{plan.grpc_fd} proto h2",
+        f"    bind fd@{plan.grpc_fd}{_tls(plan.tls, 'h2')} proto h2",
         *REQUEST_ID,
         *plan.rules.grpc,
         # byte 0 of a gRPC message is its compressed flag; a compressed body cannot be parsed
@@ -246,7 +269,7 @@ def render(plan: Plan) -> str:
         lines += [
             "",
             "frontend rest",
-            f"    bind fd@{plan.rest_fd}",
+            f"    bind fd@{plan.rest_fd}{_tls(plan.tls, 'http/1.1')}",
             *REQUEST_ID,
             *plan.rules.rest,
             # a body over the limit, or of a length not told up front, takes the slow path
@@ -268,6 +291,18 @@ def render(plan: Plan) -> str:
         if plan.rest_fd is not None:
             lines += _peer(peer, "rest", peer.rest, plan, "")
     return "\n".join(lines) + "\n"
+
+
+def _tls(tls: Tls | None, alpn: str) -> str:
+    """A public bind's TLS options: none without ``tls``; with ``tls.client_ca``, a client
+    without a certificate that one of those CAs signed fails its handshake, as on the Python
+    front ends."""
+    if tls is None:
+        return ""
+    options = f" ssl crt {tls.pem} alpn {alpn}"
+    if tls.client_ca is not None:
+        options += f" ca-file {tls.client_ca} verify required"
+    return options
 
 
 def _node(node: Node, protocol: str, address: str, fallback: str, options: str) -> list[str]:

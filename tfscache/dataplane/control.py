@@ -21,6 +21,10 @@ A peer's route is no lease: the peer guards its own unloads with its own data pl
 request it gets for a model it is unloading waits for the unload and loads it again, as one from
 any client would. So no revocation waits for a peer's route.
 
+With [tls] (``tls.cert_file``), HAProxy terminates TLS on the public ports from files written
+into the data plane's state directory (certs.py). ``reload_tls`` (SIGHUP) writes them again,
+has HAProxy check them, and reloads it; files that do not load change nothing.
+
 Before a cache unloads a version, its ``revoker`` hook takes that node out of the model's route
 (the route keeps the group's other nodes, if any) and waits until HAProxy counts none of its
 requests in flight there (routes.py). A version being unloaded is UNLOADING in its ledger
@@ -31,17 +35,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
 import shutil
 import socket
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from tfscache.dataplane import binary, config
-from tfscache.dataplane.process import Supervisor
+from tfscache.dataplane import binary, certs, config
+from tfscache.dataplane.process import HaproxyConfigError, HaproxyStartError, Supervisor
 from tfscache.dataplane.requests import RequestLog, Routed
 from tfscache.dataplane.routes import Routes, routable
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
@@ -106,6 +112,7 @@ class DataPlane:
         self._counted: dict[str, int] = {}  # stick-table key -> http_req_cnt last read
         self._last_use: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task | None = None
+        self._tls: config.Tls | None = None  # the files HAProxy serves [tls] from
 
     async def start(self, internal_grpc: int, internal_rest: int | None, *,
                     state_dir: Path) -> tuple[int, int | None]:
@@ -127,6 +134,9 @@ class DataPlane:
         if self._runtime_socket.parent != self._state:  # a deep state directory: kept apart
             await asyncio.to_thread(config.private_dir, self._runtime_socket.parent)
         await asyncio.to_thread(self._state.mkdir, parents=True, exist_ok=True)
+        if self.settings.tls.cert_file:
+            self._tls = certs.files(self._state, self.settings.tls)
+            await asyncio.to_thread(certs.write, self.settings.tls, self._tls)
         if self._answered is not None:
             self.request_log = RequestLog(self._runtime_socket.parent / "requests.sock",
                                           dict(self.rules.rest_methods), self._told)
@@ -169,7 +179,7 @@ class DataPlane:
                            max_body=self.settings.server.max_receive_message_bytes,
                            group_width=self._group_width(), peers=tuple(peers),
                            mark=(FORWARDED_KEY, self._forwarded_as) if self._forwarded_as else None,
-                           peer_private=(LOAD_KEY,))
+                           peer_private=(LOAD_KEY,), tls=self._tls)
 
     def _group_width(self) -> int | None:
         """The most nodes a route names: 1 with copies off (targets.py), a model's most copies
@@ -195,6 +205,32 @@ class DataPlane:
             await asyncio.to_thread(shutil.rmtree, self._runtime_socket.parent, True)
         for sock in self._sockets:
             sock.close()
+
+    async def reload_tls(self) -> bool:
+        """SIGHUP: serve [tls]'s files as they are now, without closing a port or failing a
+        request (a reload: new workers take the new certificate, old ones finish their
+        connections). Files that do not load, or that HAProxy refuses, change nothing: logged,
+        False."""
+        section = self.settings.tls
+        if self._tls is None or self.supervisor is None:
+            return False
+        staged = certs.staged(self._tls)
+        async with self.routes.held():  # one reload at a time; the new worker reads the map file
+            try:
+                await asyncio.to_thread(certs.write, section, staged)
+                await self.supervisor.check(dataclasses.replace(self._plan(), tls=staged))
+            except (OSError, ssl.SSLError, ValueError, HaproxyConfigError) as exc:
+                await asyncio.to_thread(certs.discard, staged)
+                log.error("TLS reload failed, keeping the certificate in use: %s", exc)
+                return False
+            await asyncio.to_thread(certs.install, staged, self._tls)
+            try:
+                await self.supervisor.reload(self._plan())
+            except HaproxyStartError as exc:  # the old worker serves on
+                log.error("TLS reload failed, haproxy did not take the new certificate: %s", exc)
+                return False
+        log.info("TLS certificate reloaded from %s", section.cert_file)
+        return True
 
     # -- the poll ------------------------------------------------------------------------------
 

@@ -40,6 +40,10 @@ class HaproxyStartError(Exception):
     """HAProxy exited, or its runtime socket did not appear, while starting."""
 
 
+class HaproxyConfigError(Exception):
+    """``haproxy -c`` refused a configuration; the message is its first alert."""
+
+
 class Supervisor:
     def __init__(self, binary: str, state_dir: Path, plan: config.Plan,
                  start_timeout_s: float = 30.0, runtime: Runtime | None = None) -> None:
@@ -85,7 +89,8 @@ class Supervisor:
                 self.binary, "-W", "-db", "-f", str(self.config_path),
                 "-S", f"{self.master.socket_path},mode,600",
                 stdin=asyncio.subprocess.DEVNULL, stdout=logfile, stderr=logfile,
-                pass_fds=(self.plan.grpc_fd, self.plan.rest_fd), start_new_session=True)
+                pass_fds=tuple(fd for fd in (self.plan.grpc_fd, self.plan.rest_fd)
+                               if fd is not None), start_new_session=True)
         finally:
             logfile.close()
         self.runtime.worker = None
@@ -146,6 +151,23 @@ class Supervisor:
             except HaproxyStartError as e:
                 log.error("%s", e)
                 await asyncio.sleep(1.0)
+
+    async def check(self, plan: config.Plan) -> None:
+        """Have the binary check ``plan``'s configuration, and the files it names, without
+        serving it (``haproxy -c``, with the public sockets it binds); HaproxyConfigError
+        naming HAProxy's first alert if it would refuse it."""
+        path = self.state_dir / "haproxy.cfg.check"
+        await asyncio.to_thread(path.write_text, config.render(plan))
+        checker = await asyncio.create_subprocess_exec(
+            self.binary, "-c", "-f", str(path), stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            pass_fds=tuple(fd for fd in (plan.grpc_fd, plan.rest_fd) if fd is not None))
+        output, _ = await checker.communicate()
+        if checker.returncode != 0:
+            alerts = [line.split(":", 1)[-1].strip() for line in output.decode(errors="replace")
+                      .splitlines() if "[ALERT]" in line]
+            raise HaproxyConfigError(alerts[0] if alerts else f"haproxy -c exited with "
+                                     f"{checker.returncode}")
 
     async def reload(self, plan: config.Plan) -> None:
         """Serve ``plan`` from now on, without closing a port or failing a request; returns once

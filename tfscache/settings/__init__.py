@@ -279,10 +279,6 @@ def _check_whole(s: Settings) -> None:
             raise SettingsError(f"bad value for setting server.workers: {s.server.workers!r} "
                                 "(must be 1 with server.data_plane = haproxy: HAProxy carries "
                                 "the warm requests the workers would)")
-        if s.tls.cert_file:
-            raise SettingsError("bad value for setting server.data_plane: 'haproxy' (TLS on the "
-                                "public ports is not terminated by the haproxy data plane yet: "
-                                "use --data-plane python with --tls-cert; docs/data-plane.md)")
     if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
         raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
                             "(must differ from server.grpc_port)")
