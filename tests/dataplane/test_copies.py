@@ -16,15 +16,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 
-import grpc
 import pytest
 import pytest_asyncio
 from support.models.tfserving import build_gate
 from support.node import node_template, version_status_at
-from support.requests import float_tensor, predict_request
+from support.gate import Clock, predict_gate, release
 from support.serving import link_repository
 from support.waiting import until, within
-from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from tfscache import settings as settings_mod
 from tfscache.app import ServeApp
@@ -41,16 +39,6 @@ COOL_S = 100.0
 # held requests block their client threads: a pool of their own, so the event loop's default
 # executor (the control plane's file writes) is never starved by them
 CLIENTS = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="gate-client")
-
-
-class Clock:
-    """The copies rule's clock, moved by the test."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")
@@ -78,24 +66,6 @@ async def app(repo, tmp_path_factory):
         yield app
     finally:
         await within(app.stop(0), 120, "the control plane's stop")
-
-
-def predict_gate(target: str) -> float:
-    """One gate request: it blocks in the node until a value is released there."""
-    with grpc.insecure_channel(target) as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        reply = stub.Predict(predict_request("gate", inputs={}), timeout=120)
-        return reply.outputs["value"].float_val[0]
-
-
-def release(target: str, value: float) -> float:
-    """Let one held gate request go: at a node itself, or through the public port."""
-    with grpc.insecure_channel(target) as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        reply = stub.Predict(predict_request("gate", signature="release",
-                                             inputs={"value": float_tensor([value], shape=[])}),
-                             timeout=60)
-        return reply.outputs["value"].float_val[0]
 
 
 def client(fn, *args) -> asyncio.Future:

@@ -23,6 +23,7 @@ from prometheus_client import generate_latest
 from support.models.tfserving import build_gate
 from support.node import node_template, version_status_at
 from support.requests import float_tensor, predict_request
+from support.gate import predict_gate, release
 from support.serving import link_repository
 from support.waiting import until, within
 from tensorflow_serving.apis import prediction_service_pb2_grpc
@@ -72,21 +73,6 @@ def predict(target: str, name: str, x: float = 1.0) -> float:
     with grpc.insecure_channel(target) as channel:
         stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
         return stub.Predict(predict_request(name, x), timeout=120).outputs["y"].float_val[0]
-
-
-def predict_gate(target: str) -> float:
-    with grpc.insecure_channel(target) as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        reply = stub.Predict(predict_request("gate", inputs={}), timeout=120)
-        return reply.outputs["value"].float_val[0]
-
-
-def release(target: str, value: float) -> None:
-    """Let one held gate request go, at the node itself."""
-    with grpc.insecure_channel(target) as channel:
-        stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-        stub.Predict(predict_request("gate", signature="release",
-                                     inputs={"value": float_tensor([value], shape=[])}), timeout=60)
 
 
 def routed(app, name: str) -> bool:

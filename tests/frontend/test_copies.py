@@ -24,6 +24,7 @@ from prometheus_client import generate_latest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from support.cache import Gate
+from support.gate import Clock
 from support.waiting import until
 from support.node import node_template, start_node, version_status_at
 from support.requests import predict_request
@@ -40,14 +41,6 @@ COOL_S = 100.0
 SWEEP_S = 5.0  # the sweep period the test plays with the fake clock (copies.sweep_s)
 SETTINGS = {"copies.max_copies": 2, "copies.min_load": 1, "copies.hot_share": 0.5, "copies.balance": 0.25,
             "copies.cool_s": COOL_S, "copies.sweep_s": 3600, "cache.max_models_per_node": 2}
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture(scope="module")
