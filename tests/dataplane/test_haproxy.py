@@ -136,9 +136,11 @@ def _call(fn, *args, **kwargs):
     return asyncio.to_thread(fn, *args, **kwargs)
 
 
-@pytest.mark.parametrize("count, group_width, width", [(1, None, 1), (3, None, 3), (4, 2, 2),
-                                                       (2, 1, 1)])
-def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width):
+@pytest.mark.parametrize("count, group_width, width, sidecar",
+                         [(1, None, 1, False), (3, None, 3, False), (4, 2, 2, False),
+                          (2, 1, 1, False), (1, 1, 1, True)])
+def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width, sidecar):
+    # sidecar mode: two peers, one without a REST port
     with socket.create_server(("127.0.0.1", 0)) as g, socket.create_server(("127.0.0.1", 0)) as r:
         plan = config.Plan(grpc_fd=g.fileno(), rest_fd=r.fileno(), fallback_grpc="127.0.0.1:1",
                            fallback_rest="127.0.0.1:2",
@@ -146,10 +148,15 @@ def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width
                                   for i in range(count)],
                            state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock",
                            rules=DATA_PLANE, log_socket=tmp_path / "requests.sock",
-                           group_width=group_width)
+                           group_width=group_width,
+                           peers=[config.Node("p1", "127.0.0.1:5", "127.0.0.1:6"),
+                                  config.Node("p2", "127.0.0.1:7", "")] if sidecar else (),
+                           mark=("x-tfscache-forwarded", "own") if sidecar else None,
+                           peer_private=("x-tfscache-load",))
         text = config.render(plan)
         (tmp_path / "haproxy.cfg").write_text(text)
         (tmp_path / config.MAP).write_text("")
+        (tmp_path / config.PEER_MAP).write_text("")
         check = subprocess.run(["haproxy", "-c", "-f", str(tmp_path / "haproxy.cfg")],
                                capture_output=True, text=True, pass_fds=(g.fileno(), r.fileno()))
     assert check.returncode == 0, check.stdout + check.stderr
@@ -165,8 +172,19 @@ def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width
         assert not any(f"word({width + 1},+)" in line for line in rules)
         # consecutive: the lookup, the choice (2 rules, 5 more per node), its key, both counts
         lookup, counted = at(",map("), at("track-sc0 var(txn.key) table inflight")
-        assert counted == lookup + 4 + 5 * (width - 1)
+        # sidecar mode: the peers' map, unless marked as forwarded, right after the nodes' map
+        assert counted == lookup + 4 + 5 * (width - 1) + 2 * sidecar
         assert at("track-sc1 var(txn.node) table load") == counted + 1
+        if sidecar:
+            assert "!forwarded" in rules[at(f"map({tmp_path / config.PEER_MAP})")]
+            assert "table missed" in rules[at("track-sc2")]
+    if sidecar:  # a peer's backend marks what it sends; one with no REST port is the slow path
+        backends = {part.split("\n", 1)[0]: part for part in text.split("\nbackend ")[1:]}
+        for name in ("grpc_p1", "rest_p1", "grpc_p2"):
+            assert "set-header x-tfscache-forwarded own" in backends[name]
+            assert "backup" in backends[name]
+        assert "x-tfscache-load" in backends["rest_p1"]
+        assert backends["rest_p2"].strip().splitlines()[1:] == ["    server python 127.0.0.1:2"]
 
 
 def test_a_route_names_a_group_and_a_revocation_leaves_the_others():

@@ -95,7 +95,9 @@ class ServeApp:
                                    router=lambda: self.router, spread=self.spread,
                                    rules=self.protocol.data_plane,
                                    routed=self.metrics.routed,
-                                   answered=self.metrics.routed_request) \
+                                   answered=self.metrics.routed_request,
+                                   peers=self.topology.peers if s.sidecar else None,
+                                   forwarded_as=own) \
             if s.server.data_plane == "haproxy" else None
         self._frontends = Frontends(s.server, protocol=self.protocol, metrics=self.metrics,
                                     credentials=self._credentials, workers=self.workers,

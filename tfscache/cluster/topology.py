@@ -121,6 +121,10 @@ class Topology:
         """This process's own nodes (not peer sidecars), in name order."""
         return [self._nodes[name] for name in sorted(self._nodes)]
 
+    def peers(self) -> dict[str, PeerBackend]:
+        """Sidecar mode: the other sidecars' backends by name, as discovery last reported them."""
+        return {name: backend for name, (_, backend) in self._peers.items()}
+
     def host_tier(self) -> list[Backend]:
         """The host-tier nodes, in name order: local ones and peer sidecars announced as
         ``host``, off the ring; they hold what the GPU-tier nodes demoted (docs/tiers.md)."""

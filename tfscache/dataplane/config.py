@@ -11,6 +11,14 @@ under ``MODEL@NODE``, the node it went to. A miss, a pinned version or label, a 
 message, or a request HAProxy cannot parse goes unchanged to tfscache's Python front end
 (``default_backend``), which stays the slow path.
 
+Sidecar mode (``Plan.mark``): a second map, ``peers.map`` (model name -> a peer sidecar),
+is looked up when ``routes.map`` has no route and the request is not marked as forwarded by a
+peer already. A hit goes to that peer's public port (its HAProxy or its Python front end), marked
+as forwarded (the Python path's mark, ``x-tfscache-forwarded``), so the peer serves it itself and
+never forwards it again. A hot request that finds no route at all, and is not marked, is counted
+in the table ``missed`` under its model: the control plane learns there which models are asked
+for that a peer may own.
+
 Why a route can be taken away safely: the configuration runs one thread (``nbthread 1``), which
 also answers the runtime API. A request's lookup, its choice of a node in the group and its
 ``track-sc0`` are consecutive rules of one evaluation with nothing between them that yields, so
@@ -38,6 +46,8 @@ from pathlib import Path
 MAP = "routes.map"
 TABLE = "inflight"  # MODEL@NODE -> routed requests in flight (conn_cur) and counted (http_req_cnt)
 LOAD = "load"  # NODE -> routed requests in flight there, all models (conn_cur)
+PEER_MAP = "peers.map"  # sidecar mode: model name -> the peer sidecar that owns it
+MISSED = "missed"  # sidecar mode: MODEL -> hot requests that found no route and no mark
 # Joins a group's nodes in a map value. Node ids are words of [A-Za-z0-9_.-] (control.py).
 GROUP = "+"
 # The part of a gRPC message waited for before its fields are read. protobuf() parses what is
@@ -138,10 +148,21 @@ class Plan:
     # HAProxy's choice has one step per node after the first.
     group_width: int | None = None
     tls: Tls | None = None  # None: plain text on the public ports
+    # sidecar mode: the other sidecars a model may be routed to (their public addresses); the
+    # forwarded mark (header, value: this sidecar's name) on what is sent them, which a request
+    # also carries when a peer forwarded it here (None: not a sidecar, no peer routes); and the
+    # headers of a peer's reply meant for this sidecar, not the client (its load report)
+    peers: Sequence[Node] = ()
+    mark: tuple[str, str] | None = None
+    peer_private: tuple[str, ...] = ()
 
     @property
     def map_path(self) -> Path:
         return self.state_dir / MAP
+
+    @property
+    def peer_map_path(self) -> Path:
+        return self.state_dir / PEER_MAP
 
     @property
     def width(self) -> int:
@@ -192,7 +213,6 @@ def backend(protocol: str, node: str) -> str:
 
 def render(plan: Plan) -> str:
     """The whole haproxy.cfg for ``plan``."""
-    routes = str(plan.map_path)
     lines = [
         "global",
         "    nbthread 1",
@@ -225,6 +245,7 @@ def render(plan: Plan) -> str:
         f"backend {LOAD}",
         "    stick-table type string len 512 size 10k expire 1h store conn_cur",
         "",
+        *_missed(plan),
         "frontend grpc",
         f"    bind fd@{plan.grpc_fd}{_tls(plan.tls, 'h2')} proto h2",
         *REQUEST_ID,
@@ -234,7 +255,7 @@ def render(plan: Plan) -> str:
         "    http-request set-var(txn.model) var(txn.name) if plain !pinned",
         # bytes 1-4: the message's length
         f"    http-request unset-var(txn.model) if {{ req.body,bytes(1,4),hex,hex2i gt {plan.max_body} }}",
-        *_lookup(routes, plan.width),
+        *_lookup(plan),
         # a reply's grpc-status is in its headers only when it has no message (trailers-only,
         # as servers answer an error); otherwise in the trailers, which HAProxy does not read
         "    http-response set-var(txn.grpc) res.hdr(grpc-status)",
@@ -254,7 +275,7 @@ def render(plan: Plan) -> str:
             # a body over the limit, or of a length not told up front, takes the slow path
             f"    http-request unset-var(txn.model) if {{ req.hdr_val(content-length) gt {plan.max_body} }}",
             "    http-request unset-var(txn.model) if { req.hdr(transfer-encoding) -m found }",
-            *_lookup(routes, plan.width),
+            *_lookup(plan),
             "    use_backend rest_%[var(txn.node)] if { var(txn.node) -m found }",
             "    default_backend python_rest",
             "",
@@ -265,6 +286,10 @@ def render(plan: Plan) -> str:
         lines += _node(node, "grpc", node.grpc, plan.fallback_grpc, " proto h2")
         if plan.rest_fd is not None:
             lines += _node(node, "rest", node.rest, plan.fallback_rest, "")
+    for peer in plan.peers:
+        lines += _peer(peer, "grpc", peer.grpc, plan, " proto h2")
+        if plan.rest_fd is not None:
+            lines += _peer(peer, "rest", peer.rest, plan, "")
     return "\n".join(lines) + "\n"
 
 
@@ -290,6 +315,36 @@ def _node(node: Node, protocol: str, address: str, fallback: str, options: str) 
             f"    server python {fallback}{options} backup"]
 
 
+def _peer(peer: Node, protocol: str, address: str, plan: Plan, options: str) -> list[str]:
+    """A peer sidecar's backend: its public port, each request marked as forwarded by this
+    sidecar (so the peer serves it itself and never forwards it again), and the Python front end
+    as the backup, as for a node. A request sent once more to the backup after the peer refused
+    its connection still carries the mark: this sidecar's front end then serves it from its own
+    node, as the peer would have. A peer with no REST port: its REST requests go to the Python
+    front end, unmarked (the slow path). The peer's report of its own load (``x-tfscache-load``)
+    is for this sidecar, not the client: dropped from a REST reply's headers
+    (``Plan.peer_private``)."""
+    fallback = plan.fallback_grpc if protocol == "grpc" else plan.fallback_rest
+    lines = ["", f"backend {backend(protocol, peer.name)}"]
+    if not address:
+        return lines + [f"    server python {fallback}{options}"]
+    lines += [f"    http-request set-header {plan.mark[0]} {plan.mark[1]}"]
+    if protocol == "rest":
+        lines += [f"    http-response del-header {header}" for header in plan.peer_private]
+    return lines + [f"    server {peer.name} {address}{options} check inter 1s "
+                    "observe layer4 error-limit 1 on-error mark-down",
+                    f"    server python {fallback}{options} backup"]
+
+
+def _missed(plan: Plan) -> list[str]:
+    """Sidecar mode: the table of models asked for without a route (the control plane reads it
+    for models a peer may own)."""
+    if plan.mark is None:
+        return []
+    return [f"backend {MISSED}",
+            "    stick-table type string len 512 size 100k expire 1h store http_req_cnt", ""]
+
+
 def _logging(socket: Path | None) -> list[str]:
     """Each routed request's log line, raw, to tfscache's datagram socket (requests.py reads
     ``LOG_FORMAT``); requests HAProxy did not route are the front end's to count, so no line."""
@@ -307,16 +362,23 @@ LOG_FORMAT = (f"{LOG_MARK} %Ts.%ms %f %s %ST %Ta %[var(txn.model)] %[var(txn.nod
               "%[var(txn.grpc)] %HP")
 
 
-def _lookup(routes: str, width: int) -> list[str]:
+def _lookup(plan: Plan) -> list[str]:
     """The model -> group lookup, the choice of one node of the group, and its counts, all
-    consecutive so nothing runs between them. ``width``: the most nodes a group can have
-    (``Plan.width``). The choice: the first node, then each next one that has fewer routed requests
-    in flight than the best so far (a missing word is the empty string: skipped)."""
+    consecutive so nothing runs between them. ``Plan.width``: the most nodes a group can have.
+    The choice: the first node, then each next one that has fewer routed requests in flight than
+    the best so far (a missing word is the empty string: skipped). In sidecar mode a model with
+    no route to a local node may have one to a peer (``peers.map``), unless the request is
+    marked as forwarded already: a peer sent it here to be served here."""
+    routes, width = str(plan.map_path), plan.width
     found = "if { var(txn.model) -m found }"
     grouped = "if { var(txn.group) -m found }"
     routed = "if { var(txn.node) -m found }"
-    lines = [
-        f"    http-request set-var(txn.group) var(txn.model),map({routes}) {found}",
+    lines = [f"    http-request set-var(txn.group) var(txn.model),map({routes}) {found}"]
+    if plan.mark is not None:
+        lines += [f"    acl forwarded req.hdr({plan.mark[0]}) -m found",
+                  f"    http-request set-var(txn.group) var(txn.model),map({plan.peer_map_path}) "
+                  "if { var(txn.model) -m found } !{ var(txn.group) -m found } !forwarded"]
+    lines += [
         f"    http-request set-var(txn.node) var(txn.group),word(1,{GROUP}) {grouped}",
         f"    http-request set-var(txn.least) var(txn.node),table_conn_cur({LOAD}) {routed}",
     ]
@@ -337,4 +399,7 @@ def _lookup(routes: str, width: int) -> list[str]:
         f"    http-request track-sc0 var(txn.key) table {TABLE} {routed}",
         f"    http-request track-sc1 var(txn.node) table {LOAD} {routed}",
         "    http-request set-log-level silent unless { var(txn.node) -m found }",
+        *([f"    http-request track-sc2 var(txn.model) table {MISSED} "
+           "if { var(txn.model) -m found } !{ var(txn.node) -m found } !forwarded"]
+          if plan.mark is not None else []),
     ]

@@ -11,7 +11,15 @@ every request HAProxy does not route. Every ``POLL_S`` it
   would go to alone, or, with copies on, the model's copies that hold it AVAILABLE (HAProxy
   balances over them) while the copies rule would send a request to one of them; and
   withdraws the routes of the others;
-* follows the nodes' addresses (a restarted node child has new ports) with a reload.
+* follows the nodes' addresses (a restarted node child has new ports) with a reload;
+* sidecar mode: routes each model that HAProxy was asked for without a route (the table
+  ``missed``) and that the router sends to a peer sidecar (targets.py, ``peer_target``) to that
+  peer's public port, marked as forwarded (config.py); follows the peers discovery reports with a
+  reload, a peer's routes withdrawn before it leaves the configuration.
+
+A peer's route is no lease: the peer guards its own unloads with its own data plane, and a
+request it gets for a model it is unloading waits for the unload and loads it again, as one from
+any client would. So no revocation waits for a peer's route.
 
 With [tls] (``tls.cert_file``), HAProxy terminates TLS on the public ports from files written
 into the data plane's state directory (certs.py). ``reload_tls`` (SIGHUP) writes them again,
@@ -26,6 +34,7 @@ already, so the next poll does not route it again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -42,7 +51,8 @@ from tfscache.dataplane.process import HaproxyConfigError, HaproxyStartError, Su
 from tfscache.dataplane.requests import RequestLog, Routed
 from tfscache.dataplane.routes import Routes, routable
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
-from tfscache.dataplane.targets import Target, target
+from tfscache.dataplane.targets import Target, peer_target, target
+from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY
 from tfscache.workers.usage import Usage
 from tfscache.tasks import cancel
 
@@ -65,14 +75,20 @@ def listening(host: str, port: int) -> socket.socket:
 class DataPlane:
     def __init__(self, settings, *, nodes: Callable[[], dict], router: Callable[[], object],
                  spread=None, rules: config.Rules,
-                 routed: Callable[[str, int], None] | None = None,
-                 answered: Callable[[Routed, str, int], None] | None = None) -> None:
+                 routed: Callable[..., None] | None = None,
+                 answered: Callable[[Routed, str, int | None], None] | None = None,
+                 peers: Callable[[], dict] | None = None,
+                 forwarded_as: str | None = None) -> None:
         """``nodes()``: local node backends by name; ``router()``: the router (which backend a
         request goes to first); ``spread``: copies that follow load, None when off;
         ``rules``: how the node kind's protocol names a hot request's model (its data_plane);
-        ``routed(node, requests)``: told of the requests HAProxy routed, at each poll (metrics);
+        ``routed(node, requests, peer=)``: told of the requests HAProxy routed, at each poll
+        (metrics; ``peer``: sent to a peer sidecar, a forward);
         ``answered(request, node, version)``: told of each routed request as HAProxy logs it
-        (the request metrics and the request log)."""
+        (the request metrics and the request log; ``version`` None: sent to a peer sidecar);
+        sidecar mode: ``peers()``, the peer sidecars' backends by name, and ``forwarded_as``,
+        this sidecar's name, the forwarded mark on what HAProxy sends them. Peers reached over
+        TLS (``tls.cert_file``) get no routes: their requests take the slow path."""
         self.settings = settings
         self.rules = rules
         self._nodes = nodes
@@ -82,8 +98,13 @@ class DataPlane:
         self.request_log: RequestLog | None = None
         self.usage = Usage(nodes, spread)
         self._spread = spread
+        sidecar = peers is not None and forwarded_as is not None and not settings.tls.cert_file
+        self._peers = peers if sidecar else None
+        self._forwarded_as = _UNSAFE.sub("_", forwarded_as) if sidecar else None
         self.supervisor: Supervisor | None = None
         self.routes: Routes | None = None
+        self.peer_routes: Routes | None = None  # sidecar mode: models -> the peer that owns them
+        self._peer_used: set[str] = set()  # models with requests routed to a peer (stick table)
         self.ports: dict[str, int | None] = {}
         self._sockets: list[socket.socket] = []
         self._ids: dict[str, str] = {}  # node name -> its name in haproxy.cfg
@@ -126,6 +147,9 @@ class DataPlane:
         self.supervisor = Supervisor(executable, self._state, plan, runtime=runtime)
         self.routes = Routes(runtime, plan.map_path, settled=self.supervisor.old_workers_gone)
         await self.routes.write_file()  # none yet: a map left from a previous run is dropped
+        if self._forwarded_as is not None:
+            self.peer_routes = Routes(runtime, plan.peer_map_path)
+            await self.peer_routes.write_file()
         await self.supervisor.start()
         self._task = asyncio.create_task(self._loop(), name="dataplane")
         log.info("data plane haproxy serving gRPC port %s, REST port %s", self.ports["grpc"],
@@ -141,14 +165,21 @@ class DataPlane:
             node_id = self._ids.setdefault(name, _UNSAFE.sub("_", name))
             nodes.append(config.Node(node_id, upstream.grpc_address,
                                      upstream.rest_address.removeprefix("http://")))
+        peers = []
+        for name, backend in sorted((self._peers() if self._peers else {}).items()):
+            upstream = backend.upstream
+            node_id = self._ids.setdefault(name, _UNSAFE.sub("_", name))
+            peers.append(config.Node(node_id, upstream.grpc_address,
+                                     (upstream.rest_address or "").removeprefix("http://")))
         return config.Plan(grpc_fd=self._fds[0], rest_fd=self._fds[1],
                            fallback_grpc=self._internal[0], fallback_rest=self._internal[1],
                            nodes=tuple(nodes), state_dir=self._state,
                            runtime_socket=self._runtime_socket, rules=self.rules,
                            log_socket=self.request_log.path if self.request_log else None,
                            max_body=self.settings.server.max_receive_message_bytes,
-                           group_width=self._group_width(),
-                           tls=self._tls)
+                           group_width=self._group_width(), peers=tuple(peers),
+                           mark=(FORWARDED_KEY, self._forwarded_as) if self._forwarded_as else None,
+                           peer_private=(LOAD_KEY,), tls=self._tls)
 
     def _group_width(self) -> int | None:
         """The most nodes a route names: 1 with copies off (targets.py), a model's most copies
@@ -166,6 +197,8 @@ class DataPlane:
             await self.supervisor.stop(grace)
         if self.routes is not None:
             self.routes.close()  # a revocation waiting for HAProxy to answer returns
+        if self.peer_routes is not None:
+            self.peer_routes.close()
         if self.request_log is not None:
             await self.request_log.close()
         if self.supervisor is not None and self._runtime_socket.parent != self._state:
@@ -215,20 +248,43 @@ class DataPlane:
         """One round: usage back to the caches, the plan's nodes, the routes."""
         await self._report()
         plan = self._plan()
-        if plan.nodes != self.supervisor.plan.nodes:
-            log.info("data plane: nodes changed, reloading haproxy")
-            async with self.routes.held():  # the new worker starts from the map file
+        old = self.supervisor.plan
+        if (plan.nodes, plan.peers) != (old.nodes, old.peers):
+            await self._withdraw_gone({peer.name for peer in plan.peers})
+            log.info("data plane: nodes or peers changed, reloading haproxy")
+            async with self.routes.held(), self._peers_held():  # new workers read the map files
                 await self.supervisor.reload(plan)
         await self._route()
+        if self.peer_routes is not None:
+            await self._route_to_peers()
+
+    def _peers_held(self):
+        return (self.peer_routes.held() if self.peer_routes is not None
+                else contextlib.nullcontext())
+
+    async def _withdraw_gone(self, peers: set[str]) -> None:
+        """The routes to peers that left the ring, before their backends leave the configuration:
+        their requests take the slow path (or a local route) from now on."""
+        if self.peer_routes is None:
+            return
+        for name, peer in self.peer_routes.current.items():
+            if peer not in peers:
+                await self.peer_routes.withdraw(name)
 
     async def _report(self) -> None:
         by_id = {v: k for k, v in self._ids.items()}
-        rows, now = [], time.time()
+        peers = {peer.name for peer in self.supervisor.plan.peers}
+        rows, now, peer_used = [], time.time(), set()
         for (model, node_id), use in (await self.routes.usage()).items():
             node = by_id.get(node_id)
-            version = self._versions.get((node, model))
+            peer = node_id in peers
+            # a peer's route names no version: the peer serves what it serves (0 in the rows;
+            # the copies rule alone reads them, a peer has no cache here)
+            version = 0 if peer else self._versions.get((node, model))
             if node is None or version is None:
                 continue
+            if peer:
+                peer_used.add(model)
             key = f"{model}@{node_id}"
             counted = self._counted.get(key, 0)
             # a restarted HAProxy starts its table from zero
@@ -237,16 +293,20 @@ class DataPlane:
             if requests:
                 self._last_use[(node, model)] = now
                 if self._routed is not None:
-                    self._routed(node, requests)
+                    self._routed(node, requests, peer=peer)
             rows.append([node, model, version, requests, self._last_use.get((node, model), now),
                          use.in_flight])
         self.usage.apply(REPORTER, rows)
+        self._peer_used = peer_used
 
     def _told(self, request: Routed) -> None:
         """A routed request HAProxy logged: to the request metrics, under its node's name, and to
         its node's cache, whose co-access prefetch learns from requests in the order they came."""
         node = next((n for n, i in self._ids.items() if i == request.node_id), None)
         if node is None:
+            return
+        if any(peer.name == request.node_id for peer in self.supervisor.plan.peers):
+            self._answered(request, node, None)  # a forward: no lease here, no request-log row
             return
         version = self._versions.get((node, request.model), 0)
         cache = getattr(self._nodes().get(node), "cache", None)
@@ -284,6 +344,33 @@ class DataPlane:
                 held = [(backend, backend.cache) for backend in found.nodes]
                 await self.routes.grant(name, value, still=functools.partial(
                     _still_resident, held, name, found.version))
+
+    async def _route_to_peers(self) -> None:
+        """Route to a peer each model that was asked for here without a route, or was routed to a
+        peer, within the tables' hour (``expire``), and that the router sends to that peer now
+        (``peer_target``); withdraw the other peer routes. A model with a route to a local node
+        is not looked up in the peers' map at all (config.py)."""
+        router = self._router()
+        if router is None:
+            return
+        missed = await self.peer_routes.runtime.table(config.MISSED)
+        current = self.peer_routes.current
+        peers = {peer.name for peer in self.supervisor.plan.peers}
+        local = self.routes.current
+        wanted: dict[str, str] = {}
+        for name in {*missed, *self._peer_used}:
+            if name in local or not routable(name):
+                continue
+            found = peer_target(router, self._spread, name)
+            node_id = self._ids.get(found.name) if found is not None else None
+            if node_id in peers:
+                wanted[name] = node_id
+        for name in current:
+            if name not in wanted:
+                await self.peer_routes.withdraw(name)
+        for name, node_id in wanted.items():
+            if current.get(name) != node_id:
+                await self.peer_routes.grant(name, node_id)
 
     async def _look_again(self, nodes: dict) -> None:
         """Models whose latest version is no longer remembered (``rescan_s``) are listed again,

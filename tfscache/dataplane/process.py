@@ -69,8 +69,12 @@ class Supervisor:
 
     def _write_files(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        if not self.plan.map_path.exists():
-            self.plan.map_path.write_text("")
+        maps = [self.plan.map_path]
+        if self.plan.mark is not None:
+            maps.append(self.plan.peer_map_path)
+        for path in maps:
+            if not path.exists():
+                path.write_text("")
         scratch = self.config_path.with_suffix(".new")
         scratch.write_text(config.render(self.plan))
         os.replace(scratch, self.config_path)

@@ -16,6 +16,11 @@ returns a ``Target`` or None (no route: the slow path). The control plane grants
   there is no route: the next request takes the slow path, where the router picks the same and
   records it. So routed requests never hide a hot model's load from the rule: each poll hands
   their counts to the rule first (tfscache.workers.usage), then asks it.
+
+Sidecar mode: ``peer_target`` says which peer sidecar a model's requests go to when the router
+would send them there: its first choice with copies off, the model's one copy with copies on
+(a model with copies on several sidecars stays on the slow path, which balances over them).
+HAProxy then sends them to that peer's public port, marked as forwarded (config.py).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tfscache import errors
-from tfscache.frontend.backends import NodeBackend
+from tfscache.frontend.backends import NodeBackend, PeerBackend
 from tfscache.frontend.methods import RouteKey
 from tfscache.workers.usage import Usage, sole_resident
 
@@ -64,3 +69,27 @@ def _serves(backend: NodeBackend, name: str) -> int | None:
             or not backend.healthy):
         return None
     return cache.resident_version(name)
+
+
+def peer_target(router, spread, name: str) -> PeerBackend | None:
+    """The peer sidecar a request for ``name`` (without a version) would be forwarded to now, if
+    HAProxy may send it there itself: the router's first choice with copies off; with copies on,
+    the model's only copy, picked by the rule without adding one. None: a local node, several
+    copies, an extra copy to add, no peer: the slow path (or a local route) decides."""
+    key = RouteKey(name)
+    try:
+        if spread is None:
+            candidates = router.candidates(key)
+            first = candidates[0] if candidates else None
+        else:
+            copies, choice = spread.choice(key, router.ring, router.backends, router.local)
+            if choice.added or list(copies) != [choice.node]:
+                return None
+            first = router.backends.get(choice.node)
+            if any(b.healthy and b.holds(key) for b in router.host_tier()):
+                return None  # demoted to a host-tier node, which the router tries first
+    except errors.TfscacheError:
+        return None
+    if not isinstance(first, PeerBackend) or not first.healthy:
+        return None
+    return first

@@ -211,8 +211,8 @@ class StateCollector:
                 backends,
             ),
             "tfscache_dataplane_routed": (
-                "Warm requests HAProxy sent straight to a node (server.data_plane = haproxy), "
-                "by node, as its stick table counted them.",
+                "Warm requests HAProxy sent straight to a node, or to a peer sidecar "
+                "(server.data_plane = haproxy), by node, as its stick table counted them.",
                 nodes,
             ),
         }

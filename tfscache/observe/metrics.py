@@ -29,7 +29,8 @@ tfscache_unloads_total                  unloads the node confirmed (END)
 tfscache_node_restarts_total            times a local node process exited and was restarted
 tfscache_forwards_total                 requests sent on to a peer sidecar, by peer (``node``)
 tfscache_retries_total                  tries that failed UNAVAILABLE/CANCELLED on a node or peer
-tfscache_dataplane_routed_total         warm requests HAProxy sent straight to a node, by node
+tfscache_dataplane_routed_total         warm requests HAProxy sent straight to a node (or a peer
+                                        sidecar: also a forward), by node
                                         (server.data_plane = haproxy; 0 without it)
 tfscache_resident_models                model versions in a node's config, by state: loading,
                                         available, unloading (all three series for every node,
@@ -285,15 +286,17 @@ class Metrics:
         if self.request_log is not None:
             self.log_row(code, seconds)
 
-    def routed_request(self, request, node: str, version: int) -> None:
+    def routed_request(self, request, node: str, version: int | None) -> None:
         """Count one request HAProxy routed straight to ``node`` (tfscache.dataplane.requests's
         ``Routed``), as ``request`` counts one the front end answered: its method, code and
-        latency, and its row in the request log (warm: it found its route)."""
+        latency, and its row in the request log (warm: it found its route). ``version`` None: a
+        peer sidecar served it, and the request log has no row, as for a request the router
+        forwarded (a row is a lease taken on a local node)."""
         children = self._children(request.protocol, request.method, request.code, request.model)
         children[0].inc()
         children[1].observe(request.seconds)
         self.answered += 1
-        if self.request_log is not None:
+        if self.request_log is not None and version is not None:
             self._write_row(request.time, request.model, version, node, False, request.code,
                             False)
 
@@ -355,10 +358,13 @@ class Metrics:
     def retried(self, node: str) -> None:
         self.count("tfscache_retries", node)
 
-    def routed(self, node: str, requests: int) -> None:
-        """``requests`` more warm requests HAProxy sent straight to ``node`` (docs/data-plane.md)."""
-        seen = self.counts["tfscache_dataplane_routed"]
-        seen[node] = seen.get(node, 0) + requests
+    def routed(self, node: str, requests: int, peer: bool = False) -> None:
+        """``requests`` more warm requests HAProxy sent straight to ``node`` (docs/data-plane.md);
+        ``peer``: a peer sidecar, so they are forwards too, as the router counts its own."""
+        for family in ("tfscache_dataplane_routed", "tfscache_forwards") if peer else (
+                "tfscache_dataplane_routed",):
+            seen = self.counts[family]
+            seen[node] = seen.get(node, 0) + requests
 
     def node_restarted(self, node: str) -> None:
         self.count("tfscache_node_restarts", node)
