@@ -67,6 +67,9 @@ def test_precedence_file_env_cli(tmp_path, repo):
     (["--local-nodes", "two"], "bad value for setting node.local_nodes: 'two'"),
     (["--node-address", "nohost"], "bad value for setting node.node_address: 'nohost'"),
     (["--set", "cache.nope=1"], "unknown setting in --set: 'cache.nope=1'"),
+    (["--routed-requests", "sampled"], "bad value for setting server.routed_requests: 'sampled'"),
+    (["--data-plane", "haproxy", "--routed-requests", "counted", "--request-log", "/tmp/r.csv"],
+     "bad value for setting server.routed_requests: 'counted' (the request log"),
 ])
 def test_bad_values_name_field_and_value(argv, message, repo):
     with pytest.raises(SettingsError) as info:

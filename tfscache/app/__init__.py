@@ -95,7 +95,8 @@ class ServeApp:
                                    router=lambda: self.router, spread=self.spread,
                                    rules=self.protocol.data_plane,
                                    routed=self.metrics.routed,
-                                   answered=self.metrics.routed_request,
+                                   answered=self.metrics.routed_request
+                                   if s.server.routed_requests == "logged" else None,
                                    peers=self.topology.peers if s.sidecar else None,
                                    forwarded_as=own) \
             if s.server.data_plane == "haproxy" else None

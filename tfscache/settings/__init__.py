@@ -279,6 +279,10 @@ def _check_whole(s: Settings) -> None:
             raise SettingsError(f"bad value for setting server.workers: {s.server.workers!r} "
                                 "(must be 1 with server.data_plane = haproxy: HAProxy carries "
                                 "the warm requests the workers would)")
+        if s.server.request_log and s.server.routed_requests == "counted":
+            raise SettingsError("bad value for setting server.routed_requests: 'counted' (the "
+                                "request log, server.request_log, needs each routed request "
+                                "logged: routed_requests = logged)")
     if s.server.rest_port > 0 and s.server.rest_port == s.server.grpc_port:
         raise SettingsError(f"bad value for setting server.rest_port: {s.server.rest_port!r} "
                             "(must differ from server.grpc_port)")

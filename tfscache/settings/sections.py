@@ -21,6 +21,8 @@ from tfscache.units import parse_bytes
 
 MiB = 1 << 20
 DATA_PLANES = ("python", "haproxy")
+# what tfscache hears of each request HAProxy routes (docs/data-plane.md, "Logged or counted")
+ROUTED_REQUESTS = ("logged", "counted")
 
 
 def setting(default: Any, doc: str, *, parse: Callable[[Any], Any] | None = None,
@@ -400,6 +402,14 @@ class ServerSection:
         flag="--data-plane",
     )
     haproxy_binary: str = setting("haproxy", "the haproxy binary the haproxy data plane runs")
+    routed_requests: str = setting(
+        "logged",
+        "haproxy data plane: logged (HAProxy logs each routed request to tfscache: request "
+        "metrics by method and code, the request log, the prefetch's learning) or counted (its "
+        "stick table's counts only: a fifth of the Python CPU per request; docs/data-plane.md)",
+        check=lambda v: None if v in ROUTED_REQUESTS else f"must be {one_of(ROUTED_REQUESTS)}",
+        flag="--routed-requests",
+    )
 
 
 @dataclass
