@@ -21,11 +21,11 @@ import pytest_asyncio
 from support.models.tfserving import build_gate
 from support.node import node_template, version_status_at
 from support.gate import Clock, predict_gate, release
+from support.dataplane import serving
 from support.serving import link_repository
-from support.waiting import until, within
+from support.waiting import until
 
 from tfscache import settings as settings_mod
-from tfscache.app import ServeApp
 from tfscache.dataplane import binary
 
 pytestmark = [
@@ -57,15 +57,14 @@ async def app(repo, tmp_path_factory):
         "node.template_socket": node_template(),
         "copies.signal": "inflight", "copies.min_load": 1.0, "copies.hot_inflight": 1.0,
         "copies.max_copies": 2, "copies.cool_s": COOL_S, "copies.sweep_s": 3600.0})
-    app = ServeApp(settings)
+    async with serving(settings, prepare=_clocked) as app:
+        yield app
+
+
+def _clocked(app) -> None:
+    """The copies rule on a clock the test moves."""
     app.clock = Clock()
     app.spread.use_clock(app.clock)
-    grpc_port, _ = await app.start()
-    app.target = f"127.0.0.1:{grpc_port}"
-    try:
-        yield app
-    finally:
-        await within(app.stop(0), 120, "the control plane's stop")
 
 
 def client(fn, *args) -> asyncio.Future:

@@ -8,12 +8,12 @@ import asyncio
 
 import pytest
 import pytest_asyncio
+from support.dataplane import serving
 from support.serving import link_repository
 from support.node import node_template
-from support.waiting import until, within
+from support.waiting import until
 
 from tfscache import settings as settings_mod
-from tfscache.app import ServeApp
 from tfscache.dataplane import binary
 from dataplane.test_serve import answered, predict, routed, routed_count
 
@@ -32,13 +32,8 @@ async def app(synthetic_models, tmp_path_factory):
         "server.routed_requests": "counted", "server.grpc_port": 0, "server.rest_port": 0,
         "server.bind_address": "127.0.0.1", "node.template_socket": node_template(),
         "node.state_dir": str(tmp_path_factory.mktemp("counted-app") / "state")})
-    app = ServeApp(settings)
-    grpc_port, _ = await app.start()
-    app.target = f"127.0.0.1:{grpc_port}"
-    try:
+    async with serving(settings) as app:
         yield app
-    finally:
-        await within(app.stop(0), 120, "the control plane's stop")
 
 
 async def test_routed_requests_are_counted_but_not_logged(app):

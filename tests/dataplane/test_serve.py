@@ -24,12 +24,12 @@ from support.models.tfserving import build_gate
 from support.node import node_template, version_status_at
 from support.requests import float_tensor, predict_request
 from support.gate import predict_gate, release
+from support.dataplane import serving
 from support.serving import link_repository
-from support.waiting import until, within
+from support.waiting import until
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from tfscache import settings as settings_mod
-from tfscache.app import ServeApp
 from tfscache.dataplane import binary
 from workers.conftest import StatusSampler
 
@@ -60,13 +60,8 @@ async def app(repo, tmp_path_factory):
         "node.state_dir": str(tmp_path_factory.mktemp("dataplane-app") / "state"),
         "server.request_log": str(tmp_path_factory.mktemp("dataplane-log") / "requests.csv"),
         "node.template_socket": node_template()})
-    app = ServeApp(settings)
-    grpc_port, rest_port = await app.start()
-    app.target, app.rest = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{rest_port}"
-    try:
+    async with serving(settings) as app:
         yield app
-    finally:
-        await within(app.stop(0), 120, "the control plane's stop")
 
 
 def predict(target: str, name: str, x: float = 1.0) -> float:

@@ -7,9 +7,14 @@ directory), in a directory of its own named by the state directory's hash.
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+from support.waiting import within
+
+from tfscache.app import ServeApp
 from tfscache.dataplane import config
 
 
@@ -41,3 +46,19 @@ def routed_by_key(serve) -> dict[str, int]:
             key = line.split("key=", 1)[1].split()[0]
             routed[key] = int(line.rsplit("http_req_cnt=", 1)[1].split()[0])
     return routed
+
+
+@contextlib.asynccontextmanager
+async def serving(settings, prepare=None) -> AsyncIterator:
+    """An in-process ``ServeApp`` on ``settings``, started, with ``target`` (its public gRPC
+    address) and ``rest`` (its public REST URL) set; stopped on exit. ``prepare(app)`` runs
+    before the start (a test's clock, say)."""
+    app = ServeApp(settings)
+    if prepare is not None:
+        prepare(app)
+    grpc_port, rest_port = await app.start()
+    app.target, app.rest = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{rest_port}"
+    try:
+        yield app
+    finally:
+        await within(app.stop(0), 120, "the control plane's stop")
