@@ -64,6 +64,11 @@ class ClientLoop:
             with self._lock:
                 self.results.append((name, x, y, start, time.monotonic()))
 
+    def snapshot(self) -> list[tuple[str, float, object, float, float]]:
+        """The results so far, copied while the clients keep sending."""
+        with self._lock:
+            return list(self.results)
+
     def done(self) -> int:
         with self._lock:
             return len(self.results)

@@ -17,6 +17,7 @@ from support.node import start_node
 from support.requests import predict_request
 from support.sidecars import EMPTY, NODE_FLAGS
 from support.tfs_traffic import Traffic
+from support.traffic import describe
 from support.waiting import process_ended, wait_until
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
@@ -38,6 +39,17 @@ def serve(workers_repo, tmp_path_factory):
         yield serve
 
 
+def client(result) -> int:
+    """The Traffic client that sent ``result`` (its x is ``client * 1000 + i``)."""
+    return int(result[1] // 1000)
+
+
+def answered_since(traffic, since: float) -> set[int]:
+    """The clients answered by a request sent at or after ``since``."""
+    return {client(r) for r in traffic.snapshot()
+            if r[3] >= since and not isinstance(r[2], BaseException)}
+
+
 def test_a_killed_worker_is_restarted_and_only_its_requests_fail(serve):
     before = worker_pids(serve.pid)
     assert len(before) == 2
@@ -50,10 +62,11 @@ def test_a_killed_worker_is_restarted_and_only_its_requests_fail(serve):
         wait_until(lambda: len(worker_pids(serve.pid)) == 2, 60, "the worker's restart")
         after = worker_pids(serve.pid)
         count = len(traffic.results)
-        wait_until(lambda: len(traffic.results) >= count + 300, 120, "traffic after the restart")
+        wait_until(lambda: len(traffic.results) >= count + 300
+                   and len(answered_since(traffic, gone)) == CLIENTS, 120,
+                   "traffic after the restart, every client answered again")
     assert before[0] not in after and before[1] in after  # the other worker was untouched
     failures = [r for r in traffic.results if isinstance(r[2], BaseException)]
-    client = lambda r: int(r[1] // 1000)
     rest = lambda r: client(r) % 4 == 3  # every fourth client uses REST (tfs_traffic)
     assert all(r[4] >= killed for r in failures)  # nothing failed before the kill
     # While the killed process exits, the kernel closes its sockets one by one: a connection that
@@ -62,10 +75,16 @@ def test_a_killed_worker_is_restarted_and_only_its_requests_fail(serve):
     # the process was gone fails over REST (a connection a request).
     assert all(r[3] < gone for r in failures if rest(r)), [
         (client(r), round(r[3] - gone, 3), "REST" if rest(r) else "gRPC") for r in failures]
-    # A gRPC client's channel may send one request after ``gone`` on the connection it has not yet
-    # seen end (it reads that in a thread of its own, on a loaded machine possibly late).
-    late = Counter(client(r) for r in failures if not rest(r) and r[3] >= gone)
-    assert all(n == 1 for n in late.values()), late
+    # A gRPC client's channel may send a request after ``gone`` on the connection it has not yet
+    # seen end (it reads that in a thread of its own, on a loaded machine possibly late). And a
+    # channel whose reconnect landed on the dying socket waits out its reconnect backoff (1 s at
+    # first), failing every call meanwhile (no wait_for_ready): the test's gRPC clients share one
+    # channel's connection (grpc's global subchannel pool): a loaded fresh-clone run saw 157 to
+    # 303 such failures per client. They are all the channel's UNAVAILABLE, never another answer,
+    # and they end: every client is answered again, and then fails no more (below).
+    late = [r for r in failures if not rest(r) and r[3] >= gone]
+    assert all(r[2].code() == grpc.StatusCode.UNAVAILABLE for r in late), Counter(
+        (client(r), describe(r[2])[:120]) for r in late).most_common(5)
     # Once a client has had an answer after the process was gone, it is on a live worker for good.
     recovered = {}
     for r in sorted(traffic.results, key=lambda r: r[3]):
