@@ -52,3 +52,11 @@ async def test_routed_requests_are_counted_but_not_logged(app):
         "tfscache_dataplane_routed_total", {"node": "node0"}) == 5, 10, "the routed counter")
     # ... and the request metrics, which need each request's line, count only the slow path's
     assert answered(app, "grpc", "Predict", "OK") == slow
+    # per-node latency, from HAProxy's own statistics (show stat), read every second
+    await until(lambda: app.metrics.registry.get_sample_value(
+        "tfscache_dataplane_response_seconds", {"node": "node0", "protocol": "grpc"}) is not None,
+                10, "node0's response time")
+    assert 0 <= app.metrics.registry.get_sample_value(
+        "tfscache_dataplane_response_seconds", {"node": "node0", "protocol": "grpc"}) < 60
+    assert app.metrics.registry.get_sample_value(  # no REST request routed: no figure
+        "tfscache_dataplane_response_seconds", {"node": "node0", "protocol": "rest"}) is None

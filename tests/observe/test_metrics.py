@@ -210,7 +210,8 @@ def test_names_follow_prometheus_conventions():
         "tfscache_used_models", "tfscache_used_bytes", "tfscache_lru_idle_age_seconds",
         "tfscache_leases_in_flight", "tfscache_load_queue_depth", "tfscache_node_healthy", "tfscache_ring_nodes",
         "tfscache_unloads_per_minute", "tfscache_scale_advice", "tfscache_build_info",
-        "tfscache_tier_models", "tfscache_tier_bytes", "tfscache_gpu_used_bytes", "tfscache_cap_gpu_bytes"}
+        "tfscache_tier_models", "tfscache_tier_bytes", "tfscache_gpu_used_bytes", "tfscache_cap_gpu_bytes",
+        "tfscache_dataplane_response_seconds"}
     [build] = s.labelsets("tfscache_build_info")
     assert build["version"] == tfscache.__version__ and s.value("tfscache_build_info") == 1
     assert not [x.name for x in s.samples if x.name.endswith("_created")]

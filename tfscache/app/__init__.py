@@ -98,7 +98,8 @@ class ServeApp:
                                    answered=self.metrics.routed_request
                                    if s.server.routed_requests == "logged" else None,
                                    peers=self.topology.peers if s.sidecar else None,
-                                   forwarded_as=own) \
+                                   forwarded_as=own,
+                                   timed=self.metrics.routed_response) \
             if s.server.data_plane == "haproxy" else None
         self._frontends = Frontends(s.server, protocol=self.protocol, metrics=self.metrics,
                                     credentials=self._credentials, workers=self.workers,

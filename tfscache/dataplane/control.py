@@ -59,6 +59,7 @@ from tfscache.tasks import cancel
 log = logging.getLogger("tfscache.dataplane")
 
 POLL_S = 0.1
+TIMES_EVERY = 10  # polls between two reads of HAProxy's response times (show stat): 1 s
 # Usage.apply's rows are per reporter; the data plane reports as one (workers are 0..N-1).
 REPORTER = -1
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -78,7 +79,8 @@ class DataPlane:
                  routed: Callable[..., None] | None = None,
                  answered: Callable[[Routed, str, int | None], None] | None = None,
                  peers: Callable[[], dict] | None = None,
-                 forwarded_as: str | None = None) -> None:
+                 forwarded_as: str | None = None,
+                 timed: Callable[[str, str, float], None] | None = None) -> None:
         """``nodes()``: local node backends by name; ``router()``: the router (which backend a
         request goes to first); ``spread``: copies that follow load, None when off;
         ``rules``: how the node kind's protocol names a hot request's model (its data_plane);
@@ -88,13 +90,17 @@ class DataPlane:
         (the request metrics and the request log; ``version`` None: sent to a peer sidecar);
         sidecar mode: ``peers()``, the peer sidecars' backends by name, and ``forwarded_as``,
         this sidecar's name, the forwarded mark on what HAProxy sends them. Peers reached over
-        TLS (``tls.cert_file``) get no routes: their requests take the slow path."""
+        TLS (``tls.cert_file``) get no routes: their requests take the slow path;
+        ``timed(node, protocol, seconds)``: HAProxy's mean response time of what it routed to a
+        node or peer lately, every ``TIMES_EVERY`` polls (metrics)."""
         self.settings = settings
         self.rules = rules
         self._nodes = nodes
         self._router = router
         self._routed = routed
         self._answered = answered
+        self._timed = timed
+        self._polls = 0
         self.request_log: RequestLog | None = None
         self.usage = Usage(nodes, spread)
         self._spread = spread
@@ -257,6 +263,17 @@ class DataPlane:
         await self._route()
         if self.peer_routes is not None:
             await self._route_to_peers()
+        self._polls += 1
+        if self._timed is not None and self._polls % TIMES_EVERY == 0:
+            await self._times()
+
+    async def _times(self) -> None:
+        """HAProxy's mean response time per node (or peer) and protocol, to ``timed``."""
+        by_id = {v: k for k, v in self._ids.items()}
+        for (backend, server), seconds in (await self.routes.runtime.response_times()).items():
+            protocol = backend.partition("_")[0]
+            if server in by_id and backend == config.backend(protocol, server):
+                self._timed(by_id[server], protocol, seconds)
 
     def _peers_held(self):
         return (self.peer_routes.held() if self.peer_routes is not None

@@ -1,7 +1,7 @@
 """HAProxy's runtime API over its unix socket: one command per connection, async.
 
 The management guide's commands used here: ``add map``, ``set map``, ``del map``, ``show map``,
-``show table`` and ``show info``. HAProxy answers a command and closes the connection (no
+``show table``, ``show stat`` and ``show info``. HAProxy answers a command and closes the connection (no
 ``prompt``).
 
 During a reload an old worker may still accept on the socket for a moment, and its answer is
@@ -106,6 +106,26 @@ class Runtime:
                 usage[match.group(1)] = Usage(fields.get("conn_cur", 0),
                                               fields.get("http_req_cnt", 0))
         return usage
+
+
+    async def response_times(self) -> dict[tuple[str, str], float]:
+        """Each server's mean response time over its last 1,024 requests, in seconds, by
+        (backend, server), from ``show stat`` (its ``rtime``, in ms); servers with no request yet
+        are left out."""
+        rows = (await self.command("show stat")).splitlines()
+        if not rows or not rows[0].startswith("# "):
+            return {}
+        header = rows[0][2:].split(",")
+        backend, server, rtime, total = (header.index(c) for c in ("pxname", "svname", "rtime",
+                                                                   "stot"))
+        times = {}
+        for row in rows[1:]:
+            cells = row.split(",")
+            if len(cells) < len(header) or cells[server] in ("FRONTEND", "BACKEND"):
+                continue
+            if cells[total] not in ("", "0") and cells[rtime] != "":
+                times[(cells[backend], cells[server])] = int(cells[rtime]) / 1000
+        return times
 
 
 def _pid(info: str) -> int | None:

@@ -32,6 +32,10 @@ tfscache_retries_total                  tries that failed UNAVAILABLE/CANCELLED 
 tfscache_dataplane_routed_total         warm requests HAProxy sent straight to a node (or a peer
                                         sidecar: also a forward), by node
                                         (server.data_plane = haproxy; 0 without it)
+tfscache_dataplane_response_seconds     HAProxy's mean response time over the last 1,024 requests
+                                        it routed to a node (or peer), by node and protocol (grpc,
+                                        rest): the per-node latency when routed requests are counted
+                                        only (server.routed_requests = counted)
 tfscache_resident_models                model versions in a node's config, by state: loading,
                                         available, unloading (all three series for every node,
                                         0 included; the sum over states is the old, unlabelled value)
@@ -91,6 +95,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     Info,
     PlatformCollector,
@@ -221,6 +226,13 @@ class Metrics:
             "Seconds a cold load waited in the load queue for room under the caps.",
             labels,
             buckets=ROOM_BUCKETS,
+            registry=r,
+        )
+        self.dataplane_response = Gauge(
+            "tfscache_dataplane_response_seconds",
+            "HAProxy's mean response time over the last 1,024 requests it routed to a node or "
+            "peer, by protocol (server.data_plane = haproxy).",
+            ["node", "protocol"],
             registry=r,
         )
         self.evictions = Counter("tfscache_evictions", "Models taken off a node, by reason.",
@@ -365,6 +377,11 @@ class Metrics:
                 "tfscache_dataplane_routed",):
             seen = self.counts[family]
             seen[node] = seen.get(node, 0) + requests
+
+    def routed_response(self, node: str, protocol: str, seconds: float) -> None:
+        """HAProxy's mean response time of the requests it routed to ``node`` lately (its
+        ``show stat`` rtime), for ``protocol`` (grpc, rest)."""
+        self.dataplane_response.labels(node, protocol).set(seconds)
 
     def node_restarted(self, node: str) -> None:
         self.count("tfscache_node_restarts", node)
