@@ -15,7 +15,8 @@
   one left by a ring change. The cache refuses a model with a lease or a pin
   (``FailedPrecondition``): removal waits for in-flight requests, and pins hold. A local
   node that is not on the ring (drained, a sidecar not joined yet, prewarmed before its
-  join) is left alone.
+  join) is left alone. The local nodes and the ring come from ``watch`` (the topology's),
+  so a sidecar that only serves its peers' forwards, and never routes, still sweeps.
 
 Counted per node for the metrics (``CopiesCollector`` in tfscache/cluster/copymetrics.py):
 spills (a request sent past its model's first copy by load), copies added and removed.
