@@ -54,3 +54,24 @@ async def test_the_sweep_unloads_idle_non_copies_on_ring_nodes_only():
     assert await spread.sweep() == [(home_a[0], "b")]  # the leased, the pinned and b's own model stay
     assert b.cache.evicted == [home_a[0]] and c.cache.evicted == []
     assert spread.unloaded == {"b": 1}
+
+
+async def test_a_front_end_that_never_routed_still_sweeps_on_the_ring_it_watches():
+    """A sidecar whose node serves only forwarded requests (its peers route, it never does) still
+    unloads the extra copy a peer added on its node, once idle for cool_s: the sweep reads the
+    ring it watches (the topology's), not the ring of the last request routed here (issue 31)."""
+    ring = Ring(["a", "b"])
+    extra = owned_by(ring, "a", 1)[0]  # an extra copy on b, added by a's front end
+    clock = Clock()
+    b = FakeNode("b", FakeCache([resident(extra), resident(owned_by(ring, "b", 1)[0])]))
+    blind = Spread(CopyRule(cool_s=60), clock=clock)
+    blind.watch(lambda: {"b": b})  # no ring: it knows only a ring a request showed it
+    watching = Spread(CopyRule(cool_s=60), clock=clock)
+    watching.watch(lambda: {"b": b}, lambda: ring)
+    for spread in (blind, watching):
+        with spread.serving(extra, "b"):  # a forwarded request served by b's node
+            pass
+    clock.now = 61.0
+    assert await blind.sweep() == [] and b.cache.evicted == []
+    assert await watching.sweep() == [(extra, "b")] and b.cache.evicted == [extra]
+    assert watching.unloaded == {"b": 1}

@@ -33,7 +33,8 @@ class Routing:
         self.router: Router | None = None
         self._sweeper: asyncio.Task | None = None
         if spread is not None:
-            spread.watch(lambda: {node.name: node for node in topology.nodes()})
+            spread.watch(lambda: {node.name: node for node in topology.nodes()},
+                         lambda: topology.ring)
             metrics.registry.register(CopiesCollector(spread, per_model))
 
     def start(self, repository: ModelRepository) -> Router:

@@ -15,7 +15,8 @@
   one left by a ring change. The cache refuses a model with a lease or a pin
   (``FailedPrecondition``): removal waits for in-flight requests, and pins hold. A local
   node that is not on the ring (drained, a sidecar not joined yet, prewarmed before its
-  join) is left alone.
+  join) is left alone. The local nodes and the ring come from ``watch`` (the topology's),
+  so a sidecar that only serves its peers' forwards, and never routes, still sweeps.
 
 Counted per node for the metrics (``CopiesCollector`` in tfscache/cluster/copymetrics.py):
 spills (a request sent past its model's first copy by load), copies added and removed.
@@ -53,6 +54,7 @@ class Spread:
         self._served: dict[tuple[str, str], float] = {}
         self._ring = None
         self._local: Callable[[], Mapping[str, object]] = dict
+        self._ring_now: Callable[[], object] | None = None
 
     def use_clock(self, clock: Callable[[], float]) -> None:
         """Read time from ``clock`` from now on (tests drive the cool-down with a fake one)."""
@@ -108,23 +110,31 @@ class Spread:
 
     def counts(self) -> dict[str, list[str]]:
         """Every model with extra copies here: model -> its copies (ring order), for status."""
-        ring = self._ring
+        ring = self._current_ring()
         out = {}
         for model, extra in self.copies.extras().items():
             base = list(ring.replicas_for(model)) if ring is not None else []
             out[model] = [*base, *(n for n in extra if n not in base)]
         return out
 
-    def watch(self, local: Callable[[], Mapping[str, object]]) -> None:
-        """Where ``sweep`` finds the local nodes: name -> NodeBackend (its ``cache``)."""
+    def watch(self, local: Callable[[], Mapping[str, object]],
+              ring: Callable[[], object] | None = None) -> None:
+        """Where ``sweep`` finds the local nodes (name -> NodeBackend, its ``cache``) and the ring
+        now (the topology's). Without ``ring`` the sweep knows only the ring of the last request
+        routed here: a sidecar whose node serves only its peers' forwarded requests would never
+        unload the extra copies they add on it."""
         self._local = local
+        self._ring_now = ring
+
+    def _current_ring(self):
+        return self._ring_now() if self._ring_now is not None else self._ring
 
     async def sweep(self) -> list[tuple[str, str]]:
         """Drop cooled extra copies, then unload idle non-copies from local nodes; what was unloaded."""
         for model, node in self.copies.expire():
             self.removed[node] = self.removed.get(node, 0) + 1
             log.info("model %s: extra copy on %s cooled down", model, node)
-        ring, now, unloaded = self._ring, self.clock(), []
+        ring, now, unloaded = self._current_ring(), self.clock(), []
         if ring is None:
             return unloaded
         on_ring = set(ring.nodes)
