@@ -187,6 +187,37 @@ def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width
         assert backends["rest_p2"].strip().splitlines()[1:] == ["    server python 127.0.0.1:2"]
 
 
+def test_each_request_to_a_node_or_a_peer_gets_a_connection_of_its_own_unless_shared(tmp_path):
+    """server.node_connections: per-request (the default) writes max-reuse 0 on the nodes' and
+    the peers' server lines, so a node's crash fails no request (docs/data-plane.md, "Nodes that
+    fail"); shared leaves it out. The Python front end's lines keep their connections either way.
+    A routed REST request is held until HAProxy has its body, so that it can be sent again."""
+    plan = config.Plan(grpc_fd=3, rest_fd=4, fallback_grpc="127.0.0.1:1",
+                       fallback_rest="127.0.0.1:2",
+                       nodes=[config.Node("n0", "127.0.0.1:3", "127.0.0.1:4")],
+                       state_dir=tmp_path, runtime_socket=tmp_path / "runtime.sock",
+                       rules=DATA_PLANE, peers=[config.Node("p1", "127.0.0.1:5", "127.0.0.1:6")],
+                       mark=("x-tfscache-forwarded", "own"))
+
+    def servers(text: str) -> dict[str, str]:
+        return {line.split()[1] + "@" + backend.split("\n", 1)[0]: line.strip()
+                for backend in text.split("\nbackend ")[1:]
+                for line in backend.splitlines() if line.strip().startswith("server ")}
+
+    apart, shared = (servers(config.render(dataclasses.replace(plan, shared_connections=flag)))
+                     for flag in (False, True))
+    assert apart.keys() == shared.keys() == {
+        "n0@grpc_n0", "python@grpc_n0", "n0@rest_n0", "python@rest_n0", "p1@grpc_p1",
+        "python@grpc_p1", "p1@rest_p1", "python@rest_p1", "python@python_grpc",
+        "python@python_rest"}
+    for key, line in apart.items():
+        assert ("max-reuse 0" in line) == (not key.startswith("python@")), line
+        assert "max-reuse" not in shared[key], shared[key]
+    rest = config.render(plan).split("frontend rest\n", 1)[1].split("\n\n", 1)[0]
+    assert (f"http-request wait-for-body time 1s at-least {config.BODY_AT_LEAST} "
+            "if { var(txn.node) -m found }") in rest
+
+
 def test_a_route_names_a_group_and_a_revocation_leaves_the_others():
     assert config.group(["node0", "node1"]) == "node0+node1"
     assert config.members("node0+node1") == ("node0", "node1") and config.members("a") == ("a",)

@@ -115,12 +115,11 @@ def one_replica(request, frontend_repo, tmp_path_factory):
 
 
 def test_a_node_killed_with_one_replica_fails_no_request(one_replica):
-    """On the haproxy data plane the warm requests go from HAProxy to the node. Once HAProxy saw
-    the node refuse a connection they go to the Python front end, which waits for the restart.
-    The requests in flight at the kill, and those sent to the dying node before HAProxy saw it
-    refuse, can fail: HAProxy 2.6 sends one again only when it came on a client connection of
-    its own (docs/data-plane.md, "Nodes that fail"), a gap the Python data plane does not have.
-    Once HAProxy routes to the restarted node, nothing fails."""
+    """On the haproxy data plane the warm requests go from HAProxy to the node. The requests in
+    flight at the kill are sent again by HAProxy (each had a connection of its own to the node,
+    server.node_connections = per-request, docs/data-plane.md "Nodes that fail"); once HAProxy
+    saw the node refuse a connection they go to the Python front end, which waits for the
+    restart. With shared connections this test fails: a dozen UNAVAILABLE in a run here."""
     serve = one_replica
     old_pid = serve.node_ports("node0")["pid"]
     with Traffic(serve.grpc_target, rest_url(serve), MODELS) as traffic:
@@ -145,12 +144,6 @@ def test_a_node_killed_with_one_replica_fails_no_request(one_replica):
             restarted_at = time.monotonic()
         count = len(traffic.results)
         wait_until(lambda: len(traffic.results) >= count + 200, 120, "traffic after the restart")
-    if serve.data_plane == "haproxy":
-        cut_off = [r for r in traffic.results if isinstance(r[2], BaseException)]
-        # only requests sent before HAProxy routed to the restarted node: in flight at the kill,
-        # sent before HAProxy saw the node down, or caught in the reload
-        assert all(r[3] < restarted_at for r in cut_off), [r for r in cut_off if r[3] >= restarted_at][:3]
-        traffic.results = [r for r in traffic.results if r not in cut_off]
     traffic.check()
     # Requests in flight or sent while the node was down waited across its restart and were served
     # (check: none failed).

@@ -68,6 +68,7 @@ def test_precedence_file_env_cli(tmp_path, repo):
     (["--node-address", "nohost"], "bad value for setting node.node_address: 'nohost'"),
     (["--set", "cache.nope=1"], "unknown setting in --set: 'cache.nope=1'"),
     (["--routed-requests", "sampled"], "bad value for setting server.routed_requests: 'sampled'"),
+    (["--node-connections", "pooled"], "bad value for setting server.node_connections: 'pooled'"),
     (["--data-plane", "haproxy", "--routed-requests", "counted", "--request-log", "/tmp/r.csv"],
      "bad value for setting server.routed_requests: 'counted' (the request log"),
 ])

@@ -155,6 +155,10 @@ class Plan:
     peers: Sequence[Node] = ()
     mark: tuple[str, str] | None = None
     peer_private: tuple[str, ...] = ()
+    # server.node_connections: False (per-request) gives each request sent to a node or a peer a
+    # connection of its own (``max-reuse 0``), True (shared) lets HAProxy keep connections and
+    # send many requests on each (``Plan.server_options``, docs/data-plane.md "Nodes that fail")
+    shared_connections: bool = False
 
     @property
     def map_path(self) -> Path:
@@ -163,6 +167,20 @@ class Plan:
     @property
     def peer_map_path(self) -> Path:
         return self.state_dir / PEER_MAP
+
+    def server_options(self, protocol: str) -> str:
+        """The options of a node's or a peer's server line for ``protocol`` (grpc, rest).
+
+        Why one request per connection by default: HAProxy 2.6 sends a request again after its
+        server connection failed only when that connection was new. A request that fails on a
+        connection used before, when it is not the first one on its client's connection (a gRPC
+        channel's calls are streams of one), is closed with no reply for the client to send
+        again (HTTP/2 RST_STREAM REFUSED_STREAM, which gRPC clients report as UNAVAILABLE and do
+        not send again). A node's crash fails every request in flight on it that way. On a new
+        connection the failure is retried, and the retry, redispatched, finds the node refusing
+        and goes to the backup."""
+        options = " proto h2" if protocol == "grpc" else ""
+        return options if self.shared_connections else options + " max-reuse 0"
 
     @property
     def width(self) -> int:
@@ -229,11 +247,12 @@ def render(plan: Plan) -> str:
         "    timeout http-request 60s",
         # A node that refuses a connection is marked down at once (observe layer4), and the
         # request goes again, to the backend's backup: the Python front end, which knows what
-        # to do. A request in flight when its node died (no answer, or half of one) is sent
-        # again too, but its first retry may still find the node up, since only a refused
-        # connection marks it down: so three retries, each redispatched (the second one reaches
-        # the backup). Without them a gRPC client got RST_STREAM REFUSED_STREAM and a REST
-        # client 502 or 503 (tests/frontend/test_restarts.py, the node's SIGKILL).
+        # to do. A request in flight when its node died (no answer yet) is sent again too, if
+        # its connection to the node was new (Plan.server_options) and HAProxy held all of it;
+        # its first retry may still find the node up, since only a refused connection marks it
+        # down: so three retries, each redispatched (the second one reaches the backup).
+        # Without them a gRPC client got RST_STREAM REFUSED_STREAM and a REST client 502 or
+        # 503 (tests/frontend/test_restarts.py, the node's SIGKILL).
         "    retries 3",
         "    option redispatch 1",
         "    retry-on conn-failure empty-response junk-response",
@@ -276,6 +295,10 @@ def render(plan: Plan) -> str:
             f"    http-request unset-var(txn.model) if {{ req.hdr_val(content-length) gt {plan.max_body} }}",
             "    http-request unset-var(txn.model) if { req.hdr(transfer-encoding) -m found }",
             *_lookup(plan),
+            # HAProxy sends a request again (retry-on) only if it holds all of it: a REST client
+            # may send its body after the headers, so a routed one is waited for, as gRPC's is
+            f"    http-request wait-for-body time 1s at-least {BODY_AT_LEAST} "
+            "if { var(txn.node) -m found }",
             "    use_backend rest_%[var(txn.node)] if { var(txn.node) -m found }",
             "    default_backend python_rest",
             "",
@@ -283,13 +306,13 @@ def render(plan: Plan) -> str:
             f"    server python {plan.fallback_rest}",
         ]
     for node in plan.nodes:
-        lines += _node(node, "grpc", node.grpc, plan.fallback_grpc, " proto h2")
+        lines += _node(node, "grpc", node.grpc, plan.fallback_grpc, plan)
         if plan.rest_fd is not None:
-            lines += _node(node, "rest", node.rest, plan.fallback_rest, "")
+            lines += _node(node, "rest", node.rest, plan.fallback_rest, plan)
     for peer in plan.peers:
-        lines += _peer(peer, "grpc", peer.grpc, plan, " proto h2")
+        lines += _peer(peer, "grpc", peer.grpc, plan)
         if plan.rest_fd is not None:
-            lines += _peer(peer, "rest", peer.rest, plan, "")
+            lines += _peer(peer, "rest", peer.rest, plan)
     return "\n".join(lines) + "\n"
 
 
@@ -305,17 +328,18 @@ def _tls(tls: Tls | None, alpn: str) -> str:
     return options
 
 
-def _node(node: Node, protocol: str, address: str, fallback: str, options: str) -> list[str]:
+def _node(node: Node, protocol: str, address: str, fallback: str, plan: Plan) -> list[str]:
     """One node's backend: the node, and the Python front end as the backup it falls back to
     once the node refuses a connection (marked down on the first error, up again on its check).
     """
+    kept = " proto h2" if protocol == "grpc" else ""  # the front end's connections are reused
     return ["", f"backend {backend(protocol, node.name)}",
-            f"    server {node.name} {address}{options} check inter 1s "
+            f"    server {node.name} {address}{plan.server_options(protocol)} check inter 1s "
             "observe layer4 error-limit 1 on-error mark-down",
-            f"    server python {fallback}{options} backup"]
+            f"    server python {fallback}{kept} backup"]
 
 
-def _peer(peer: Node, protocol: str, address: str, plan: Plan, options: str) -> list[str]:
+def _peer(peer: Node, protocol: str, address: str, plan: Plan) -> list[str]:
     """A peer sidecar's backend: its public port, each request marked as forwarded by this
     sidecar (so the peer serves it itself and never forwards it again), and the Python front end
     as the backup, as for a node. A request sent once more to the backup after the peer refused
@@ -325,15 +349,16 @@ def _peer(peer: Node, protocol: str, address: str, plan: Plan, options: str) -> 
     is for this sidecar, not the client: dropped from a REST reply's headers
     (``Plan.peer_private``)."""
     fallback = plan.fallback_grpc if protocol == "grpc" else plan.fallback_rest
+    kept = " proto h2" if protocol == "grpc" else ""
     lines = ["", f"backend {backend(protocol, peer.name)}"]
     if not address:
-        return lines + [f"    server python {fallback}{options}"]
+        return lines + [f"    server python {fallback}{kept}"]
     lines += [f"    http-request set-header {plan.mark[0]} {plan.mark[1]}"]
     if protocol == "rest":
         lines += [f"    http-response del-header {header}" for header in plan.peer_private]
-    return lines + [f"    server {peer.name} {address}{options} check inter 1s "
-                    "observe layer4 error-limit 1 on-error mark-down",
-                    f"    server python {fallback}{options} backup"]
+    return lines + [f"    server {peer.name} {address}{plan.server_options(protocol)} check "
+                    "inter 1s observe layer4 error-limit 1 on-error mark-down",
+                    f"    server python {fallback}{kept} backup"]
 
 
 def _missed(plan: Plan) -> list[str]:

@@ -185,7 +185,8 @@ class DataPlane:
                            max_body=self.settings.server.max_receive_message_bytes,
                            group_width=self._group_width(), peers=tuple(peers),
                            mark=(FORWARDED_KEY, self._forwarded_as) if self._forwarded_as else None,
-                           peer_private=(LOAD_KEY,), tls=self._tls)
+                           peer_private=(LOAD_KEY,), tls=self._tls,
+                           shared_connections=self.settings.server.node_connections == "shared")
 
     def _group_width(self) -> int | None:
         """The most nodes a route names: 1 with copies off (targets.py), a model's most copies

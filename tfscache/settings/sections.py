@@ -23,6 +23,7 @@ MiB = 1 << 20
 DATA_PLANES = ("python", "haproxy")
 # what tfscache hears of each request HAProxy routes (docs/data-plane.md, "Logged or counted")
 ROUTED_REQUESTS = ("logged", "counted")
+NODE_CONNECTIONS = ("per-request", "shared")
 
 
 def setting(default: Any, doc: str, *, parse: Callable[[Any], Any] | None = None,
@@ -409,6 +410,15 @@ class ServerSection:
         "stick table's counts only: a fifth of the Python CPU per request; docs/data-plane.md)",
         check=lambda v: None if v in ROUTED_REQUESTS else f"must be {one_of(ROUTED_REQUESTS)}",
         flag="--routed-requests",
+    )
+    node_connections: str = setting(
+        "per-request",
+        "haproxy data plane: per-request (each routed request gets a connection of its own to "
+        "its node or peer: a node's crash fails no request) or shared (HAProxy keeps them and "
+        "sends many requests on each: faster, but a node's crash fails the requests in flight on "
+        "it with UNAVAILABLE or 502; docs/data-plane.md)",
+        check=lambda v: None if v in NODE_CONNECTIONS else f"must be {one_of(NODE_CONNECTIONS)}",
+        flag="--node-connections",
     )
 
 
