@@ -3,7 +3,7 @@
 nginx's grpc_pass and a naive grpc.aio byte hop, same run.
 
     .venv/bin/python scripts/bench_frontend.py [--requests 2000] [--seconds 10] [--concurrency 16,64]
-        [--client-processes 4] [--workers 1,2,4] [--data-plane python,haproxy] [--proxy-listen unix]
+        [--client-processes 4] [--workers 1,2,4] [--data-plane python,haproxy,haproxy-shared] [--proxy-listen unix]
         [--cold-rounds 11] [--baseline-tree DIR] [--quick] [--out results.json]
 
 1. Builds half_plus_two, ``slow_5ms`` (a graph of chained 256x256 matmuls taking about 5 ms
@@ -320,8 +320,9 @@ def main() -> int:
                         help="comma-separated worker counts (tfscache serve --workers N), each its own front end "
                              "in the same run, e.g. 1,2,4")
     parser.add_argument("--data-plane", default="python,haproxy",
-                        help="comma-separated data planes (python, haproxy): the paths 'tfscache' (or "
-                             "'tfscache w=N') and 'tfscache haproxy'")
+                        help="comma-separated data planes (python, haproxy, haproxy-shared): the paths "
+                             "'tfscache' (or 'tfscache w=N'), 'tfscache haproxy' and 'tfscache haproxy "
+                             "shared' (--node-connections shared)")
     parser.add_argument("--proxy-listen", choices=("unix", "tcp"), default="unix",
                         help="where nginx and the naive hop listen: UNIX sockets, or TCP ports like tfscache's")
     parser.add_argument("--only", help="comma-separated models (half_plus_two, slow_5ms); default both")
@@ -360,6 +361,9 @@ def main() -> int:
                 fronts += [(front_label(n, workers), REPO, ("--workers", str(n)) if n != 1 else ()) for n in workers]
             if "haproxy" in planes:
                 fronts.append(("tfscache haproxy", REPO, ("--data-plane", "haproxy")))
+            if "haproxy-shared" in planes:  # HAProxy keeps its connections to the node
+                fronts.append(("tfscache haproxy shared", REPO,
+                               ("--data-plane", "haproxy", "--node-connections", "shared")))
             if args.baseline_tree is not None:
                 fronts.insert(0, ("tfscache (baseline tree)", args.baseline_tree.resolve(), ()))
             rest_targets, state_dirs, admin, serve_pids = {"direct": f"127.0.0.1:{node['rest']}"}, {}, {}, {}
@@ -375,10 +379,11 @@ def main() -> int:
                 meters[label] = cpu.serve_meter(process.pid, node["pid"],
                                                      state_dir=state_dirs[label] if haproxy else None)
             warm(targets, names)
-            if "tfscache haproxy" in targets:
-                results["routed_before_timing"] = cpu.wait_routed(
-                    targets["tfscache haproxy"], PREDICT, {name: predict_bytes(name) for name in names},
-                    state_dirs["tfscache haproxy"])
+            for label in ("tfscache haproxy", "tfscache haproxy shared"):
+                if label in targets:
+                    results.setdefault("routed_before_timing", {})[label] = cpu.wait_routed(
+                        targets[label], PREDICT, {name: predict_bytes(name) for name in names},
+                        state_dirs[label])
             results["accounting_us"] = {"tfscache": bench_accounting(REPO)}
             if args.baseline_tree is not None:
                 results["accounting_us"]["tfscache (baseline tree)"] = bench_accounting(args.baseline_tree.resolve())

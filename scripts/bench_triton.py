@@ -3,7 +3,7 @@
 the node, nginx's grpc_pass and a naive grpc.aio byte hop, same run.
 
     .venv/bin/python scripts/bench_triton.py [--requests 1000] [--seconds 10] [--rounds 11]
-        [--client-processes 4] [--workers 1,2,4] [--concurrency 16,64] [--data-plane python,haproxy]
+        [--client-processes 4] [--workers 1,2,4] [--concurrency 16,64] [--data-plane python,haproxy,haproxy-shared]
         [--proxy-listen unix] [--skip PART] [--quick] [--json F]
 
 1. Builds a Triton repository of python-backend models (tests/support/models/triton.py, no
@@ -354,7 +354,8 @@ def main() -> int:
                              "is the embedded serve, each other one a sidecar of its node, all in the same run")
     parser.add_argument("--data-plane", default="python,haproxy",
                         help="comma-separated data planes: python is the embedded serve ('tfscache'); haproxy "
-                             "adds 'tfscache haproxy', a sidecar of the same tritonserver")
+                             "adds 'tfscache haproxy', a sidecar of the same tritonserver; haproxy-shared "
+                             "'tfscache haproxy shared', one with --node-connections shared")
     parser.add_argument("--proxy-listen", choices=("unix", "tcp"), default="unix",
                         help="where nginx and the naive hop listen: UNIX sockets, or TCP ports like tfscache's")
     parser.add_argument("--concurrency", default="16,64", help="comma-separated concurrencies for throughput")
@@ -363,6 +364,7 @@ def main() -> int:
     workers = [int(n) for n in args.workers.split(",")]
     concurrencies = tuple(int(c) for c in args.concurrency.split(","))
     haproxy = "haproxy" in args.data_plane.split(",")
+    shared = "haproxy-shared" in args.data_plane.split(",")  # HAProxy keeps its node connections
     label = (lambda n: "tfscache") if workers == [1] else (lambda n: f"tfscache w={n}")
     if args.quick:
         args.requests, args.seconds = min(args.requests, 300), min(args.seconds, 3.0)
@@ -398,6 +400,14 @@ def main() -> int:
                 http_targets["tfscache haproxy"] = f"127.0.0.1:{sidecar_ports['rest']}"
                 haproxy_admin = sidecar_ports["admin"]
                 meters["tfscache haproxy"] = cpu.serve_meter(sidecar.pid, node["pid"], state_dir=state_dir)
+            if shared:
+                sidecar, sidecar_ports = start_sidecar(repo, workdir, node, "--data-plane", "haproxy",
+                                                       "--node-connections", "shared", name="shared")
+                started.append(sidecar)
+                targets["tfscache haproxy shared"] = f"127.0.0.1:{sidecar_ports['grpc']}"
+                http_targets["tfscache haproxy shared"] = f"127.0.0.1:{sidecar_ports['rest']}"
+                meters["tfscache haproxy shared"] = cpu.serve_meter(sidecar.pid, node["pid"],
+                                                                    state_dir=workdir / "shared.state")
             figures["warm"] = []
             if "warm" not in args.skip:
                 for name in ("addk_1", "sleep_ms"):
@@ -405,9 +415,11 @@ def main() -> int:
                     for _, target in sorted(targets.items(), key=lambda item: not item[0].startswith("tfscache")):
                         with grpc.insecure_channel(target) as channel:
                             check_answer(name, channel.unary_unary(INFER)(infer_bytes(name), timeout=120))
-                    if haproxy:
-                        figures.setdefault("routed_before_timing", {})[name] = cpu.wait_routed(
-                            targets["tfscache haproxy"], INFER, {name: infer_bytes(name)}, state_dir)
+                    for routed in ("tfscache haproxy", "tfscache haproxy shared"):
+                        if routed in targets:
+                            figures.setdefault("routed_before_timing", {})[f"{name} {routed}"] = cpu.wait_routed(
+                                targets[routed], INFER, {name: infer_bytes(name)},
+                                workdir / ("haproxy.state" if routed == "tfscache haproxy" else "shared.state"))
                     figures["warm"].append(measure.bench_warm(
                         name, infer_bytes(name), targets, meters, args.requests, args.seconds, concurrencies,
                         args.client_processes, INFER, check=lambda answer, name=name: check_answer(name, answer)))
