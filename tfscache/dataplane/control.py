@@ -20,9 +20,9 @@ every request HAProxy does not route. Every ``POLL_S`` it
 
 The table ``missed`` can hold many models, so it is read once a second, not at each poll, and
 each model read from it is then cleared from it (``clear table``): the table holds the models
-not handled yet. A model routed to a peer is remembered here instead (``ASKED_S``, the table's
-own expiry) and looked at again at each poll, so a change of the ring moves or withdraws its
-route at once. Clearing loses nothing: a model that has no route (none was granted, or it was
+not handled yet. A model routed to a peer is remembered here instead (``ASKED_S``, the tables'
+own expiry, from its last use), across reloads too, and looked at again at each poll, so a
+change of the ring moves or withdraws its route at once. Clearing loses nothing: a model that has no route (none was granted, or it was
 withdrawn) and is asked for again is counted in ``missed`` again (config.py).
 
 A peer's route is no lease: the peer guards its own unloads with its own data plane, and a
@@ -69,8 +69,8 @@ log = logging.getLogger("tfscache.dataplane")
 POLL_S = 0.1
 TIMES_EVERY = 10  # polls between two reads of HAProxy's response times (show stat): 1 s
 MISSED_EVERY_S = 1.0  # between two reads of HAProxy's table ``missed`` (sidecar mode)
-# how long a model read from ``missed`` and routed to a peer stays routed with no request sent
-# there (a request keeps it in the table ``inflight``): the tables' expiry (config.py)
+# how long a model routed to a peer stays routed after it was last read from ``missed`` or seen
+# routed there in the table ``inflight``: the tables' expiry (config.py)
 ASKED_S = 3600.0
 # Usage.apply's rows are per reporter; the data plane reports as one (workers are 0..N-1).
 REPORTER = -1
@@ -128,7 +128,8 @@ class DataPlane:
         self._peer_used: set[str] = set()  # models with requests routed to a peer (stick table)
         self.clock = clock
         self._missed_at: float | None = None  # when the table missed was last read (clock)
-        self._asked: dict[str, float] = {}  # routed to a peer: model -> when read from missed
+        # routed to a peer: model -> when last read from missed or seen routed there (clock)
+        self._asked: dict[str, float] = {}
         self.ports: dict[str, int | None] = {}
         self._sockets: list[socket.socket] = []
         self._ids: dict[str, str] = {}  # node name -> its name in haproxy.cfg
@@ -384,12 +385,12 @@ class DataPlane:
 
     async def _route_to_peers(self) -> None:
         """Route to a peer each model that was asked for here without a route (read from the
-        table ``missed`` at most every ``MISSED_EVERY_S``, and routed to a peer since, within
-        ``ASKED_S``), or whose requests were routed to a peer within the tables' hour
-        (``expire``), and that the router sends to that peer now (``peer_target``); withdraw the
-        other peer routes. Then clear the models read from ``missed``: each has its peer route,
-        or has none to have now. A model with a route to a local node is not looked up in the
-        peers' map at all (config.py)."""
+        table ``missed`` at most every ``MISSED_EVERY_S``) or was routed to a peer (the table
+        ``inflight``), within ``ASKED_S``, and that the router sends to that peer now
+        (``peer_target``); withdraw the other peer routes, and forget their models. Then clear
+        the models read from ``missed``: each has its peer route, or has none to have now. A
+        model with a route to a local node is not looked up in the peers' map at all
+        (config.py)."""
         router = self._router()
         if router is None:
             return
@@ -400,12 +401,12 @@ class DataPlane:
                     if routable(name)]
             self._missed_at = now
         asked = {**{n: t for n, t in self._asked.items() if now - t < ASKED_S},
-                 **dict.fromkeys(read, now)}
+                 **dict.fromkeys(read, now), **dict.fromkeys(self._peer_used, now)}
         current = self.peer_routes.current
         peers = {peer.name for peer in self.supervisor.plan.peers}
         local = self.routes.current
         wanted: dict[str, str] = {}
-        for name in {*asked, *self._peer_used}:
+        for name in asked:
             if name in local or not routable(name):
                 continue
             found = peer_target(router, self._spread, name)
