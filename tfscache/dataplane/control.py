@@ -22,8 +22,9 @@ The table ``missed`` can hold many models, so it is read once a second, not at e
 each model read from it is then cleared from it (``clear table``): the table holds the models
 not handled yet. A model routed to a peer is remembered here instead (``ASKED_S``, the tables'
 own expiry, from its last use), across reloads too, and looked at again at each poll, so a
-change of the ring moves or withdraws its route at once. Clearing loses nothing: a model that has no route (none was granted, or it was
-withdrawn) and is asked for again is counted in ``missed`` again (config.py).
+change of the ring moves or withdraws its route at once. Clearing loses nothing: a model that
+has no route (none was granted, or it was withdrawn) and is asked for again is counted in
+``missed`` again (config.py).
 
 A peer's route is no lease: the peer guards its own unloads with its own data plane, and a
 request it gets for a model it is unloading waits for the unload and loads it again, as one from
