@@ -225,9 +225,20 @@ async def test_the_missed_table_is_read_once_a_second_and_cleared_of_each_model_
     assert list((await predict(a, B_OWNS, 2.0)).outputs["y"].float_val) == [5.0]
     assert routed_by_key(a).get(f"{B_OWNS}@b") == 1 and not missed_in_haproxy(a)
 
-    # b leaves: a serves B_OWNS itself; asked for with no route, it is in missed, read, cleared
+    # a reload that keeps b (b's REST address dropped: its backends change) starts the tables
+    # afresh, and keeps the route: a remembers the models it routed
     both = [Peer(n, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}")
             for n, app in apps.items()]
+    await a.set_peers([both[0], Peer("b", both[1].grpc)])
+    await until(lambda: [p.rest for p in a.dataplane.supervisor.plan.peers] == [""], 30,
+                "a's HAProxy reloaded with b's gRPC backend alone")
+    await reloaded(a, reads)
+    await polls(reads, 5)
+    assert a.dataplane.peer_routes.current == {B_OWNS: "b"} and routed_by_key(a) == {}
+    assert list((await predict(a, B_OWNS, 2.0)).outputs["y"].float_val) == [5.0]
+    assert routed_by_key(a).get(f"{B_OWNS}@b") == 1 and not missed_in_haproxy(a)
+
+    # b leaves: a serves B_OWNS itself; asked for with no route, it is in missed, read, cleared
     await a.set_peers(both[:1])
     await until(lambda: not a.dataplane.peer_routes.current
                 and not a.dataplane.supervisor.plan.peers, 30, "b gone from a's HAProxy")
