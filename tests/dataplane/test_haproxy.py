@@ -75,8 +75,10 @@ def copy_c(tmp_path_factory):
 class Plane:
     """A Supervisor on public sockets bound here, its Routes, and clients of both ports."""
 
-    def __init__(self, tmp_path, routed_to: str, fallback, others=()) -> None:
-        """Node ``a`` is ``routed_to``; ``others``: more (name, node) pairs."""
+    def __init__(self, tmp_path, routed_to: str, fallback, others=(), mark=None) -> None:
+        """Node ``a`` is ``routed_to``; ``others``: more (name, node) pairs; ``mark``: sidecar
+        mode's forwarded mark (header, value), with the table ``missed``."""
+        self.mark = mark
         self.grpc_socket = socket.create_server(("127.0.0.1", 0))
         self.rest_socket = socket.create_server(("127.0.0.1", 0))
         self.state = tmp_path / "dataplane"
@@ -97,7 +99,7 @@ class Plane:
             fallback_grpc=self.fallback.grpc_target,
             fallback_rest=f"127.0.0.1:{self.fallback.rest_port}", nodes=nodes,
             state_dir=self.state, runtime_socket=config.runtime_socket_for(self.state),
-            rules=DATA_PLANE)
+            rules=DATA_PLANE, mark=self.mark)
 
     def predict(self, n: int = 1, version: int | None = None, label: str | None = None,
                 compression=None) -> float:
@@ -152,7 +154,8 @@ def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width
                            peers=[config.Node("p1", "127.0.0.1:5", "127.0.0.1:6"),
                                   config.Node("p2", "127.0.0.1:7", "")] if sidecar else (),
                            mark=("x-tfscache-forwarded", "own") if sidecar else None,
-                           peer_private=("x-tfscache-load",))
+                           peer_private=("x-tfscache-load",),
+                           via=("x-tfscache-via", "haproxy") if sidecar else None)
         text = config.render(plan)
         (tmp_path / "haproxy.cfg").write_text(text)
         (tmp_path / config.MAP).write_text("")
@@ -178,10 +181,12 @@ def test_the_rendered_configuration_is_valid(tmp_path, count, group_width, width
         if sidecar:
             assert "!forwarded" in rules[at(f"map({tmp_path / config.PEER_MAP})")]
             assert "table missed" in rules[at("track-sc2")]
-    if sidecar:  # a peer's backend marks what it sends; one with no REST port is the slow path
+    if sidecar:  # a peer's backend marks what it sends, and says HAProxy sent it (the peer then
+        # sends no load report); one with no REST port is the slow path
         backends = {part.split("\n", 1)[0]: part for part in text.split("\nbackend ")[1:]}
         for name in ("grpc_p1", "rest_p1", "grpc_p2"):
             assert "set-header x-tfscache-forwarded own" in backends[name]
+            assert "set-header x-tfscache-via haproxy" in backends[name]
             assert "backup" in backends[name]
         assert "x-tfscache-load" in backends["rest_p1"]
         assert backends["rest_p2"].strip().splitlines()[1:] == ["    server python 127.0.0.1:2"]
@@ -414,6 +419,36 @@ async def test_a_revocation_waits_for_a_request_an_old_worker_carries_across_a_r
         assert plane.routes.current == {}
         plane.runtime.worker = current
         assert await plane.routes.grant("m", "a")
+
+
+async def test_a_missed_model_is_cleared_from_its_table_once_no_request_tracks_it(nodes, tmp_path):
+    """Sidecar mode: a request with no route is counted in the table ``missed`` under its model;
+    ``clear_keys`` drops such entries, a few hundred to a connection, leaves one that a request
+    in flight still tracks (HAProxy refuses to drop it) for a later read, and refuses a key that
+    is not one plain word."""
+    node_a, node_b = nodes
+    with HoldProxy(("127.0.0.1", int(node_b.grpc_target.rsplit(":", 1)[1]))) as proxy:
+        held_b = type("Held", (), {"grpc_target": f"127.0.0.1:{proxy.port}",
+                                   "rest_port": node_b.rest_port})
+        async with Plane(tmp_path, node_a, held_b, mark=("x-tfscache-forwarded", "own")) as plane:
+            assert await _call(plane.predict) == FALLBACK  # no route: the slow path, counted
+            missed = await plane.runtime.table(config.MISSED)
+            assert {k: u.requests for k, u in missed.items()} == {"m": 1}
+            many = [f"model-{i:04d}.{'x' * 40}" for i in range(400)]  # several connections
+            await plane.runtime.clear_keys(config.MISSED, ["m", *many])
+            assert await plane.runtime.table(config.MISSED) == {}
+
+            with ThreadPoolExecutor(1) as pool, proxy.holding():
+                request = await hold_one(plane, proxy, pool)  # tracks m in missed, held
+                assert (await plane.runtime.table(config.MISSED))["m"].requests == 1
+                await plane.runtime.clear_keys(config.MISSED, ["m"])  # in use: it stays
+                assert list(await plane.runtime.table(config.MISSED)) == ["m"]
+            assert request.result(30) == FALLBACK
+            await plane.runtime.clear_keys(config.MISSED, ["m"])
+            assert await plane.runtime.table(config.MISSED) == {}
+            for key in ("a b", "m;show info", ""):
+                with pytest.raises(ValueError, match="not a plain stick-table key"):
+                    await plane.runtime.clear_keys(config.MISSED, [key])
 
 
 async def test_the_routes_in_force_are_the_ones_haproxy_confirmed(nodes, tmp_path):

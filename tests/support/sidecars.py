@@ -37,10 +37,17 @@ def sidecar_settings(name: str, node, repo: Path, state_dir: Path, overrides: di
 
 @contextlib.asynccontextmanager
 async def running_sidecars(nodes: dict, repo: Path, state_dir: Path,
-                           overrides: dict | None = None) -> AsyncIterator[dict[str, ServeApp]]:
-    """Start a sidecar per {name: node}, each a peer of all; {name: ServeApp}, stopped on exit."""
-    apps = {name: ServeApp(sidecar_settings(name, node, repo, state_dir, overrides)) for name, node in nodes.items()}
-    for app in apps.values():
+                           overrides: dict | None = None, *, each: dict | None = None,
+                           prepare=None) -> AsyncIterator[dict[str, ServeApp]]:
+    """Start a sidecar per {name: node}, each a peer of all; {name: ServeApp}, stopped on exit.
+    ``each``: {name: more settings} for some of them; ``prepare(name, app)`` runs before each
+    start (a test's clock, say)."""
+    apps = {name: ServeApp(sidecar_settings(name, node, repo, state_dir,
+                                            {**(overrides or {}), **(each or {}).get(name, {})}))
+            for name, node in nodes.items()}
+    for name, app in apps.items():
+        if prepare is not None:
+            prepare(name, app)
         await app.start()
     peers = [Peer(name, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for name, app in apps.items()]
     for app in apps.values():

@@ -151,10 +151,12 @@ class Plan:
     # sidecar mode: the other sidecars a model may be routed to (their public addresses); the
     # forwarded mark (header, value: this sidecar's name) on what is sent them, which a request
     # also carries when a peer forwarded it here (None: not a sidecar, no peer routes); and the
-    # headers of a peer's reply meant for this sidecar, not the client (its load report)
+    # headers of a peer's reply meant for this sidecar, not the client (its load report); and the
+    # header (name, value) that tells the peer HAProxy sent it, so the peer sends no load report
     peers: Sequence[Node] = ()
     mark: tuple[str, str] | None = None
     peer_private: tuple[str, ...] = ()
+    via: tuple[str, str] | None = None
     # server.node_connections: False (per-request) gives each request sent to a node or a peer a
     # connection of its own (``max-reuse 0``), True (shared) lets HAProxy keep connections and
     # send many requests on each (``Plan.server_options``, docs/data-plane.md "Nodes that fail")
@@ -346,14 +348,18 @@ def _peer(peer: Node, protocol: str, address: str, plan: Plan) -> list[str]:
     its connection still carries the mark: this sidecar's front end then serves it from its own
     node, as the peer would have. A peer with no REST port: its REST requests go to the Python
     front end, unmarked (the slow path). The peer's report of its own load (``x-tfscache-load``)
-    is for this sidecar, not the client: dropped from a REST reply's headers
-    (``Plan.peer_private``)."""
+    is for this sidecar's Python path, not the client: each request also says that HAProxy sent
+    it (``Plan.via``), so the peer sends none; one that a peer sends all the same (an older
+    tfscache) is dropped from a REST reply's headers (``Plan.peer_private``), but not from gRPC
+    trailers, which HAProxy cannot edit."""
     fallback = plan.fallback_grpc if protocol == "grpc" else plan.fallback_rest
     kept = " proto h2" if protocol == "grpc" else ""
     lines = ["", f"backend {backend(protocol, peer.name)}"]
     if not address:
         return lines + [f"    server python {fallback}{kept}"]
     lines += [f"    http-request set-header {plan.mark[0]} {plan.mark[1]}"]
+    if plan.via is not None:
+        lines += [f"    http-request set-header {plan.via[0]} {plan.via[1]}"]
     if protocol == "rest":
         lines += [f"    http-response del-header {header}" for header in plan.peer_private]
     return lines + [f"    server {peer.name} {address}{plan.server_options(protocol)} check "

@@ -13,9 +13,18 @@ every request HAProxy does not route. Every ``POLL_S`` it
   withdraws the routes of the others;
 * follows the nodes' addresses (a restarted node child has new ports) with a reload;
 * sidecar mode: routes each model that HAProxy was asked for without a route (the table
-  ``missed``) and that the router sends to a peer sidecar (targets.py, ``peer_target``) to that
-  peer's public port, marked as forwarded (config.py); follows the peers discovery reports with a
-  reload, a peer's routes withdrawn before it leaves the configuration.
+  ``missed``, read every ``MISSED_EVERY_S``) and that the router sends to a peer sidecar
+  (targets.py, ``peer_target``) to that peer's public port, marked as forwarded (config.py);
+  follows the peers discovery reports with a reload, a peer's routes withdrawn before it leaves
+  the configuration.
+
+The table ``missed`` can hold many models, so it is read once a second, not at each poll, and
+each model read from it is then cleared from it (``clear table``): the table holds the models
+not handled yet. A model routed to a peer is remembered here instead (``ASKED_S``, the tables'
+own expiry, from its last use), across reloads too, and looked at again at each poll, so a
+change of the ring moves or withdraws its route at once. Clearing loses nothing: a model that
+has no route (none was granted, or it was withdrawn) and is asked for again is counted in
+``missed`` again (config.py).
 
 A peer's route is no lease: the peer guards its own unloads with its own data plane, and a
 request it gets for a model it is unloading waits for the unload and loads it again, as one from
@@ -52,7 +61,7 @@ from tfscache.dataplane.requests import RequestLog, Routed
 from tfscache.dataplane.routes import Routes, routable
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
 from tfscache.dataplane.targets import Target, peer_target, target
-from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY
+from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY, VIA_DATA_PLANE, VIA_KEY
 from tfscache.workers.usage import Usage
 from tfscache.tasks import cancel
 
@@ -60,6 +69,10 @@ log = logging.getLogger("tfscache.dataplane")
 
 POLL_S = 0.1
 TIMES_EVERY = 10  # polls between two reads of HAProxy's response times (show stat): 1 s
+MISSED_EVERY_S = 1.0  # between two reads of HAProxy's table ``missed`` (sidecar mode)
+# how long a model routed to a peer stays routed after it was last read from ``missed`` or seen
+# routed there in the table ``inflight``: the tables' expiry (config.py)
+ASKED_S = 3600.0
 # Usage.apply's rows are per reporter; the data plane reports as one (workers are 0..N-1).
 REPORTER = -1
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -80,7 +93,8 @@ class DataPlane:
                  answered: Callable[[Routed, str, int | None], None] | None = None,
                  peers: Callable[[], dict] | None = None,
                  forwarded_as: str | None = None,
-                 timed: Callable[[str, str, float], None] | None = None) -> None:
+                 timed: Callable[[str, str, float], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``nodes()``: local node backends by name; ``router()``: the router (which backend a
         request goes to first); ``spread``: copies that follow load, None when off;
         ``rules``: how the node kind's protocol names a hot request's model (its data_plane);
@@ -92,7 +106,9 @@ class DataPlane:
         this sidecar's name, the forwarded mark on what HAProxy sends them. Peers reached over
         TLS (``tls.cert_file``) get no routes: their requests take the slow path;
         ``timed(node, protocol, seconds)``: HAProxy's mean response time of what it routed to a
-        node or peer lately, every ``TIMES_EVERY`` polls (metrics)."""
+        node or peer lately, every ``TIMES_EVERY`` polls (metrics); ``clock``: seconds, for the
+        cadence of reads of the table ``missed`` (``MISSED_EVERY_S``; tests move a fake one,
+        set here or on ``clock`` before the start)."""
         self.settings = settings
         self.rules = rules
         self._nodes = nodes
@@ -111,6 +127,10 @@ class DataPlane:
         self.routes: Routes | None = None
         self.peer_routes: Routes | None = None  # sidecar mode: models -> the peer that owns them
         self._peer_used: set[str] = set()  # models with requests routed to a peer (stick table)
+        self.clock = clock
+        self._missed_at: float | None = None  # when the table missed was last read (clock)
+        # routed to a peer: model -> when last read from missed or seen routed there (clock)
+        self._asked: dict[str, float] = {}
         self.ports: dict[str, int | None] = {}
         self._sockets: list[socket.socket] = []
         self._ids: dict[str, str] = {}  # node name -> its name in haproxy.cfg
@@ -185,7 +205,8 @@ class DataPlane:
                            max_body=self.settings.server.max_receive_message_bytes,
                            group_width=self._group_width(), peers=tuple(peers),
                            mark=(FORWARDED_KEY, self._forwarded_as) if self._forwarded_as else None,
-                           peer_private=(LOAD_KEY,), tls=self._tls,
+                           peer_private=(LOAD_KEY,), via=(VIA_KEY, VIA_DATA_PLANE),
+                           tls=self._tls,
                            shared_connections=self.settings.server.node_connections == "shared")
 
     def _group_width(self) -> int | None:
@@ -364,31 +385,45 @@ class DataPlane:
                     _still_resident, held, name, found.version))
 
     async def _route_to_peers(self) -> None:
-        """Route to a peer each model that was asked for here without a route, or was routed to a
-        peer, within the tables' hour (``expire``), and that the router sends to that peer now
-        (``peer_target``); withdraw the other peer routes. A model with a route to a local node
-        is not looked up in the peers' map at all (config.py)."""
+        """Route to a peer each model that was asked for here without a route (read from the
+        table ``missed`` at most every ``MISSED_EVERY_S``) or was routed to a peer (the table
+        ``inflight``), within ``ASKED_S``, and that the router sends to that peer now
+        (``peer_target``); withdraw the other peer routes, and forget their models. Then clear
+        the models read from ``missed``: each has its peer route, or has none to have now. A
+        model with a route to a local node is not looked up in the peers' map at all
+        (config.py)."""
         router = self._router()
         if router is None:
             return
-        missed = await self.peer_routes.runtime.table(config.MISSED)
+        now, read = self.clock(), []
+        if self._missed_at is None or now - self._missed_at >= MISSED_EVERY_S:
+            # a name that is no map key takes the slow path: left to expire from the table
+            read = [name for name in await self.peer_routes.runtime.table(config.MISSED)
+                    if routable(name)]
+            self._missed_at = now
+        asked = {**{n: t for n, t in self._asked.items() if now - t < ASKED_S},
+                 **dict.fromkeys(read, now), **dict.fromkeys(self._peer_used, now)}
         current = self.peer_routes.current
         peers = {peer.name for peer in self.supervisor.plan.peers}
         local = self.routes.current
         wanted: dict[str, str] = {}
-        for name in {*missed, *self._peer_used}:
+        for name in asked:
             if name in local or not routable(name):
                 continue
             found = peer_target(router, self._spread, name)
             node_id = self._ids.get(found.name) if found is not None else None
             if node_id in peers:
                 wanted[name] = node_id
+        # the others are forgotten: asked for again with no route, they are in missed again
+        self._asked = {name: t for name, t in asked.items() if name in wanted}
         for name in current:
             if name not in wanted:
                 await self.peer_routes.withdraw(name)
         for name, node_id in wanted.items():
             if current.get(name) != node_id:
                 await self.peer_routes.grant(name, node_id)
+        if read:  # handled: what stays in missed (a request in flight tracks it) is read again
+            await self.peer_routes.runtime.clear_keys(config.MISSED, read)
 
     async def _look_again(self, nodes: dict) -> None:
         """Models whose latest version is no longer remembered (``rescan_s``) are listed again,

@@ -1,8 +1,9 @@
 """HAProxy's runtime API over its unix socket: one command per connection, async.
 
 The management guide's commands used here: ``add map``, ``set map``, ``del map``, ``show map``,
-``show table``, ``show stat`` and ``show info``. HAProxy answers a command and closes the connection (no
-``prompt``).
+``show table``, ``clear table``, ``show stat`` and ``show info``. HAProxy answers a command and
+closes the connection (no ``prompt``); commands joined by ``;`` on one line run in order, each
+answer ending in an empty line.
 
 During a reload an old worker may still accept on the socket for a moment, and its answer is
 not the new worker's: a route it drops stays in the new one. So once ``worker`` is set (the
@@ -21,6 +22,12 @@ from pathlib import Path
 _ENTRY = re.compile(r"^0x[0-9a-f]+: key=(\S+) use=\d+ exp=\d+(?: shard=\d+)?(.*)$")
 _FIELD = re.compile(r"(\w+)=(\d+)")
 _PID = re.compile(r"^Pid: (\d+)$", re.MULTILINE)
+# A stick-table key ``clear_keys`` may name: one word that needs no escaping on the command line.
+_KEY = re.compile(r"^[A-Za-z0-9._-]{1,256}$")
+# clear_keys' commands per connection: well under the CLI's line (tune.bufsize, 16k by default)
+CLEAR_LINE_MAX = 8192
+# ``clear table ... key`` of an entry a request in flight still tracks: it stays
+_IN_USE = "Entry currently in use, cannot remove"
 
 
 class RuntimeApiError(Exception):
@@ -45,6 +52,10 @@ class Runtime:
         """Send one command and return HAProxy's whole answer (``worker``'s, when it is set)."""
         if "\n" in line or ";" in line:
             raise ValueError(f"one runtime command at a time: {line!r}")
+        return await self._counted(line)
+
+    async def _counted(self, line: str) -> str:
+        """``line``'s answer if ``worker`` (when set) gave it."""
         worker = self.worker
         if worker is None:
             return await self._ask(line)
@@ -107,6 +118,29 @@ class Runtime:
                                               fields.get("http_req_cnt", 0))
         return usage
 
+    async def clear_keys(self, name: str, keys: list[str]) -> None:
+        """Drop ``keys`` from stick table ``name``, a few hundred to a connection. A key not
+        there is nothing to do; one that a request in flight still tracks stays (HAProxy
+        refuses to drop it): the caller finds it again at its next read. Raises ValueError for
+        a key that is not one plain word (``[A-Za-z0-9._-]``), RuntimeApiError for any other
+        refusal."""
+        for key in keys:
+            if not _KEY.match(key):
+                raise ValueError(f"not a plain stick-table key: {key!r}")
+        batch: list[str] = []
+        for key in keys:
+            batch.append(f"clear table {name} key {key}")
+            if sum(len(line) + 2 for line in batch) >= CLEAR_LINE_MAX:
+                await self._clear(batch)
+                batch = []
+        if batch:
+            await self._clear(batch)
+
+    async def _clear(self, lines: list[str]) -> None:
+        answer = await self._counted("; ".join(lines))
+        refused = {text for text in answer.splitlines() if text.strip() and text != _IN_USE}
+        if refused:
+            raise RuntimeApiError(f"haproxy refused {lines[0]!r}...: {'; '.join(sorted(refused))}")
 
     async def response_times(self) -> dict[tuple[str, str], float]:
         """Each server's mean response time over its last 1,024 requests, in seconds, by

@@ -42,6 +42,12 @@ FORWARDED_KEY = "x-tfscache-forwarded"  # gRPC metadata key / HTTP header on a f
 # Trailing metadata key / HTTP header on the answer to a forwarded request: the serving sidecar's
 # own node's load, in its copies signal (docs/copies.md, "Sidecars").
 LOAD_KEY = "x-tfscache-load"
+# gRPC metadata key / HTTP header HAProxy's data plane sets on what it routes to a peer sidecar
+# (tfscache.dataplane.config), with the forwarded mark: no one there reads a load report, so the
+# peer sends none (on gRPC it would reach the client, in trailers HAProxy cannot edit). Never sent
+# on to a node or a peer (upstream.py): it speaks of one hop.
+VIA_KEY = "x-tfscache-via"
+VIA_DATA_PLANE = "haproxy"
 _OOM_TEXT_BYTES = 4096  # of a REST error's body, read for a node's out-of-memory text
 
 

@@ -9,9 +9,10 @@ Each request binds its log context here (model, request id; the router adds the
 node): the id is the caller's ``x-request-id`` metadata, else a generated one, which
 is then sent on to the node or peer so a forwarded request keeps it, and sent back to
 the caller in the trailing metadata (``x-request-id``), errors included. The answer to a
-request a peer sidecar forwarded also carries this sidecar's own node's load
-(``x-tfscache-load``, docs/copies.md) for the peer's copies rule. Each request is
-timed and counted here too (``Metrics.begin`` / ``request``).
+request a peer sidecar's Python front end forwarded also carries this sidecar's own node's
+load (``x-tfscache-load``, docs/copies.md) for the peer's copies rule; one the peer's HAProxy
+sent (``x-tfscache-via``) does not, since HAProxy would pass it on to its client. Each request
+is timed and counted here too (``Metrics.begin`` / ``request``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Callable, Mapping
 import grpc
 
 from tfscache import errors, logs
-from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY
+from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY, VIA_KEY
 from tfscache.frontend.methods import Method, RouteKey
 from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.router import Router
@@ -96,12 +97,14 @@ class _Handlers(grpc.GenericRpcHandler):
         async def behavior(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
             started = metrics.begin() if metrics is not None else None
             metadata = context.invocation_metadata() or ()
-            request_id, forwarded = None, False
+            request_id, forwarded, via = None, False, False
             for k, v in metadata:
                 if k == REQUEST_ID_KEY:
                     request_id = v
                 elif k == FORWARDED_KEY:
                     forwarded = True
+                elif k == VIA_KEY:
+                    via = True
             outgoing = forwardable_metadata(metadata)
             if request_id is None:  # one made here goes to the node or peer, as the caller's would
                 request_id = new_request_id()
@@ -140,8 +143,8 @@ class _Handlers(grpc.GenericRpcHandler):
                     response = await _unknown_model(
                         router, method, key, request, outgoing, deadline, forwarded, missing
                     )
-                # for the peer's copies rule
-                if forwarded and (load := router.own_load()) is not None:
+                # for the peer's copies rule, unless its HAProxy sent it (no one reads it there)
+                if forwarded and not via and (load := router.own_load()) is not None:
                     context.set_trailing_metadata(((REQUEST_ID_KEY, request_id), (LOAD_KEY, load)))
                 if debug():
                     log.debug(

@@ -3,8 +3,9 @@
 The protocol's API (``Protocol.rest_api``) matches the URLs, routes and maps its errors;
 this server counts and times every request (``Metrics.begin`` / ``request``) and sends the
 request id back in the ``X-Request-Id`` header, whatever the API; a (not streamed, not failed)
-answer to a request a peer sidecar forwarded also carries this sidecar's own node's load
-(``x-tfscache-load``, docs/copies.md).
+answer to a request a peer sidecar's Python front end forwarded also carries this sidecar's own
+node's load (``x-tfscache-load``, docs/copies.md); one the peer's HAProxy sent
+(``x-tfscache-via``) does not.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from tfscache import logs
-from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY
+from tfscache.frontend.backends import FORWARDED_KEY, LOAD_KEY, VIA_KEY
 from tfscache.frontend.protocol import Protocol
 from tfscache.frontend.router import Router
 from tfscache.webserver import REFUSAL_LOG_PERIOD_S, WebServer
@@ -63,7 +64,8 @@ class RestFrontend(WebServer):
         request_id = logs.request_id.get() or request.headers.get(REQUEST_ID_HEADER)
         if request_id:  # the id the request was logged and forwarded with goes back
             response.headers[REQUEST_ID_HEADER] = request_id
-        if (FORWARDED_KEY in request.headers and response.status < 400 and not response.prepared
+        if (FORWARDED_KEY in request.headers and VIA_KEY not in request.headers
+                and response.status < 400 and not response.prepared
                 and (load := self._router.own_load()) is not None):
             response.headers[LOAD_KEY] = load  # for the forwarding peer's copies rule
         if self._metrics is not None:

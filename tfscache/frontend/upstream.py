@@ -36,9 +36,10 @@ from tfscache.tls import PeerTls
 
 log = logging.getLogger("tfscache.frontend.upstream")
 
-# Request headers a client sends that must not be copied onto the hop to the node.
+# Request headers a client sends that must not be copied onto the hop to the node; the last, a
+# peer's HAProxy's word that it sent this hop (backends.VIA_KEY), is of that hop alone.
 _HOP_METADATA = {"user-agent", "te", "content-type", "grpc-accept-encoding", "grpc-encoding",
-                 "grpc-timeout", "grpc-message-type", "host"}
+                 "grpc-timeout", "grpc-message-type", "host", "x-tfscache-via"}
 # Reply headers passed back besides Content-Type: where the JSON header of the Open Inference
 # Protocol's binary tensor extension ends in the body; a peer sidecar's load report (backends.LOAD_KEY,
 # which PeerBackend takes off before the reply goes on).
