@@ -5,7 +5,9 @@ again); the router waits for it within each request's deadline (docs/restarts.md
 new cache loads the models again on their next requests. Besides the looping clients, one
 request is deterministically inside the node when it dies: it asks for ``gate_10``, whose
 execute() writes a marker and then waits for a release file the test writes only after the
-restart.
+restart. On both data planes: with ``--data-plane haproxy`` the looping clients' warm requests
+go from HAProxy to tritonserver, and HAProxy sends those in flight at the kill again
+(docs/data-plane.md, "Nodes that fail").
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ import psutil
 import pytest
 import tritonclient.grpc as tritongrpc
 
+from support.dataplane import routed_by_key
 from support.serving import start_serve
 from support.triton import OipTraffic, resident_models, serve_triton_nodes
 from support.models.triton import build_addk, write_model
 from support.waiting import wait_until
+from tfscache.dataplane import binary
 
 MODELS = ["addk_1", "addk_2", "addk_3", "addk_4"]
+DATA_PLANES = ["python", pytest.param("haproxy", marks=pytest.mark.skipif(
+    not binary.available(), reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)"))]
 
 # y = x + 10 once the release file exists; each execute() first leaves a marker behind.
 _GATE_PY = '''\
@@ -65,24 +71,23 @@ def stubs_of(server_pid: int) -> list[int]:
     return found
 
 
-@pytest.fixture(scope="module")
-def gate(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("gate")
-
-
-@pytest.fixture(scope="module")
-def one_node(tmp_path_factory, gate: Path):
+@pytest.fixture(scope="module", params=DATA_PLANES)
+def one_node(request, tmp_path_factory):
+    """A serve with one tritonserver on ``request.param``'s data plane, and its gate directory."""
+    gate = tmp_path_factory.mktemp("gate")
     repository = tmp_path_factory.mktemp("restart-repository")
     for k in range(1, 5):
         build_addk(repository, k)
     write_model(repository, "gate_10", _GATE_PY.format(gate=str(gate)), {})
     with start_serve(tmp_path_factory.mktemp("restart-serve"), repository, "--backend", "triton",
-                     "--local-nodes", "1", "--max-models-per-node", "5") as serve:
-        yield serve
+                     "--local-nodes", "1", "--max-models-per-node", "5",
+                     "--data-plane", request.param) as serve:
+        serve.data_plane = request.param
+        yield serve, gate
 
 
-def test_a_triton_node_killed_under_traffic_fails_no_request(one_node, gate):
-    serve = one_node
+def test_a_triton_node_killed_under_traffic_fails_no_request(one_node):
+    serve, gate = one_node
     old = serve_triton_nodes(serve)["node0"]
     gated: list[object] = []
 
@@ -101,6 +106,9 @@ def test_a_triton_node_killed_under_traffic_fails_no_request(one_node, gate):
                     timeout=120.0) as traffic:
         wait_until(lambda: traffic.ok() >= 40, 120, "warm traffic")
         assert resident_models(f"127.0.0.1:{old['grpc']}") == set(MODELS)
+        if serve.data_plane == "haproxy":  # the looping requests go from HAProxy to tritonserver
+            before = sum(routed_by_key(serve).values())
+            wait_until(lambda: sum(routed_by_key(serve).values()) >= before + 40, 60, "routed requests")
         thread = threading.Thread(target=gated_request)
         thread.start()
         wait_until(lambda: list(gate.glob("executing.*")), 120, "the gated request inside the node")
