@@ -3,7 +3,9 @@
 * Embedded: the ``mlserver start`` child is SIGKILLed (with its inference workers) while 6
   clients send requests; the supervisor starts it again (new ports: chosen again), the router
   waits for it within each request's deadline (docs/restarts.md), and the new cache loads the
-  models again on their next requests.
+  models again on their next requests. On both data planes: with ``--data-plane haproxy`` the
+  warm requests go from HAProxy to MLServer, which sends those in flight at the kill again
+  (docs/data-plane.md, "Nodes that fail").
 * Sidecar: MLServer behind ``tfscache serve --node-address`` is killed and started again at the
   same address with nothing loaded. The first request for a model the cache holds as ready
   gets MLServer's NOT_FOUND "Model NAME with version  not found": the cache rechecks what the
@@ -20,11 +22,13 @@ import pytest
 import tritonclient.grpc as tritongrpc
 from tritonclient.utils import InferenceServerException
 
+from support.dataplane import routed_by_key
 from support.serving import start_serve
 from support.mlserver import mlserver_infer, serve_nodes, start_mlserver
 from support.process import started_together
 from support.traffic import ClientLoop
 from support.waiting import wait_until
+from tfscache.dataplane import binary
 
 MODELS = ["addk_1", "addk_2", "addk_3"]
 
@@ -63,11 +67,26 @@ def started(tmp_path_factory, mlserver_repository, mlserver_bin):
         yield {"embedded": embedded, "raw": raw}
 
 
-def test_an_embedded_node_killed_under_traffic_fails_no_request(started):
-    serve = started["embedded"]
+@pytest.fixture(scope="module")
+def on_haproxy(tmp_path_factory, mlserver_repository, mlserver_bin):
+    """A serve with its own MLServer node on the haproxy data plane."""
+    if not binary.available():
+        pytest.skip("haproxy >= 2.6 is not installed (scripts/test.sh installs it)")
+    with start_serve(tmp_path_factory.mktemp("restart-haproxy"), mlserver_repository, "--backend",
+                     "mlserver", "--local-nodes", "1", "--node-command", mlserver_bin,
+                     "--data-plane", "haproxy") as serve:
+        yield serve
+
+
+@pytest.mark.parametrize("data_plane", ["python", "haproxy"])
+def test_an_embedded_node_killed_under_traffic_fails_no_request(data_plane, started, request):
+    serve = started["embedded"] if data_plane == "python" else request.getfixturevalue("on_haproxy")
     first = serve_nodes(serve)["node0"]
     with Traffic(serve.grpc_target) as traffic:
         wait_until(lambda: traffic.ok() >= 20, 180, "warm traffic")
+        if data_plane == "haproxy":  # the warm requests go from HAProxy to MLServer
+            before = sum(routed_by_key(serve).values())
+            wait_until(lambda: sum(routed_by_key(serve).values()) >= before + 20, 60, "routed requests")
         os.killpg(first["pid"], signal.SIGKILL)  # mlserver and its workers, as the OOM killer might
         count = traffic.done()
         wait_until(lambda: serve_nodes(serve)["node0"]["pid"] != first["pid"], 180, "the node restarted")
