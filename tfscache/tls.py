@@ -88,7 +88,8 @@ def read_files(cert_file: str, key_file: str, ca_file: str) -> Pem:
 
 
 def read_ca(ca_file: str) -> bytes:
-    """A CA file's bytes, checked to load as CA certificates (blocking); ``ssl.SSLError``/``OSError``."""
+    """A CA file's bytes, checked to load as CA certificates (blocking: run in a thread);
+    ``ssl.SSLError``/``OSError``."""
     data = Path(ca_file).read_bytes()
     ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(
         cadata=data.decode("ascii", "replace"))

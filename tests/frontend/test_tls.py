@@ -345,9 +345,10 @@ async def test_two_sidecars_with_mutual_tls_forward_to_each_other(pki, nodes, fr
         if data_plane == "haproxy":
             assert routed_by_key(a).get(f"{name}@b") == 2
             stats = server_stats(a)
-            for backend in ("grpc_b", "rest_b"):  # every request reached b, none failed on the way
-                assert (stats[(backend, "b")]["status"], stats[(backend, "b")]["econ"]) == ("UP", "0")
-                assert stats[(backend, "python")]["stot"] == "0"
+            for backend in ("grpc_b", "rest_b"):  # each request reached b, none failed on the way
+                b_server = stats[(backend, "b")]
+                assert [b_server[field] for field in ("stot", "econ", "wretr", "wredis")] == ["1", "0", "0", "0"]
+                assert stats[(backend, "python")]["stot"] == "0"  # the backup got none
         assert not node_holds(nodes["a"], name)
     finally:
         for app in apps.values():
