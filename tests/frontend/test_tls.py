@@ -12,6 +12,7 @@ HAProxy (its stick table counts it).
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import ssl
@@ -407,6 +408,40 @@ async def test_a_peer_whose_certificate_the_peer_cas_did_not_sign_is_not_reached
                     assert stats[(backend, "python")]["stot"] == "2"
                 assert node_holds(nodes["a"], name) and f"{name}@b" not in routed_by_key(b)
         assert not node_holds(nodes["b"], name)
+    finally:
+        for app in apps.values():
+            await app.stop(grace=1)
+
+
+@pytest.mark.skipif(not binary.available(), reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)")
+async def test_a_peer_at_an_ip_address_with_no_peer_server_name_keeps_the_slow_path(pki, nodes, frontend_repo,
+                                                                                   tmp_path, caplog):
+    # The sidecars' certificate is for 127.0.0.1 (an IP address in its subjectAltName), and no
+    # tls.peer_server_name is set: the Python path checks b's address against it, which HAProxy
+    # cannot do. So a's HAProxy has no backend for b and routes nothing there; b's model takes the
+    # slow path, and is answered.
+    ca_file, client = pki["ca_file"], pki["client"]
+    apps = {key: ServeApp(sidecar_settings(key, node, frontend_repo, tmp_path, pki["server"], ca_file, "haproxy",
+                                           peer_server_name=""))
+            for key, node in nodes.items()}
+    a, name = apps["a"], "addk_4"
+    caplog.set_level(logging.INFO, logger="tfscache.dataplane")
+    try:
+        await start_sidecars(apps, "python")  # no HAProxy waits for a peer's backend here
+        assert Ring(["a", "b"]).owner(name) == "b"
+        assert "b" in a.topology.peers()
+        async with grpc.aio.secure_channel(f"127.0.0.1:{a.grpc_port}", credentials(ca_file, client)) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            for x in (1.0, 2.0):
+                response = await stub.Predict(predict_request(name, x), timeout=60)
+                assert list(response.outputs["y"].float_val) == [x + 4]
+                # asked for with no route: in a's table missed until a's control plane read it
+                await until(lambda: f"key={name} " not in runtime_command(a, "show table missed"), 30,
+                            f"{name} read from a's table missed")
+                assert a.dataplane.peer_routes.current == {} and a.dataplane.supervisor.plan.peers == ()
+        assert f"{name}@b" not in routed_by_key(a) and not node_holds(nodes["a"], name)
+        assert not serving_peer(a, "b")
+        assert "peer b at 127.0.0.1:" in caplog.text and "takes the slow path" in caplog.text
     finally:
         for app in apps.values():
             await app.stop(grace=1)
