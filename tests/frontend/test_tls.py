@@ -295,6 +295,13 @@ async def start_sidecars(apps: dict, data_plane: str) -> None:
                             f"{peer} in {key}'s HAProxy configuration")
 
 
+def write_ca_bundle(path: Path, *cas: Path) -> None:
+    """``path`` holds the certificates of ``cas``, replaced in one rename (as a Secret's update)."""
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_bytes(b"".join(ca.read_bytes() for ca in cas))
+    scratch.replace(path)
+
+
 def client_tls(ca_file: Path, client: Leaf) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=str(ca_file))
     context.load_cert_chain(client.cert, client.key)
@@ -365,13 +372,17 @@ async def test_a_peer_whose_certificate_the_peer_cas_did_not_sign_is_not_reached
     # checks mark b's servers down, and the backup, a's Python front end, gets the requests,
     # marked as forwarded (as for a peer that refuses connections), and serves them from a's own
     # node. A request that meets b's certificate while b's server is still up is sent again, to
-    # the backup. None reaches b; none fails.
+    # the backup. None reaches b; none fails. Then a SIGHUP with b's CA added to a's peer CAs: a's
+    # HAProxy, reloaded, checks b against them, and its next request reaches b.
     first, second = pki["ca"], trustme.CA()
-    both = tmp_path / "both-cas.pem"
-    both.write_bytes(pki["ca_file"].read_bytes() + second.cert_pem.bytes())
-    leaves = {"a": write_leaf(first, tmp_path / "a", SIDECAR_NAME), "b": write_leaf(second, tmp_path / "b", SIDECAR_NAME)}
+    second_ca = write_ca(second, tmp_path / "second-ca.pem")
+    both, peer_ca = tmp_path / "both-cas.pem", tmp_path / "peer-ca.pem"
+    write_ca_bundle(both, pki["ca_file"], second_ca)
+    write_ca_bundle(peer_ca, pki["ca_file"])  # a's peer CAs, rewritten below
+    leaves = {"a": write_leaf(first, tmp_path / "a", SIDECAR_NAME),
+              "b": write_leaf(second, tmp_path / "b", SIDECAR_NAME)}
     apps = {key: ServeApp(sidecar_settings(key, node, frontend_repo, tmp_path, leaves[key], both, data_plane,
-                                           peer_ca_file=str(pki["ca_file"])))
+                                           peer_ca_file=str(peer_ca)))
             for key, node in nodes.items()}
     a, b, client, name = apps["a"], apps["b"], pki["client"], "addk_1"
     context = client_tls(pki["ca_file"], client)
@@ -407,7 +418,19 @@ async def test_a_peer_whose_certificate_the_peer_cas_did_not_sign_is_not_reached
                             stats[(backend, "b")]["wredis"]) == ("DOWN", "1", "1")
                     assert stats[(backend, "python")]["stot"] == "2"
                 assert node_holds(nodes["a"], name) and f"{name}@b" not in routed_by_key(b)
-        assert not node_holds(nodes["b"], name)
+                assert not node_holds(nodes["b"], name)
+
+                write_ca_bundle(peer_ca, pki["ca_file"], second_ca)
+                await a.reload_tls()  # SIGHUP's work, in process
+                assert a.dataplane.peer_routes.current == {name: "b"}  # kept across the reload
+                response = await stub.Predict(predict_request(name, 7.0), timeout=60)
+                assert list(response.outputs["y"].float_val) == [8.0]
+                stats = server_stats(a)  # the new worker's: it sent the request to b, and b took it
+                assert [stats[("grpc_b", "b")][field] for field in ("stot", "econ", "wredis")] == ["1", "0", "0"]
+                assert stats[("grpc_b", "python")]["stot"] == "0"
+                assert node_holds(nodes["b"], name)
+        if data_plane == "python":
+            assert not node_holds(nodes["b"], name)
     finally:
         for app in apps.values():
             await app.stop(grace=1)
