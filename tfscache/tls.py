@@ -81,13 +81,25 @@ def read_files(cert_file: str, key_file: str, ca_file: str) -> Pem:
     """The files' bytes, checked to load together (blocking: run in a thread);
     ``ssl.SSLError``/``OSError``."""
     pem = Pem(Path(cert_file).read_bytes(), Path(key_file).read_bytes(),
-              Path(ca_file).read_bytes() if ca_file else None)
+              read_ca(ca_file) if ca_file else None)
     # what the live context will load, tried first
-    scratch = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    scratch.load_cert_chain(cert_file, key_file)
-    if pem.ca is not None:
-        scratch.load_verify_locations(cadata=pem.ca.decode("ascii", "replace"))
+    ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(cert_file, key_file)
     return pem
+
+
+def read_ca(ca_file: str) -> bytes:
+    """A CA file's bytes, checked to load as CA certificates (blocking: run in a thread);
+    ``ssl.SSLError``/``OSError``."""
+    data = Path(ca_file).read_bytes()
+    ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_verify_locations(
+        cadata=data.decode("ascii", "replace"))
+    return data
+
+
+def peer_ca_file(section: TlsSection) -> str:
+    """The CAs that verify a peer sidecar's certificate: ``peer_ca_file``, else
+    ``client_ca_file``; empty: the system's roots."""
+    return section.peer_ca_file or section.client_ca_file
 
 
 class ServerTls:
@@ -149,7 +161,7 @@ class PeerTls:
     def __init__(self, section: TlsSection) -> None:
         """Reads the files (blocking: construct it in a thread)."""
         self._section = section
-        self.ca_file = section.peer_ca_file or section.client_ca_file
+        self.ca_file = peer_ca_file(section)
         self.server_name = section.peer_server_name or None
         pem = read_files(section.cert_file, section.key_file, self.ca_file)
         self._credentials = self._make_credentials(pem)

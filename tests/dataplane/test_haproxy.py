@@ -44,6 +44,7 @@ from tfscache.dataplane.process import HaproxyConfigError, Supervisor
 from tfscache.dataplane.routes import Routes, revoked
 from tfscache.dataplane.runtime import Runtime, RuntimeApiError
 from tfscache.frontend.protocols.tfserving import DATA_PLANE
+from tfscache.settings.sections import TlsSection
 
 pytestmark = pytest.mark.skipif(
     not binary.available(), reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)")
@@ -281,6 +282,105 @@ async def test_the_tls_files_are_checked_by_haproxy_before_they_are_served(tmp_p
         staged.pem.write_bytes(Path(section.cert_file).read_bytes() + Path(wrong.key_file).read_bytes())
         with pytest.raises(HaproxyConfigError, match="haproxy.pem.new"):
             await supervisor.check(dataclasses.replace(plan, tls=staged))
+
+
+def _checked(plan: config.Plan, *fds: int) -> str:
+    """``plan`` rendered, once ``haproxy -c`` accepted it with no warning."""
+    text = config.render(plan)
+    for path in (plan.state_dir / "haproxy.cfg", plan.map_path, plan.peer_map_path):
+        path.write_text(text if path.name == "haproxy.cfg" else "")
+    check = subprocess.run(["haproxy", "-c", "-f", str(plan.state_dir / "haproxy.cfg")],
+                           capture_output=True, text=True, pass_fds=fds)
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert "Warning" not in check.stdout + check.stderr, check.stdout + check.stderr
+    return text
+
+
+def test_peers_are_reached_over_tls_as_the_python_path_reaches_them(tmp_path):
+    """Sidecar mode with [tls]: a peer's server lines speak TLS as tfscache.tls.PeerTls does,
+    with this sidecar's certificate as the client's, the peer verified against the peer CAs
+    (tls.peer_ca_file, else tls.client_ca_file: written beside the PEM; neither: the system's)
+    for tls.peer_server_name, else the host of its address. HAProxy cannot check an IP address
+    in a certificate, so a peer at one, with no tls.peer_server_name, is the slow path."""
+    section = _tls_section(tmp_path / "pki", client_ca=True)
+    state = tmp_path / "dataplane"
+    state.mkdir()
+    tls = certs.files(state, section, peers=True)
+    certs.write(section, tls)
+    assert (tls.peer_ca.name, tls.peer_ca.stat().st_mode & 0o777) == ("peer-ca.pem", 0o600)
+    assert tls.peer_ca.read_bytes() == Path(section.client_ca_file).read_bytes()
+    assert certs.files(state, section).peer_ca is None  # not a sidecar: no peers
+
+    def servers(text: str) -> dict[str, list[str]]:
+        return {backend.split("\n", 1)[0]: [line.strip() for line in backend.splitlines()
+                                             if line.strip().startswith("server ")]
+                for backend in text.split("\nbackend ")[1:]}
+
+    marks = " check inter 1s observe layer4 error-limit 1 on-error mark-down"
+    with socket.create_server(("127.0.0.1", 0)) as g, socket.create_server(("127.0.0.1", 0)) as r:
+        plan = config.Plan(grpc_fd=g.fileno(), rest_fd=r.fileno(), fallback_grpc="127.0.0.1:1",
+                           fallback_rest="127.0.0.1:2", nodes=[], state_dir=state,
+                           runtime_socket=state / "runtime.sock", rules=DATA_PLANE, tls=tls,
+                           peers=[config.Node("p1", "localhost:5", "localhost:6"),
+                                  config.Node("p2", "127.0.0.1:7", "127.0.0.1:8")],
+                           mark=("x-tfscache-forwarded", "own"), via=("x-tfscache-via", "haproxy"))
+        by_host = servers(_checked(plan, g.fileno(), r.fileno()))
+        named = servers(_checked(dataclasses.replace(plan, tls=dataclasses.replace(
+            tls, peer_ca=None, peer_name="sidecar.tfscache.test")), g.fileno(), r.fileno()))
+    verify = f"ssl crt {tls.pem} ca-file {tls.peer_ca} verify required"
+    assert by_host["grpc_p1"] == [
+        f"server p1 localhost:5 proto h2 max-reuse 0 {verify} verifyhost localhost "
+        f"sni str(localhost) check-sni localhost alpn h2{marks}",
+        "server python 127.0.0.1:1 proto h2 backup"]
+    assert by_host["rest_p1"] == [
+        f"server p1 localhost:6 max-reuse 0 {verify} verifyhost localhost "
+        f"sni str(localhost) check-sni localhost alpn http/1.1{marks}",
+        "server python 127.0.0.1:2 backup"]
+    # an IP address and no name: the Python front end, unmarked (the slow path)
+    assert by_host["grpc_p2"] == ["server python 127.0.0.1:1 proto h2"]
+    assert by_host["rest_p2"] == ["server python 127.0.0.1:2"]
+    # tls.peer_server_name: checked, and sent as SNI, whatever the address; the system's CAs
+    system = f"ssl crt {tls.pem} ca-file @system-ca verify required"
+    name = "sidecar.tfscache.test"
+    assert named["grpc_p2"][0] == (
+        f"server p2 127.0.0.1:7 proto h2 max-reuse 0 {system} verifyhost {name} "
+        f"sni str({name}) check-sni {name} alpn h2{marks}")
+    assert named["rest_p1"][0] == (
+        f"server p1 localhost:6 max-reuse 0 {system} verifyhost {name} "
+        f"sni str({name}) check-sni {name} alpn http/1.1{marks}")
+    # what HAProxy can check as Python does: a DNS name; never an IP address in any spelling
+    as_host = config.Tls(tls.pem)
+    assert [config.peer_name(as_host, address) for address in (
+        "sidecar-b.ns.svc:8500", "localhost:5", "127.0.0.1:5", "[::1]:5", "10.1:5",
+        "dns:///b:5")] == ["sidecar-b.ns.svc", "localhost", None, None, None, None]
+    assert config.peer_name(dataclasses.replace(as_host, peer_name="b.test"), "[::1]:5") == "b.test"
+
+
+def test_a_reload_checks_and_installs_the_peer_ca_with_the_certificate(tmp_path):
+    """SIGHUP's files in sidecar mode: the peer CA is staged, checked and installed with the
+    certificate, or, when one does not load, none of them is written."""
+    ca = trustme.CA()
+    leaf = write_leaf(ca, tmp_path / "server", "127.0.0.1")
+    peer_ca = write_ca(ca, tmp_path / "peer-ca.pem")
+    section = TlsSection(cert_file=str(leaf.cert), key_file=str(leaf.key),
+                         peer_ca_file=str(peer_ca), peer_server_name="b.test")
+    state = tmp_path / "dataplane"
+    state.mkdir()
+    tls = certs.files(state, section, peers=True)
+    assert (tls.client_ca, tls.peer_name) == (None, "b.test")
+    certs.write(section, tls)
+    staged = certs.staged(tls)
+    assert staged.peer_ca == state / "peer-ca.pem.new" and staged.peer_name == "b.test"
+    rotated = write_ca(trustme.CA(), peer_ca)  # the same path, another CA
+    certs.write(section, staged)
+    assert staged.peer_ca.read_bytes() == rotated.read_bytes() != tls.peer_ca.read_bytes()
+    certs.install(staged, tls)
+    assert tls.peer_ca.read_bytes() == rotated.read_bytes() and not staged.peer_ca.exists()
+    assert tls.peer_ca.stat().st_mode & 0o777 == 0o600
+    rotated.write_text("not a certificate\n")
+    with pytest.raises(ssl.SSLError):
+        certs.write(section, staged)
+    assert not staged.pem.exists() and not staged.peer_ca.exists()
 
 
 async def test_hot_methods_are_routed_by_the_model_in_the_body_or_path(nodes, tmp_path):

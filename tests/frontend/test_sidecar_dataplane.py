@@ -17,7 +17,7 @@ import grpc
 import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from support.dataplane import routed_by_key, runtime_command
+from support.dataplane import routed_by_key, runtime_command, serving_peer
 from support.gate import Clock
 from support.requests import predict_request
 from support.sidecars import node_holds, predict, running_sidecars
@@ -54,11 +54,6 @@ def by_python(app, peer: str) -> int:
 
 def answered(app, protocol: str, method: str, code: str) -> float:
     return app.metrics.requests.labels(protocol, method, code)._value.get()
-
-
-def serving_peer(app, peer: str) -> bool:
-    """``app``'s HAProxy serves with ``peer``'s backend: the worker reloaded with it answers."""
-    return f"grpc_{peer} " in runtime_command(app, "show servers state")
 
 
 async def routed_to_peer(a, b) -> None:

@@ -12,6 +12,7 @@ HAProxy (its stick table counts it).
 
 from __future__ import annotations
 
+import logging
 import signal
 import socket
 import ssl
@@ -30,8 +31,8 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from support.serving import serve_command, start_serve
 from support.certs import Leaf, write_ca, write_leaf
-from support.dataplane import dataplane_dir, routed_by_key
-from support.waiting import wait_until
+from support.dataplane import dataplane_dir, routed_by_key, runtime_command, server_stats, serving_peer
+from support.waiting import until, wait_until
 from support.node import REPO, version_status_at
 from support.requests import predict_request
 from tfscache import settings as settings_mod
@@ -264,16 +265,54 @@ def test_sighup_gives_new_connections_the_new_certificate(pki, nodes, frontend_r
 
 
 def sidecar_settings(name: str, node, repo: Path, state_dir: Path, server: Leaf, ca_file: Path,
-                     data_plane: str = "python"):
+                     data_plane: str = "python", **more: str):
+    """``more``: further [tls] settings (``peer_ca_file=...``)."""
     return settings_mod.load(env={}, overrides={"server.data_plane": data_plane,
         "model_repository": str(repo), "node.node_address": f"127.0.0.1:{node.grpc_port},{node.rest_port}",
         "ring.self_name": name, "server.bind_address": "127.0.0.1", "server.grpc_port": 0,
         "server.rest_port": 0, "node.state_dir": str(state_dir / name), "tls.cert_file": str(server.cert),
-        "tls.key_file": str(server.key), "tls.client_ca_file": str(ca_file), "tls.peer_server_name": SIDECAR_NAME})
+        "tls.key_file": str(server.key), "tls.client_ca_file": str(ca_file), "tls.peer_server_name": SIDECAR_NAME,
+        **{f"tls.{key}": value for key, value in more.items()}})
 
 
 def node_holds(node, name) -> bool:
     return any(s.state == 30 for s in version_status_at(node.grpc_target, name))
+
+
+async def start_sidecars(apps: dict, data_plane: str) -> None:
+    """Start each sidecar, tell each every sidecar's address (as discovery would), and, with
+    HAProxy, wait until each HAProxy serves with its peer's backends (a reload starts HAProxy's
+    tables afresh, so a request before it would be forgotten)."""
+    for app in apps.values():
+        await app.start()
+    peers = [Peer(key, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for key, app in apps.items()]
+    for app in apps.values():
+        await app.set_peers(peers)
+    if data_plane == "haproxy":
+        for key, app in apps.items():
+            for peer in apps.keys() - {key}:
+                await until(lambda app=app, peer=peer: serving_peer(app, peer), 30,
+                            f"{peer} in {key}'s HAProxy configuration")
+
+
+def write_ca_bundle(path: Path, *cas: Path) -> None:
+    """``path`` holds the certificates of ``cas``, replaced in one rename (as a Secret's update)."""
+    scratch = path.with_name(path.name + ".tmp")
+    scratch.write_bytes(b"".join(ca.read_bytes() for ca in cas))
+    scratch.replace(path)
+
+
+def client_tls(ca_file: Path, client: Leaf) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(ca_file))
+    context.load_cert_chain(client.cert, client.key)
+    return context
+
+
+async def rest_predict(port: int, name: str, x: float, context: ssl.SSLContext) -> tuple[int, object]:
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"https://127.0.0.1:{port}/v1/models/{name}:predict", json={"instances": [x]},
+                             ssl=context, server_hostname=SIDECAR_NAME) as reply:
+            return reply.status, await reply.json()
 
 
 async def test_two_sidecars_with_mutual_tls_forward_to_each_other(pki, nodes, frontend_repo, tmp_path,
@@ -282,30 +321,150 @@ async def test_two_sidecars_with_mutual_tls_forward_to_each_other(pki, nodes, fr
     # the hop a -> b verifies b against it, and presents the same certificate as a client. With
     # HAProxy on the public ports, the hop reaches b's HAProxy, which takes b's certificate and
     # sends the marked request on to b's front end (nothing of the TLS session is passed on).
+    # Then, once a's control plane routes the model to b, a's HAProxy itself makes that hop, as
+    # the Python path does: b's HAProxy counts what it gets, and none fell back to a's own node.
     ca_file, client = pki["ca_file"], pki["client"]
     server = write_leaf(pki["ca"], tmp_path / "sidecar", SIDECAR_NAME)
     apps = {key: ServeApp(sidecar_settings(key, node, frontend_repo, tmp_path, server, ca_file, data_plane))
             for key, node in nodes.items()}
+    a, b = apps["a"], apps["b"]
+    name = "addk_5"
     try:
-        for app in apps.values():
-            await app.start()
-        peers = [Peer(key, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for key, app in apps.items()]
-        for app in apps.values():
-            await app.set_peers(peers)
-        name = "addk_5"
+        await start_sidecars(apps, data_plane)
         assert Ring(["a", "b"]).owner(name) == "b"
-        async with grpc.aio.secure_channel(f"127.0.0.1:{apps['a'].grpc_port}", credentials(ca_file, client),
+        async with grpc.aio.secure_channel(f"127.0.0.1:{a.grpc_port}", credentials(ca_file, client),
                                            options=[("grpc.ssl_target_name_override", SIDECAR_NAME)]) as channel:
             stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
             response = await stub.Predict(predict_request(name, 1.0), timeout=60)
-        assert list(response.outputs["y"].float_val) == [6.0]
+            assert list(response.outputs["y"].float_val) == [6.0]
+            if data_plane == "haproxy":  # the first went a's slow way; the next goes HAProxy's
+                await until(lambda: a.dataplane.peer_routes.current == {name: "b"}, 30,
+                            f"a's HAProxy routing {name} to b")
+                await until(lambda: name in b.dataplane.routes.current, 30, f"b's HAProxy routing {name}")
+                at_b = routed_by_key(b).get(f"{name}@b", 0)
+                response = await stub.Predict(predict_request(name, 3.0), timeout=60)
+                assert list(response.outputs["y"].float_val) == [8.0]
+                assert routed_by_key(a).get(f"{name}@b") == 1  # a's HAProxy sent it to b ...
+                assert routed_by_key(b).get(f"{name}@b") == at_b + 1  # ... whose HAProxy took it
         assert node_holds(nodes["b"], name) and not node_holds(nodes["a"], name)
-        context = ssl.create_default_context(cafile=str(ca_file))
-        context.load_cert_chain(client.cert, client.key)
-        async with aiohttp.ClientSession() as http:  # REST is forwarded over HTTPS too
-            async with http.post(f"https://127.0.0.1:{apps['a'].rest_port}/v1/models/{name}:predict",
-                                 json={"instances": [2.0]}, ssl=context, server_hostname=SIDECAR_NAME) as reply:
-                assert (reply.status, await reply.json()) == (200, {"predictions": [7.0]})
+        # REST is forwarded over HTTPS too
+        assert await rest_predict(a.rest_port, name, 2.0, client_tls(ca_file, client)) == \
+            (200, {"predictions": [7.0]})
+        if data_plane == "haproxy":
+            assert routed_by_key(a).get(f"{name}@b") == 2
+            stats = server_stats(a)
+            for backend in ("grpc_b", "rest_b"):  # each request reached b, none failed on the way
+                b_server = stats[(backend, "b")]
+                assert [b_server[field] for field in ("stot", "econ", "wretr", "wredis")] == ["1", "0", "0", "0"]
+                assert stats[(backend, "python")]["stot"] == "0"  # the backup got none
+        assert not node_holds(nodes["a"], name)
+    finally:
+        for app in apps.values():
+            await app.stop(grace=1)
+
+
+async def test_a_peer_whose_certificate_the_peer_cas_did_not_sign_is_not_reached(pki, nodes, frontend_repo,
+                                                                                tmp_path, data_plane):
+    # a trusts the first CA alone for its peers (tls.peer_ca_file); b presents a certificate of a
+    # second CA (either sidecar accepts either CA's client certificate). a's Python path cannot
+    # reach b: its request fails once its deadline passes. With HAProxy, once a's control plane
+    # routes the model to b all the same, a's HAProxy refuses b's certificate too: its health
+    # checks mark b's servers down, and the backup, a's Python front end, gets the requests,
+    # marked as forwarded (as for a peer that refuses connections), and serves them from a's own
+    # node. A request that meets b's certificate while b's server is still up is sent again, to
+    # the backup. None reaches b; none fails. Then a SIGHUP with b's CA added to a's peer CAs: a's
+    # HAProxy, reloaded, checks b against them, and its next request reaches b.
+    first, second = pki["ca"], trustme.CA()
+    second_ca = write_ca(second, tmp_path / "second-ca.pem")
+    both, peer_ca = tmp_path / "both-cas.pem", tmp_path / "peer-ca.pem"
+    write_ca_bundle(both, pki["ca_file"], second_ca)
+    write_ca_bundle(peer_ca, pki["ca_file"])  # a's peer CAs, rewritten below
+    leaves = {"a": write_leaf(first, tmp_path / "a", SIDECAR_NAME),
+              "b": write_leaf(second, tmp_path / "b", SIDECAR_NAME)}
+    apps = {key: ServeApp(sidecar_settings(key, node, frontend_repo, tmp_path, leaves[key], both, data_plane,
+                                           peer_ca_file=str(peer_ca)))
+            for key, node in nodes.items()}
+    a, b, client, name = apps["a"], apps["b"], pki["client"], "addk_1"
+    context = client_tls(pki["ca_file"], client)
+    try:
+        await start_sidecars(apps, data_plane)
+        assert Ring(["a", "b"]).owner(name) == "b"
+        async with grpc.aio.secure_channel(f"127.0.0.1:{a.grpc_port}", credentials(pki["ca_file"], client),
+                                           options=[("grpc.ssl_target_name_override", SIDECAR_NAME)]) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as failed:
+                await stub.Predict(predict_request(name, 1.0), timeout=3)
+            # the front end gives up on b when the request's deadline passes, as the client does
+            assert failed.value.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
+            if data_plane == "haproxy":
+                await until(lambda: a.dataplane.peer_routes.current == {name: "b"}, 30,
+                            f"a's HAProxy routing {name} to b")
+                await until(lambda: all(server_stats(a)[(backend, "b")]["status"] == "DOWN"
+                                        for backend in ("grpc_b", "rest_b")), 30, "b's servers marked down")
+                response = await stub.Predict(predict_request(name, 2.0), timeout=60)
+                assert list(response.outputs["y"].float_val) == [3.0]
+                assert await rest_predict(a.rest_port, name, 4.0, context) == (200, {"predictions": [5.0]})
+                # b's servers up again, and no check to mark them down: a request meets b's certificate
+                for backend in ("grpc_b", "rest_b"):
+                    runtime_command(a, f"disable health {backend}/b")
+                    runtime_command(a, f"set server {backend}/b health up")
+                response = await stub.Predict(predict_request(name, 5.0), timeout=60)
+                assert list(response.outputs["y"].float_val) == [6.0]
+                assert await rest_predict(a.rest_port, name, 6.0, context) == (200, {"predictions": [7.0]})
+                assert routed_by_key(a).get(f"{name}@b") == 4  # each took a's route to b ...
+                stats = server_stats(a)
+                for backend in ("grpc_b", "rest_b"):  # ... the last one tried b, then the backup
+                    assert (stats[(backend, "b")]["status"], stats[(backend, "b")]["stot"],
+                            stats[(backend, "b")]["wredis"]) == ("DOWN", "1", "1")
+                    assert stats[(backend, "python")]["stot"] == "2"
+                assert node_holds(nodes["a"], name) and f"{name}@b" not in routed_by_key(b)
+                assert not node_holds(nodes["b"], name)
+
+                write_ca_bundle(peer_ca, pki["ca_file"], second_ca)
+                await a.reload_tls()  # SIGHUP's work, in process
+                assert a.dataplane.peer_routes.current == {name: "b"}  # kept across the reload
+                response = await stub.Predict(predict_request(name, 7.0), timeout=60)
+                assert list(response.outputs["y"].float_val) == [8.0]
+                stats = server_stats(a)  # the new worker's: it sent the request to b, and b took it
+                assert [stats[("grpc_b", "b")][field] for field in ("stot", "econ", "wredis")] == ["1", "0", "0"]
+                assert stats[("grpc_b", "python")]["stot"] == "0"
+                assert node_holds(nodes["b"], name)
+        if data_plane == "python":
+            assert not node_holds(nodes["b"], name)
+    finally:
+        for app in apps.values():
+            await app.stop(grace=1)
+
+
+@pytest.mark.skipif(not binary.available(), reason="haproxy >= 2.6 is not installed (scripts/test.sh installs it)")
+async def test_a_peer_at_an_ip_address_with_no_peer_server_name_keeps_the_slow_path(pki, nodes, frontend_repo,
+                                                                                   tmp_path, caplog):
+    # The sidecars' certificate is for 127.0.0.1 (an IP address in its subjectAltName), and no
+    # tls.peer_server_name is set: the Python path checks b's address against it, which HAProxy
+    # cannot do. So a's HAProxy has no backend for b and routes nothing there; b's model takes the
+    # slow path, and is answered.
+    ca_file, client = pki["ca_file"], pki["client"]
+    apps = {key: ServeApp(sidecar_settings(key, node, frontend_repo, tmp_path, pki["server"], ca_file, "haproxy",
+                                           peer_server_name=""))
+            for key, node in nodes.items()}
+    a, name = apps["a"], "addk_4"
+    caplog.set_level(logging.INFO, logger="tfscache.dataplane")
+    try:
+        await start_sidecars(apps, "python")  # no HAProxy waits for a peer's backend here
+        assert Ring(["a", "b"]).owner(name) == "b"
+        assert "b" in a.topology.peers()
+        async with grpc.aio.secure_channel(f"127.0.0.1:{a.grpc_port}", credentials(ca_file, client)) as channel:
+            stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+            for x in (1.0, 2.0):
+                response = await stub.Predict(predict_request(name, x), timeout=60)
+                assert list(response.outputs["y"].float_val) == [x + 4]
+                # asked for with no route: in a's table missed until a's control plane read it
+                await until(lambda: f"key={name} " not in runtime_command(a, "show table missed"), 30,
+                            f"{name} read from a's table missed")
+                assert a.dataplane.peer_routes.current == {} and a.dataplane.supervisor.plan.peers == ()
+        assert f"{name}@b" not in routed_by_key(a) and not node_holds(nodes["a"], name)
+        assert not serving_peer(a, "b")
+        assert "peer b at 127.0.0.1:" in caplog.text and "takes the slow path" in caplog.text
     finally:
         for app in apps.values():
             await app.stop(grace=1)

@@ -48,6 +48,20 @@ def routed_by_key(serve) -> dict[str, int]:
     return routed
 
 
+def serving_peer(serve, peer: str) -> bool:
+    """The serve's HAProxy serves with ``peer``'s backend: the worker reloaded with it answers."""
+    return f"grpc_{peer} " in runtime_command(serve, "show servers state")
+
+
+def server_stats(serve) -> dict[tuple[str, str], dict[str, str]]:
+    """HAProxy's counters (``show stat``) by (backend, server): ``stot`` (requests sent there),
+    ``econ`` (connections that failed, a TLS handshake's included), ``status`` (UP, DOWN)."""
+    lines = runtime_command(serve, "show stat").splitlines()
+    names = lines[0].removeprefix("# ").split(",")
+    rows = [dict(zip(names, line.split(","))) for line in lines[1:] if line]
+    return {(row["pxname"], row["svname"]): row for row in rows}
+
+
 @contextlib.asynccontextmanager
 async def serving(settings, prepare=None) -> AsyncIterator:
     """An in-process ``ServeApp`` on ``settings``, started, with ``target`` (its public gRPC

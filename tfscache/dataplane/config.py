@@ -30,13 +30,16 @@ the node. The control plane therefore takes a node out of a model's route, then 
 With [tls], HAProxy terminates TLS on both public ports (``Tls``): the certificate chain and its
 key in one PEM, ALPN h2 on the gRPC port and http/1.1 on the REST port (the Python REST front
 end speaks HTTP/1.1 only), and with a client CA ``verify required``. The hop to the nodes and to the
-Python front end stays plain on 127.0.0.1.
+Python front end stays plain on 127.0.0.1. In sidecar mode the hop to a peer speaks TLS as the
+Python path's does (``_to_peer``): the same certificate as a client certificate, the peer's
+checked against the peer CAs for the peer's name (``peer_name``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Sequence
@@ -111,12 +114,18 @@ def rest_rules(path_regex: str, name: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Tls:
-    """[tls] on the public ports, as HAProxy reads it: ``pem``, the certificate chain followed by
-    its private key; ``client_ca``, the CAs a client's certificate must be signed by (mutual TLS),
-    None without. Both are files tfscache wrote (certs.py), never the user's."""
+    """[tls] as HAProxy reads it: ``pem``, the certificate chain followed by its private key;
+    ``client_ca``, the CAs a client's certificate must be signed by (mutual TLS), None without.
+    Sidecar mode, where every peer is reached over TLS (``Plan.peers``): ``pem`` is also the
+    client certificate presented to a peer; ``peer_ca``, the CAs that verify a peer's
+    certificate (None: the system's); ``peer_name``, the name a peer's certificate must carry
+    (None: the host of the peer's address; ``peer_name()``). The files are ones tfscache wrote
+    (certs.py), never the user's."""
 
     pem: Path
     client_ca: Path | None = None
+    peer_ca: Path | None = None
+    peer_name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -147,7 +156,7 @@ class Plan:
     # the most nodes a route's group may name (its copies); None: as many as there are nodes.
     # HAProxy's choice has one step per node after the first.
     group_width: int | None = None
-    tls: Tls | None = None  # None: plain text on the public ports
+    tls: Tls | None = None  # None: plain text on the public ports and to the peers
     # sidecar mode: the other sidecars a model may be routed to (their public addresses); the
     # forwarded mark (header, value: this sidecar's name) on what is sent them, which a request
     # also carries when a peer forwarded it here (None: not a sidecar, no peer routes); and the
@@ -224,6 +233,30 @@ def group(nodes: Sequence[str]) -> str:
 def members(value: str) -> tuple[str, ...]:
     """The nodes of a route's map value (``group``'s inverse)."""
     return tuple(value.split(GROUP))
+
+
+def peer_name(tls: Tls, address: str) -> str | None:
+    """The name HAProxy checks a peer's certificate for, as the Python path checks it
+    (tfscache.tls.PeerTls: grpc and ssl verify ``tls.peer_server_name``, else the host of the
+    peer's ``address``). None where HAProxy cannot check it the same way, so the peer is not
+    reached through HAProxy at all (its requests take the slow path): an IP address (HAProxy 2.6
+    matches a name against the certificate's DNS names and common name only, never an IP
+    address in its subjectAltName; with no name it would check no name at all), or anything
+    that is not a plain DNS name (a gRPC target such as ``dns:///host:port``)."""
+    name = tls.peer_name or _host(address)
+    return name if _DNS_NAME.fullmatch(name) else None
+
+
+def _host(address: str) -> str:
+    """``host`` of ``host:port`` (``[v6]:port``: ``v6``)."""
+    host = address.rpartition(":")[0] if ":" in address else address
+    return host.removeprefix("[").removesuffix("]")
+
+
+# A DNS name: labels of letters, digits and inner hyphens, the last one not all digits (so no
+# IPv4 address in any of its spellings; an IPv6 address has colons).
+_DNS_NAME = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
+                       r"(?=[A-Za-z0-9-]*[A-Za-z])[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?")
 
 
 def backend(protocol: str, node: str) -> str:
@@ -351,20 +384,39 @@ def _peer(peer: Node, protocol: str, address: str, plan: Plan) -> list[str]:
     is for this sidecar's Python path, not the client: each request also says that HAProxy sent
     it (``Plan.via``), so the peer sends none; one that a peer sends all the same (an older
     tfscache) is dropped from a REST reply's headers (``Plan.peer_private``), but not from gRPC
-    trailers, which HAProxy cannot edit."""
+    trailers, which HAProxy cannot edit. With [tls] the peer is reached over TLS (``_to_peer``);
+    one whose certificate HAProxy cannot check as the Python path does (``peer_name``) is the
+    slow path too."""
     fallback = plan.fallback_grpc if protocol == "grpc" else plan.fallback_rest
     kept = " proto h2" if protocol == "grpc" else ""
     lines = ["", f"backend {backend(protocol, peer.name)}"]
-    if not address:
+    secure = _to_peer(plan.tls, address, protocol) if address else None
+    if secure is None:
         return lines + [f"    server python {fallback}{kept}"]
     lines += [f"    http-request set-header {plan.mark[0]} {plan.mark[1]}"]
     if plan.via is not None:
         lines += [f"    http-request set-header {plan.via[0]} {plan.via[1]}"]
     if protocol == "rest":
         lines += [f"    http-response del-header {header}" for header in plan.peer_private]
-    return lines + [f"    server {peer.name} {address}{plan.server_options(protocol)} check "
-                    "inter 1s observe layer4 error-limit 1 on-error mark-down",
+    return lines + [f"    server {peer.name} {address}{plan.server_options(protocol)}{secure} "
+                    "check inter 1s observe layer4 error-limit 1 on-error mark-down",
                     f"    server python {fallback}{kept} backup"]
+
+
+def _to_peer(tls: Tls | None, address: str, protocol: str) -> str | None:
+    """A peer's server options for TLS, as the Python path's hop (tfscache.tls.PeerTls): this
+    sidecar's certificate as the client certificate, the peer's verified against ``peer_ca``
+    (or the system's CAs) for ``peer_name``, sent as SNI too (``verifyhost`` for the health
+    checks, which send ``check-sni``), ALPN h2 for gRPC, http/1.1 for REST. Empty without
+    [tls]: plain text, as the peers' own ports; None: a peer HAProxy cannot verify so."""
+    if tls is None:
+        return ""
+    name = peer_name(tls, address)
+    if name is None:
+        return None
+    alpn = "h2" if protocol == "grpc" else "http/1.1"
+    return (f" ssl crt {tls.pem} ca-file {tls.peer_ca or '@system-ca'} verify required"
+            f" verifyhost {name} sni str({name}) check-sni {name} alpn {alpn}")
 
 
 def _missed(plan: Plan) -> list[str]:

@@ -31,8 +31,12 @@ request it gets for a model it is unloading waits for the unload and loads it ag
 any client would. So no revocation waits for a peer's route.
 
 With [tls] (``tls.cert_file``), HAProxy terminates TLS on the public ports from files written
-into the data plane's state directory (certs.py). ``reload_tls`` (SIGHUP) writes them again,
-has HAProxy check them, and reloads it; files that do not load change nothing.
+into the data plane's state directory (certs.py), and in sidecar mode reaches the peers over TLS
+as the Python path does, with the same certificate and the peer CAs written there too; a peer
+whose address is an IP address, with no ``tls.peer_server_name``, gets no routes (HAProxy cannot
+check an IP address in a certificate: config.peer_name), so its models take the slow path.
+``reload_tls`` (SIGHUP) writes the files again, has HAProxy check them, and reloads it; files
+that do not load change nothing.
 
 Before a cache unloads a version, its ``revoker`` hook takes that node out of the model's route
 (the route keeps the group's other nodes, if any) and waits until HAProxy counts none of its
@@ -103,8 +107,8 @@ class DataPlane:
         ``answered(request, node, version)``: told of each routed request as HAProxy logs it
         (the request metrics and the request log; ``version`` None: sent to a peer sidecar);
         sidecar mode: ``peers()``, the peer sidecars' backends by name, and ``forwarded_as``,
-        this sidecar's name, the forwarded mark on what HAProxy sends them. Peers reached over
-        TLS (``tls.cert_file``) get no routes: their requests take the slow path;
+        this sidecar's name, the forwarded mark on what HAProxy sends them (over TLS with
+        ``tls.cert_file``, as the Python path's hop: config.py, ``_to_peer``);
         ``timed(node, protocol, seconds)``: HAProxy's mean response time of what it routed to a
         node or peer lately, every ``TIMES_EVERY`` polls (metrics); ``clock``: seconds, for the
         cadence of reads of the table ``missed`` (``MISSED_EVERY_S``; tests move a fake one,
@@ -120,7 +124,7 @@ class DataPlane:
         self.request_log: RequestLog | None = None
         self.usage = Usage(nodes, spread)
         self._spread = spread
-        sidecar = peers is not None and forwarded_as is not None and not settings.tls.cert_file
+        sidecar = peers is not None and forwarded_as is not None
         self._peers = peers if sidecar else None
         self._forwarded_as = _UNSAFE.sub("_", forwarded_as) if sidecar else None
         self.supervisor: Supervisor | None = None
@@ -139,6 +143,7 @@ class DataPlane:
         self._last_use: dict[tuple[str, str], float] = {}
         self._task: asyncio.Task | None = None
         self._tls: config.Tls | None = None  # the files HAProxy serves [tls] from
+        self._unverifiable: set[str] = set()  # peers kept on the slow path (logged once each)
 
     async def start(self, internal_grpc: int, internal_rest: int | None, *,
                     state_dir: Path) -> tuple[int, int | None]:
@@ -161,7 +166,8 @@ class DataPlane:
             await asyncio.to_thread(config.private_dir, self._runtime_socket.parent)
         await asyncio.to_thread(self._state.mkdir, parents=True, exist_ok=True)
         if self.settings.tls.cert_file:
-            self._tls = certs.files(self._state, self.settings.tls)
+            self._tls = certs.files(self._state, self.settings.tls,
+                                    peers=self._forwarded_as is not None)
             await asyncio.to_thread(certs.write, self.settings.tls, self._tls)
         if self._answered is not None:
             self.request_log = RequestLog(self._runtime_socket.parent / "requests.sock",
@@ -194,6 +200,8 @@ class DataPlane:
         peers = []
         for name, backend in sorted((self._peers() if self._peers else {}).items()):
             upstream = backend.upstream
+            if not self._verifiable(name, upstream.grpc_address):
+                continue
             node_id = self._ids.setdefault(name, _UNSAFE.sub("_", name))
             peers.append(config.Node(node_id, upstream.grpc_address,
                                      (upstream.rest_address or "").removeprefix("http://")))
@@ -208,6 +216,19 @@ class DataPlane:
                            peer_private=(LOAD_KEY,), via=(VIA_KEY, VIA_DATA_PLANE),
                            tls=self._tls,
                            shared_connections=self.settings.server.node_connections == "shared")
+
+    def _verifiable(self, peer: str, address: str) -> bool:
+        """Whether HAProxy can check peer ``peer``'s certificate at ``address`` as the Python
+        path does (always without [tls]); a peer it cannot is left out of the configuration, so
+        its models get no route from HAProxy and take the slow path (config.peer_name)."""
+        if self._tls is None or config.peer_name(self._tls, address) is not None:
+            return True
+        if peer not in self._unverifiable:
+            self._unverifiable.add(peer)
+            log.info("data plane: peer %s at %s takes the slow path: HAProxy cannot check its "
+                     "certificate for that address (an IP address: set tls.peer_server_name)",
+                     peer, address)
+        return False
 
     def _group_width(self) -> int | None:
         """The most nodes a route names: 1 with copies off (targets.py), a model's most copies
@@ -237,8 +258,9 @@ class DataPlane:
     async def reload_tls(self) -> bool:
         """SIGHUP: serve [tls]'s files as they are now, without closing a port or failing a
         request (a reload: new workers take the new certificate, old ones finish their
-        connections). Files that do not load, or that HAProxy refuses, change nothing: logged,
-        False."""
+        connections); new connections to peers present it too, and check the peers against the
+        peer CAs as they are now. Files that do not load, or that HAProxy refuses, change
+        nothing: logged, False."""
         section = self.settings.tls
         if self._tls is None or self.supervisor is None:
             return False
