@@ -17,7 +17,7 @@ import grpc
 import pytest
 from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-from support.dataplane import routed_by_key, runtime_command, serving_peer
+from support.dataplane import routed_by_key, runtime_command, served_with_peer, serving_peer
 from support.gate import Clock
 from support.requests import predict_request
 from support.sidecars import node_holds, predict, running_sidecars
@@ -61,7 +61,7 @@ async def routed_to_peer(a, b) -> None:
     b, which loads it; then a's control plane routes NAME to b, and b's routes it to b's node.
     First each HAProxy is reloaded with its peer (a stick table starts empty on a reload)."""
     for app, peer in ((a, "b"), (b, "a")):
-        await until(lambda: serving_peer(app, peer), 30, f"{peer} in the HAProxy configuration")
+        await until(lambda: served_with_peer(app, peer), 30, f"{peer} in the HAProxy configuration")
     response = await predict(a, NAME, 1.0)
     assert list(response.outputs["y"].float_val) == [2.0]
     assert by_python(a, "b") == 1
@@ -155,7 +155,7 @@ async def clocked(nodes, frontend_repo, tmp_path):
 
     async with running_sidecars(nodes, frontend_repo, tmp_path, HAPROXY, prepare=prepare) as apps:
         for app, peer in ((apps["a"], "b"), (apps["b"], "a")):
-            await until(lambda app=app, peer=peer: serving_peer(app, peer), 30,
+            await until(lambda app=app, peer=peer: served_with_peer(app, peer), 30,
                         f"{peer} in the HAProxy configuration")
         yield apps, clock
 
@@ -267,7 +267,7 @@ async def mixed(nodes, frontend_repo, tmp_path):
     report without)."""
     async with running_sidecars(nodes, frontend_repo, tmp_path, COPIES,
                                 each={"a": HAPROXY}) as apps:
-        await until(lambda: serving_peer(apps["a"], "b"), 30, "b in a's HAProxy configuration")
+        await until(lambda: served_with_peer(apps["a"], "b"), 30, "b in a's HAProxy configuration")
         yield apps
 
 

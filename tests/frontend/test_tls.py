@@ -31,7 +31,8 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from support.serving import serve_command, start_serve
 from support.certs import Leaf, write_ca, write_leaf
-from support.dataplane import dataplane_dir, routed_by_key, runtime_command, server_stats, serving_peer
+from support.dataplane import (dataplane_dir, routed_by_key, runtime_command, server_stats,
+                               served_with_peer, serving_peer)
 from support.waiting import until, wait_until
 from support.node import REPO, version_status_at
 from support.requests import predict_request
@@ -282,7 +283,8 @@ def node_holds(node, name) -> bool:
 async def start_sidecars(apps: dict, data_plane: str) -> None:
     """Start each sidecar, tell each every sidecar's address (as discovery would), and, with
     HAProxy, wait until each HAProxy serves with its peer's backends (a reload starts HAProxy's
-    tables afresh, so a request before it would be forgotten)."""
+    tables afresh, so a request before it would be forgotten), alone (an old worker's tables are
+    not read either)."""
     for app in apps.values():
         await app.start()
     peers = [Peer(key, f"127.0.0.1:{app.grpc_port}", f"127.0.0.1:{app.rest_port}") for key, app in apps.items()]
@@ -291,7 +293,7 @@ async def start_sidecars(apps: dict, data_plane: str) -> None:
     if data_plane == "haproxy":
         for key, app in apps.items():
             for peer in apps.keys() - {key}:
-                await until(lambda app=app, peer=peer: serving_peer(app, peer), 30,
+                await until(lambda app=app, peer=peer: served_with_peer(app, peer), 30,
                             f"{peer} in {key}'s HAProxy configuration")
 
 

@@ -53,6 +53,13 @@ def serving_peer(serve, peer: str) -> bool:
     return f"grpc_{peer} " in runtime_command(serve, "show servers state")
 
 
+async def served_with_peer(app, peer: str) -> bool:
+    """``app``'s HAProxy serves with ``peer``'s backend, and its worker alone: an old worker can
+    still accept a connection for a moment after the new one answers, and a request it takes is
+    counted in its own tables (``missed`` too), which the control plane no longer reads."""
+    return serving_peer(app, peer) and await app.dataplane.supervisor.old_workers_gone()
+
+
 def server_stats(serve) -> dict[tuple[str, str], dict[str, str]]:
     """HAProxy's counters (``show stat``) by (backend, server): ``stot`` (requests sent there),
     ``econ`` (connections that failed, a TLS handshake's included), ``status`` (UP, DOWN)."""
