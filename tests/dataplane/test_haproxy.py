@@ -90,7 +90,8 @@ class Plane:
         self.runtime = Runtime(self.plan.runtime_socket)
         self.supervisor = Supervisor("haproxy", self.state, self.plan, runtime=self.runtime)
         self.routes = Routes(self.runtime, self.plan.map_path,
-                             settled=self.supervisor.old_workers_gone)
+                             elsewhere=self.supervisor.old_in_flight,
+                             unroute_elsewhere=self.supervisor.unroute_old)
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.grpc_socket.getsockname()[1]}")
         self.stub = prediction_service_pb2_grpc.PredictionServiceStub(self.channel)
 
@@ -486,8 +487,10 @@ async def test_a_group_route_balances_and_a_revocation_waits_only_for_its_node(
 async def test_a_revocation_waits_for_a_request_an_old_worker_carries_across_a_reload(
         nodes, tmp_path):
     """After a reload the new worker's table counts none of the requests the old worker still
-    carries: the revocation waits until the old worker is gone too, and an answer from a worker
-    other than the current one does not count."""
+    carries: the revocation waits until the old worker's own table (asked through the master
+    CLI) counts none under its key either, and an answer from a worker other than the current
+    one does not count. A revocation of another route does not wait for the old worker: it may
+    live on as long as a client keeps a connection to it open."""
     node_b = nodes[1]
     async with routed_through_a_hold(nodes, tmp_path) as (plane, proxy, pool):
         with proxy.holding():
@@ -499,6 +502,11 @@ async def test_a_revocation_waits_for_a_request_an_old_worker_carries_across_a_r
             assert plane.runtime.worker not in (None, old)
             assert await plane.routes.in_flight("m@a") == 0  # the new worker's table
             assert not await plane.supervisor.old_workers_gone()
+            assert await plane.supervisor.old_in_flight("m@a") == 1  # the old worker's
+            # another route, granted and taken away while the old worker carries m's request
+            assert await plane.routes.grant("other", "a")
+            await asyncio.wait_for(plane.routes.revoke("other", "a"), 30)
+            assert not await plane.supervisor.old_workers_gone()
             asked, table = [], plane.runtime.table
 
             async def counted_table(name):
@@ -506,12 +514,19 @@ async def test_a_revocation_waits_for_a_request_an_old_worker_carries_across_a_r
                 return await table(name)
 
             plane.runtime.table = counted_table
+            show_old_map = f"@!{old} show map {plane.plan.map_path};quit"
+            assert " m a\n" in await plane.supervisor.master._ask(show_old_map)
             revoke = asyncio.create_task(plane.routes.revoke("m", "a"))
             await until(lambda: len(asked) >= 3, 30, "the revocation polling")
             assert "m" not in plane.routes.current and not revoke.done()
+            # the old worker's own map has no route for m left either: what still reaches it
+            # takes the slow path
+            old_map = await plane.supervisor.master._ask(show_old_map)
+            assert " m " not in old_map, old_map
         await asyncio.wait_for(revoke, 30)
         assert request.result(30) == ROUTED
-        assert await plane.supervisor.old_workers_gone()
+        assert await plane.supervisor.old_in_flight("m@a") == 0
+        await until(plane.supervisor.old_workers_gone, 30, "the old worker gone")
         current = plane.runtime.worker
         plane.runtime.worker = current + 1_000_000  # as if an old worker had answered
         with pytest.raises(RuntimeApiError, match="not worker"):

@@ -31,8 +31,8 @@ from tensorflow_serving.apis import prediction_service_pb2_grpc
 
 from support.serving import serve_command, start_serve
 from support.certs import Leaf, write_ca, write_leaf
-from support.dataplane import (dataplane_dir, routed_by_key, runtime_command, server_stats,
-                               served_with_peer, serving_peer)
+from support.dataplane import (dataplane_dir, old_workers_listen, routed_by_key, runtime_command,
+                               server_stats, served_with_peer, serving_peer)
 from support.waiting import until, wait_until
 from support.node import REPO, version_status_at
 from support.requests import predict_request
@@ -425,7 +425,14 @@ async def test_a_peer_whose_certificate_the_peer_cas_did_not_sign_is_not_reached
                 write_ca_bundle(peer_ca, pki["ca_file"], second_ca)
                 await a.reload_tls()  # SIGHUP's work, in process
                 assert a.dataplane.peer_routes.current == {name: "b"}  # kept across the reload
-                response = await stub.Predict(predict_request(name, 7.0), timeout=60)
+                # the old worker keeps this client's open connection; a new one, made once only
+                # the new worker listens, reaches the new worker
+                await until(lambda: not old_workers_listen(a), 30, "a's old worker listening no more")
+                async with grpc.aio.secure_channel(
+                        f"127.0.0.1:{a.grpc_port}", credentials(pki["ca_file"], client),
+                        options=[("grpc.ssl_target_name_override", SIDECAR_NAME)]) as fresh:
+                    response = await prediction_service_pb2_grpc.PredictionServiceStub(fresh).Predict(
+                        predict_request(name, 7.0), timeout=60)
                 assert list(response.outputs["y"].float_val) == [8.0]
                 stats = server_stats(a)  # the new worker's: it sent the request to b, and b took it
                 assert [stats[("grpc_b", "b")][field] for field in ("stot", "econ", "wredis")] == ["1", "0", "0"]

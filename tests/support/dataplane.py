@@ -12,6 +12,8 @@ import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import psutil
+
 from support.waiting import within
 
 from tfscache.app import ServeApp
@@ -51,6 +53,19 @@ def routed_by_key(serve) -> dict[str, int]:
 def serving_peer(serve, peer: str) -> bool:
     """The serve's HAProxy serves with ``peer``'s backend: the worker reloaded with it answers."""
     return f"grpc_{peer} " in runtime_command(serve, "show servers state")
+
+
+def old_workers_listen(app) -> bool:
+    """An old HAProxy worker of ``app`` still listens on a public port (for a moment after a
+    reload it may still accept a connection; it lives on while a client keeps one open)."""
+    supervisor = app.dataplane.supervisor
+    try:
+        workers = psutil.Process(supervisor.process.pid).children()
+        return any(connection.status == psutil.CONN_LISTEN
+                   for worker in workers if worker.pid != supervisor.runtime.worker
+                   for connection in worker.net_connections(kind="inet"))
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def served_with_peer(app, peer: str) -> bool:

@@ -177,7 +177,8 @@ class DataPlane:
         runtime = Runtime(plan.runtime_socket)
         executable = binary.locate(server.haproxy_binary) or server.haproxy_binary
         self.supervisor = Supervisor(executable, self._state, plan, runtime=runtime)
-        self.routes = Routes(runtime, plan.map_path, settled=self.supervisor.old_workers_gone)
+        self.routes = Routes(runtime, plan.map_path, elsewhere=self.supervisor.old_in_flight,
+                             unroute_elsewhere=self.supervisor.unroute_old)
         await self.routes.write_file()  # none yet: a map left from a previous run is dropped
         if self._forwarded_as is not None:
             self.peer_routes = Routes(runtime, plan.peer_map_path)

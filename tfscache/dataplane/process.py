@@ -15,7 +15,8 @@ serves) has answered, after every start and every reload alike.
 The supervisor knows which worker serves now (``Runtime.worker``): the one it started, and after
 a reload the new one, once it answers the runtime API. An old worker still carrying requests is
 a child of the master until they are done (``old_workers_gone``): the routes it has counted are
-not in the new worker's table.
+not in the new worker's table, so a revocation asks the old workers' own tables through the
+master CLI (``old_in_flight``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 import psutil
 
 from tfscache.dataplane import config
-from tfscache.dataplane.runtime import Runtime, RuntimeApiError
+from tfscache.dataplane.runtime import Runtime, RuntimeApiError, parse_table
 from tfscache.tasks import cancel
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,36 @@ class Supervisor:
             return True
         return await asyncio.to_thread(_only_child, process.pid, self.runtime.worker)
 
+    async def old_in_flight(self, key: str) -> int:
+        """The requests under ``key`` (in the table ``inflight``) that workers other than the
+        current one still carry, summed: each worker counts in its own tables, and an old one
+        lives on while a client keeps a connection to it open (an idle TLS one, say), so a
+        revocation asks them rather than wait for them to be gone. Asked through the master CLI
+        (``@!PID``); a worker gone meanwhile counts none. RuntimeApiError if the master does
+        not answer."""
+        process = self.process
+        if process is None or process.returncode is not None:
+            return 0
+        others = await asyncio.to_thread(_other_children, process.pid, self.runtime.worker)
+        total = 0
+        for pid in others:
+            answer = await self.master._ask(f"@!{pid} show table {config.TABLE};quit")
+            usage = parse_table(answer).get(key)
+            total += usage.in_flight if usage else 0
+        return total
+
+    async def unroute_old(self, map_path: Path, model: str) -> None:
+        """Drop ``model``'s route from the map of every worker but the current one, through the
+        master CLI: an old worker routes what still reaches it (a stream on a connection a client
+        keeps open) by its own map, which no runtime command to the current worker changes.
+        Without the route it sends those requests to the slow path. A worker gone meanwhile has
+        nothing to drop. RuntimeApiError if the master does not answer."""
+        process = self.process
+        if process is None or process.returncode is not None:
+            return
+        for pid in await asyncio.to_thread(_other_children, process.pid, self.runtime.worker):
+            await self.master._ask(f"@!{pid} del map {map_path} {model};quit")
+
     async def _watch_loop(self) -> None:
         while not self._stopping:
             code = await self.process.wait()
@@ -181,6 +212,9 @@ class Supervisor:
             await self._master_waits("before reloading")
             self.process.send_signal(signal.SIGUSR2)
             self.runtime.worker = await self._new_worker(old, "reloading")
+            # the master re-executes itself: its CLI, through which old workers are asked
+            # (old_in_flight, unroute_old), answers again once it is back in its loop
+            await self._master_waits("after reloading")
 
     async def stop(self, grace: float = 0.0) -> None:
         """A soft stop (SIGUSR1: no new connections, the requests in flight finish) for
@@ -203,7 +237,12 @@ class Supervisor:
 
 
 def _only_child(parent: int, child: int | None) -> bool:
+    return not _other_children(parent, child)
+
+
+def _other_children(parent: int, child: int | None) -> list[int]:
+    """The children of ``parent`` but ``child`` (none once ``parent`` is gone)."""
     try:
-        return {c.pid for c in psutil.Process(parent).children()} <= {child}
+        return [c.pid for c in psutil.Process(parent).children() if c.pid != child]
     except psutil.NoSuchProcess:
-        return True
+        return []

@@ -18,8 +18,12 @@ on it, so it never returns while HAProxy may still route the model there.
 
 Across a reload: no route changes while it runs (``held``), so the new worker starts from the
 file as it stands; a command an old worker answered does not count (runtime.py); and a
-revocation also waits until the old workers are gone (``settled``), since the requests they
-carry are counted in their tables, not the new worker's.
+revocation also takes the model's route out of the old workers' maps (``unroute_elsewhere``),
+and waits until no old worker carries a request under its key (``elsewhere``), since the
+requests they carry are counted in their own tables, not the new worker's. It asks them rather
+than wait for them to be gone: an old worker lives on while a client keeps a connection to it
+open (an idle TLS one, measured), which would hold every unload, and it routes what still
+reaches it on that connection by its own map.
 """
 
 from __future__ import annotations
@@ -47,12 +51,16 @@ def routable(model: str) -> bool:
 
 class Routes:
     def __init__(self, runtime: Runtime, map_path: Path, poll_s: float = 0.01,
-                 settled: Callable[[], Awaitable[bool]] | None = None) -> None:
-        """``settled()``: no old HAProxy worker is left (``Supervisor.old_workers_gone``)."""
+                 elsewhere: Callable[[str], Awaitable[int]] | None = None,
+                 unroute_elsewhere: Callable[[Path, str], Awaitable[None]] | None = None) -> None:
+        """``elsewhere(key)``: the requests under ``key`` that old HAProxy workers still carry
+        (``Supervisor.old_in_flight``); ``unroute_elsewhere(map_path, model)``: drop ``model``'s
+        route from the old workers' maps (``Supervisor.unroute_old``)."""
         self.runtime = runtime
         self.map_path = Path(map_path)
         self.poll_s = poll_s
-        self._settled = settled
+        self._elsewhere = elsewhere
+        self._unroute_elsewhere = unroute_elsewhere
         self._routes: dict[str, str] = {}
         self._lock = asyncio.Lock()
         self._closed = False  # HAProxy stopped for good: nothing is routed any more
@@ -140,6 +148,8 @@ class Routes:
                             await self.runtime.del_map(self.map_path, model)
                         else:
                             await self.runtime.set_map(self.map_path, model, rest)
+                        if self._unroute_elsewhere is not None:  # old workers: the slow path
+                            await self._unroute_elsewhere(self.map_path, model)
                         break
                     except RuntimeApiError as e:  # restarting: the new one reads the file
                         log.warning("revoking the route of %s to %s: %s; asking again", model,
@@ -154,7 +164,7 @@ class Routes:
         while not self._closed:
             try:
                 if await self.in_flight(key) == 0 and (
-                        self._settled is None or await self._settled()):
+                        self._elsewhere is None or await self._elsewhere(key) == 0):
                     return
             except RuntimeApiError as e:  # restarting: the new one starts with an empty table
                 log.warning("waiting for %s's requests in flight: %s; asking again", key, e)

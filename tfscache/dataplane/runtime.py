@@ -42,6 +42,17 @@ class Usage:
     requests: int
 
 
+def parse_table(answer: str) -> dict[str, Usage]:
+    """``show table``'s answer: each key with its ``conn_cur`` and ``http_req_cnt``."""
+    usage = {}
+    for line in answer.splitlines():
+        match = _ENTRY.match(line.strip())
+        if match:
+            fields = {k: int(v) for k, v in _FIELD.findall(match.group(2))}
+            usage[match.group(1)] = Usage(fields.get("conn_cur", 0), fields.get("http_req_cnt", 0))
+    return usage
+
+
 class Runtime:
     def __init__(self, socket_path: Path, timeout_s: float = 5.0) -> None:
         self.socket_path = Path(socket_path)
@@ -109,14 +120,7 @@ class Runtime:
 
     async def table(self, name: str) -> dict[str, Usage]:
         """Each key of stick table ``name`` with its ``conn_cur`` and ``http_req_cnt``."""
-        usage = {}
-        for line in (await self.command(f"show table {name}")).splitlines():
-            match = _ENTRY.match(line.strip())
-            if match:
-                fields = {k: int(v) for k, v in _FIELD.findall(match.group(2))}
-                usage[match.group(1)] = Usage(fields.get("conn_cur", 0),
-                                              fields.get("http_req_cnt", 0))
-        return usage
+        return parse_table(await self.command(f"show table {name}"))
 
     async def clear_keys(self, name: str, keys: list[str]) -> None:
         """Drop ``keys`` from stick table ``name``, a few hundred to a connection. A key not
