@@ -190,8 +190,7 @@ class Plan:
         not send again). A node's crash fails every request in flight on it that way. On a new
         connection the failure is retried, and the retry, redispatched, finds the node refusing
         and goes to the backup."""
-        options = " proto h2" if protocol == "grpc" else ""
-        return options if self.shared_connections else options + " max-reuse 0"
+        return _proto(protocol) + ("" if self.shared_connections else " max-reuse 0")
 
     @property
     def width(self) -> int:
@@ -257,6 +256,11 @@ def _host(address: str) -> str:
 # IPv4 address in any of its spellings; an IPv6 address has colons).
 _DNS_NAME = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*"
                        r"(?=[A-Za-z0-9-]*[A-Za-z])[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.?")
+
+
+def _proto(protocol: str) -> str:
+    """A server line's protocol option: HTTP/2 for gRPC, HTTP/1.1 (the default) for REST."""
+    return " proto h2" if protocol == "grpc" else ""
 
 
 def backend(protocol: str, node: str) -> str:
@@ -367,7 +371,7 @@ def _node(node: Node, protocol: str, address: str, fallback: str, plan: Plan) ->
     """One node's backend: the node, and the Python front end as the backup it falls back to
     once the node refuses a connection (marked down on the first error, up again on its check).
     """
-    kept = " proto h2" if protocol == "grpc" else ""  # the front end's connections are reused
+    kept = _proto(protocol)  # the front end's connections are reused
     return ["", f"backend {backend(protocol, node.name)}",
             f"    server {node.name} {address}{plan.server_options(protocol)} check inter 1s "
             "observe layer4 error-limit 1 on-error mark-down",
@@ -388,7 +392,7 @@ def _peer(peer: Node, protocol: str, address: str, plan: Plan) -> list[str]:
     one whose certificate HAProxy cannot check as the Python path does (``peer_name``) is the
     slow path too."""
     fallback = plan.fallback_grpc if protocol == "grpc" else plan.fallback_rest
-    kept = " proto h2" if protocol == "grpc" else ""
+    kept = _proto(protocol)
     lines = ["", f"backend {backend(protocol, peer.name)}"]
     secure = _to_peer(plan.tls, address, protocol) if address else None
     if secure is None:

@@ -135,10 +135,14 @@ class Supervisor:
 
     async def old_workers_gone(self) -> bool:
         """No worker but the current one is left (an old one finishes its requests first)."""
+        return not await self._old_workers()
+
+    async def _old_workers(self) -> list[int]:
+        """The workers but the current one (none once HAProxy has exited)."""
         process = self.process
         if process is None or process.returncode is not None:
-            return True
-        return await asyncio.to_thread(_only_child, process.pid, self.runtime.worker)
+            return []
+        return await asyncio.to_thread(_other_children, process.pid, self.runtime.worker)
 
     async def old_in_flight(self, key: str) -> int:
         """The requests under ``key`` (in the table ``inflight``) that workers other than the
@@ -147,12 +151,8 @@ class Supervisor:
         revocation asks them rather than wait for them to be gone. Asked through the master CLI
         (``@!PID``); a worker gone meanwhile counts none. RuntimeApiError if the master does
         not answer."""
-        process = self.process
-        if process is None or process.returncode is not None:
-            return 0
-        others = await asyncio.to_thread(_other_children, process.pid, self.runtime.worker)
         total = 0
-        for pid in others:
+        for pid in await self._old_workers():
             answer = await self.master._ask(f"@!{pid} show table {config.TABLE};quit")
             usage = parse_table(answer).get(key)
             total += usage.in_flight if usage else 0
@@ -164,10 +164,7 @@ class Supervisor:
         keeps open) by its own map, which no runtime command to the current worker changes.
         Without the route it sends those requests to the slow path. A worker gone meanwhile has
         nothing to drop. RuntimeApiError if the master does not answer."""
-        process = self.process
-        if process is None or process.returncode is not None:
-            return
-        for pid in await asyncio.to_thread(_other_children, process.pid, self.runtime.worker):
+        for pid in await self._old_workers():
             await self.master._ask(f"@!{pid} del map {map_path} {model};quit")
 
     async def _watch_loop(self) -> None:
@@ -234,10 +231,6 @@ class Supervisor:
                     return
         process.kill()
         await process.wait()
-
-
-def _only_child(parent: int, child: int | None) -> bool:
-    return not _other_children(parent, child)
 
 
 def _other_children(parent: int, child: int | None) -> list[int]:
