@@ -8,7 +8,7 @@ import logging
 import psutil
 import pytest
 
-from support.etcd import free_ports
+from tfscache.kinds.supervisor import free_ports
 from support.node import start_node
 from tfscache.kinds import nodepid
 from tfscache import settings as settings_mod

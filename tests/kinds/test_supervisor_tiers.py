@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
-from tfscache.kinds.supervisor import Launch, Supervisor
+from tfscache.kinds.supervisor import Launch, Supervisor, free_ports
 from tfscache.settings import NodeSection
 
 CHILD = """
@@ -35,3 +35,12 @@ async def test_host_tier_children_have_the_gpu_hidden(tmp_path):
         assert seen == {"node0": "0", "host0": "", "host1": ""}
     finally:
         await supervisor.stop(grace=1.0)
+
+
+def test_ports_chosen_for_a_node_are_distinct():
+    """A node that cannot bind port 0 gets ports tfscache chose (``free_ports``): held open
+    together, so no two are the same (one after the other, the kernel handed a just-closed port
+    out again, and a tritonserver given it for HTTP and gRPC refused to start)."""
+    for _ in range(200):
+        ports = free_ports(3)
+        assert len(set(ports)) == 3 and all(1024 <= p < 65536 for p in ports), ports

@@ -22,31 +22,18 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+from tfscache.kinds.supervisor import free_ports
 
 ETCD = os.environ.get("TFSCACHE_TEST_ETCD", shutil.which("etcd") or "/usr/bin/etcd")
 
 
 class EtcdStartError(RuntimeError):
     """An etcd member did not become healthy; the message carries its log."""
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct ports the OS reports free on 127.0.0.1 (closed again before returning)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 class EtcdMember:

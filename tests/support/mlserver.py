@@ -30,7 +30,7 @@ from support.oip import NodeSampler, OipServerProcess, wait_live
 from support.process import REPO
 
 from tfscache.kinds.mlserver import launcher
-from tfscache.kinds.supervisor import free_port
+from tfscache.kinds.supervisor import free_ports
 
 _OWN = REPO / ".mlserver" / "bin" / "mlserver"
 MLSERVER: Path | None = _OWN if _OWN.is_file() else (Path(p) if (p := shutil.which("mlserver")) else None)
@@ -92,7 +92,7 @@ def start_mlserver(tmp_path: Path, repository: Path, *, extra: Iterable[str] = (
     Path(tmp_path).mkdir(parents=True, exist_ok=True)
     directory = Path(tempfile.mkdtemp(prefix="mlserver-", dir=tmp_path))
     log_path = directory / "mlserver.log"
-    ports = dict(ports) if ports else {"grpc": free_port(), "rest": free_port(), "metrics": free_port()}
+    ports = dict(ports) if ports else dict(zip(("grpc", "rest", "metrics"), free_ports(3)))
     argv, env = launcher.command(MLSERVER, Path(repository), http_port=ports["rest"], grpc_port=ports["grpc"],
                                  metrics_port=ports["metrics"], metrics_dir=directory / "metrics", extra=extra)
     with open(log_path, "wb") as log:

@@ -9,7 +9,7 @@ Each server gets its own directory ``tmp_path/triton-*`` with its log (``triton.
 and stderr). Its command line is ``tfscache.kinds.triton.launcher.command``'s: explicit model control,
 no start-up models, bound to 127.0.0.1; ``extra`` flags come last and so win. Triton cannot
 report a port it picked, so the ports are chosen free just before (bind, read, close: the
-accepted race, as ``tfscache.kinds.supervisor.free_port``). ``start_triton`` returns once
+accepted race, as ``tfscache.kinds.supervisor.free_ports``). ``start_triton`` returns once
 ``GET /v2/health/live`` answers 200; if the process exits first, or ``timeout`` passes, it
 raises ``TritonStartError`` with the log.
 """
@@ -30,7 +30,7 @@ from support.process import ServerProcess, started_together
 from support.traffic import ClientLoop
 
 from tfscache.kinds.triton import launcher as tritonbin
-from tfscache.kinds.supervisor import free_port
+from tfscache.kinds.supervisor import free_ports
 
 
 class TritonStartError(RuntimeError):
@@ -92,7 +92,7 @@ def start_triton(tmp_path: Path, repository: Path, *, extra: Iterable[str] = (),
     directory = Path(tempfile.mkdtemp(prefix="triton-", dir=tmp_path))
     log_path = directory / "triton.log"
     ports = ({k: ports[k] for k in ("grpc", "rest", "metrics")} if ports
-             else {"grpc": free_port(), "rest": free_port(), "metrics": free_port()})
+             else dict(zip(("grpc", "rest", "metrics"), free_ports(3))))
     binary = tritonbin.find_tritonserver()
     argv, env = tritonbin.command(binary, Path(repository), http_port=ports["rest"],
                                   grpc_port=ports["grpc"], metrics_port=ports["metrics"],

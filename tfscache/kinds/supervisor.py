@@ -3,8 +3,8 @@
 Each node is a child process on 127.0.0.1, started as its kind's launcher says
 (``Launch``: tfscache.kinds.<kind>.launcher), with nothing loaded: the node's CacheManager
 alone decides what it serves. A child that can bind port 0 reports its ports in a file;
-for one that cannot, ports are chosen for it (``free_port``: bind port 0, read, close: a
-small race, the only place we accept one).
+for one that cannot, ports are chosen for it (``free_ports``: bind port 0 for each, read,
+close: a small race, the only place we accept one).
 
 A node that exits unexpectedly is restarted (with a backoff if it keeps crashing);
 ``on_exit`` / ``on_start`` let the owner drop and rebuild the node's client and cache.
@@ -113,11 +113,21 @@ def hide_gpu(env: dict[str, str] | None) -> dict[str, str]:
     return {**(os.environ if env is None else env), "CUDA_VISIBLE_DEVICES": ""}
 
 
-def free_port() -> int:
-    """A port free right now on 127.0.0.1 (for servers that cannot report their own)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct ports free right now on 127.0.0.1 (for servers that cannot report
+    their own). All are held open together until each is known: ports picked one after the other
+    can come back the same (the kernel hands out a just-closed one again), and Triton then
+    refused to start, its HTTP and gRPC ports being one."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 class Supervisor:

@@ -12,7 +12,7 @@ own environment variables (``MLSERVER_*``, read by its pydantic settings):
 * ``MLSERVER_METRICS_DIR``: the node's own directory in the state directory (MLServer's workers
   share their Prometheus counters there; its default is ``.metrics`` in the working directory);
 * ``MLSERVER_HOST=127.0.0.1`` and the HTTP, gRPC and metrics ports: MLServer cannot bind port 0
-  and report the port, so callers choose free ones (``free_port``: bind, read, close; the
+  and report the port, so callers choose free ones (``free_ports``: bind, read, close; the
   accepted race, as for tensorflow_model_server and tritonserver);
 * ``node.extra_args``: more ``MLSERVER_NAME=VALUE`` settings (``MLSERVER_PARALLEL_WORKERS=2``),
   which come last and win. ``mlserver start`` takes no other arguments.
@@ -29,7 +29,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from tfscache.kinds.supervisor import Launch, Launcher, NodeProcess, free_port
+from tfscache.kinds.supervisor import Launch, Launcher, NodeProcess, free_ports
 from tfscache.kinds.table import NodeKind
 from tfscache.settings import NodeSection, Settings, SettingsError
 
@@ -98,13 +98,14 @@ def launcher(settings: NodeSection, repository: Path, state_dir: Path) -> Launch
     settings_env(settings.extra_args)  # a bad node.extra_args fails here, not at each start
 
     def launch(node: NodeProcess) -> Launch:
-        node.grpc_port, node.rest_port = free_port(), free_port()  # MLServer cannot report port 0
+        # MLServer cannot report port 0
+        node.grpc_port, node.rest_port, metrics_port = free_ports(3)
         argv, env = command(
             binary,
             repository,
             http_port=node.rest_port,
             grpc_port=node.grpc_port,
-            metrics_port=free_port(),
+            metrics_port=metrics_port,
             metrics_dir=state_dir / f"{node.name}.mlserver-metrics",
             extra=settings.extra_args,
         )

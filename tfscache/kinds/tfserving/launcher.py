@@ -13,7 +13,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from tfscache.kinds.supervisor import Launch, Launcher, NodeProcess, free_port
+from tfscache.kinds.supervisor import Launch, Launcher, NodeProcess, free_ports
 from tfscache.kinds.table import NodeKind
 from tfscache.settings import NodeSection, Settings
 
@@ -33,7 +33,7 @@ def launcher(settings: NodeSection, repository: Path, state_dir: Path) -> Launch
             "--num_unload_threads=1",
         ]
         if settings.node_command:
-            node.grpc_port, node.rest_port = free_port(), free_port()
+            node.grpc_port, node.rest_port = free_ports(2)
             poll = max(1, math.ceil(settings.file_system_poll_wait_seconds))  # an int32 flag there
             return Launch(
                 [

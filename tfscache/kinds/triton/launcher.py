@@ -19,7 +19,7 @@ Flags (docs/triton.md; docs/upstream/triton.md, "Minimal adapter recipe (derived
 and "Hazards a caching manager must defuse"): explicit model control, no start-up
 models, no auto-complete stub per load, non-strict readiness, an exit timeout for draining.
 Triton cannot bind port 0 and report the port, so callers choose ports
-(``tfscache.kinds.supervisor.free_port``: bind, read, close; the accepted race).
+(``tfscache.kinds.supervisor.free_ports``: bind, read, close; the accepted race).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from tfscache.kinds.supervisor import Launch, Launcher, NodeProcess, free_port
+from tfscache.kinds.supervisor import Launch, Launcher, NodeProcess, free_ports
 from tfscache.kinds.table import KINDS, NodeKind
 from tfscache.settings import NodeSection, Settings
 
@@ -114,9 +114,10 @@ def launcher(settings: NodeSection, repository: Path, state_dir: Path) -> Launch
         binary = replace(binary, executable=Path(settings.node_command))
 
     def launch(node: NodeProcess) -> Launch:
-        node.grpc_port, node.rest_port = free_port(), free_port()  # Triton cannot report port 0
+        # Triton cannot report port 0
+        node.grpc_port, node.rest_port, metrics_port = free_ports(3)
         argv, env = command(binary, repository, http_port=node.rest_port, grpc_port=node.grpc_port,
-                            metrics_port=free_port(), extra=settings.extra_args)
+                            metrics_port=metrics_port, extra=settings.extra_args)
         return Launch(argv, env)
 
     return launch
